@@ -1,0 +1,37 @@
+//! Compare-and-set on KV buckets: recognising a lost race, whatever form the server gives it.
+
+use async_nats::jetstream::kv::{
+    CreateError, CreateErrorKind, Entry, Operation, UpdateError, UpdateErrorKind,
+};
+
+/// True when an `update` failed because the stored revision is not the expected one.
+///
+/// Single-node servers answer with "wrong last sequence" (10071, mapped to
+/// `WrongLastRevision`); replicated (R3) buckets often answer `Other` with server error 10164.
+pub fn is_revision_mismatch(error: &UpdateError) -> bool {
+    error.kind() == UpdateErrorKind::WrongLastRevision
+        || (error.kind() == UpdateErrorKind::Other && chain_mentions_mismatch(error))
+}
+
+/// True when a `create` failed because the key already holds a value.
+pub fn is_already_exists(error: &CreateError) -> bool {
+    error.kind() == CreateErrorKind::AlreadyExists
+        || (error.kind() == CreateErrorKind::Other && chain_mentions_mismatch(error))
+}
+
+fn chain_mentions_mismatch(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = current {
+        let text = e.to_string();
+        if text.contains("10071") || text.contains("10164") || text.contains("wrong last sequence") {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+/// An entry that holds a value (not a delete or purge marker).
+pub fn live(entry: Option<Entry>) -> Option<Entry> {
+    entry.filter(|e| e.operation == Operation::Put)
+}

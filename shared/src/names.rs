@@ -1,0 +1,245 @@
+//! Every subject, stream, bucket, consumer and key name jetsched uses, in one place.
+//!
+//! Nothing outside this module spells a subject or a stream name: services call these
+//! functions. All names derive from one configurable prefix (default `jetsched`), so
+//! several deployments can share a NATS account.
+
+use crate::error::{ApiError, ErrorCode};
+
+/// The default prefix.
+pub const DEFAULT_PREFIX: &str = "jetsched";
+
+/// Namespace used in event subjects for events that concern no task (leader changes).
+pub const SYSTEM_NAMESPACE: &str = "_system";
+
+/// Names derived from a prefix: `jetsched` gives streams `JETSCHED_*` and subjects `jetsched.*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    prefix: String,
+    upper: String,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Names::new(DEFAULT_PREFIX).expect("default prefix is valid")
+    }
+}
+
+impl Names {
+    /// A prefix is `[a-z0-9_]{1,32}` starting with a letter (it becomes a subject token and,
+    /// upper-cased, part of stream names).
+    pub fn new(prefix: &str) -> Result<Names, ApiError> {
+        let ok = !prefix.is_empty()
+            && prefix.len() <= 32
+            && prefix.starts_with(|c: char| c.is_ascii_lowercase())
+            && prefix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !ok {
+            return Err(ApiError::at(
+                ErrorCode::InvalidValue,
+                "prefix",
+                format!("prefix {prefix:?} must match [a-z][a-z0-9_]{{0,31}}"),
+            ));
+        }
+        Ok(Names { prefix: prefix.to_string(), upper: prefix.to_ascii_uppercase() })
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    // ---- KV buckets -------------------------------------------------------------------
+
+    /// `<namespace>.<task_id>` → task spec JSON.
+    pub fn tasks_bucket(&self) -> String {
+        format!("{}_TASKS", self.upper)
+    }
+    /// Leader lease (`scheduler` key).
+    pub fn leader_bucket(&self) -> String {
+        format!("{}_LEADER", self.upper)
+    }
+    /// Per-task fire state written by the leader.
+    pub fn state_bucket(&self) -> String {
+        format!("{}_STATE", self.upper)
+    }
+    /// Per-execution run records written by workers.
+    pub fn runs_bucket(&self) -> String {
+        format!("{}_RUNS", self.upper)
+    }
+
+    /// The stream subject a KV bucket stores `key` under (`$KV.<bucket>.<key>`), for reads that
+    /// must come from the stream leader rather than a possibly lagging replica.
+    pub fn kv_subject(bucket: &str, key: &str) -> String {
+        format!("$KV.{bucket}.{key}")
+    }
+
+    /// The stream backing a KV bucket.
+    pub fn kv_stream(bucket: &str) -> String {
+        format!("KV_{bucket}")
+    }
+
+    // ---- streams ----------------------------------------------------------------------
+
+    pub fn intake_stream(&self) -> String {
+        format!("{}_INTAKE", self.upper)
+    }
+    pub fn dispatch_stream(&self) -> String {
+        format!("{}_DISPATCH", self.upper)
+    }
+    pub fn dlq_stream(&self) -> String {
+        format!("{}_DLQ", self.upper)
+    }
+    pub fn events_stream(&self) -> String {
+        format!("{}_EVENTS", self.upper)
+    }
+    pub fn advisories_stream(&self) -> String {
+        format!("{}_ADVISORIES", self.upper)
+    }
+    pub fn alerts_stream(&self) -> String {
+        format!("{}_ALERTS", self.upper)
+    }
+
+    // ---- subjects ---------------------------------------------------------------------
+
+    /// Fire-and-forget submission of a spec: `jetsched.submit.<namespace>.<task_id>`.
+    pub fn submit_subject(&self, namespace: &str, task_id: &str) -> String {
+        format!("{}.submit.{namespace}.{task_id}", self.prefix)
+    }
+    pub fn submit_wildcard(&self) -> String {
+        format!("{}.submit.>", self.prefix)
+    }
+    /// Splits an intake subject back into `(namespace, task_id)`.
+    pub fn parse_submit_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str)> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".submit.")?;
+        let (namespace, task_id) = rest.split_once('.')?;
+        (!namespace.is_empty() && !task_id.is_empty() && !task_id.contains('.'))
+            .then_some((namespace, task_id))
+    }
+
+    /// `jetsched.dispatch.<queue>.<namespace>.<task_id>`.
+    pub fn dispatch_subject(&self, queue: &str, namespace: &str, task_id: &str) -> String {
+        format!("{}.dispatch.{queue}.{namespace}.{task_id}", self.prefix)
+    }
+    /// The filter of one queue's consumer: `jetsched.dispatch.<queue>.>`.
+    pub fn dispatch_queue_filter(&self, queue: &str) -> String {
+        format!("{}.dispatch.{queue}.>", self.prefix)
+    }
+    pub fn dispatch_wildcard(&self) -> String {
+        format!("{}.dispatch.>", self.prefix)
+    }
+
+    /// `jetsched.dlq.<queue>.<namespace>.<task_id>`.
+    pub fn dlq_subject(&self, queue: &str, namespace: &str, task_id: &str) -> String {
+        format!("{}.dlq.{queue}.{namespace}.{task_id}", self.prefix)
+    }
+    pub fn dlq_wildcard(&self) -> String {
+        format!("{}.dlq.>", self.prefix)
+    }
+
+    /// `jetsched.event.<kind>.<namespace>.<task_id>`, kind being dotted (`task.registered`).
+    pub fn event_subject(&self, kind: &str, namespace: &str, task_id: &str) -> String {
+        format!("{}.event.{kind}.{namespace}.{task_id}", self.prefix)
+    }
+    pub fn events_wildcard(&self) -> String {
+        format!("{}.event.>", self.prefix)
+    }
+
+    /// `jetsched.alert.<severity>`.
+    pub fn alert_subject(&self, severity: &str) -> String {
+        format!("{}.alert.{severity}", self.prefix)
+    }
+    pub fn alerts_wildcard(&self) -> String {
+        format!("{}.alert.>", self.prefix)
+    }
+
+    /// Server advisories captured durably for the worker's dead-letter path.
+    pub fn advisory_subjects(&self) -> Vec<String> {
+        let stream = self.dispatch_stream();
+        vec![
+            format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.*"),
+            format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{stream}.*"),
+        ]
+    }
+
+    // ---- the request/reply API ---------------------------------------------------------
+
+    /// Name of the NATS micro service (`nats micro ls`).
+    pub fn service_name(&self) -> String {
+        format!("{}-registry", self.prefix)
+    }
+    /// `jetsched.api.task` — the group every task endpoint lives under.
+    pub fn task_api_group(&self) -> String {
+        format!("{}.api.task", self.prefix)
+    }
+    /// `jetsched.api.task.<endpoint>`.
+    pub fn task_api_subject(&self, endpoint: &str) -> String {
+        format!("{}.{endpoint}", self.task_api_group())
+    }
+    /// `jetsched.api.dlq` — the group of the dead-letter endpoints.
+    pub fn dlq_api_group(&self) -> String {
+        format!("{}.api.dlq", self.prefix)
+    }
+    pub fn dlq_api_subject(&self, endpoint: &str) -> String {
+        format!("{}.{endpoint}", self.dlq_api_group())
+    }
+    /// Catches requests to endpoints that do not exist: `jetsched.api.>`.
+    pub fn api_wildcard(&self) -> String {
+        format!("{}.api.>", self.prefix)
+    }
+
+    // ---- consumers and keys -------------------------------------------------------------
+
+    /// The registry's durable consumer on the intake stream (shared by replicas).
+    pub fn intake_consumer(&self) -> &'static str {
+        "registry-intake"
+    }
+    /// The durable pull consumer of one queue, shared by every worker replica.
+    pub fn worker_consumer(&self, queue: &str) -> String {
+        format!("workers-{queue}")
+    }
+    /// The key of the scheduler's lease in the leader bucket.
+    pub fn leader_key(&self) -> &'static str {
+        "scheduler"
+    }
+}
+
+/// `<namespace>.<task_id>`: the key in the tasks and state buckets.
+pub fn task_key(namespace: &str, task_id: &str) -> String {
+    format!("{namespace}.{task_id}")
+}
+
+/// Splits a task key back into `(namespace, task_id)`.
+pub fn split_task_key(key: &str) -> Option<(&str, &str)> {
+    key.split_once('.')
+}
+
+/// The de-duplication id of a fire: `<namespace>.<task_id>:<nominal_unix_ms>`. Derived from the
+/// nominal time, never from `now`, so an old and a new leader produce the same id.
+pub fn dispatch_msg_id(namespace: &str, task_id: &str, nominal_unix_ms: i64) -> String {
+    format!("{namespace}.{task_id}:{nominal_unix_ms}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_prefix() {
+        let names = Names::new("acme").unwrap();
+        assert_eq!(names.tasks_bucket(), "ACME_TASKS");
+        assert_eq!(names.dispatch_subject("q", "ns", "t"), "acme.dispatch.q.ns.t");
+        assert_eq!(names.dispatch_queue_filter("q"), "acme.dispatch.q.>");
+        assert_eq!(names.event_subject("task.registered", "ns", "t"), "acme.event.task.registered.ns.t");
+        assert_eq!(names.task_api_subject("put"), "acme.api.task.put");
+        assert_eq!(names.parse_submit_subject("acme.submit.ns.t"), Some(("ns", "t")));
+        assert_eq!(names.parse_submit_subject("acme.submit.ns"), None);
+        assert_eq!(names.parse_submit_subject("other.submit.ns.t"), None);
+        assert_eq!(dispatch_msg_id("ns", "t", 1_700_000_000_000), "ns.t:1700000000000");
+    }
+
+    #[test]
+    fn bad_prefixes_are_rejected() {
+        for bad in ["", "UP", "a.b", "a>", "1abc", &"a".repeat(33)] {
+            assert!(Names::new(bad).is_err(), "{bad:?}");
+        }
+    }
+}

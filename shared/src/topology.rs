@@ -1,0 +1,394 @@
+//! Idempotent creation of every JetStream bucket and stream of the design.
+//!
+//! Every service calls [`ensure`] at start-up. A missing resource is created; an existing one
+//! with the same settings is left alone; a differing setting that JetStream can change
+//! (replicas, ages, sizes, duplicate window, history, subjects) is updated so the deployment
+//! converges; a differing setting it cannot change (storage, retention) is a
+//! [`TopologyError::Conflict`] naming the resource and the setting.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{
+    self,
+    context::{CreateStreamErrorKind, GetStreamErrorKind},
+    kv,
+    stream::{self, DiscardPolicy, RetentionPolicy, StorageType},
+};
+use clap::{Args, ValueEnum};
+
+use crate::config::parse_duration;
+use crate::names::Names;
+
+/// Storage of every stream and bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Storage {
+    File,
+    Memory,
+}
+
+impl From<Storage> for StorageType {
+    fn from(s: Storage) -> StorageType {
+        match s {
+            Storage::File => StorageType::File,
+            Storage::Memory => StorageType::Memory,
+        }
+    }
+}
+
+/// Topology settings, shared by every service (give them all the same values).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "JetStream topology")]
+pub struct TopologyArgs {
+    /// Replicas of every stream and bucket (3 in a 3-node cluster).
+    #[arg(long, env = "JETSCHED_REPLICAS", default_value_t = 1)]
+    pub replicas: usize,
+    /// Storage of every stream and bucket.
+    #[arg(long, env = "JETSCHED_STORAGE", value_enum, default_value_t = Storage::File)]
+    pub storage: Storage,
+    /// Revisions kept per task in the tasks bucket (`nats kv history`).
+    #[arg(long, env = "JETSCHED_TASKS_HISTORY", default_value_t = 5)]
+    pub tasks_history: i64,
+    /// Scheduler leader lease length (the leader bucket's max age).
+    #[arg(long, env = "JETSCHED_LEASE", default_value = "3s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// How long run records are kept.
+    #[arg(long, env = "JETSCHED_RUNS_TTL", default_value = "7d", value_parser = parse_duration)]
+    pub runs_ttl: Duration,
+    /// De-duplication window of the dispatch stream: longer than failover + catch-up of coalesced state writes.
+    #[arg(long, env = "JETSCHED_DUPLICATE_WINDOW", default_value = "10m", value_parser = parse_duration)]
+    pub duplicate_window: Duration,
+    /// How long events are kept.
+    #[arg(long, env = "JETSCHED_EVENTS_MAX_AGE", default_value = "7d", value_parser = parse_duration)]
+    pub events_max_age: Duration,
+    /// Size limit of the events stream (oldest discarded).
+    #[arg(long, env = "JETSCHED_EVENTS_MAX_BYTES", default_value_t = 1 << 30)]
+    pub events_max_bytes: i64,
+    /// Size limit of the dead-letter stream; when full, new dead letters are refused (never evicted).
+    #[arg(long, env = "JETSCHED_DLQ_MAX_BYTES", default_value_t = 1 << 30)]
+    pub dlq_max_bytes: i64,
+    /// How long unprocessed intake submissions are kept.
+    #[arg(long, env = "JETSCHED_INTAKE_MAX_AGE", default_value = "7d", value_parser = parse_duration)]
+    pub intake_max_age: Duration,
+}
+
+impl Default for TopologyArgs {
+    fn default() -> Self {
+        TopologyArgs {
+            replicas: 1,
+            storage: Storage::File,
+            tasks_history: 5,
+            lease: Duration::from_secs(3),
+            runs_ttl: Duration::from_secs(7 * 24 * 3600),
+            duplicate_window: Duration::from_secs(600),
+            events_max_age: Duration::from_secs(7 * 24 * 3600),
+            events_max_bytes: 1 << 30,
+            dlq_max_bytes: 1 << 30,
+            intake_max_age: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// Handles to the buckets, returned by [`ensure`].
+#[derive(Clone)]
+pub struct Topology {
+    pub tasks: kv::Store,
+    pub leader: kv::Store,
+    pub state: kv::Store,
+    pub runs: kv::Store,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    #[error(
+        "{resource}: existing setting `{setting}` is {existing} but this deployment wants {desired}; \
+         JetStream cannot change it in place (delete the resource or align the configuration)"
+    )]
+    Conflict { resource: String, setting: &'static str, existing: String, desired: String },
+    #[error("{resource}: {what}")]
+    Nats {
+        resource: String,
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("invalid topology setting `{setting}`: {message}")]
+    Invalid { setting: &'static str, message: String },
+}
+
+fn nats_error(
+    resource: &str,
+    what: &'static str,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> TopologyError {
+    TopologyError::Nats { resource: resource.to_string(), what, source: Box::new(source) }
+}
+
+/// The desired configuration of every bucket, as `kv::Config`.
+pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
+    let storage: StorageType = args.storage.into();
+    let base = |bucket: String, description: &str, history: i64, max_age: Duration| kv::Config {
+        bucket,
+        description: description.to_string(),
+        history,
+        max_age,
+        storage,
+        num_replicas: args.replicas,
+        ..Default::default()
+    };
+    let mut leader = base(names.leader_bucket(), "jetsched scheduler leader lease", 1, args.lease);
+    // Expiry of the lease arrives at watchers as a Purge marker, so followers campaign at once.
+    leader.limit_markers = Some(Duration::from_secs(1));
+    vec![
+        base(names.tasks_bucket(), "jetsched task specs", args.tasks_history, Duration::ZERO),
+        leader,
+        base(names.state_bucket(), "jetsched per-task fire state", 1, Duration::ZERO),
+        base(names.runs_bucket(), "jetsched run records", 1, args.runs_ttl),
+    ]
+}
+
+/// The desired configuration of every stream.
+pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config> {
+    let storage: StorageType = args.storage.into();
+    let base = |name: String, subjects: Vec<String>, description: &str| stream::Config {
+        name,
+        subjects,
+        description: Some(description.to_string()),
+        storage,
+        num_replicas: args.replicas,
+        ..Default::default()
+    };
+    vec![
+        stream::Config {
+            retention: RetentionPolicy::WorkQueue,
+            max_age: args.intake_max_age,
+            ..base(
+                names.intake_stream(),
+                vec![names.submit_wildcard()],
+                "jetsched fire-and-forget spec submissions",
+            )
+        },
+        stream::Config {
+            retention: RetentionPolicy::WorkQueue,
+            duplicate_window: args.duplicate_window,
+            ..base(names.dispatch_stream(), vec![names.dispatch_wildcard()], "jetsched dispatched runs")
+        },
+        stream::Config {
+            retention: RetentionPolicy::Limits,
+            max_bytes: args.dlq_max_bytes,
+            discard: DiscardPolicy::New,
+            ..base(names.dlq_stream(), vec![names.dlq_wildcard()], "jetsched dead letters")
+        },
+        stream::Config {
+            retention: RetentionPolicy::Limits,
+            max_age: args.events_max_age,
+            max_bytes: args.events_max_bytes,
+            ..base(names.events_stream(), vec![names.events_wildcard()], "jetsched events")
+        },
+        stream::Config {
+            retention: RetentionPolicy::Limits,
+            max_age: args.events_max_age,
+            ..base(
+                names.advisories_stream(),
+                names.advisory_subjects(),
+                "jetsched captured JetStream advisories",
+            )
+        },
+        stream::Config {
+            retention: RetentionPolicy::Limits,
+            max_age: args.events_max_age,
+            ..base(names.alerts_stream(), vec![names.alerts_wildcard()], "jetsched alerts history")
+        },
+    ]
+}
+
+/// Creates or converges every bucket and stream; returns handles to the buckets.
+pub async fn ensure(
+    js: &jetstream::Context,
+    names: &Names,
+    args: &TopologyArgs,
+) -> Result<Topology, TopologyError> {
+    if args.replicas == 0 || args.replicas > 5 {
+        return Err(TopologyError::Invalid {
+            setting: "replicas",
+            message: format!("{} (use 1..=5)", args.replicas),
+        });
+    }
+    if args.tasks_history < 1 || args.tasks_history > 64 {
+        return Err(TopologyError::Invalid {
+            setting: "tasks_history",
+            message: format!("{} (use 1..=64)", args.tasks_history),
+        });
+    }
+    for config in stream_configs(names, args) {
+        ensure_stream(js, config).await?;
+    }
+    let mut stores = Vec::new();
+    for config in bucket_configs(names, args) {
+        stores.push(ensure_bucket(js, config).await?);
+    }
+    let mut stores = stores.into_iter();
+    let mut next = || stores.next().expect("four buckets");
+    Ok(Topology { tasks: next(), leader: next(), state: next(), runs: next() })
+}
+
+/// One setting that differs between an existing resource and the desired configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    pub setting: &'static str,
+    pub existing: String,
+    pub desired: String,
+    /// Whether JetStream can update it in place.
+    pub mutable: bool,
+}
+
+/// The settings of `desired` that `existing` does not have. Only the settings jetsched manages
+/// are compared; server-filled defaults are ignored.
+pub fn differences(existing: &stream::Config, desired: &stream::Config) -> Vec<Difference> {
+    let mut out = Vec::new();
+    let mut check = |setting: &'static str, existing: String, desired: String, mutable: bool| {
+        if existing != desired {
+            out.push(Difference { setting, existing, desired, mutable });
+        }
+    };
+    check("storage", format!("{:?}", existing.storage), format!("{:?}", desired.storage), false);
+    check("retention", format!("{:?}", existing.retention), format!("{:?}", desired.retention), false);
+    let mut have = existing.subjects.clone();
+    have.sort();
+    let mut want = desired.subjects.clone();
+    want.sort();
+    check("subjects", have.join(","), want.join(","), true);
+    check(
+        "replicas",
+        existing.num_replicas.max(1).to_string(),
+        desired.num_replicas.max(1).to_string(),
+        true,
+    );
+    check("max_age", format!("{:?}", existing.max_age), format!("{:?}", desired.max_age), true);
+    check("max_bytes", existing.max_bytes.to_string(), desired.max_bytes.to_string(), true);
+    check("discard", format!("{:?}", existing.discard), format!("{:?}", desired.discard), true);
+    check(
+        "history",
+        existing.max_messages_per_subject.to_string(),
+        desired.max_messages_per_subject.to_string(),
+        true,
+    );
+    if !desired.duplicate_window.is_zero() {
+        check(
+            "duplicate_window",
+            format!("{:?}", existing.duplicate_window),
+            format!("{:?}", desired.duplicate_window),
+            true,
+        );
+    }
+    out
+}
+
+fn conflict(resource: &str, diffs: &[Difference]) -> Option<TopologyError> {
+    diffs.iter().find(|d| !d.mutable).map(|d| TopologyError::Conflict {
+        resource: resource.to_string(),
+        setting: d.setting,
+        existing: d.existing.clone(),
+        desired: d.desired.clone(),
+    })
+}
+
+async fn existing_stream(
+    js: &jetstream::Context,
+    name: &str,
+) -> Result<Option<stream::Config>, TopologyError> {
+    match js.get_stream(name).await {
+        Ok(mut stream) => {
+            let info = stream.info().await.map_err(|e| nats_error(name, "read stream info", e))?;
+            Ok(Some(info.config.clone()))
+        }
+        Err(e) if matches!(e.kind(), GetStreamErrorKind::JetStream(ref j) if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) => {
+            Ok(None)
+        }
+        Err(e) => Err(nats_error(name, "look up stream", e)),
+    }
+}
+
+async fn ensure_stream(js: &jetstream::Context, desired: stream::Config) -> Result<(), TopologyError> {
+    let name = desired.name.clone();
+    let existing = match existing_stream(js, &name).await? {
+        Some(existing) => existing,
+        None => match js.create_stream(desired.clone()).await {
+            Ok(_) => {
+                tracing::info!(stream = %name, "created stream");
+                return Ok(());
+            }
+            // Another service created it between our look-up and create: compare with theirs.
+            Err(e) if matches!(e.kind(), CreateStreamErrorKind::JetStream(ref j) if j.error_code() == jetstream::ErrorCode::STREAM_NAME_EXIST) => {
+                existing_stream(js, &name).await?.ok_or_else(|| nats_error(&name, "create stream", e))?
+            }
+            Err(e) => return Err(nats_error(&name, "create stream", e)),
+        },
+    };
+    let diffs = differences(&existing, &desired);
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    if let Some(error) = conflict(&name, &diffs) {
+        return Err(error);
+    }
+    let mut updated = existing;
+    for diff in &diffs {
+        tracing::info!(stream = %name, setting = diff.setting, from = %diff.existing, to = %diff.desired, "converging stream setting");
+    }
+    updated.subjects = desired.subjects;
+    updated.num_replicas = desired.num_replicas;
+    updated.max_age = desired.max_age;
+    updated.max_bytes = desired.max_bytes;
+    updated.discard = desired.discard;
+    updated.max_messages_per_subject = desired.max_messages_per_subject;
+    if !desired.duplicate_window.is_zero() {
+        updated.duplicate_window = desired.duplicate_window;
+    }
+    js.update_stream(updated).await.map_err(|e| nats_error(&name, "update stream", e))?;
+    Ok(())
+}
+
+/// The stream settings a KV config implies, for comparison with the existing `KV_<bucket>`.
+fn bucket_as_stream(config: &kv::Config) -> stream::Config {
+    stream::Config {
+        name: format!("KV_{}", config.bucket),
+        subjects: vec![format!("$KV.{}.>", config.bucket)],
+        retention: RetentionPolicy::Limits,
+        storage: config.storage,
+        num_replicas: config.num_replicas.max(1),
+        max_age: config.max_age,
+        max_bytes: if config.max_bytes == 0 { -1 } else { config.max_bytes },
+        discard: DiscardPolicy::New,
+        max_messages_per_subject: config.history.max(1),
+        ..Default::default()
+    }
+}
+
+async fn ensure_bucket(js: &jetstream::Context, desired: kv::Config) -> Result<kv::Store, TopologyError> {
+    let bucket = desired.bucket.clone();
+    let stream_name = format!("KV_{bucket}");
+    let existing = match existing_stream(js, &stream_name).await? {
+        Some(existing) => existing,
+        None => match js.create_key_value(desired.clone()).await {
+            Ok(store) => {
+                tracing::info!(bucket = %bucket, "created bucket");
+                return Ok(store);
+            }
+            Err(e) => match existing_stream(js, &stream_name).await? {
+                Some(existing) => existing,
+                None => return Err(nats_error(&bucket, "create bucket", e)),
+            },
+        },
+    };
+    let diffs = differences(&existing, &bucket_as_stream(&desired));
+    if let Some(error) = conflict(&bucket, &diffs) {
+        return Err(error);
+    }
+    if !diffs.is_empty() {
+        for diff in &diffs {
+            tracing::info!(bucket = %bucket, setting = diff.setting, from = %diff.existing, to = %diff.desired, "converging bucket setting");
+        }
+        js.update_key_value(desired).await.map_err(|e| nats_error(&bucket, "update bucket", e))?;
+    }
+    js.get_key_value(&bucket).await.map_err(|e| nats_error(&bucket, "open bucket", e))
+}
