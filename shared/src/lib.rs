@@ -1,0 +1,15 @@
+//! Code every jetsched service shares: names, wire types, topology, task spec, schedule math,
+//! connection options, telemetry and the admin HTTP server.
+
+pub mod admin;
+pub mod cas;
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod names;
+pub mod schedule;
+pub mod shutdown;
+pub mod spec;
+pub mod telemetry;
+pub mod topology;
+pub mod wire;

@@ -1,0 +1,127 @@
+//! When a task fires: the `schedule` part of a task spec and its next-fire computation.
+//!
+//! Four kinds: `cron` (on a zone's wall clock, see [`CronSchedule`] for the field semantics and
+//! the DST rules), `every` (fixed interval from an anchor), `at` (one instant) and `after` (a delay
+//! from registration, turned into `at` by [`crate::spec::TaskSpec::admit`]). All instants are
+//! UTC with millisecond precision; [`Schedule::next_after`] is a pure function of its input, so
+//! every scheduler replica computes the same nominal fire times.
+
+mod cron_expr;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde_json::{Value, json};
+
+pub use self::cron_expr::CronSchedule;
+use crate::error::{ApiError, ErrorCode};
+use crate::spec::json::{Obj, err, format_duration, format_instant};
+
+/// A validated schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Schedule {
+    /// A cron expression evaluated on a zone's wall clock.
+    Cron(CronSchedule),
+    /// Fires at `anchor + k * interval` for every integer `k >= 0`. `interval` is a whole number
+    /// of milliseconds; `anchor` defaults to the Unix epoch, so replicas agree on the phase.
+    Every { interval: Duration, anchor: DateTime<Utc> },
+    /// Fires once, at this instant.
+    At(DateTime<Utc>),
+    /// Fires once, this long after registration (admission turns it into `At`).
+    After(Duration),
+}
+
+const KINDS: &[&str] = &["cron", "every", "at", "after"];
+
+impl Schedule {
+    /// Parses and validates the `schedule` object of a spec; errors name `schedule.*` fields.
+    pub fn parse_value(value: &Value) -> Result<Schedule, ApiError> {
+        let obj = Obj::new(value, "schedule")?;
+        obj.deny_unknown(&["cron", "timezone", "every", "anchor", "at", "after"])?;
+        let kinds: Vec<&str> = obj.present_keys().filter(|k| KINDS.contains(k)).collect();
+        let [kind] = kinds.as_slice() else {
+            return Err(err(
+                ErrorCode::InvalidValue,
+                "schedule",
+                format!("give exactly one of cron, every, at, after (got {})", kinds.len()),
+            ));
+        };
+        if *kind != "cron" && obj.get("timezone").is_some() {
+            return Err(err(
+                ErrorCode::InvalidValue,
+                "schedule.timezone",
+                "timezone is only allowed with cron",
+            ));
+        }
+        if *kind != "every" && obj.get("anchor").is_some() {
+            return Err(err(ErrorCode::InvalidValue, "schedule.anchor", "anchor is only allowed with every"));
+        }
+        match *kind {
+            "cron" => {
+                let expr = obj.required_string("cron")?;
+                let tz = obj.string("timezone")?.unwrap_or("UTC");
+                Ok(Schedule::Cron(CronSchedule::parse(expr, tz)?))
+            }
+            "every" => {
+                let interval = obj.duration("every")?.unwrap_or_default();
+                if !interval.subsec_nanos().is_multiple_of(1_000_000) {
+                    return Err(err(
+                        ErrorCode::InvalidDuration,
+                        "schedule.every",
+                        "must be a whole number of milliseconds",
+                    ));
+                }
+                let anchor = obj.instant("anchor")?.unwrap_or(DateTime::UNIX_EPOCH);
+                Ok(Schedule::Every { interval, anchor })
+            }
+            "at" => Ok(Schedule::At(obj.instant("at")?.unwrap_or_default())),
+            _ => Ok(Schedule::After(obj.duration("after")?.unwrap_or_default())),
+        }
+    }
+
+    /// The next nominal fire instant strictly after `after`, or `None` when there is none (a
+    /// one-shot already past, a cron whose year range is exhausted). `After` gives `None`:
+    /// admission turns it into `At`.
+    pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match self {
+            Schedule::Cron(cron) => cron.next_after(after),
+            Schedule::Every { interval, anchor } => {
+                if after < *anchor {
+                    return Some(*anchor);
+                }
+                let step = i64::try_from(interval.as_millis()).ok()?.max(1);
+                let elapsed = (after - *anchor).num_milliseconds();
+                let k = elapsed / step + 1;
+                anchor.checked_add_signed(TimeDelta::try_milliseconds(k.checked_mul(step)?)?)
+            }
+            Schedule::At(at) => (*at > after).then_some(*at),
+            Schedule::After(_) => None,
+        }
+    }
+
+    /// The next `n` fire instants after `after` (fewer when the schedule runs out).
+    pub fn upcoming(&self, after: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
+        let mut out = Vec::with_capacity(n.min(1024));
+        let mut cursor = after;
+        while out.len() < n {
+            let Some(next) = self.next_after(cursor) else { break };
+            out.push(next);
+            cursor = next;
+        }
+        out
+    }
+
+    /// The canonical JSON form (timezone and anchor always present).
+    pub fn to_json(&self) -> Value {
+        match self {
+            Schedule::Cron(cron) => json!({"cron": cron.source(), "timezone": cron.timezone().name()}),
+            Schedule::Every { interval, anchor } => {
+                json!({"every": format_duration(*interval), "anchor": format_instant(*anchor)})
+            }
+            Schedule::At(at) => json!({"at": format_instant(*at)}),
+            Schedule::After(delay) => json!({"after": format_duration(*delay)}),
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! The task spec: JSON parsed and validated into typed values, with every default filled in.
+//!
+//! Parsing reads a `serde_json::Value` field by field so that every error carries a code from
+//! [`ErrorCode`] and the dotted path of the offending field (`schedule.cron`, `retry.initial`,
+//! `labels.team`). Unknown fields are rejected at every level. [`TaskSpec::parse`] is structural
+//! (no clock); [`TaskSpec::admit`] adds the checks that need the registration time.
+
+mod executor;
+pub(crate) mod json;
+mod retry;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Value, json};
+
+pub use self::executor::Executor;
+use self::json::{Obj, err, format_duration, truncate_ms};
+pub use self::retry::RetryPolicy;
+use crate::error::{ApiError, ErrorCode};
+use crate::schedule::Schedule;
+
+/// A validated task spec. See DESIGN.md, "The task spec".
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSpec {
+    /// Spec format version; only 1 exists.
+    pub version: u32,
+    /// `[A-Za-z0-9_-]{1,128}`.
+    pub id: String,
+    /// Same rule as `id`; default `default`.
+    pub namespace: String,
+    pub schedule: Schedule,
+    /// `[A-Za-z0-9_-]{1,64}`; default `default`.
+    pub queue: String,
+    pub executor: Executor,
+    /// Per-attempt limit, `0 < timeout <= 24h`; default 5m.
+    pub timeout: Duration,
+    pub retry: RetryPolicy,
+    pub misfire: MisfirePolicy,
+    /// How late a fire may still be delivered (and how old an `at` may be at admission); default 1h.
+    pub catchup_window: Duration,
+    pub overlap: OverlapPolicy,
+    pub jitter: Option<Jitter>,
+    pub paused: bool,
+    /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What to do with fires missed while no scheduler was running (within `catchup_window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MisfirePolicy {
+    /// Drop missed fires.
+    Skip,
+    /// Fire once for all the missed fires.
+    #[default]
+    FireOnce,
+    /// Fire each missed fire.
+    FireAll,
+}
+
+/// What to do when a fire comes while the previous run of the task is still in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OverlapPolicy {
+    /// Run concurrently.
+    #[default]
+    Allow,
+    /// Drop the new fire.
+    Skip,
+    /// Keep at most one pending fire, run it when the current run ends.
+    BufferOne,
+}
+
+/// Spreads fires of a task in time: `spread` is a deterministic per-task offset
+/// ([`TaskSpec::jitter_offset`]), `max_random` a random extra delay chosen per fire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Jitter {
+    pub spread: Option<Duration>,
+    pub max_random: Option<Duration>,
+}
+
+impl MisfirePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MisfirePolicy::Skip => "skip",
+            MisfirePolicy::FireOnce => "fire_once",
+            MisfirePolicy::FireAll => "fire_all",
+        }
+    }
+}
+
+impl OverlapPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverlapPolicy::Allow => "allow",
+            OverlapPolicy::Skip => "skip",
+            OverlapPolicy::BufferOne => "buffer_one",
+        }
+    }
+}
+
+const FIELDS: &[&str] = &[
+    "version",
+    "id",
+    "namespace",
+    "schedule",
+    "queue",
+    "executor",
+    "timeout",
+    "retry",
+    "misfire",
+    "catchup_window",
+    "overlap",
+    "jitter",
+    "paused",
+    "labels",
+];
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+const DEFAULT_CATCHUP_WINDOW: Duration = Duration::from_secs(3600);
+const MAX_LABELS: usize = 64;
+
+/// Checks an id or namespace against `[A-Za-z0-9_-]{1,128}` (`invalid_id` at `field`).
+pub fn validate_id(field: &str, value: &str) -> Result<(), ApiError> {
+    validate_name(field, value, 128)
+}
+
+fn validate_name(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
+    let ok = (1..=max).contains(&value.len())
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::at(
+            ErrorCode::InvalidId,
+            field,
+            format!("{value:?} must match [A-Za-z0-9_-]{{1,{max}}}"),
+        ))
+    }
+}
+
+fn check_label(path: &str, key: &str, value: &str) -> Result<(), ApiError> {
+    let key_ok = (1..=63).contains(&key.len())
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'/' | b'-'));
+    if !key_ok {
+        return Err(err(
+            ErrorCode::InvalidId,
+            path,
+            format!("label key {key:?} must match [A-Za-z0-9_./-]{{1,63}}"),
+        ));
+    }
+    if value.chars().count() > 256 {
+        return Err(err(ErrorCode::InvalidValue, path, "label values are at most 256 characters"));
+    }
+    Ok(())
+}
+
+/// Reads an enum-like string field: `None` when absent, `invalid_value` when not one of `choices`.
+fn choice<T: Copy>(obj: &Obj<'_>, key: &str, choices: &[(&str, T)]) -> Result<Option<T>, ApiError> {
+    let Some(text) = obj.string(key)? else { return Ok(None) };
+    match choices.iter().find(|(name, _)| *name == text) {
+        Some((_, value)) => Ok(Some(*value)),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            Err(err(
+                ErrorCode::InvalidValue,
+                &obj.path(key),
+                format!("{text:?} is not one of {}", names.join(", ")),
+            ))
+        }
+    }
+}
+
+impl TaskSpec {
+    /// Parses and validates a JSON spec (structure only: no clock is consulted).
+    pub fn parse(bytes: &[u8]) -> Result<TaskSpec, ApiError> {
+        let value: Value = serde_json::from_slice(bytes)
+            .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("the spec is not valid JSON: {e}")))?;
+        TaskSpec::from_value(&value)
+    }
+
+    /// Validates an already-decoded JSON spec.
+    pub fn parse_value(value: Value) -> Result<TaskSpec, ApiError> {
+        TaskSpec::from_value(&value)
+    }
+
+    fn from_value(value: &Value) -> Result<TaskSpec, ApiError> {
+        let obj = Obj::new(value, "")?;
+        obj.deny_unknown(FIELDS)?;
+
+        let version = obj.u32("version")?.unwrap_or(1);
+        if version != 1 {
+            return Err(err(
+                ErrorCode::InvalidValue,
+                "version",
+                format!("unsupported version {version}; only 1"),
+            ));
+        }
+        let id = obj.required_string("id")?;
+        validate_id("id", id)?;
+        let namespace = obj.string("namespace")?.unwrap_or("default");
+        validate_id("namespace", namespace)?;
+        let schedule = Schedule::parse_value(obj.required("schedule")?)?;
+        let queue = obj.string("queue")?.unwrap_or("default");
+        validate_name("queue", queue, 64)?;
+        let executor = Executor::from_json(obj.required("executor")?, "executor")?;
+
+        let timeout = obj.duration("timeout")?.unwrap_or(DEFAULT_TIMEOUT);
+        if timeout > MAX_TIMEOUT {
+            return Err(err(ErrorCode::InvalidValue, "timeout", "must be at most 24h"));
+        }
+        let retry = match obj.object("retry")? {
+            Some(retry) => RetryPolicy::from_obj(&retry)?,
+            None => RetryPolicy::default(),
+        };
+        let misfire = choice(
+            &obj,
+            "misfire",
+            &[
+                ("skip", MisfirePolicy::Skip),
+                ("fire_once", MisfirePolicy::FireOnce),
+                ("fire_all", MisfirePolicy::FireAll),
+            ],
+        )?
+        .unwrap_or_default();
+        let catchup_window = obj.duration("catchup_window")?.unwrap_or(DEFAULT_CATCHUP_WINDOW);
+        let overlap = choice(
+            &obj,
+            "overlap",
+            &[
+                ("allow", OverlapPolicy::Allow),
+                ("skip", OverlapPolicy::Skip),
+                ("buffer_one", OverlapPolicy::BufferOne),
+            ],
+        )?
+        .unwrap_or_default();
+        let jitter = match obj.object("jitter")? {
+            None => None,
+            Some(j) => {
+                j.deny_unknown(&["spread", "max_random"])?;
+                let jitter = Jitter { spread: j.duration("spread")?, max_random: j.duration("max_random")? };
+                if jitter.spread.is_none() && jitter.max_random.is_none() {
+                    return Err(err(ErrorCode::InvalidValue, "jitter", "give spread, max_random or both"));
+                }
+                Some(jitter)
+            }
+        };
+        let paused = obj.bool("paused")?.unwrap_or(false);
+        let labels = obj.string_map("labels", check_label)?;
+        if labels.len() > MAX_LABELS {
+            return Err(err(ErrorCode::InvalidValue, "labels", format!("at most {MAX_LABELS} labels")));
+        }
+
+        Ok(TaskSpec {
+            version,
+            id: id.to_owned(),
+            namespace: namespace.to_owned(),
+            schedule,
+            queue: queue.to_owned(),
+            executor,
+            timeout,
+            retry,
+            misfire,
+            catchup_window,
+            overlap,
+            jitter,
+            paused,
+            labels,
+        })
+    }
+
+    /// Admission at registration time `now`: `after` becomes `at = now + delay`; an `at` older than
+    /// `now - catchup_window` is `in_the_past` (field `schedule.at`), and so is a cron whose year
+    /// range has no fire after `now` (field `schedule.cron`).
+    pub fn admit(mut self, now: DateTime<Utc>) -> Result<TaskSpec, ApiError> {
+        match &self.schedule {
+            Schedule::After(delay) => {
+                let at =
+                    TimeDelta::from_std(*delay).ok().and_then(|d| truncate_ms(now).checked_add_signed(d));
+                let at = at.ok_or_else(|| {
+                    ApiError::at(
+                        ErrorCode::InvalidValue,
+                        "schedule.after",
+                        "the delay is too far in the future",
+                    )
+                })?;
+                self.schedule = Schedule::At(at);
+            }
+            Schedule::At(at) => {
+                let oldest =
+                    TimeDelta::from_std(self.catchup_window).ok().and_then(|w| now.checked_sub_signed(w));
+                if oldest.is_some_and(|oldest| *at < oldest) {
+                    return Err(ApiError::at(
+                        ErrorCode::InThePast,
+                        "schedule.at",
+                        format!(
+                            "{} is more than the catch-up window ({}) before now",
+                            json::format_instant(*at),
+                            format_duration(self.catchup_window)
+                        ),
+                    ));
+                }
+            }
+            Schedule::Cron(cron) => {
+                if cron.next_after(now).is_none() {
+                    return Err(ApiError::at(
+                        ErrorCode::InThePast,
+                        "schedule.cron",
+                        "the expression has no fire after now",
+                    ));
+                }
+            }
+            Schedule::Every { .. } => {}
+        }
+        Ok(self)
+    }
+
+    /// The task's key in storage and subjects: `<namespace>.<id>`.
+    pub fn key(&self) -> String {
+        format!("{}.{}", self.namespace, self.id)
+    }
+
+    /// The canonical JSON form: every default filled in, durations as humantime strings,
+    /// instants as RFC 3339 UTC. `TaskSpec::parse_value(spec.to_json()) == Ok(spec)`.
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({
+            "version": self.version,
+            "id": self.id,
+            "namespace": self.namespace,
+            "schedule": self.schedule.to_json(),
+            "queue": self.queue,
+            "executor": self.executor.to_json(),
+            "timeout": format_duration(self.timeout),
+            "retry": self.retry.to_json(),
+            "misfire": self.misfire.as_str(),
+            "catchup_window": format_duration(self.catchup_window),
+            "overlap": self.overlap.as_str(),
+            "paused": self.paused,
+            "labels": self.labels,
+        });
+        if let Some(jitter) = &self.jitter {
+            let mut j = json!({});
+            if let Some(spread) = jitter.spread {
+                j["spread"] = Value::String(format_duration(spread));
+            }
+            if let Some(max_random) = jitter.max_random {
+                j["max_random"] = Value::String(format_duration(max_random));
+            }
+            v["jitter"] = j;
+        }
+        v
+    }
+
+    /// The task's deterministic offset within `jitter.spread`: FNV-1a (64-bit) of [`key`](Self::key)
+    /// modulo the spread in milliseconds. Stable across processes and releases; zero without a spread.
+    pub fn jitter_offset(&self) -> Duration {
+        let Some(spread) = self.jitter.and_then(|j| j.spread) else { return Duration::ZERO };
+        let spread_ms = u64::try_from(spread.as_millis()).unwrap_or(u64::MAX);
+        if spread_ms == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_millis(fnv1a64(self.key().as_bytes()) % spread_ms)
+    }
+}
+
+/// FNV-1a, 64-bit: a stable hash (std's `DefaultHasher` is seeded per process).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+impl Serialize for TaskSpec {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for TaskSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        TaskSpec::parse_value(value).map_err(serde::de::Error::custom)
+    }
+}

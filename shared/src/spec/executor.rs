@@ -1,0 +1,258 @@
+//! The executor part of a task spec: what a worker does when the task fires.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::json::{Obj, err};
+use crate::error::{ApiError, ErrorCode};
+
+/// What a worker runs for a fire. JSON: `{"kind": "http" | "nats" | "shell" | "handler", ...fields}`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Executor {
+    /// An HTTP request; 2xx is success.
+    Http {
+        /// `GET POST PUT PATCH DELETE HEAD`, stored upper-case (default `POST`).
+        method: String,
+        /// An `http://` or `https://` URL with a host.
+        url: String,
+        headers: BTreeMap<String, String>,
+        body: Option<Value>,
+    },
+    /// A NATS request to `subject` (no wildcards).
+    Nats { subject: String, payload: Option<Value>, headers: BTreeMap<String, String> },
+    /// A process started with `command` as argv (only on workers with an explicit allow-list).
+    Shell { command: Vec<String>, env: BTreeMap<String, String>, cwd: Option<String> },
+    /// A named Rust handler registered by a program embedding the worker library.
+    Handler { name: String, payload: Option<Value> },
+}
+
+const HTTP_METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"];
+
+impl Executor {
+    /// The `kind` string: `http`, `nats`, `shell` or `handler`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Executor::Http { .. } => "http",
+            Executor::Nats { .. } => "nats",
+            Executor::Shell { .. } => "shell",
+            Executor::Handler { .. } => "handler",
+        }
+    }
+
+    /// Parses and validates the `executor` object at `path`.
+    pub(crate) fn from_json(value: &Value, path: &str) -> Result<Executor, ApiError> {
+        let obj = Obj::new(value, path)?;
+        let kind = obj.required_string("kind")?;
+        match kind {
+            "http" => {
+                obj.deny_unknown(&["kind", "method", "url", "headers", "body"])?;
+                let method = match obj.string("method")? {
+                    None => "POST".to_owned(),
+                    Some(m) => {
+                        let upper = m.to_ascii_uppercase();
+                        if !HTTP_METHODS.contains(&upper.as_str()) {
+                            return Err(err(
+                                ErrorCode::InvalidValue,
+                                &obj.path("method"),
+                                format!(
+                                    "unsupported method {m:?}; expected one of {}",
+                                    HTTP_METHODS.join(", ")
+                                ),
+                            ));
+                        }
+                        upper
+                    }
+                };
+                let url = obj.required_string("url")?;
+                validate_url(&obj.path("url"), url)?;
+                let headers = obj.string_map("headers", check_header)?;
+                let body = obj.get("body").cloned();
+                Ok(Executor::Http { method, url: url.to_owned(), headers, body })
+            }
+            "nats" => {
+                obj.deny_unknown(&["kind", "subject", "payload", "headers"])?;
+                let subject = obj.required_string("subject")?;
+                validate_subject(&obj.path("subject"), subject)?;
+                let headers = obj.string_map("headers", check_header)?;
+                let payload = obj.get("payload").cloned();
+                Ok(Executor::Nats { subject: subject.to_owned(), payload, headers })
+            }
+            "shell" => {
+                obj.deny_unknown(&["kind", "command", "env", "cwd"])?;
+                obj.required("command")?;
+                let items = obj.array("command")?.map(Vec::as_slice).unwrap_or_default();
+                let path = obj.path("command");
+                if items.is_empty() {
+                    return Err(err(
+                        ErrorCode::InvalidValue,
+                        &path,
+                        "must name a program: [\"prog\", \"arg\", ...]",
+                    ));
+                }
+                let mut command = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    let item_path = format!("{path}.{i}");
+                    let Value::String(arg) = item else {
+                        return Err(super::json::wrong_type(&item_path, "a string", item));
+                    };
+                    if arg.contains('\0') {
+                        return Err(err(ErrorCode::InvalidValue, &item_path, "must not contain NUL"));
+                    }
+                    command.push(arg.clone());
+                }
+                if command[0].trim().is_empty() {
+                    return Err(err(
+                        ErrorCode::InvalidValue,
+                        &format!("{path}.0"),
+                        "the program must not be empty",
+                    ));
+                }
+                let env = obj.string_map("env", |path, name, value| {
+                    let mut chars = name.chars();
+                    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+                    if !ok {
+                        return Err(err(
+                            ErrorCode::InvalidValue,
+                            path,
+                            "variable names match [A-Za-z_][A-Za-z0-9_]*",
+                        ));
+                    }
+                    if value.contains('\0') {
+                        return Err(err(ErrorCode::InvalidValue, path, "must not contain NUL"));
+                    }
+                    Ok(())
+                })?;
+                let cwd = obj.string("cwd")?;
+                if cwd.is_some_and(|c| c.is_empty() || c.contains('\0')) {
+                    return Err(err(ErrorCode::InvalidValue, &obj.path("cwd"), "must be a non-empty path"));
+                }
+                Ok(Executor::Shell { command, env, cwd: cwd.map(str::to_owned) })
+            }
+            "handler" => {
+                obj.deny_unknown(&["kind", "name", "payload"])?;
+                let name = obj.required_string("name")?;
+                let ok = (1..=128).contains(&name.len())
+                    && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+                if !ok {
+                    return Err(err(
+                        ErrorCode::InvalidId,
+                        &obj.path("name"),
+                        "handler names match [A-Za-z0-9_.-]{1,128}",
+                    ));
+                }
+                let payload = obj.get("payload").cloned();
+                Ok(Executor::Handler { name: name.to_owned(), payload })
+            }
+            other => Err(err(
+                ErrorCode::InvalidValue,
+                &obj.path("kind"),
+                format!("unknown executor kind {other:?}; expected http, nats, shell or handler"),
+            )),
+        }
+    }
+
+    /// The canonical JSON form (empty maps included, absent options left out).
+    pub(crate) fn to_json(&self) -> Value {
+        match self {
+            Executor::Http { method, url, headers, body } => {
+                let mut v = json!({"kind": "http", "method": method, "url": url, "headers": headers});
+                if let Some(body) = body {
+                    v["body"] = body.clone();
+                }
+                v
+            }
+            Executor::Nats { subject, payload, headers } => {
+                let mut v = json!({"kind": "nats", "subject": subject, "headers": headers});
+                if let Some(payload) = payload {
+                    v["payload"] = payload.clone();
+                }
+                v
+            }
+            Executor::Shell { command, env, cwd } => {
+                let mut v = json!({"kind": "shell", "command": command, "env": env});
+                if let Some(cwd) = cwd {
+                    v["cwd"] = Value::String(cwd.clone());
+                }
+                v
+            }
+            Executor::Handler { name, payload } => {
+                let mut v = json!({"kind": "handler", "name": name});
+                if let Some(payload) = payload {
+                    v["payload"] = payload.clone();
+                }
+                v
+            }
+        }
+    }
+}
+
+/// Header names are HTTP tokens (which NATS accepts too); values hold no line breaks.
+fn check_header(path: &str, name: &str, value: &str) -> Result<(), ApiError> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(token) {
+        return Err(err(ErrorCode::InvalidValue, path, format!("{name:?} is not a valid header name")));
+    }
+    if value.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(err(ErrorCode::InvalidValue, path, "header values must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// `http://` or `https://`, a non-empty host, an optional numeric port, no whitespace.
+fn validate_url(path: &str, url: &str) -> Result<(), ApiError> {
+    let bad = |why: &str| err(ErrorCode::InvalidValue, path, format!("{url:?} is not a valid URL: {why}"));
+    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+    let rest = if lower.starts_with("https://") {
+        &url[8..]
+    } else if lower.starts_with("http://") {
+        &url[7..]
+    } else {
+        return Err(bad("the scheme must be http:// or https://"));
+    };
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad("it contains whitespace"));
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let (host, port) = if let Some(v6) = host_port.strip_prefix('[') {
+        let (inside, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '[' in the host"))?;
+        (inside, after.strip_prefix(':'))
+    } else {
+        match host_port.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(bad("it has no host"));
+    }
+    if let Some(port) = port
+        && port.parse::<u16>().is_err()
+    {
+        return Err(bad("the port must be a number up to 65535"));
+    }
+    Ok(())
+}
+
+/// A publishable NATS subject: dot-separated non-empty tokens, no wildcards, no whitespace.
+fn validate_subject(path: &str, subject: &str) -> Result<(), ApiError> {
+    let bad =
+        |why: &str| err(ErrorCode::InvalidValue, path, format!("{subject:?} is not a valid subject: {why}"));
+    if subject.is_empty() || subject.len() > 255 {
+        return Err(bad("it must be 1 to 255 bytes long"));
+    }
+    if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad("it contains whitespace"));
+    }
+    for token in subject.split('.') {
+        if token.is_empty() {
+            return Err(bad("it has an empty token"));
+        }
+        if token == "*" || token == ">" {
+            return Err(bad("wildcards are not allowed"));
+        }
+    }
+    Ok(())
+}

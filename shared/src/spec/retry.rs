@@ -1,0 +1,122 @@
+//! The retry policy of a task spec and its exponential backoff with jitter.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::json::{Obj, err, format_duration};
+use crate::error::{ApiError, ErrorCode};
+
+/// How failed attempts are retried: exponential backoff from `initial`, capped at `max_interval`,
+/// with a multiplicative `jitter`, giving up after `max_attempts` attempts or `max_elapsed`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Total attempts including the first, 1..=1000 (default 3).
+    pub max_attempts: u32,
+    /// Delay after the first failure (default 1s).
+    pub initial: Duration,
+    /// Growth factor per failure, 1.0..=100 (default 2.0).
+    pub multiplier: f64,
+    /// Cap on the nominal delay, >= `initial` (default 60s, or `initial` when that is larger).
+    pub max_interval: Duration,
+    /// Relative spread around the nominal delay, 0..=1 (default 0.2).
+    pub jitter: f64,
+    /// Stop retrying once this much time has passed since the first attempt.
+    pub max_elapsed: Option<Duration>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            initial: Duration::from_secs(1),
+            multiplier: 2.0,
+            max_interval: Duration::from_secs(60),
+            jitter: 0.2,
+            max_elapsed: None,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Bounds `(min, max)` of the delay before the next attempt after attempt `failed_attempt`
+    /// (1-based; 0 is treated as 1) failed. The nominal delay is
+    /// `initial * multiplier^(failed_attempt - 1)` capped at `max_interval`; the bounds are
+    /// `nominal * (1 - jitter)` and `nominal * (1 + jitter)`.
+    pub fn backoff(&self, failed_attempt: u32) -> (Duration, Duration) {
+        let exponent = i32::try_from(failed_attempt.max(1) - 1).unwrap_or(i32::MAX);
+        let cap = self.max_interval.as_secs_f64();
+        // `powi` overflows to infinity for large exponents, which the cap absorbs.
+        let nominal = (self.initial.as_secs_f64() * self.multiplier.powi(exponent)).min(cap);
+        let jitter = self.jitter.clamp(0.0, 1.0);
+        (Duration::from_secs_f64(nominal * (1.0 - jitter)), Duration::from_secs_f64(nominal * (1.0 + jitter)))
+    }
+
+    /// The delay within [`backoff`](Self::backoff)'s bounds picked by `unit`, a random number in
+    /// `[0, 1)` (0 gives the lower bound; out-of-range values are clamped).
+    pub fn delay_with(&self, failed_attempt: u32, unit: f64) -> Duration {
+        let (min, max) = self.backoff(failed_attempt);
+        let unit = if unit.is_nan() { 0.0 } else { unit.clamp(0.0, 1.0) };
+        let (min, max) = (min.as_secs_f64(), max.as_secs_f64());
+        Duration::from_secs_f64(min + (max - min) * unit)
+    }
+
+    /// Whether another attempt follows attempt `failed_attempt` (1-based) failing, `elapsed`
+    /// after the first attempt started.
+    pub fn should_retry(&self, failed_attempt: u32, elapsed: Duration) -> bool {
+        failed_attempt < self.max_attempts && self.max_elapsed.is_none_or(|limit| elapsed < limit)
+    }
+
+    pub(crate) fn from_obj(obj: &Obj<'_>) -> Result<RetryPolicy, ApiError> {
+        obj.deny_unknown(&[
+            "max_attempts",
+            "initial",
+            "multiplier",
+            "max_interval",
+            "jitter",
+            "max_elapsed",
+        ])?;
+        let defaults = RetryPolicy::default();
+        let max_attempts = obj.u32("max_attempts")?.unwrap_or(defaults.max_attempts);
+        if !(1..=1000).contains(&max_attempts) {
+            return Err(err(
+                ErrorCode::InvalidValue,
+                &obj.path("max_attempts"),
+                "must be between 1 and 1000",
+            ));
+        }
+        let initial = obj.duration("initial")?.unwrap_or(defaults.initial);
+        let multiplier = obj.f64("multiplier")?.unwrap_or(defaults.multiplier);
+        if !(1.0..=100.0).contains(&multiplier) {
+            return Err(err(ErrorCode::InvalidValue, &obj.path("multiplier"), "must be between 1.0 and 100"));
+        }
+        let max_interval = obj.duration("max_interval")?.unwrap_or(defaults.max_interval.max(initial));
+        if max_interval < initial {
+            return Err(err(
+                ErrorCode::InvalidValue,
+                &obj.path("max_interval"),
+                format!("must be at least retry.initial ({})", format_duration(initial)),
+            ));
+        }
+        let jitter = obj.f64("jitter")?.unwrap_or(defaults.jitter);
+        if !(0.0..=1.0).contains(&jitter) {
+            return Err(err(ErrorCode::InvalidValue, &obj.path("jitter"), "must be between 0 and 1"));
+        }
+        let max_elapsed = obj.duration("max_elapsed")?;
+        Ok(RetryPolicy { max_attempts, initial, multiplier, max_interval, jitter, max_elapsed })
+    }
+
+    pub(crate) fn to_json(&self) -> Value {
+        let mut v = json!({
+            "max_attempts": self.max_attempts,
+            "initial": format_duration(self.initial),
+            "multiplier": self.multiplier,
+            "max_interval": format_duration(self.max_interval),
+            "jitter": self.jitter,
+        });
+        if let Some(max_elapsed) = self.max_elapsed {
+            v["max_elapsed"] = Value::String(format_duration(max_elapsed));
+        }
+        v
+    }
+}

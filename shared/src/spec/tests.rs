@@ -1,0 +1,788 @@
+//! Tests for the task spec: the invalid-spec table, round trips and defaults.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+use super::*;
+use crate::error::ErrorCode::{self, *};
+use crate::schedule::Schedule;
+
+fn now() -> DateTime<Utc> {
+    "2026-06-15T12:00:00Z".parse().unwrap()
+}
+
+/// A valid spec every invalid case is derived from.
+fn base() -> Value {
+    json!({
+        "id": "nightly-report",
+        "namespace": "billing",
+        "schedule": {"cron": "0 30 2 * * *", "timezone": "Asia/Shanghai"},
+        "executor": {"kind": "http", "url": "http://reports.internal/run"}
+    })
+}
+
+/// RFC 7396 merge patch: objects merge recursively, `null` removes a key.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+fn patched(patch: Value) -> Vec<u8> {
+    let mut spec = base();
+    merge(&mut spec, &patch);
+    serde_json::to_vec(&spec).unwrap()
+}
+
+/// `base` with `schedule` or `executor` replaced wholesale.
+fn replaced(key: &str, value: Value) -> Vec<u8> {
+    let mut spec = base();
+    spec[key] = value;
+    serde_json::to_vec(&spec).unwrap()
+}
+
+fn parse_and_admit(bytes: &[u8]) -> Result<TaskSpec, ApiError> {
+    TaskSpec::parse(bytes).and_then(|spec| spec.admit(now()))
+}
+
+#[test]
+fn base_spec_is_valid() {
+    parse_and_admit(&serde_json::to_vec(&base()).unwrap()).unwrap();
+}
+
+#[test]
+fn invalid_specs_report_code_and_field() {
+    let long = |n: usize| "a".repeat(n);
+    let many_labels: serde_json::Map<String, Value> =
+        (0..65).map(|i| (format!("l{i}"), json!("v"))).collect();
+    let http = |extra: Value| {
+        let mut e = json!({"kind": "http", "url": "http://x.internal/run"});
+        merge(&mut e, &extra);
+        replaced("executor", e)
+    };
+    let cases: Vec<(&str, Vec<u8>, ErrorCode, Option<&str>)> = vec![
+        // JSON and top level
+        ("malformed json", b"{\"id\": ".to_vec(), InvalidJson, None),
+        ("not utf-8", b"\xff\xfe".to_vec(), InvalidJson, None),
+        ("root is an array", b"[]".to_vec(), InvalidType, None),
+        ("unknown top-level field", patched(json!({"owner": "me"})), UnknownField, Some("owner")),
+        ("missing id", patched(json!({"id": null})), MissingField, Some("id")),
+        ("missing schedule", patched(json!({"schedule": null})), MissingField, Some("schedule")),
+        ("missing executor", patched(json!({"executor": null})), MissingField, Some("executor")),
+        ("id is a number", patched(json!({"id": 7})), InvalidType, Some("id")),
+        ("id with a space", patched(json!({"id": "nightly report"})), InvalidId, Some("id")),
+        ("id with a dot", patched(json!({"id": "a.b"})), InvalidId, Some("id")),
+        ("id of 129 chars", patched(json!({"id": long(129)})), InvalidId, Some("id")),
+        ("empty id", patched(json!({"id": ""})), InvalidId, Some("id")),
+        ("namespace with a slash", patched(json!({"namespace": "bill/ing"})), InvalidId, Some("namespace")),
+        ("queue of 65 chars", patched(json!({"queue": long(65)})), InvalidId, Some("queue")),
+        ("queue with a star", patched(json!({"queue": "q*"})), InvalidId, Some("queue")),
+        ("version 2", patched(json!({"version": 2})), InvalidValue, Some("version")),
+        ("version as a string", patched(json!({"version": "1"})), InvalidType, Some("version")),
+        // schedule
+        ("schedule is a string", replaced("schedule", json!("@daily")), InvalidType, Some("schedule")),
+        ("schedule without a kind", replaced("schedule", json!({})), InvalidValue, Some("schedule")),
+        (
+            "two schedule kinds",
+            replaced("schedule", json!({"cron": "0 * * * * *", "every": "1m"})),
+            InvalidValue,
+            Some("schedule"),
+        ),
+        (
+            "unknown schedule field",
+            patched(json!({"schedule": {"jitter": "1s"}})),
+            UnknownField,
+            Some("schedule.jitter"),
+        ),
+        (
+            "timezone with every",
+            replaced("schedule", json!({"every": "1m", "timezone": "UTC"})),
+            InvalidValue,
+            Some("schedule.timezone"),
+        ),
+        (
+            "anchor with cron",
+            patched(json!({"schedule": {"anchor": "2026-01-01T00:00:00Z"}})),
+            InvalidValue,
+            Some("schedule.anchor"),
+        ),
+        (
+            "cron gibberish",
+            patched(json!({"schedule": {"cron": "every day"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "cron with 5 fields",
+            patched(json!({"schedule": {"cron": "30 2 * * *"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "cron with 8 fields",
+            patched(json!({"schedule": {"cron": "0 0 0 1 1 * 2030 1"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "cron that never fires",
+            patched(json!({"schedule": {"cron": "0 0 0 31 2 *"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "cron 5th Monday on the 1st",
+            patched(json!({"schedule": {"cron": "0 0 0 1 * 2#5"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "cron minute 60",
+            patched(json!({"schedule": {"cron": "0 60 * * * *"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "cron day-of-week 0",
+            patched(json!({"schedule": {"cron": "0 0 9 * * 0"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "cron L-40",
+            patched(json!({"schedule": {"cron": "0 0 0 L-40 * *"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "cron 6#6",
+            patched(json!({"schedule": {"cron": "0 0 0 ? * 6#6"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "cron L mixed with days",
+            patched(json!({"schedule": {"cron": "0 0 0 1,L * *"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "cron bare L in day-of-week",
+            patched(json!({"schedule": {"cron": "0 0 0 ? * L"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        (
+            "unknown descriptor",
+            patched(json!({"schedule": {"cron": "@reboot"}})),
+            InvalidCron,
+            Some("schedule.cron"),
+        ),
+        ("cron is a number", patched(json!({"schedule": {"cron": 5}})), InvalidType, Some("schedule.cron")),
+        (
+            "unknown time zone",
+            patched(json!({"schedule": {"timezone": "Mars/Olympus_Mons"}})),
+            UnknownTimezone,
+            Some("schedule.timezone"),
+        ),
+        ("zero every", replaced("schedule", json!({"every": "0s"})), InvalidDuration, Some("schedule.every")),
+        (
+            "negative every",
+            replaced("schedule", json!({"every": "-5s"})),
+            InvalidDuration,
+            Some("schedule.every"),
+        ),
+        (
+            "every as a number",
+            replaced("schedule", json!({"every": 30})),
+            InvalidType,
+            Some("schedule.every"),
+        ),
+        (
+            "sub-millisecond every",
+            replaced("schedule", json!({"every": "1ms 500us"})),
+            InvalidDuration,
+            Some("schedule.every"),
+        ),
+        (
+            "huge every",
+            replaced("schedule", json!({"every": "1000years"})),
+            InvalidDuration,
+            Some("schedule.every"),
+        ),
+        (
+            "anchor not RFC 3339",
+            replaced("schedule", json!({"every": "1m", "anchor": "yesterday"})),
+            InvalidValue,
+            Some("schedule.anchor"),
+        ),
+        (
+            "at with month 13",
+            replaced("schedule", json!({"at": "2026-13-01T00:00:00Z"})),
+            InvalidValue,
+            Some("schedule.at"),
+        ),
+        (
+            "at without offset",
+            replaced("schedule", json!({"at": "2026-07-01T00:00:00"})),
+            InvalidValue,
+            Some("schedule.at"),
+        ),
+        (
+            "after not a duration",
+            replaced("schedule", json!({"after": "soon"})),
+            InvalidDuration,
+            Some("schedule.after"),
+        ),
+        (
+            "at in the past (admit)",
+            replaced("schedule", json!({"at": "2026-06-15T10:59:59Z"})),
+            InThePast,
+            Some("schedule.at"),
+        ),
+        (
+            "cron years all past (admit)",
+            patched(json!({"schedule": {"cron": "0 0 0 1 1 * 2020-2025"}})),
+            InThePast,
+            Some("schedule.cron"),
+        ),
+        // executor
+        ("executor is a string", replaced("executor", json!("http")), InvalidType, Some("executor")),
+        (
+            "executor without kind",
+            replaced("executor", json!({"url": "http://x/"})),
+            MissingField,
+            Some("executor.kind"),
+        ),
+        (
+            "executor kind ftp",
+            replaced("executor", json!({"kind": "ftp"})),
+            InvalidValue,
+            Some("executor.kind"),
+        ),
+        (
+            "executor kind upper-case",
+            replaced("executor", json!({"kind": "HTTP", "url": "http://x/"})),
+            InvalidValue,
+            Some("executor.kind"),
+        ),
+        (
+            "http without url",
+            replaced("executor", json!({"kind": "http"})),
+            MissingField,
+            Some("executor.url"),
+        ),
+        ("http ftp url", http(json!({"url": "ftp://x.internal/"})), InvalidValue, Some("executor.url")),
+        ("http url without host", http(json!({"url": "http:///run"})), InvalidValue, Some("executor.url")),
+        (
+            "http url with bad port",
+            http(json!({"url": "http://x:99999/"})),
+            InvalidValue,
+            Some("executor.url"),
+        ),
+        ("http url with a space", http(json!({"url": "http://x/a b"})), InvalidValue, Some("executor.url")),
+        ("http method FETCH", http(json!({"method": "FETCH"})), InvalidValue, Some("executor.method")),
+        ("http method number", http(json!({"method": 1})), InvalidType, Some("executor.method")),
+        (
+            "http header not a string",
+            http(json!({"headers": {"X-A": 1}})),
+            InvalidType,
+            Some("executor.headers.X-A"),
+        ),
+        (
+            "http header bad name",
+            http(json!({"headers": {"X A": "1"}})),
+            InvalidValue,
+            Some("executor.headers.X A"),
+        ),
+        (
+            "http header newline",
+            http(json!({"headers": {"X-A": "1\r\nX-B: 2"}})),
+            InvalidValue,
+            Some("executor.headers.X-A"),
+        ),
+        ("http with subject", http(json!({"subject": "a.b"})), UnknownField, Some("executor.subject")),
+        (
+            "nats wildcard subject",
+            replaced("executor", json!({"kind": "nats", "subject": "jobs.*"})),
+            InvalidValue,
+            Some("executor.subject"),
+        ),
+        (
+            "nats full wildcard",
+            replaced("executor", json!({"kind": "nats", "subject": "jobs.>"})),
+            InvalidValue,
+            Some("executor.subject"),
+        ),
+        (
+            "nats empty token",
+            replaced("executor", json!({"kind": "nats", "subject": "jobs..run"})),
+            InvalidValue,
+            Some("executor.subject"),
+        ),
+        (
+            "nats with body",
+            replaced("executor", json!({"kind": "nats", "subject": "a", "body": {}})),
+            UnknownField,
+            Some("executor.body"),
+        ),
+        (
+            "shell empty command",
+            replaced("executor", json!({"kind": "shell", "command": []})),
+            InvalidValue,
+            Some("executor.command"),
+        ),
+        (
+            "shell empty program",
+            replaced("executor", json!({"kind": "shell", "command": ["", "x"]})),
+            InvalidValue,
+            Some("executor.command.0"),
+        ),
+        (
+            "shell command string",
+            replaced("executor", json!({"kind": "shell", "command": "ls -l"})),
+            InvalidType,
+            Some("executor.command"),
+        ),
+        (
+            "shell argument number",
+            replaced("executor", json!({"kind": "shell", "command": ["ls", 1]})),
+            InvalidType,
+            Some("executor.command.1"),
+        ),
+        (
+            "shell missing command",
+            replaced("executor", json!({"kind": "shell"})),
+            MissingField,
+            Some("executor.command"),
+        ),
+        (
+            "shell bad env name",
+            replaced("executor", json!({"kind": "shell", "command": ["env"], "env": {"1X": "a"}})),
+            InvalidValue,
+            Some("executor.env.1X"),
+        ),
+        (
+            "handler bad name",
+            replaced("executor", json!({"kind": "handler", "name": "a b"})),
+            InvalidId,
+            Some("executor.name"),
+        ),
+        (
+            "handler missing name",
+            replaced("executor", json!({"kind": "handler"})),
+            MissingField,
+            Some("executor.name"),
+        ),
+        // durations and policies
+        ("zero timeout", patched(json!({"timeout": "0s"})), InvalidDuration, Some("timeout")),
+        ("timeout over 24h", patched(json!({"timeout": "25h"})), InvalidValue, Some("timeout")),
+        ("timeout as a number", patched(json!({"timeout": 300})), InvalidType, Some("timeout")),
+        (
+            "timeout unparsable",
+            patched(json!({"timeout": "5 minutes please"})),
+            InvalidDuration,
+            Some("timeout"),
+        ),
+        ("retry is a number", patched(json!({"retry": 3})), InvalidType, Some("retry")),
+        ("unknown retry field", patched(json!({"retry": {"foo": 1}})), UnknownField, Some("retry.foo")),
+        (
+            "max_attempts 0",
+            patched(json!({"retry": {"max_attempts": 0}})),
+            InvalidValue,
+            Some("retry.max_attempts"),
+        ),
+        (
+            "max_attempts 1001",
+            patched(json!({"retry": {"max_attempts": 1001}})),
+            InvalidValue,
+            Some("retry.max_attempts"),
+        ),
+        (
+            "max_attempts negative",
+            patched(json!({"retry": {"max_attempts": -1}})),
+            InvalidValue,
+            Some("retry.max_attempts"),
+        ),
+        (
+            "max_attempts fractional",
+            patched(json!({"retry": {"max_attempts": 2.5}})),
+            InvalidType,
+            Some("retry.max_attempts"),
+        ),
+        (
+            "multiplier below 1",
+            patched(json!({"retry": {"multiplier": 0.5}})),
+            InvalidValue,
+            Some("retry.multiplier"),
+        ),
+        (
+            "multiplier over 100",
+            patched(json!({"retry": {"multiplier": 101}})),
+            InvalidValue,
+            Some("retry.multiplier"),
+        ),
+        (
+            "multiplier as a string",
+            patched(json!({"retry": {"multiplier": "2"}})),
+            InvalidType,
+            Some("retry.multiplier"),
+        ),
+        ("retry jitter 1.5", patched(json!({"retry": {"jitter": 1.5}})), InvalidValue, Some("retry.jitter")),
+        (
+            "retry jitter negative",
+            patched(json!({"retry": {"jitter": -0.1}})),
+            InvalidValue,
+            Some("retry.jitter"),
+        ),
+        (
+            "zero initial",
+            patched(json!({"retry": {"initial": "0ms"}})),
+            InvalidDuration,
+            Some("retry.initial"),
+        ),
+        (
+            "max_interval below initial",
+            patched(json!({"retry": {"initial": "10s", "max_interval": "1s"}})),
+            InvalidValue,
+            Some("retry.max_interval"),
+        ),
+        (
+            "max_elapsed negative",
+            patched(json!({"retry": {"max_elapsed": "-1m"}})),
+            InvalidDuration,
+            Some("retry.max_elapsed"),
+        ),
+        ("misfire unknown", patched(json!({"misfire": "sometimes"})), InvalidValue, Some("misfire")),
+        ("misfire upper-case", patched(json!({"misfire": "SKIP"})), InvalidValue, Some("misfire")),
+        ("overlap unknown", patched(json!({"overlap": "queue"})), InvalidValue, Some("overlap")),
+        ("overlap boolean", patched(json!({"overlap": true})), InvalidType, Some("overlap")),
+        (
+            "zero catchup_window",
+            patched(json!({"catchup_window": "0s"})),
+            InvalidDuration,
+            Some("catchup_window"),
+        ),
+        ("empty jitter", patched(json!({"jitter": {}})), InvalidValue, Some("jitter")),
+        (
+            "jitter bad spread",
+            patched(json!({"jitter": {"spread": "wide"}})),
+            InvalidDuration,
+            Some("jitter.spread"),
+        ),
+        (
+            "unknown jitter field",
+            patched(json!({"jitter": {"spread": "1s", "min": "1s"}})),
+            UnknownField,
+            Some("jitter.min"),
+        ),
+        ("paused as a string", patched(json!({"paused": "yes"})), InvalidType, Some("paused")),
+        ("labels is an array", patched(json!({"labels": ["a"]})), InvalidType, Some("labels")),
+        (
+            "label key with a space",
+            patched(json!({"labels": {"my team": "x"}})),
+            InvalidId,
+            Some("labels.my team"),
+        ),
+        (
+            "label key of 64 chars",
+            patched(json!({"labels": {long(64): "x"}})),
+            InvalidId,
+            Some(&*format!("labels.{}", long(64)).leak()),
+        ),
+        ("label value number", patched(json!({"labels": {"team": 1}})), InvalidType, Some("labels.team")),
+        (
+            "label value 257 chars",
+            patched(json!({"labels": {"team": long(257)}})),
+            InvalidValue,
+            Some("labels.team"),
+        ),
+        ("65 labels", patched(json!({"labels": many_labels})), InvalidValue, Some("labels")),
+    ];
+    assert!(cases.len() >= 45, "{} cases", cases.len());
+    let mut failures = Vec::new();
+    for (name, bytes, code, field) in &cases {
+        match parse_and_admit(bytes) {
+            Ok(_) => failures.push(format!("{name}: accepted")),
+            Err(e) if e.code != *code || e.field.as_deref() != *field => {
+                failures.push(format!("{name}: expected {code} at {field:?}, got {e}"))
+            }
+            Err(e) => assert!(!e.message.is_empty(), "{name}: empty message"),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn five_field_cron_message_says_seconds_are_required() {
+    let e = TaskSpec::parse(&patched(json!({"schedule": {"cron": "30 2 * * *"}}))).unwrap_err();
+    assert!(e.message.contains("seconds are required"), "{}", e.message);
+}
+
+#[test]
+fn minimal_spec_gets_every_default() {
+    let spec = TaskSpec::parse(
+        br#"{"id": "t1", "schedule": {"every": "30s"}, "executor": {"kind": "handler", "name": "cleanup"}}"#,
+    )
+    .unwrap();
+    assert_eq!(spec.version, 1);
+    assert_eq!(spec.namespace, "default");
+    assert_eq!(spec.queue, "default");
+    assert_eq!(
+        spec.schedule,
+        Schedule::Every { interval: Duration::from_secs(30), anchor: DateTime::UNIX_EPOCH }
+    );
+    assert_eq!(spec.executor, Executor::Handler { name: "cleanup".into(), payload: None });
+    assert_eq!(spec.timeout, Duration::from_secs(300));
+    assert_eq!(spec.retry, RetryPolicy::default());
+    assert_eq!(
+        spec.retry,
+        RetryPolicy {
+            max_attempts: 3,
+            initial: Duration::from_secs(1),
+            multiplier: 2.0,
+            max_interval: Duration::from_secs(60),
+            jitter: 0.2,
+            max_elapsed: None,
+        }
+    );
+    assert_eq!(spec.misfire, MisfirePolicy::FireOnce);
+    assert_eq!(spec.catchup_window, Duration::from_secs(3600));
+    assert_eq!(spec.overlap, OverlapPolicy::Allow);
+    assert_eq!(spec.jitter, None);
+    assert!(!spec.paused);
+    assert!(spec.labels.is_empty());
+    assert_eq!(spec.key(), "default.t1");
+    assert_eq!(spec.jitter_offset(), Duration::ZERO);
+}
+
+#[test]
+fn canonical_json_of_defaults() {
+    let spec = TaskSpec::parse(
+        br#"{"id": "t1", "schedule": {"cron": "@daily"}, "executor": {"kind": "http", "url": "https://x/"}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        spec.to_json(),
+        json!({
+            "version": 1, "id": "t1", "namespace": "default",
+            "schedule": {"cron": "@daily", "timezone": "UTC"},
+            "queue": "default",
+            "executor": {"kind": "http", "method": "POST", "url": "https://x/", "headers": {}},
+            "timeout": "5m",
+            "retry": {"max_attempts": 3, "initial": "1s", "multiplier": 2.0, "max_interval": "1m", "jitter": 0.2},
+            "misfire": "fire_once", "catchup_window": "1h", "overlap": "allow", "paused": false, "labels": {}
+        })
+    );
+}
+
+#[test]
+fn design_example_parses() {
+    let spec = TaskSpec::parse(
+        br#"{
+          "id": "nightly-report", "namespace": "billing",
+          "schedule": {"cron": "0 30 2 * * *", "timezone": "Asia/Shanghai"},
+          "queue": "default",
+          "executor": {"kind": "http", "method": "post", "url": "http://reports.internal/run", "body": {"day": "yesterday"}},
+          "timeout": "5m",
+          "retry": {"max_attempts": 4, "initial": "1s", "multiplier": 2.0, "max_interval": "30s", "jitter": 0.3, "max_elapsed": "10m"},
+          "misfire": "fire_once", "catchup_window": "1h",
+          "overlap": "skip",
+          "paused": false,
+          "labels": {"team": "billing"}
+        }"#,
+    )
+    .unwrap();
+    assert_eq!(spec.key(), "billing.nightly-report");
+    let Executor::Http { method, body, .. } = &spec.executor else { panic!("{:?}", spec.executor) };
+    assert_eq!(method, "POST");
+    assert_eq!(body, &Some(json!({"day": "yesterday"})));
+    assert_eq!(spec.retry.max_elapsed, Some(Duration::from_secs(600)));
+    assert_eq!(spec.overlap, OverlapPolicy::Skip);
+    assert_eq!(spec.labels, BTreeMap::from([("team".to_owned(), "billing".to_owned())]));
+    let Schedule::Cron(cron) = &spec.schedule else { panic!() };
+    assert_eq!(cron.timezone(), chrono_tz::Asia::Shanghai);
+    assert_eq!(cron.source(), "0 30 2 * * *");
+}
+
+fn valid_specs() -> Vec<Value> {
+    vec![
+        base(),
+        json!({
+            "version": 1, "id": "n", "namespace": "ns-1", "queue": "fast_q",
+            "schedule": {"every": "1h 30m", "anchor": "2026-01-01T09:00:00.250+01:00"},
+            "executor": {"kind": "nats", "subject": "jobs.run", "payload": [1, 2.5, "x", null], "headers": {"Trace": "1"}},
+            "timeout": "90s", "misfire": "fire_all", "catchup_window": "10m", "overlap": "buffer_one",
+            "jitter": {"spread": "10s", "max_random": "2s"}, "paused": true,
+            "labels": {"team": "ops", "app.kubernetes.io/name": "x"}
+        }),
+        json!({
+            "id": "s", "schedule": {"at": "2030-02-03T04:05:06Z"},
+            "executor": {"kind": "shell", "command": ["sh", "-c", "echo hi"], "env": {"A_B": "1"}, "cwd": "/tmp"},
+            "retry": {"max_attempts": 1, "initial": "250ms", "multiplier": 1, "jitter": 0, "max_elapsed": "1m"},
+            "misfire": "skip", "overlap": "skip", "jitter": {"max_random": "500ms"}
+        }),
+        json!({
+            "id": "a", "schedule": {"after": "10m"},
+            "executor": {"kind": "handler", "name": "reports.daily-v2", "payload": {"k": {"nested": true}}},
+            "retry": {"initial": "2m"}, "jitter": {"spread": "1m"}
+        }),
+        json!({
+            "id": "h", "schedule": {"cron": "0 0 9 LW * ?", "timezone": "America/New_York"},
+            "executor": {"kind": "http", "method": "delete", "url": "https://user@[::1]:8443/x?y=1#z",
+                         "headers": {"Authorization": "Bearer t"}, "body": "text"}
+        }),
+        json!({
+            "id": "h2", "schedule": {"cron": "0 15 10 ? * FRI#3 2027", "timezone": "Australia/Lord_Howe"},
+            "executor": {"kind": "http", "method": "HEAD", "url": "http://h:80"}
+        }),
+    ]
+}
+
+#[test]
+fn valid_specs_round_trip_through_canonical_json() {
+    for value in valid_specs() {
+        let spec = TaskSpec::parse_value(value.clone()).unwrap_or_else(|e| panic!("{value}: {e}"));
+        let canonical = spec.to_json();
+        let again = TaskSpec::parse_value(canonical.clone()).unwrap_or_else(|e| panic!("{canonical}: {e}"));
+        assert_eq!(again, spec, "{canonical}");
+        assert_eq!(again.to_json(), canonical);
+        // serde impls: the same canonical form, and back.
+        let text = serde_json::to_string(&spec).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), canonical);
+        assert_eq!(serde_json::from_str::<TaskSpec>(&text).unwrap(), spec);
+    }
+}
+
+#[test]
+fn canonical_forms_of_schedules_and_executors() {
+    let specs: Vec<Value> =
+        valid_specs().into_iter().map(|v| TaskSpec::parse_value(v).unwrap().to_json()).collect();
+    assert_eq!(specs[1]["schedule"], json!({"every": "1h 30m", "anchor": "2026-01-01T08:00:00.250Z"}));
+    assert_eq!(specs[1]["jitter"], json!({"spread": "10s", "max_random": "2s"}));
+    assert_eq!(specs[2]["schedule"], json!({"at": "2030-02-03T04:05:06Z"}));
+    assert_eq!(specs[2]["executor"]["cwd"], json!("/tmp"));
+    assert_eq!(specs[2]["retry"]["max_interval"], json!("1m"));
+    assert_eq!(specs[3]["schedule"], json!({"after": "10m"}));
+    assert_eq!(specs[3]["retry"]["max_interval"], json!("2m"), "defaults to initial when initial > 60s");
+    assert_eq!(specs[4]["executor"]["method"], json!("DELETE"));
+}
+
+#[test]
+fn null_means_absent() {
+    let spec = TaskSpec::parse(
+        br#"{"id": "t", "namespace": null, "schedule": {"every": "1m", "anchor": null, "at": null},
+             "executor": {"kind": "http", "url": "http://x/", "body": null, "headers": null},
+             "retry": {"max_elapsed": null}, "jitter": null, "labels": null, "timeout": null}"#,
+    )
+    .unwrap();
+    assert_eq!(spec.namespace, "default");
+    assert_eq!(spec.jitter, None);
+    assert_eq!(
+        spec.executor,
+        Executor::Http {
+            method: "POST".into(),
+            url: "http://x/".into(),
+            headers: BTreeMap::new(),
+            body: None
+        }
+    );
+}
+
+#[test]
+fn deserialize_reports_the_api_error() {
+    let e = serde_json::from_str::<TaskSpec>(r#"{"id": "x y"}"#).unwrap_err();
+    assert!(e.to_string().contains("invalid_id at id"), "{e}");
+}
+
+#[test]
+fn admit_turns_after_into_at_and_keeps_recent_at() {
+    let spec = TaskSpec::parse_value(
+        json!({"id": "a", "schedule": {"after": "10m"}, "executor": {"kind": "handler", "name": "h"}}),
+    )
+    .unwrap();
+    let now: DateTime<Utc> = "2026-06-15T12:00:00.123456Z".parse().unwrap();
+    let admitted = spec.admit(now).unwrap();
+    assert_eq!(admitted.schedule, Schedule::At("2026-06-15T12:10:00.123Z".parse().unwrap()));
+
+    // Within the catch-up window (default 1h) an `at` in the past is still admitted.
+    let recent = TaskSpec::parse(&replaced("schedule", json!({"at": "2026-06-15T11:00:01Z"}))).unwrap();
+    assert!(recent.clone().admit(now).is_ok());
+    let narrow = TaskSpec::parse(&{
+        let mut v = base();
+        v["schedule"] = json!({"at": "2026-06-15T11:00:00Z"});
+        v["catchup_window"] = json!("30m");
+        serde_json::to_vec(&v).unwrap()
+    })
+    .unwrap();
+    assert_eq!(narrow.admit(now).unwrap_err().code, ErrorCode::InThePast);
+    // Cron and every pass through unchanged.
+    let cron = TaskSpec::parse_value(base()).unwrap();
+    assert_eq!(cron.clone().admit(now).unwrap(), cron);
+}
+
+#[test]
+fn jitter_offset_is_a_stable_hash_of_the_key() {
+    let mut v = base();
+    v["jitter"] = json!({"spread": "10s"});
+    let spec = TaskSpec::parse_value(v).unwrap();
+    // FNV-1a 64 of "billing.nightly-report" = 729845311767235444; mod 10000 ms.
+    assert_eq!(spec.jitter_offset(), Duration::from_millis(5444));
+    let mut other = spec.clone();
+    other.id = "other".into();
+    assert!(other.jitter_offset() < Duration::from_secs(10));
+    other.jitter = Some(Jitter { spread: None, max_random: Some(Duration::from_secs(1)) });
+    assert_eq!(other.jitter_offset(), Duration::ZERO);
+}
+
+#[test]
+fn backoff_grows_caps_and_jitters() {
+    let retry = RetryPolicy::default();
+    let secs = |(a, b): (Duration, Duration)| (a.as_secs_f64(), b.as_secs_f64());
+    let close = |(a, b): (f64, f64), (x, y): (f64, f64)| (a - x).abs() < 1e-6 && (b - y).abs() < 1e-6;
+    assert!(close(secs(retry.backoff(1)), (0.8, 1.2)));
+    assert!(close(secs(retry.backoff(0)), (0.8, 1.2)), "0 is treated as 1");
+    assert!(close(secs(retry.backoff(2)), (1.6, 2.4)));
+    assert!(close(secs(retry.backoff(3)), (3.2, 4.8)));
+    assert!(close(secs(retry.backoff(7)), (48.0, 72.0)), "64s capped at 60s");
+    assert!(close(secs(retry.backoff(u32::MAX)), (48.0, 72.0)));
+    assert_eq!(retry.delay_with(1, 0.0), retry.backoff(1).0);
+    assert!((retry.delay_with(1, 0.5).as_secs_f64() - 1.0).abs() < 1e-6);
+    assert!(retry.delay_with(1, 0.999_999) <= retry.backoff(1).1);
+    assert_eq!(retry.delay_with(1, f64::NAN), retry.backoff(1).0);
+
+    let exact = RetryPolicy { jitter: 0.0, multiplier: 3.0, ..RetryPolicy::default() };
+    assert_eq!(exact.backoff(3), (Duration::from_secs(9), Duration::from_secs(9)));
+    assert_eq!(exact.delay_with(5, 0.7), Duration::from_secs(60));
+
+    assert!(retry.should_retry(1, Duration::from_secs(1)));
+    assert!(!retry.should_retry(3, Duration::ZERO));
+    let bounded = RetryPolicy { max_elapsed: Some(Duration::from_secs(10)), ..RetryPolicy::default() };
+    assert!(!bounded.should_retry(1, Duration::from_secs(10)));
+}
+
+#[test]
+fn validate_id_is_reusable() {
+    assert!(validate_id("namespace", "billing_2-x").is_ok());
+    let e = validate_id("namespace", "bad ns").unwrap_err();
+    assert_eq!((e.code, e.field.as_deref()), (ErrorCode::InvalidId, Some("namespace")));
+    assert!(validate_id("id", &"x".repeat(128)).is_ok());
+}
