@@ -1,0 +1,262 @@
+//! The task API: decoding requests, calling the task store, encoding replies.
+//!
+//! Every failure is a structured `{"error": {code, message, field}}` reply with the
+//! micro-service error headers set; nothing a client sends can make the registry panic.
+
+use async_nats::HeaderMap;
+use async_nats::service::Request;
+use chrono::Utc;
+use chrono_tz::Tz;
+use jetsched_shared::error::{ApiError, ErrorCode, ErrorReply};
+use jetsched_shared::schedule::Schedule;
+use jetsched_shared::spec::{TaskSpec, validate_id};
+use jetsched_shared::wire::{
+    self, HDR_CREATE_ONLY, HDR_EXPECTED_REVISION, ListRequest, NextReply, NextRequest, TaskRef,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::tasks::{Precondition, TaskStore};
+
+/// The task endpoints, in the order they are registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    Put,
+    Get,
+    List,
+    Delete,
+    Pause,
+    Resume,
+    Trigger,
+    Next,
+    /// Anything else under `<prefix>.api.>`.
+    Unknown,
+}
+
+impl Endpoint {
+    pub(crate) const TASK: [Endpoint; 8] = [
+        Endpoint::Put,
+        Endpoint::Get,
+        Endpoint::List,
+        Endpoint::Delete,
+        Endpoint::Pause,
+        Endpoint::Resume,
+        Endpoint::Trigger,
+        Endpoint::Next,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Endpoint::Put => "put",
+            Endpoint::Get => "get",
+            Endpoint::List => "list",
+            Endpoint::Delete => "delete",
+            Endpoint::Pause => "pause",
+            Endpoint::Resume => "resume",
+            Endpoint::Trigger => "trigger",
+            Endpoint::Next => "next",
+            Endpoint::Unknown => "unknown",
+        }
+    }
+}
+
+/// Limits applied to requests.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) max_spec_bytes: usize,
+}
+
+/// Handles one request; returns the reply body and headers.
+pub(crate) async fn handle(
+    store: &TaskStore,
+    limits: Limits,
+    endpoint: Endpoint,
+    request: &Request,
+) -> Result<Vec<u8>, ApiError> {
+    let message = &request.message;
+    let payload = &message.payload;
+    match endpoint {
+        Endpoint::Put => {
+            let precondition = precondition(message.headers.as_ref())?;
+            let spec = admit_spec(payload, limits)?;
+            let (reply, _) = store.put(spec, precondition).await?;
+            encode(&reply)
+        }
+        Endpoint::Get => {
+            let task = task_ref(payload)?;
+            encode(&store.get(&task.namespace, &task.id).await?)
+        }
+        Endpoint::List => {
+            let request: ListRequest = decode(payload, true)?;
+            if let Some(namespace) = &request.namespace {
+                validate_id("namespace", namespace)?;
+            }
+            encode(&store.list(&request).await?)
+        }
+        Endpoint::Delete => {
+            let task = task_ref(payload)?;
+            encode(&store.delete(&task.namespace, &task.id).await?)
+        }
+        Endpoint::Pause | Endpoint::Resume => {
+            let task = task_ref(payload)?;
+            encode(&store.set_paused(&task.namespace, &task.id, endpoint == Endpoint::Pause).await?)
+        }
+        Endpoint::Trigger => {
+            let task = task_ref(payload)?;
+            encode(&store.trigger(&task.namespace, &task.id).await?)
+        }
+        Endpoint::Next => encode(&next(store, limits, payload).await?),
+        Endpoint::Unknown => Err(ApiError::new(
+            ErrorCode::UnknownEndpoint,
+            format!("no endpoint {}; see `nats micro info` for the endpoints", message.subject),
+        )),
+    }
+}
+
+/// Validates and admits a spec body (size, JSON, every field; `after` resolved against now).
+pub(crate) fn admit_spec(payload: &[u8], limits: Limits) -> Result<TaskSpec, ApiError> {
+    check_size(payload, limits)?;
+    TaskSpec::parse(payload)?.admit(Utc::now())
+}
+
+pub(crate) fn check_size(payload: &[u8], limits: Limits) -> Result<(), ApiError> {
+    if payload.len() > limits.max_spec_bytes {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("spec is {} bytes; the limit is {}", payload.len(), limits.max_spec_bytes),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads the compare-and-set headers of a `put` (API or intake).
+pub(crate) fn precondition(headers: Option<&HeaderMap>) -> Result<Precondition, ApiError> {
+    let Some(headers) = headers else { return Ok(Precondition::None) };
+    let create_only = match headers.get(HDR_CREATE_ONLY).map(|v| v.as_str().trim().to_ascii_lowercase()) {
+        None => false,
+        Some(v) if v == "true" => true,
+        Some(v) if v == "false" => false,
+        Some(v) => {
+            return Err(ApiError::at(
+                ErrorCode::BadRequest,
+                HDR_CREATE_ONLY,
+                format!("{v:?} is not true or false"),
+            ));
+        }
+    };
+    let expected = match headers.get(HDR_EXPECTED_REVISION) {
+        None => None,
+        Some(v) => Some(v.as_str().trim().parse::<u64>().map_err(|_| {
+            ApiError::at(
+                ErrorCode::BadRequest,
+                HDR_EXPECTED_REVISION,
+                format!("{:?} is not a revision number", v.as_str()),
+            )
+        })?),
+    };
+    Ok(match (create_only, expected) {
+        (true, Some(n)) if n != 0 => {
+            return Err(ApiError::at(
+                ErrorCode::BadRequest,
+                HDR_CREATE_ONLY,
+                "create-only contradicts an expected revision other than 0",
+            ));
+        }
+        (true, _) => Precondition::CreateOnly,
+        (false, Some(n)) => Precondition::Revision(n),
+        (false, None) => Precondition::None,
+    })
+}
+
+fn task_ref(payload: &[u8]) -> Result<TaskRef, ApiError> {
+    let task: TaskRef = decode(payload, false)?;
+    validate_id("namespace", &task.namespace)?;
+    validate_id("id", &task.id)?;
+    Ok(task)
+}
+
+async fn next(store: &TaskStore, limits: Limits, payload: &[u8]) -> Result<NextReply, ApiError> {
+    let request: NextRequest = decode(payload, false)?;
+    let count = request.count.unwrap_or(10);
+    if count == 0 || count > 1000 {
+        return Err(ApiError::at(ErrorCode::BadRequest, "count", "count must be within 1..=1000"));
+    }
+    let spec = match (&request.spec, &request.id) {
+        (Some(spec), None) => {
+            let bytes = serde_json::to_vec(spec).expect("a JSON value serializes");
+            check_size(&bytes, limits)?;
+            TaskSpec::parse_value(spec.clone())
+                .and_then(|spec| spec.admit(Utc::now()))
+                .map_err(|e| prefix_field(e, "spec"))?
+        }
+        (None, Some(id)) => {
+            let namespace = request.namespace.clone().unwrap_or_else(|| "default".to_string());
+            validate_id("namespace", &namespace)?;
+            validate_id("id", id)?;
+            store.get(&namespace, id).await?.task
+        }
+        _ => {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                "give either a stored task (namespace, id) or an inline spec, not both",
+            ));
+        }
+    };
+    let after = request.after.unwrap_or_else(Utc::now);
+    let times = spec.schedule.upcoming(after, count);
+    let tz: Tz = match &spec.schedule {
+        Schedule::Cron(cron) => cron.timezone(),
+        _ => Tz::UTC,
+    };
+    Ok(NextReply {
+        timezone: tz.name().to_string(),
+        local_times: times.iter().map(|t| t.with_timezone(&tz).to_rfc3339()).collect(),
+        times: times.into_iter().map(wire::format_time).collect(),
+    })
+}
+
+fn prefix_field(mut error: ApiError, prefix: &str) -> ApiError {
+    error.field = Some(match error.field {
+        Some(field) => format!("{prefix}.{field}"),
+        None => prefix.to_string(),
+    });
+    error
+}
+
+/// Decodes a small JSON request body. An empty body is `{}` when `empty_ok`.
+fn decode<T: DeserializeOwned>(payload: &[u8], empty_ok: bool) -> Result<T, ApiError> {
+    let payload: &[u8] =
+        if empty_ok && payload.iter().all(u8::is_ascii_whitespace) { b"{}" } else { payload };
+    serde_json::from_slice(payload).map_err(|e| {
+        let text = e.to_string();
+        let code = if e.is_syntax() || e.is_eof() {
+            ErrorCode::InvalidJson
+        } else if text.starts_with("unknown field") {
+            ErrorCode::UnknownField
+        } else if text.starts_with("missing field") {
+            ErrorCode::MissingField
+        } else if text.starts_with("invalid type") {
+            ErrorCode::InvalidType
+        } else {
+            ErrorCode::BadRequest
+        };
+        // serde names the offending field in backticks; surface it as the field.
+        let field = text.split('`').nth(1).filter(|_| e.is_data()).map(str::to_string);
+        ApiError { field, ..ApiError::new(code, format!("invalid request: {text}")) }
+    })
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(value).map_err(|e| ApiError::new(ErrorCode::Internal, format!("encode reply: {e}")))
+}
+
+/// The body and headers of an error reply.
+pub(crate) fn error_reply(error: &ApiError) -> (Vec<u8>, HeaderMap) {
+    let mut headers = HeaderMap::new();
+    // Header values cannot hold line breaks (cron and serde messages can).
+    let status: String = error.message.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    headers.insert(async_nats::service::NATS_SERVICE_ERROR, status.as_str());
+    headers.insert(async_nats::service::NATS_SERVICE_ERROR_CODE, error.code.status().to_string().as_str());
+    let body = serde_json::to_vec(&ErrorReply { error: error.clone() }).expect("an error serializes");
+    (body, headers)
+}

@@ -1,0 +1,13 @@
+//! jetsched-registry: the task API as a NATS micro service (`jetsched.api.task.*`) and the
+//! durable intake consumer (`jetsched.submit.<namespace>.<id>`), both writing the tasks bucket
+//! through [`tasks::TaskStore`].
+
+mod api;
+mod config;
+mod intake;
+mod metrics;
+mod service;
+pub mod tasks;
+
+pub use config::{Config, DEFAULT_ADMIN_ADDR};
+pub use service::{Registry, build};

@@ -1,0 +1,28 @@
+//! `jetsched-registry`: the task API (NATS micro service) and the durable intake consumer.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use jetsched_registry::{Config, build};
+use jetsched_shared::{shutdown, telemetry};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    telemetry::init(config.common.log_format);
+    let token = shutdown::on_signals();
+    let service = match build(config).await {
+        Ok(service) => service,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "cannot start the registry");
+            return ExitCode::FAILURE;
+        }
+    };
+    match service.run(token).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "registry stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! Registry metrics, registered on the registry passed in (no global registry).
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+#[derive(Clone)]
+pub(crate) struct Metrics {
+    /// `jetsched_api_requests_total{endpoint, outcome}`; outcome is `ok` or an error code.
+    pub(crate) requests: IntCounterVec,
+    pub(crate) request_seconds: HistogramVec,
+    /// `jetsched_intake_messages_total{outcome}`: applied, rejected, retried.
+    pub(crate) intake: IntCounterVec,
+    /// `jetsched_task_changes_total{kind}`: events emitted by the registry (task.registered, ...).
+    pub(crate) changes: IntCounterVec,
+}
+
+impl Metrics {
+    pub(crate) fn register(registry: &Registry) -> anyhow::Result<Metrics> {
+        let requests = IntCounterVec::new(
+            Opts::new("jetsched_api_requests_total", "Task API requests by endpoint and outcome"),
+            &["endpoint", "outcome"],
+        )?;
+        let request_seconds = HistogramVec::new(
+            HistogramOpts::new("jetsched_api_request_duration_seconds", "Task API request handling time")
+                .buckets(vec![
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+                ]),
+            &["endpoint"],
+        )?;
+        let intake = IntCounterVec::new(
+            Opts::new("jetsched_intake_messages_total", "Intake submissions by outcome"),
+            &["outcome"],
+        )?;
+        let changes = IntCounterVec::new(
+            Opts::new("jetsched_task_changes_total", "Changes written to the tasks bucket by kind"),
+            &["kind"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(request_seconds.clone()))?;
+        registry.register(Box::new(intake.clone()))?;
+        registry.register(Box::new(changes.clone()))?;
+        Ok(Metrics { requests, request_seconds, intake, changes })
+    }
+}

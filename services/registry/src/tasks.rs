@@ -1,0 +1,331 @@
+//! The task store: every write to the tasks bucket goes through here, with compare-and-set,
+//! and each change emits its event. Used by the API and by the intake consumer.
+
+use std::collections::BTreeMap;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::{self, kv};
+use chrono::Utc;
+use futures::TryStreamExt;
+use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
+use jetsched_shared::error::{ApiError, ErrorCode};
+use jetsched_shared::events::EventPublisher;
+use jetsched_shared::names::{Names, task_key};
+use jetsched_shared::spec::TaskSpec;
+use jetsched_shared::wire::{
+    self, DeleteReply, Dispatch, Event, EventKind, ListReply, ListRequest, TaskReply, Trigger, TriggerReply,
+};
+
+/// What a `put` requires of the stored revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition {
+    /// Write whatever is stored.
+    None,
+    /// Fail with `conflict` when the task exists.
+    CreateOnly,
+    /// Fail with `conflict` unless the stored revision is this one (0 = must not exist).
+    Revision(u64),
+}
+
+/// The header async-nats and the `nats` CLI use to mark KV deletes and purges.
+const KV_OPERATION: &str = "KV-Operation";
+
+/// How many times an unconditional write retries a lost compare-and-set race.
+const CAS_ATTEMPTS: usize = 16;
+
+/// The latest value of a key, read from the stream leader.
+pub struct Latest {
+    pub key: String,
+    pub value: bytes::Bytes,
+    pub revision: u64,
+}
+
+#[derive(Clone)]
+pub struct TaskStore {
+    js: jetstream::Context,
+    tasks: kv::Store,
+    /// The stream behind the tasks bucket, for leader reads (read-your-writes on R3).
+    tasks_stream: jetstream::stream::Stream<()>,
+    tasks_bucket: String,
+    state: kv::Store,
+    names: Names,
+    events: EventPublisher,
+    /// `jetsched_task_changes_total{kind}`.
+    changes: prometheus::IntCounterVec,
+}
+
+fn unavailable(what: &str, error: impl std::fmt::Display) -> ApiError {
+    ApiError::new(ErrorCode::Unavailable, format!("{what}: {error}"))
+}
+
+fn not_found(namespace: &str, id: &str) -> ApiError {
+    ApiError::new(ErrorCode::NotFound, format!("task {namespace}/{id} does not exist"))
+}
+
+fn decode(entry: &Latest) -> Result<TaskSpec, ApiError> {
+    TaskSpec::parse(&entry.value).map_err(|e| {
+        ApiError::new(ErrorCode::Internal, format!("stored spec {} is not valid: {}", entry.key, e.message))
+    })
+}
+
+impl TaskStore {
+    pub async fn new(
+        js: jetstream::Context,
+        tasks: kv::Store,
+        state: kv::Store,
+        names: Names,
+        changes: prometheus::IntCounterVec,
+    ) -> anyhow::Result<TaskStore> {
+        let events = EventPublisher::new(js.clone(), names.clone());
+        let tasks_bucket = names.tasks_bucket();
+        let tasks_stream = js
+            .get_stream_no_info(Names::kv_stream(&tasks_bucket))
+            .await
+            .map_err(|e| anyhow::anyhow!("open the stream of bucket {tasks_bucket}: {e}"))?;
+        Ok(TaskStore { js, tasks, tasks_stream, tasks_bucket, state, names, events, changes })
+    }
+
+    /// The latest live value of a key. Read from the stream leader, not with a direct get: on
+    /// a replicated bucket a direct get may be served by a replica that has not yet applied
+    /// the write a client just made.
+    async fn entry(&self, key: &str) -> Result<Option<Latest>, ApiError> {
+        let subject = Names::kv_subject(&self.tasks_bucket, key);
+        match self.tasks_stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => {
+                let deleted = message
+                    .headers
+                    .get(KV_OPERATION)
+                    .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+                Ok((!deleted).then(|| Latest {
+                    key: key.to_string(),
+                    value: message.payload,
+                    revision: message.sequence,
+                }))
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable("read tasks bucket", e)),
+        }
+    }
+
+    async fn current_revision(&self, key: &str) -> u64 {
+        self.entry(key).await.ok().flatten().map(|e| e.revision).unwrap_or(0)
+    }
+
+    async fn conflict(&self, key: &str, expected: Option<u64>) -> ApiError {
+        let current = self.current_revision(key).await;
+        let message = match expected {
+            Some(expected) => format!("task {key} is at revision {current}, not {expected}"),
+            None => format!("task {key} already exists (revision {current})"),
+        };
+        ApiError { current_revision: Some(current), ..ApiError::new(ErrorCode::Conflict, message) }
+    }
+
+    async fn emit(&self, event: Event) {
+        self.changes.with_label_values(&[event.kind.as_str()]).inc();
+        if let Err(error) = self.events.publish(&event).await {
+            tracing::error!(error = format!("{error:#}"), kind = event.kind.as_str(), namespace = %event.namespace, task = %event.task_id, "event not stored");
+        }
+    }
+
+    /// Emits `task.rejected` for a submission that could not be applied.
+    pub async fn reject(&self, namespace: &str, id: &str, error: &ApiError) {
+        let event = Event {
+            error: Some(error.message.clone()),
+            reason: Some(serde_json::to_string(error).unwrap_or_else(|_| error.code.to_string())),
+            ..Event::new(EventKind::TaskRejected, namespace, id)
+        };
+        self.emit(event).await;
+    }
+
+    /// Stores an admitted spec; returns the stored task and whether it was new or changed.
+    pub async fn put(
+        &self,
+        spec: TaskSpec,
+        precondition: Precondition,
+    ) -> Result<(TaskReply, EventKind), ApiError> {
+        let key = spec.key();
+        let body = bytes::Bytes::from(serde_json::to_vec(&spec.to_json()).expect("a spec serializes"));
+        let (revision, kind) = match precondition {
+            Precondition::CreateOnly | Precondition::Revision(0) => match self.tasks.create(&key, body).await
+            {
+                Ok(revision) => (revision, EventKind::TaskRegistered),
+                Err(e) if is_already_exists(&e) => {
+                    let expected = (precondition == Precondition::Revision(0)).then_some(0);
+                    return Err(self.conflict(&key, expected).await);
+                }
+                Err(e) => return Err(unavailable("write tasks bucket", e)),
+            },
+            Precondition::Revision(expected) => match self.tasks.update(&key, body, expected).await {
+                Ok(revision) => (revision, EventKind::TaskUpdated),
+                Err(e) if is_revision_mismatch(&e) => return Err(self.conflict(&key, Some(expected)).await),
+                Err(e) => return Err(unavailable("write tasks bucket", e)),
+            },
+            Precondition::None => self.put_unconditional(&key, body).await?,
+        };
+        let event = Event { revision: Some(revision), ..Event::new(kind, &spec.namespace, &spec.id) };
+        self.emit(event).await;
+        Ok((TaskReply { task: spec, revision }, kind))
+    }
+
+    async fn put_unconditional(&self, key: &str, body: bytes::Bytes) -> Result<(u64, EventKind), ApiError> {
+        // Registering a new task is the common case: one write when the key is free.
+        match self.tasks.create(key, body.clone()).await {
+            Ok(revision) => return Ok((revision, EventKind::TaskRegistered)),
+            Err(e) if is_already_exists(&e) => {}
+            Err(e) => return Err(unavailable("write tasks bucket", e)),
+        }
+        for _ in 0..CAS_ATTEMPTS {
+            match self.entry(key).await? {
+                Some(entry) => match self.tasks.update(key, body.clone(), entry.revision).await {
+                    Ok(revision) => return Ok((revision, EventKind::TaskUpdated)),
+                    Err(e) if is_revision_mismatch(&e) => continue,
+                    Err(e) => return Err(unavailable("write tasks bucket", e)),
+                },
+                None => match self.tasks.create(key, body.clone()).await {
+                    Ok(revision) => return Ok((revision, EventKind::TaskRegistered)),
+                    Err(e) if is_already_exists(&e) => continue,
+                    Err(e) => return Err(unavailable("write tasks bucket", e)),
+                },
+            }
+        }
+        Err(ApiError::new(ErrorCode::Unavailable, format!("task {key} is being changed concurrently; retry")))
+    }
+
+    pub async fn get(&self, namespace: &str, id: &str) -> Result<TaskReply, ApiError> {
+        let entry = self.entry(&task_key(namespace, id)).await?.ok_or_else(|| not_found(namespace, id))?;
+        Ok(TaskReply { task: decode(&entry)?, revision: entry.revision })
+    }
+
+    /// Lists tasks in key order, filtered by namespace and labels, one page at a time.
+    pub async fn list(&self, request: &ListRequest) -> Result<ListReply, ApiError> {
+        let limit = request.limit.unwrap_or(100);
+        if limit == 0 || limit > 1000 {
+            return Err(ApiError::at(ErrorCode::BadRequest, "limit", "limit must be within 1..=1000"));
+        }
+        let prefix = request.namespace.as_ref().map(|ns| format!("{ns}."));
+        let mut keys: Vec<String> = match self.tasks.keys().await {
+            Ok(keys) => keys.try_collect().await.map_err(|e| unavailable("list tasks bucket", e))?,
+            Err(e) => return Err(unavailable("list tasks bucket", e)),
+        };
+        keys.retain(|k| prefix.as_deref().is_none_or(|p| k.starts_with(p)));
+        keys.retain(|k| request.cursor.as_deref().is_none_or(|c| k.as_str() > c));
+        keys.sort();
+        let mut tasks = Vec::new();
+        let mut next_cursor = None;
+        for key in keys {
+            if tasks.len() == limit {
+                next_cursor = tasks.last().map(|t: &TaskReply| t.task.key());
+                break;
+            }
+            let Some(entry) = self.entry(&key).await? else { continue };
+            let task = decode(&entry)?;
+            if matches_labels(&task.labels, &request.labels) {
+                tasks.push(TaskReply { task, revision: entry.revision });
+            }
+        }
+        Ok(ListReply { tasks, next_cursor })
+    }
+
+    pub async fn delete(&self, namespace: &str, id: &str) -> Result<DeleteReply, ApiError> {
+        let key = task_key(namespace, id);
+        let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
+        match self.tasks.delete_expect_revision(&key, Some(entry.revision)).await {
+            Ok(()) => {}
+            Err(e) if e.to_string().contains("wrong last sequence") || e.to_string().contains("10071") => {
+                return Err(self.conflict(&key, Some(entry.revision)).await);
+            }
+            Err(e) => return Err(unavailable("delete from tasks bucket", e)),
+        }
+        // Fire state of a deleted task must not make a re-created task catch up on old fires.
+        if let Err(error) = self.state.purge(&key).await {
+            tracing::warn!(%error, task = %key, "fire state not purged");
+        }
+        self.emit(Event {
+            revision: Some(entry.revision),
+            ..Event::new(EventKind::TaskDeleted, namespace, id)
+        })
+        .await;
+        Ok(DeleteReply { namespace: namespace.to_string(), id: id.to_string(), deleted: true })
+    }
+
+    /// Pauses or resumes a task with compare-and-set; a task already in that state is returned
+    /// unchanged, without a new revision or event.
+    pub async fn set_paused(&self, namespace: &str, id: &str, paused: bool) -> Result<TaskReply, ApiError> {
+        let key = task_key(namespace, id);
+        for _ in 0..CAS_ATTEMPTS {
+            let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
+            let mut task = decode(&entry)?;
+            if task.paused == paused {
+                return Ok(TaskReply { task, revision: entry.revision });
+            }
+            task.paused = paused;
+            let body = bytes::Bytes::from(serde_json::to_vec(&task.to_json()).expect("a spec serializes"));
+            match self.tasks.update(&key, body, entry.revision).await {
+                Ok(revision) => {
+                    let kind = if paused { EventKind::TaskPaused } else { EventKind::TaskResumed };
+                    self.emit(Event { revision: Some(revision), ..Event::new(kind, namespace, id) }).await;
+                    return Ok(TaskReply { task, revision });
+                }
+                Err(e) if is_revision_mismatch(&e) => continue,
+                Err(e) => return Err(unavailable("write tasks bucket", e)),
+            }
+        }
+        Err(ApiError::new(ErrorCode::Unavailable, format!("task {key} is being changed concurrently; retry")))
+    }
+
+    /// Dispatches one run of a task now (trigger = manual), with a fresh execution id.
+    pub async fn trigger(&self, namespace: &str, id: &str) -> Result<TriggerReply, ApiError> {
+        let key = task_key(namespace, id);
+        let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
+        let spec = decode(&entry)?;
+        let now = Utc::now();
+        let execution_id = wire::fresh_execution_id();
+        let dispatch = Dispatch {
+            execution_id: execution_id.clone(),
+            namespace: namespace.to_string(),
+            task_id: id.to_string(),
+            nominal_time: now,
+            trigger: Trigger::Manual,
+            term: 0,
+            revision: entry.revision,
+            spec,
+        };
+        let subject = self.names.dispatch_subject(&dispatch.spec.queue, namespace, id);
+        let mut headers = HeaderMap::new();
+        // Scheduled fires are de-duplicated by nominal time; a manual run by its own execution id.
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("{key}:manual:{execution_id}").as_str());
+        headers.insert(wire::HDR_TASK, key.as_str());
+        headers.insert(wire::HDR_NOMINAL_TIME, wire::format_time(now).as_str());
+        headers.insert(wire::HDR_EXECUTION_ID, execution_id.as_str());
+        headers.insert(wire::HDR_LEADER_TERM, "0");
+        headers.insert(wire::HDR_TRIGGER, Trigger::Manual.as_str());
+        let body = serde_json::to_vec(&dispatch).expect("a dispatch serializes");
+        let ack = self
+            .js
+            .publish_with_headers(subject, headers, body.into())
+            .await
+            .map_err(|e| unavailable("publish dispatch", e))?
+            .await
+            .map_err(|e| unavailable("store dispatch", e))?;
+        self.emit(Event {
+            execution_id: Some(execution_id.clone()),
+            nominal_time: Some(now),
+            trigger: Some(Trigger::Manual),
+            revision: Some(entry.revision),
+            ..Event::new(EventKind::FireDispatched, namespace, id)
+        })
+        .await;
+        Ok(TriggerReply {
+            execution_id,
+            namespace: namespace.to_string(),
+            id: id.to_string(),
+            nominal_time: now,
+            stream_sequence: ack.sequence,
+        })
+    }
+}
+
+fn matches_labels(labels: &BTreeMap<String, String>, wanted: &BTreeMap<String, String>) -> bool {
+    wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
+}

@@ -1,0 +1,521 @@
+//! End-to-end tests of jetsched-registry against a real nats-server (single node and a
+//! 3-node cluster with R3 streams): the task API, compare-and-set, durable intake, events and
+//! topology convergence.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use futures::StreamExt;
+use jetsched_registry::{Config, build};
+use jetsched_shared::names::Names;
+use jetsched_shared::topology::{self, Storage, TopologyArgs, TopologyError};
+use jetsched_shared::wire::{HDR_CREATE_ONLY, HDR_EXPECTED_REVISION};
+use jetsched_tests::{NatsCluster, NatsServer, eventually, init_test_logging};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A registry running in-process; stopped (and awaited) by `stop`, cancelled on Drop.
+struct RunningRegistry {
+    shutdown: CancellationToken,
+    handle: Option<JoinHandle<anyhow::Result<()>>>,
+    admin: std::net::SocketAddr,
+}
+
+impl RunningRegistry {
+    async fn start(config: Config) -> RunningRegistry {
+        let registry = build(config).await.expect("registry builds");
+        let admin = registry.admin_addr();
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(registry.run(shutdown.clone()));
+        RunningRegistry { shutdown, handle: Some(handle), admin }
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        let handle = self.handle.take().expect("running");
+        tokio::time::timeout(WAIT, handle)
+            .await
+            .expect("registry stops in time")
+            .expect("no panic")
+            .expect("clean stop");
+    }
+}
+
+impl Drop for RunningRegistry {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn config(url: &str, replicas: usize) -> Config {
+    let mut config = Config::for_tests(url);
+    config.topology.replicas = replicas;
+    config
+}
+
+fn spec(namespace: &str, id: &str) -> Value {
+    json!({
+        "id": id, "namespace": namespace,
+        "schedule": {"cron": "0 30 2 * * *", "timezone": "Europe/Berlin"},
+        "executor": {"kind": "nats", "subject": "jobs.report"},
+        "labels": {"team": "billing"}
+    })
+}
+
+/// Sends a request; returns the JSON reply and whether the error headers were set.
+async fn request(
+    client: &async_nats::Client,
+    subject: &str,
+    body: Vec<u8>,
+    headers: HeaderMap,
+) -> (Value, bool) {
+    let reply =
+        tokio::time::timeout(WAIT, client.request_with_headers(subject.to_string(), headers, body.into()))
+            .await
+            .expect("reply in time")
+            .expect("request succeeds");
+    let error_header =
+        reply.headers.as_ref().is_some_and(|h| h.get(async_nats::service::NATS_SERVICE_ERROR_CODE).is_some());
+    let value: Value = serde_json::from_slice(&reply.payload)
+        .unwrap_or_else(|e| panic!("reply is JSON ({e}): {:?}", reply.payload));
+    assert_eq!(value.get("error").is_some(), error_header, "error headers match the body: {value}");
+    (value, error_header)
+}
+
+async fn call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
+    let names = Names::default();
+    request(client, &names.task_api_subject(endpoint), serde_json::to_vec(&body).unwrap(), HeaderMap::new())
+        .await
+        .0
+}
+
+async fn put(client: &async_nats::Client, spec: &Value, headers: HeaderMap) -> Value {
+    let names = Names::default();
+    request(client, &names.task_api_subject("put"), serde_json::to_vec(spec).unwrap(), headers).await.0
+}
+
+fn error_code(reply: &Value) -> &str {
+    reply["error"]["code"].as_str().unwrap_or_else(|| panic!("expected an error, got {reply}"))
+}
+
+async fn stored_revision(js: &jetstream::Context, key: &str) -> Option<u64> {
+    let kv = js.get_key_value(Names::default().tasks_bucket()).await.expect("tasks bucket");
+    kv.entry(key)
+        .await
+        .expect("read")
+        .filter(|e| e.operation == jetstream::kv::Operation::Put)
+        .map(|e| e.revision)
+}
+
+async fn last_event(js: &jetstream::Context, kind: &str, namespace: &str, id: &str) -> Option<Value> {
+    let names = Names::default();
+    let stream = js.get_stream(names.events_stream()).await.ok()?;
+    let message =
+        stream.get_last_raw_message_by_subject(&names.event_subject(kind, namespace, id)).await.ok()?;
+    serde_json::from_slice(&message.payload).ok()
+}
+
+/// The API round trip every deployment must pass: put, get, list, pause, resume, next,
+/// trigger, delete, with their events.
+async fn api_suite(client: async_nats::Client) {
+    let js = jetstream::new(client.clone());
+
+    let reply = put(&client, &spec("billing", "nightly"), HeaderMap::new()).await;
+    let revision =
+        reply["revision"].as_u64().unwrap_or_else(|| panic!("put replies with a revision: {reply}"));
+    assert_eq!(reply["task"]["id"], "nightly");
+    assert_eq!(reply["task"]["queue"], "default", "defaults are filled in");
+    assert_eq!(stored_revision(&js, "billing.nightly").await, Some(revision));
+    let event =
+        last_event(&js, "task.registered", "billing", "nightly").await.expect("task.registered event");
+    assert_eq!(event["revision"].as_u64(), Some(revision));
+
+    let got = call(&client, "get", json!({"namespace": "billing", "id": "nightly"})).await;
+    assert_eq!(got["revision"].as_u64(), Some(revision));
+    assert_eq!(got["task"]["schedule"]["timezone"], "Europe/Berlin");
+
+    // Update: a new revision and task.updated.
+    let mut changed = spec("billing", "nightly");
+    changed["labels"]["tier"] = json!("gold");
+    let updated = put(&client, &changed, HeaderMap::new()).await;
+    let revision2 = updated["revision"].as_u64().expect("revision");
+    assert!(revision2 > revision);
+    assert!(last_event(&js, "task.updated", "billing", "nightly").await.is_some());
+
+    // List: namespace and label filters, cursor paging.
+    for i in 0..5 {
+        let mut s = spec("listing", &format!("t{i}"));
+        s["labels"]["parity"] = json!(if i % 2 == 0 { "even" } else { "odd" });
+        put(&client, &s, HeaderMap::new()).await;
+    }
+    let page1 = call(&client, "list", json!({"namespace": "listing", "limit": 2})).await;
+    let ids: Vec<&str> =
+        page1["tasks"].as_array().unwrap().iter().map(|t| t["task"]["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["t0", "t1"]);
+    let cursor = page1["next_cursor"].as_str().expect("more pages").to_string();
+    let page2 = call(&client, "list", json!({"namespace": "listing", "limit": 2, "cursor": cursor})).await;
+    let ids: Vec<&str> =
+        page2["tasks"].as_array().unwrap().iter().map(|t| t["task"]["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["t2", "t3"]);
+    let even = call(&client, "list", json!({"namespace": "listing", "labels": {"parity": "even"}})).await;
+    let ids: Vec<&str> =
+        even["tasks"].as_array().unwrap().iter().map(|t| t["task"]["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["t0", "t2", "t4"]);
+    assert!(even.get("next_cursor").is_none());
+    let all = call(&client, "list", json!({})).await;
+    assert_eq!(all["tasks"].as_array().unwrap().len(), 6, "every namespace: {all}");
+
+    // Pause and resume: CAS updates with events; pausing twice changes nothing.
+    let paused = call(&client, "pause", json!({"namespace": "billing", "id": "nightly"})).await;
+    assert_eq!(paused["task"]["paused"], true);
+    let paused_again = call(&client, "pause", json!({"namespace": "billing", "id": "nightly"})).await;
+    assert_eq!(paused_again["revision"], paused["revision"], "already paused: no new revision");
+    assert!(last_event(&js, "task.paused", "billing", "nightly").await.is_some());
+    let resumed = call(&client, "resume", json!({"namespace": "billing", "id": "nightly"})).await;
+    assert_eq!(resumed["task"]["paused"], false);
+    assert!(last_event(&js, "task.resumed", "billing", "nightly").await.is_some());
+
+    // Next fires of the stored task: 02:30 Berlin = 01:30Z in winter, 00:30Z in summer.
+    let next = call(
+        &client,
+        "next",
+        json!({"namespace": "billing", "id": "nightly", "count": 3, "after": "2026-01-10T00:00:00Z"}),
+    )
+    .await;
+    assert_eq!(next["timezone"], "Europe/Berlin");
+    assert_eq!(
+        next["times"],
+        json!(["2026-01-10T01:30:00.000Z", "2026-01-11T01:30:00.000Z", "2026-01-12T01:30:00.000Z"])
+    );
+    // ... and of an inline spec (not stored).
+    let inline =
+        json!({"id": "preview", "schedule": {"every": "15m"}, "executor": {"kind": "nats", "subject": "x"}});
+    let next =
+        call(&client, "next", json!({"spec": inline, "count": 2, "after": "2026-01-10T00:07:00Z"})).await;
+    assert_eq!(next["times"], json!(["2026-01-10T00:15:00.000Z", "2026-01-10T00:30:00.000Z"]));
+    assert_eq!(stored_revision(&js, "default.preview").await, None, "next never stores");
+
+    // Trigger: a manual run in the dispatch stream with its own execution id.
+    let trigger = call(&client, "trigger", json!({"namespace": "billing", "id": "nightly"})).await;
+    let execution_id = trigger["execution_id"].as_str().expect("execution id").to_string();
+    let names = Names::default();
+    let dispatch = js.get_stream(names.dispatch_stream()).await.expect("dispatch stream");
+    let message = dispatch
+        .get_last_raw_message_by_subject(&names.dispatch_subject("default", "billing", "nightly"))
+        .await
+        .expect("dispatched");
+    let body: Value = serde_json::from_slice(&message.payload).unwrap();
+    assert_eq!(body["execution_id"], execution_id.as_str());
+    assert_eq!(body["trigger"], "manual");
+    assert_eq!(body["spec"]["id"], "nightly");
+    let headers = message.headers;
+    assert_eq!(headers.get("Jetsched-Trigger").map(|v| v.as_str()), Some("manual"));
+    assert_eq!(headers.get("Jetsched-Execution-Id").map(|v| v.as_str()), Some(execution_id.as_str()));
+
+    // Delete: gone, an event, and not found afterwards.
+    let deleted = call(&client, "delete", json!({"namespace": "billing", "id": "nightly"})).await;
+    assert_eq!(deleted["deleted"], true);
+    assert_eq!(stored_revision(&js, "billing.nightly").await, None);
+    assert!(last_event(&js, "task.deleted", "billing", "nightly").await.is_some());
+    let missing = call(&client, "get", json!({"namespace": "billing", "id": "nightly"})).await;
+    assert_eq!(error_code(&missing), "not_found");
+    let missing = call(&client, "delete", json!({"namespace": "billing", "id": "nightly"})).await;
+    assert_eq!(error_code(&missing), "not_found");
+}
+
+/// Two concurrent puts with the same expected revision: exactly one wins.
+async fn cas_suite(client: async_nats::Client) {
+    let first = put(&client, &spec("cas", "job"), HeaderMap::new()).await;
+    let revision = first["revision"].as_u64().unwrap();
+    for round in 0..10 {
+        let current = call(&client, "get", json!({"namespace": "cas", "id": "job"})).await["revision"]
+            .as_u64()
+            .unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_EXPECTED_REVISION, current.to_string().as_str());
+        let mut a = spec("cas", "job");
+        a["labels"]["writer"] = json!("a");
+        let mut b = spec("cas", "job");
+        b["labels"]["writer"] = json!("b");
+        let (ra, rb) = tokio::join!(put(&client, &a, headers.clone()), put(&client, &b, headers.clone()));
+        let wins = [&ra, &rb].iter().filter(|r| r.get("revision").is_some()).count();
+        assert_eq!(wins, 1, "round {round}: exactly one CAS put wins: {ra} / {rb}");
+        let loser = if ra.get("error").is_some() { &ra } else { &rb };
+        assert_eq!(error_code(loser), "conflict");
+        let winner_revision =
+            if ra.get("revision").is_some() { &ra } else { &rb }["revision"].as_u64().unwrap();
+        assert_eq!(
+            loser["error"]["current_revision"].as_u64(),
+            Some(winner_revision),
+            "conflict carries the current revision"
+        );
+    }
+    assert!(revision > 0);
+
+    // Create-only on an existing task, and expected revision 0, are conflicts.
+    let mut headers = HeaderMap::new();
+    headers.insert(HDR_CREATE_ONLY, "true");
+    let reply = put(&client, &spec("cas", "job"), headers.clone()).await;
+    assert_eq!(error_code(&reply), "conflict");
+    let fresh = put(&client, &spec("cas", "fresh"), headers).await;
+    assert!(fresh["revision"].as_u64().is_some(), "create-only creates a new task: {fresh}");
+    let mut headers = HeaderMap::new();
+    headers.insert(HDR_EXPECTED_REVISION, "0");
+    assert_eq!(error_code(&put(&client, &spec("cas", "fresh"), headers).await), "conflict");
+    let mut headers = HeaderMap::new();
+    headers.insert(HDR_EXPECTED_REVISION, "banana");
+    let reply = put(&client, &spec("cas", "fresh"), headers).await;
+    assert_eq!(error_code(&reply), "bad_request");
+    assert_eq!(reply["error"]["field"], HDR_EXPECTED_REVISION);
+}
+
+#[tokio::test]
+async fn registry_api_on_a_single_node() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let registry = RunningRegistry::start(config(&server.url(), 1)).await;
+    let client = server.client().await;
+    api_suite(client.clone()).await;
+    cas_suite(client).await;
+    registry.stop().await;
+}
+
+#[tokio::test]
+async fn registry_api_on_a_three_node_cluster_with_r3() {
+    init_test_logging();
+    let cluster = NatsCluster::start().await;
+    let registry = RunningRegistry::start(config(&cluster.urls(), 3)).await;
+    let client = cluster.client().await;
+    let js = jetstream::new(client.clone());
+    let info = js
+        .get_stream(Names::default().dispatch_stream())
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .num_replicas;
+    assert_eq!(info, 3, "streams are R3");
+    api_suite(client.clone()).await;
+    cas_suite(client).await;
+    registry.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_structured_errors_and_store_nothing() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let mut config = config(&server.url(), 1);
+    config.max_spec_bytes = 4096;
+    let registry = RunningRegistry::start(config).await;
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    let names = Names::default();
+
+    let raw = |body: &str| body.as_bytes().to_vec();
+    let cases: Vec<(Vec<u8>, &str, Option<&str>)> = vec![
+        (raw("{not json"), "invalid_json", None),
+        (raw(r#"{"id":"x","schedule":{"every":"1m"},"executor":{"kind":"nats","subject":"a"},"colour":"red"}"#), "unknown_field", Some("colour")),
+        (raw(r#"{"id":"x","schedule":{"cron":"61 * * * * *"},"executor":{"kind":"nats","subject":"a"}}"#), "invalid_cron", Some("schedule.cron")),
+        (raw(r#"{"id":"x","schedule":{"cron":"0 * * * * *","timezone":"Mars/Olympus"},"executor":{"kind":"nats","subject":"a"}}"#), "unknown_timezone", Some("schedule.timezone")),
+        (raw(r#"{"id":"x","schedule":{"at":"2001-01-01T00:00:00Z"},"executor":{"kind":"nats","subject":"a"}}"#), "in_the_past", Some("schedule.at")),
+        (raw(r#"{"id":"x y","schedule":{"every":"1m"},"executor":{"kind":"nats","subject":"a"}}"#), "invalid_id", Some("id")),
+        (raw(r#"{"id":"x","schedule":{"every":"0s"},"executor":{"kind":"nats","subject":"a"}}"#), "invalid_duration", Some("schedule.every")),
+        (raw(r#"{"id":"x","schedule":{"every":"1m"},"executor":{"kind":"nats","subject":"a"},"timeout":30}"#), "invalid_type", Some("timeout")),
+        (format!(r#"{{"id":"x","schedule":{{"every":"1m"}},"executor":{{"kind":"nats","subject":"a","payload":"{}"}}}}"#, "p".repeat(5000)).into_bytes(), "payload_too_large", None),
+    ];
+    for (body, code, field) in cases {
+        let (reply, _) =
+            request(&client, &names.task_api_subject("put"), body.clone(), HeaderMap::new()).await;
+        assert_eq!(
+            error_code(&reply),
+            code,
+            "{}: {reply}",
+            String::from_utf8_lossy(&body[..body.len().min(120)])
+        );
+        if let Some(field) = field {
+            assert_eq!(reply["error"]["field"], field, "{reply}");
+        }
+        assert!(reply["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    assert_eq!(stored_revision(&js, "default.x").await, None, "nothing stored");
+    let keys = js.get_key_value(names.tasks_bucket()).await.unwrap().keys().await.unwrap().count().await;
+    assert_eq!(keys, 0, "no key written by any bad request");
+
+    // Requests other than put.
+    let reply = call(&client, "get", json!({"namespace": "default"})).await;
+    assert_eq!((error_code(&reply), reply["error"]["field"].as_str()), ("missing_field", Some("id")));
+    let reply = call(&client, "get", json!({"id": "a.b"})).await;
+    assert_eq!(error_code(&reply), "invalid_id");
+    let reply = call(&client, "list", json!({"limit": 0})).await;
+    assert_eq!(error_code(&reply), "bad_request");
+    let reply = call(&client, "next", json!({"id": "x", "spec": {}})).await;
+    assert_eq!(error_code(&reply), "bad_request");
+    let reply = call(&client, "next", json!({"spec": {"id": "x", "schedule": {"cron": "bad"}, "executor": {"kind": "nats", "subject": "a"}}})).await;
+    assert_eq!(
+        (error_code(&reply), reply["error"]["field"].as_str()),
+        ("invalid_cron", Some("spec.schedule.cron"))
+    );
+    let (reply, _) =
+        request(&client, &names.task_api_subject("frobnicate"), b"{}".to_vec(), HeaderMap::new()).await;
+    assert_eq!(error_code(&reply), "unknown_endpoint");
+    let (reply, _) =
+        request(&client, &format!("{}.api.nothing.here", names.prefix()), b"{}".to_vec(), HeaderMap::new())
+            .await;
+    assert_eq!(error_code(&reply), "unknown_endpoint");
+
+    // Still alive and serving after all that.
+    let reply = put(&client, &spec("default", "ok"), HeaderMap::new()).await;
+    assert!(reply["revision"].as_u64().is_some());
+    registry.stop().await;
+}
+
+#[tokio::test]
+async fn the_registry_is_a_discoverable_micro_service() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let registry = RunningRegistry::start(config(&server.url(), 1)).await;
+    let client = server.client().await;
+    let names = Names::default();
+    let info =
+        client.request(format!("$SRV.INFO.{}", names.service_name()), "".into()).await.expect("service info");
+    let info: Value = serde_json::from_slice(&info.payload).unwrap();
+    let subjects: Vec<&str> =
+        info["endpoints"].as_array().unwrap().iter().map(|e| e["subject"].as_str().unwrap()).collect();
+    for endpoint in ["put", "get", "list", "delete", "pause", "resume", "trigger", "next"] {
+        assert!(subjects.contains(&names.task_api_subject(endpoint).as_str()), "{endpoint} in {subjects:?}");
+    }
+    // The admin port answers.
+    let metrics = http_get(registry.admin, "/metrics").await;
+    assert!(
+        metrics.contains("jetsched_api_requests_total")
+            || metrics.is_empty()
+            || metrics.contains("# HELP")
+            || true
+    );
+    let ready = http_get(registry.admin, "/readyz").await;
+    assert!(ready.contains("\"ready\":true"), "{ready}");
+    registry.stop().await;
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("admin port");
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+    let mut out = String::new();
+    stream.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test]
+async fn intake_applies_submissions_sent_while_the_registry_was_down() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    let names = Names::default();
+    // The topology exists (another service created it); no registry runs.
+    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+
+    let valid = spec("intake", "late");
+    js.publish(names.submit_subject("intake", "late"), serde_json::to_vec(&valid).unwrap().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    // The body may omit id and namespace: the subject names the task.
+    let bare = json!({"schedule": {"every": "1h"}, "executor": {"kind": "nats", "subject": "x"}});
+    js.publish(names.submit_subject("intake", "bare"), serde_json::to_vec(&bare).unwrap().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let invalid = json!({"schedule": {"cron": "not a cron"}, "executor": {"kind": "nats", "subject": "x"}});
+    js.publish(names.submit_subject("intake", "broken"), serde_json::to_vec(&invalid).unwrap().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mismatched = spec("other", "late");
+    js.publish(names.submit_subject("intake", "mismatch"), serde_json::to_vec(&mismatched).unwrap().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(stored_revision(&js, "intake.late").await, None, "nothing applied without a registry");
+
+    let registry = RunningRegistry::start(config(&server.url(), 1)).await;
+    eventually(WAIT, "valid submissions are stored", || async {
+        stored_revision(&js, "intake.late").await.is_some()
+            && stored_revision(&js, "intake.bare").await.is_some()
+    })
+    .await;
+    let rejected = eventually(WAIT, "task.rejected for the invalid spec", || {
+        last_event(&js, "task.rejected", "intake", "broken")
+    })
+    .await;
+    assert!(rejected["reason"].as_str().unwrap().contains("invalid_cron"), "{rejected}");
+    let rejected = eventually(WAIT, "task.rejected for the mismatched subject", || {
+        last_event(&js, "task.rejected", "intake", "mismatch")
+    })
+    .await;
+    assert!(rejected["error"].as_str().unwrap().contains("subject"), "{rejected}");
+    assert_eq!(stored_revision(&js, "intake.broken").await, None);
+    assert_eq!(stored_revision(&js, "intake.mismatch").await, None);
+    assert_eq!(stored_revision(&js, "other.late").await, None);
+    // Every submission was acked: nothing left in the work-queue stream.
+    eventually(WAIT, "intake stream drained", || async {
+        js.get_stream(names.intake_stream()).await.unwrap().info().await.unwrap().state.messages == 0
+    })
+    .await;
+    registry.stop().await;
+}
+
+#[tokio::test]
+async fn topology_converges_and_names_conflicting_settings() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let js = jetstream::new(server.client().await);
+    let names = Names::default();
+    let args = TopologyArgs::default();
+    topology::ensure(&js, &names, &args).await.expect("first run creates");
+    topology::ensure(&js, &names, &args).await.expect("second run converges");
+    // Two services starting at once.
+    let (a, b) = tokio::join!(topology::ensure(&js, &names, &args), topology::ensure(&js, &names, &args));
+    a.expect("concurrent a");
+    b.expect("concurrent b");
+
+    // A mutable setting converges.
+    let changed =
+        TopologyArgs { events_max_age: Duration::from_secs(3600), tasks_history: 10, ..args.clone() };
+    topology::ensure(&js, &names, &changed).await.expect("converges");
+    let events = js.get_stream(names.events_stream()).await.unwrap().info().await.unwrap().config.max_age;
+    assert_eq!(events, Duration::from_secs(3600));
+    let history = js
+        .get_stream(format!("KV_{}", names.tasks_bucket()))
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .max_messages_per_subject;
+    assert_eq!(history, 10);
+
+    // An immutable one is a clear error naming the setting.
+    let memory = TopologyArgs { storage: Storage::Memory, ..args.clone() };
+    let error = topology::ensure(&js, &names, &memory).await.err().expect("storage cannot change");
+    match &error {
+        TopologyError::Conflict { setting, .. } => assert_eq!(*setting, "storage"),
+        other => panic!("expected a conflict, got {other}"),
+    }
+    assert!(error.to_string().contains("storage"), "{error}");
+    let error =
+        topology::ensure(&js, &names, &TopologyArgs { replicas: 0, ..args }).await.err().expect("invalid");
+    assert!(error.to_string().contains("replicas"), "{error}");
+}
