@@ -35,3 +35,78 @@ impl EventPublisher {
         Ok(())
     }
 }
+
+/// Events handed to a background publisher: `emit` returns once the event is queued (waiting
+/// only when the bounded queue is full), and the publisher pipelines the publishes with a
+/// bounded window of unacknowledged ones. Use it where an event must not add a round trip to
+/// a request; a failed publish is logged and counted, never silently dropped.
+#[derive(Clone)]
+pub struct EventSink {
+    queue: tokio::sync::mpsc::Sender<Event>,
+}
+
+/// The background half of an [`EventSink`]: runs until every sink is dropped and every queued
+/// event has been stored (or failed).
+pub struct EventPump {
+    queue: tokio::sync::mpsc::Receiver<Event>,
+    publisher: EventPublisher,
+    window: usize,
+    failures: Option<prometheus::IntCounter>,
+}
+
+impl EventSink {
+    /// A sink with a queue of `capacity` events and at most `window` unacknowledged publishes.
+    /// `failures` counts events that could not be stored.
+    pub fn new(
+        publisher: EventPublisher,
+        capacity: usize,
+        window: usize,
+        failures: Option<prometheus::IntCounter>,
+    ) -> (EventSink, EventPump) {
+        let (queue, receiver) = tokio::sync::mpsc::channel(capacity.max(1));
+        (EventSink { queue }, EventPump { queue: receiver, publisher, window: window.max(1), failures })
+    }
+
+    /// Queues an event. Fails only when the pump has stopped.
+    pub async fn emit(&self, event: Event) {
+        if let Err(error) = self.queue.send(event).await {
+            let event = error.0;
+            tracing::error!(kind = event.kind.as_str(), namespace = %event.namespace, task = %event.task_id, "event pump stopped; event not published");
+        }
+    }
+}
+
+impl EventPump {
+    /// Publishes queued events in order until every [`EventSink`] is dropped.
+    pub async fn run(mut self) {
+        use futures::StreamExt;
+        let mut in_flight = futures::stream::FuturesOrdered::new();
+        loop {
+            tokio::select! {
+                biased;
+                Some((kind, result)) = in_flight.next(), if !in_flight.is_empty() => self.settle(kind, result),
+                event = self.queue.recv(), if in_flight.len() < self.window => {
+                    let Some(event) = event else { break };
+                    let kind = event.kind;
+                    match self.publisher.send(&event).await {
+                        Ok(ack) => in_flight.push_back(async move { (kind, ack.await.map(|_| ()).map_err(anyhow::Error::from)) }),
+                        Err(error) => self.settle(kind, Err(error)),
+                    }
+                }
+                else => break,
+            }
+        }
+        while let Some((kind, result)) = in_flight.next().await {
+            self.settle(kind, result);
+        }
+    }
+
+    fn settle(&self, kind: crate::wire::EventKind, result: anyhow::Result<()>) {
+        if let Err(error) = result {
+            tracing::error!(error = format!("{error:#}"), kind = kind.as_str(), "event not stored");
+            if let Some(failures) = &self.failures {
+                failures.inc();
+            }
+        }
+    }
+}

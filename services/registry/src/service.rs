@@ -10,6 +10,7 @@ use async_nats::jetstream::{self, consumer::PullConsumer};
 use async_nats::service::{Request, ServiceExt};
 use futures::{StreamExt, stream::SelectAll};
 use jetsched_shared::admin::{AdminServer, Readiness};
+use jetsched_shared::events::{EventPublisher, EventPump, EventSink};
 use jetsched_shared::names::Names;
 use jetsched_shared::topology;
 use prometheus::Registry as MetricsRegistry;
@@ -32,6 +33,7 @@ pub struct Registry {
     requests: Requests,
     intake: PullConsumer,
     store: TaskStore,
+    event_pump: EventPump,
     names: Names,
     limits: Limits,
     metrics: Metrics,
@@ -63,9 +65,21 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
 
     let max_payload = client.server_info().max_payload;
     let limits = Limits { max_spec_bytes: config.max_spec_bytes.min(max_payload) };
-    let store =
-        TaskStore::new(js.clone(), topology.tasks, topology.state, names.clone(), metrics.changes.clone())
-            .await?;
+    let (events, event_pump) = EventSink::new(
+        EventPublisher::new(js.clone(), names.clone()),
+        4096,
+        256,
+        Some(metrics.events_failed.clone()),
+    );
+    let store = TaskStore::new(
+        js.clone(),
+        topology.tasks,
+        topology.state,
+        names.clone(),
+        events,
+        metrics.changes.clone(),
+    )
+    .await?;
 
     let service = client
         .service_builder()
@@ -112,6 +126,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         requests,
         intake,
         store,
+        event_pump,
         names,
         limits,
         metrics,
@@ -134,12 +149,14 @@ impl Registry {
             mut requests,
             intake,
             store,
+            event_pump,
             names,
             limits,
             metrics,
             admin,
             concurrency,
         } = self;
+        let pump = tokio::spawn(event_pump.run());
         let tracker = TaskTracker::new();
         tracker.spawn(admin.serve(shutdown.clone()));
         let intake_task = tokio::spawn(intake::run(
@@ -179,6 +196,11 @@ impl Registry {
             Ok(Err(error)) => tracing::warn!(error = format!("{error:#}"), "intake consumer stopped"),
             Err(error) => tracing::warn!(%error, "intake consumer panicked"),
             Ok(Ok(())) => {}
+        }
+        // The last sink goes with the store: the pump then stores what is queued and ends.
+        drop(store);
+        if let Err(error) = pump.await {
+            tracing::warn!(%error, "event pump panicked");
         }
         client.drain().await.context("drain NATS connection")?;
         tracing::info!("registry stopped");

@@ -10,7 +10,7 @@ use chrono::Utc;
 use futures::TryStreamExt;
 use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
 use jetsched_shared::error::{ApiError, ErrorCode};
-use jetsched_shared::events::EventPublisher;
+use jetsched_shared::events::EventSink;
 use jetsched_shared::names::{Names, task_key};
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{
@@ -31,6 +31,9 @@ pub enum Precondition {
 /// The header async-nats and the `nats` CLI use to mark KV deletes and purges.
 const KV_OPERATION: &str = "KV-Operation";
 
+/// How many times a conflict reply re-reads a revision that has not caught up yet.
+const CONFLICT_READ_ATTEMPTS: usize = 40;
+
 /// How many times an unconditional write retries a lost compare-and-set race.
 const CAS_ATTEMPTS: usize = 16;
 
@@ -50,7 +53,7 @@ pub struct TaskStore {
     tasks_bucket: String,
     state: kv::Store,
     names: Names,
-    events: EventPublisher,
+    events: EventSink,
     /// `jetsched_task_changes_total{kind}`.
     changes: prometheus::IntCounterVec,
 }
@@ -75,9 +78,9 @@ impl TaskStore {
         tasks: kv::Store,
         state: kv::Store,
         names: Names,
+        events: EventSink,
         changes: prometheus::IntCounterVec,
     ) -> anyhow::Result<TaskStore> {
-        let events = EventPublisher::new(js.clone(), names.clone());
         let tasks_bucket = names.tasks_bucket();
         let tasks_stream = js
             .get_stream_no_info(Names::kv_stream(&tasks_bucket))
@@ -90,6 +93,12 @@ impl TaskStore {
     /// a replicated bucket a direct get may be served by a replica that has not yet applied
     /// the write a client just made.
     async fn entry(&self, key: &str) -> Result<Option<Latest>, ApiError> {
+        Ok(self.read_leader(key).await?.and_then(|(latest, live)| live.then_some(latest)))
+    }
+
+    /// The latest message of a key from the stream leader, and whether it is a live value
+    /// (not a delete or purge marker).
+    async fn read_leader(&self, key: &str) -> Result<Option<(Latest, bool)>, ApiError> {
         let subject = Names::kv_subject(&self.tasks_bucket, key);
         match self.tasks_stream.get_last_raw_message_by_subject(&subject).await {
             Ok(message) => {
@@ -97,11 +106,9 @@ impl TaskStore {
                     .headers
                     .get(KV_OPERATION)
                     .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-                Ok((!deleted).then(|| Latest {
-                    key: key.to_string(),
-                    value: message.payload,
-                    revision: message.sequence,
-                }))
+                let latest =
+                    Latest { key: key.to_string(), value: message.payload, revision: message.sequence };
+                Ok(Some((latest, !deleted)))
             }
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(e) => Err(unavailable("read tasks bucket", e)),
@@ -113,7 +120,17 @@ impl TaskStore {
     }
 
     async fn conflict(&self, key: &str, expected: Option<u64>) -> ApiError {
-        let current = self.current_revision(key).await;
+        // On a replicated bucket the leader rejects a write against the newest *proposed*
+        // revision, which reads show only once it is applied: wait (briefly) until the read
+        // shows something other than what the client expected, so the reply is useful.
+        let mut current = self.current_revision(key).await;
+        for _ in 0..CONFLICT_READ_ATTEMPTS {
+            if current != expected.unwrap_or(0) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            current = self.current_revision(key).await;
+        }
         let message = match expected {
             Some(expected) => format!("task {key} is at revision {current}, not {expected}"),
             None => format!("task {key} already exists (revision {current})"),
@@ -121,11 +138,11 @@ impl TaskStore {
         ApiError { current_revision: Some(current), ..ApiError::new(ErrorCode::Conflict, message) }
     }
 
+    /// Queues the event of a change; the event pump stores it in order, without adding a
+    /// round trip to the request.
     async fn emit(&self, event: Event) {
         self.changes.with_label_values(&[event.kind.as_str()]).inc();
-        if let Err(error) = self.events.publish(&event).await {
-            tracing::error!(error = format!("{error:#}"), kind = event.kind.as_str(), namespace = %event.namespace, task = %event.task_id, "event not stored");
-        }
+        self.events.emit(event).await;
     }
 
     /// Emits `task.rejected` for a submission that could not be applied.
@@ -169,25 +186,31 @@ impl TaskStore {
     }
 
     async fn put_unconditional(&self, key: &str, body: bytes::Bytes) -> Result<(u64, EventKind), ApiError> {
-        // Registering a new task is the common case: one write when the key is free.
-        match self.tasks.create(key, body.clone()).await {
-            Ok(revision) => return Ok((revision, EventKind::TaskRegistered)),
-            Err(e) if is_already_exists(&e) => {}
-            Err(e) => return Err(unavailable("write tasks bucket", e)),
-        }
-        for _ in 0..CAS_ATTEMPTS {
-            match self.entry(key).await? {
-                Some(entry) => match self.tasks.update(key, body.clone(), entry.revision).await {
-                    Ok(revision) => return Ok((revision, EventKind::TaskUpdated)),
-                    Err(e) if is_revision_mismatch(&e) => continue,
-                    Err(e) => return Err(unavailable("write tasks bucket", e)),
-                },
-                None => match self.tasks.create(key, body.clone()).await {
-                    Ok(revision) => return Ok((revision, EventKind::TaskRegistered)),
-                    Err(e) if is_already_exists(&e) => continue,
-                    Err(e) => return Err(unavailable("write tasks bucket", e)),
-                },
+        // Registering a new task is the common case: one write when the key was never used.
+        // (`kv::Store::create` would read the key back after any failure; we read once.)
+        // `expected` is the revision to write over and whether it holds a live spec.
+        let mut expected = (0, false);
+        for attempt in 0..CAS_ATTEMPTS {
+            match self.tasks.update(key, body.clone(), expected.0).await {
+                Ok(revision) => {
+                    let kind = if expected.1 { EventKind::TaskUpdated } else { EventKind::TaskRegistered };
+                    return Ok((revision, kind));
+                }
+                Err(e) if is_revision_mismatch(&e) => {}
+                Err(e) => return Err(unavailable("write tasks bucket", e)),
             }
+            // Someone wrote the key: learn its revision. A direct get is cheap but may lag on a
+            // replicated bucket; after a first miss, ask the stream leader.
+            expected = if attempt == 0 {
+                self.tasks
+                    .entry(key)
+                    .await
+                    .map_err(|e| unavailable("read tasks bucket", e))?
+                    .map(|e| (e.revision, e.operation == kv::Operation::Put))
+            } else {
+                self.read_leader(key).await?.map(|(latest, live)| (latest.revision, live))
+            }
+            .unwrap_or((0, false));
         }
         Err(ApiError::new(ErrorCode::Unavailable, format!("task {key} is being changed concurrently; retry")))
     }

@@ -390,14 +390,15 @@ async fn the_registry_is_a_discoverable_micro_service() {
     for endpoint in ["put", "get", "list", "delete", "pause", "resume", "trigger", "next"] {
         assert!(subjects.contains(&names.task_api_subject(endpoint).as_str()), "{endpoint} in {subjects:?}");
     }
-    // The admin port answers.
+    // The admin port answers, and counts requests by endpoint and outcome.
+    let reply = call(&client, "get", json!({"namespace": "default", "id": "nothing"})).await;
+    assert_eq!(error_code(&reply), "not_found");
     let metrics = http_get(registry.admin, "/metrics").await;
     assert!(
-        metrics.contains("jetsched_api_requests_total")
-            || metrics.is_empty()
-            || metrics.contains("# HELP")
-            || true
+        metrics.contains(r#"jetsched_api_requests_total{endpoint="get",outcome="not_found"} 1"#),
+        "{metrics}"
     );
+    assert!(http_get(registry.admin, "/healthz").await.contains("200 OK"));
     let ready = http_get(registry.admin, "/readyz").await;
     assert!(ready.contains("\"ready\":true"), "{ready}");
     registry.stop().await;

@@ -1,0 +1,341 @@
+//! The dead-letter API, `jetsched.api.dlq.{list,get,replay,purge}`: inspect the entries the
+//! workers stored in `JETSCHED_DLQ`, replay them (a new dispatch with a new execution id and
+//! trigger `replay`, then the entry is removed), and purge them.
+//!
+//! Requests (JSON; a filter is any of `queue`, `namespace`, `task_id`):
+//! - `list`: `{filter..., "limit": 100, "cursor": <sequence>}` → `{"entries": [{"sequence", "entry"}], "next_cursor"}`
+//! - `get`: `{"sequence": n}` → `{"sequence", "entry"}`
+//! - `replay`: `{"sequence": n}` or `{filter..., "limit": 100, "rate": 50}` (bulk, at most `rate`
+//!   per second) → `{"replayed": [{"sequence", "original_execution_id", "execution_id"}], "failed": [...]}`
+//! - `purge`: `{"sequence": n}` or `{filter...}` or `{"all": true}` → `{"purged": n}`
+//!
+//! Entries are the workers' dead letters; only the fields a replay needs are typed here.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, message::PublishMessage, stream::RawMessageErrorKind};
+use chrono::{DateTime, Utc};
+use jetsched_shared::error::{ApiError, ErrorCode};
+use jetsched_shared::names::{Names, task_key};
+use jetsched_shared::spec::{TaskSpec, validate_id};
+use jetsched_shared::wire::{
+    Dispatch, HDR_EXECUTION_ID, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER, Trigger, format_time,
+    fresh_execution_id, millis,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The dead-letter endpoints, in registration order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DlqEndpoint {
+    List,
+    Get,
+    Replay,
+    Purge,
+}
+
+impl DlqEndpoint {
+    pub(crate) const ALL: [DlqEndpoint; 4] = [DlqEndpoint::List, DlqEndpoint::Get, DlqEndpoint::Replay, DlqEndpoint::Purge];
+
+    /// The last subject token (`jetsched.api.dlq.<name>`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            DlqEndpoint::List => "list",
+            DlqEndpoint::Get => "get",
+            DlqEndpoint::Replay => "replay",
+            DlqEndpoint::Purge => "purge",
+        }
+    }
+
+    /// The micro-service endpoint name and metrics label (distinct from the task endpoints).
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            DlqEndpoint::List => "dlq-list",
+            DlqEndpoint::Get => "dlq-get",
+            DlqEndpoint::Replay => "dlq-replay",
+            DlqEndpoint::Purge => "dlq-purge",
+        }
+    }
+}
+
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 1000;
+const DEFAULT_RATE: u32 = 100;
+const MAX_RATE: u32 = 1000;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Request {
+    #[serde(default)]
+    sequence: Option<u64>,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    task_id: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    cursor: Option<u64>,
+    /// Bulk replay: entries per second.
+    #[serde(default)]
+    rate: Option<u32>,
+    /// Purge: everything.
+    #[serde(default)]
+    all: bool,
+}
+
+impl Request {
+    fn has_filter(&self) -> bool {
+        self.queue.is_some() || self.namespace.is_some() || self.task_id.is_some()
+    }
+}
+
+/// What a replay needs from a dead letter (the rest of the entry is carried as JSON).
+#[derive(Debug, Deserialize)]
+struct Replayable {
+    execution_id: String,
+    namespace: String,
+    task_id: String,
+    #[serde(with = "millis")]
+    nominal_time: DateTime<Utc>,
+    revision: u64,
+    #[serde(default)]
+    spec: Option<TaskSpec>,
+}
+
+#[derive(Debug, Serialize)]
+struct Listed {
+    sequence: u64,
+    entry: Value,
+}
+
+#[derive(Debug, Serialize)]
+struct Replayed {
+    sequence: u64,
+    original_execution_id: String,
+    execution_id: String,
+}
+
+#[derive(Debug, Serialize)]
+struct NotReplayed {
+    sequence: u64,
+    error: String,
+}
+
+/// The dead-letter API; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct DlqApi {
+    js: jetstream::Context,
+    names: Names,
+}
+
+impl DlqApi {
+    pub(crate) fn new(js: jetstream::Context, names: Names) -> DlqApi {
+        DlqApi { js, names }
+    }
+
+    /// Handles one request; returns the reply body.
+    pub(crate) async fn handle(&self, endpoint: DlqEndpoint, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
+        let request = decode(payload)?;
+        for (field, value) in [("namespace", &request.namespace), ("task_id", &request.task_id), ("queue", &request.queue)]
+        {
+            if let Some(value) = value {
+                validate_id(field, value)?;
+            }
+        }
+        let limit = request.limit.unwrap_or(DEFAULT_LIMIT);
+        if limit == 0 || limit > MAX_LIMIT {
+            return Err(ApiError::at(ErrorCode::BadRequest, "limit", format!("limit must be within 1..={MAX_LIMIT}")));
+        }
+        let reply = match endpoint {
+            DlqEndpoint::List => {
+                let (entries, next) = self.scan(&request, request.cursor.unwrap_or(1), limit).await?;
+                let entries: Vec<Listed> =
+                    entries.into_iter().map(|(sequence, payload)| Listed { sequence, entry: json_or_text(&payload) }).collect();
+                let mut reply = serde_json::json!({ "entries": entries });
+                if let Some(next) = next {
+                    reply["next_cursor"] = next.into();
+                }
+                reply
+            }
+            DlqEndpoint::Get => {
+                let sequence = required_sequence(&request)?;
+                let payload = self.entry(sequence).await?;
+                serde_json::to_value(Listed { sequence, entry: json_or_text(&payload) }).map_err(internal)?
+            }
+            DlqEndpoint::Replay => self.replay(&request, limit).await?,
+            DlqEndpoint::Purge => self.purge(&request).await?,
+        };
+        serde_json::to_vec(&reply).map_err(internal)
+    }
+
+    fn stream_name(&self) -> String {
+        self.names.dlq_stream()
+    }
+
+    async fn stream(&self) -> Result<jetstream::stream::Stream, ApiError> {
+        self.js.get_stream(self.stream_name()).await.map_err(unavailable)
+    }
+
+    fn filter(&self, request: &Request) -> String {
+        let any = |v: &Option<String>| v.clone().unwrap_or_else(|| "*".to_string());
+        self.names.dlq_subject(&any(&request.queue), &any(&request.namespace), &any(&request.task_id))
+    }
+
+    /// Up to `limit` entries matching the request's filter from sequence `from`, and the cursor
+    /// of the next page.
+    async fn scan(&self, request: &Request, from: u64, limit: usize) -> Result<(Vec<(u64, bytes::Bytes)>, Option<u64>), ApiError> {
+        let stream = self.stream().await?;
+        let filter = self.filter(request);
+        let mut out = Vec::new();
+        let mut next = from.max(1);
+        while out.len() < limit {
+            match stream.get_first_raw_message_by_subject(&filter, next).await {
+                Ok(message) => {
+                    next = message.sequence + 1;
+                    out.push((message.sequence, message.payload));
+                }
+                Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => return Ok((out, None)),
+                Err(error) => return Err(unavailable(error)),
+            }
+        }
+        // A full page: there may be more.
+        Ok((out, Some(next)))
+    }
+
+    async fn entry(&self, sequence: u64) -> Result<bytes::Bytes, ApiError> {
+        let stream = self.stream().await?;
+        match stream.get_raw_message(sequence).await {
+            Ok(message) => Ok(message.payload),
+            Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => {
+                Err(ApiError::new(ErrorCode::NotFound, format!("no dead letter at sequence {sequence}")))
+            }
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    async fn replay(&self, request: &Request, limit: usize) -> Result<Value, ApiError> {
+        let entries = match request.sequence {
+            Some(sequence) => vec![(sequence, self.entry(sequence).await?)],
+            None if request.has_filter() => self.scan(request, 1, limit).await?.0,
+            None => {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    "give a sequence, or a filter (queue, namespace, task_id) for a bulk replay",
+                ));
+            }
+        };
+        let rate = request.rate.unwrap_or(DEFAULT_RATE);
+        if rate == 0 || rate > MAX_RATE {
+            return Err(ApiError::at(ErrorCode::BadRequest, "rate", format!("rate must be within 1..={MAX_RATE}")));
+        }
+        let mut pace = tokio::time::interval(Duration::from_secs(1) / rate);
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stream = self.stream().await?;
+        let mut replayed = Vec::new();
+        let mut failed = Vec::new();
+        for (sequence, payload) in entries {
+            pace.tick().await;
+            match self.replay_one(&stream, sequence, &payload).await {
+                Ok(done) => replayed.push(done),
+                Err(error) if request.sequence.is_some() => return Err(error),
+                Err(error) => failed.push(NotReplayed { sequence, error: error.message }),
+            }
+        }
+        Ok(serde_json::json!({ "replayed": replayed, "failed": failed }))
+    }
+
+    /// Dispatches the entry again under a new execution id, then removes it from the DLQ.
+    async fn replay_one(
+        &self,
+        stream: &jetstream::stream::Stream,
+        sequence: u64,
+        payload: &[u8],
+    ) -> Result<Replayed, ApiError> {
+        let entry: Replayable = serde_json::from_slice(payload).map_err(|e| {
+            ApiError::new(ErrorCode::BadRequest, format!("dead letter {sequence} cannot be replayed: {e}"))
+        })?;
+        let Some(spec) = entry.spec else {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("dead letter {sequence} has no spec snapshot (undecodable dispatch): purge it instead"),
+            ));
+        };
+        let execution_id = fresh_execution_id();
+        let dispatch = Dispatch {
+            execution_id: execution_id.clone(),
+            namespace: entry.namespace.clone(),
+            task_id: entry.task_id.clone(),
+            nominal_time: entry.nominal_time,
+            trigger: Trigger::Replay,
+            term: 0,
+            revision: entry.revision,
+            spec,
+        };
+        let subject = self.names.dispatch_subject(&dispatch.spec.queue, &dispatch.namespace, &dispatch.task_id);
+        let body = serde_json::to_vec(&dispatch).map_err(internal)?;
+        // Keyed by the dead letter: a retried replay request (entry not yet deleted) is absorbed.
+        let message = PublishMessage::build()
+            .payload(body.into())
+            .message_id(format!("replay:{}", entry.execution_id))
+            .header(HDR_TASK, task_key(&dispatch.namespace, &dispatch.task_id).as_str())
+            .header(HDR_NOMINAL_TIME, format_time(dispatch.nominal_time).as_str())
+            .header(HDR_EXECUTION_ID, execution_id.as_str())
+            .header(HDR_LEADER_TERM, "0")
+            .header(HDR_TRIGGER, Trigger::Replay.as_str());
+        self.js.send_publish(subject, message).await.map_err(unavailable)?.await.map_err(unavailable)?;
+        stream.delete_message(sequence).await.map_err(unavailable)?;
+        Ok(Replayed { sequence, original_execution_id: entry.execution_id, execution_id })
+    }
+
+    async fn purge(&self, request: &Request) -> Result<Value, ApiError> {
+        let stream = self.stream().await?;
+        let purged = match request.sequence {
+            Some(sequence) => {
+                let deleted = stream.delete_message(sequence).await.map_err(|e| {
+                    ApiError::new(ErrorCode::NotFound, format!("no dead letter at sequence {sequence}: {e}"))
+                })?;
+                u64::from(deleted)
+            }
+            None if request.has_filter() => {
+                stream.purge().filter(self.filter(request)).await.map_err(unavailable)?.purged
+            }
+            None if request.all => stream.purge().await.map_err(unavailable)?.purged,
+            None => {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    "give a sequence, a filter (queue, namespace, task_id) or \"all\": true",
+                ));
+            }
+        };
+        Ok(serde_json::json!({ "purged": purged }))
+    }
+}
+
+fn required_sequence(request: &Request) -> Result<u64, ApiError> {
+    request.sequence.ok_or_else(|| ApiError::at(ErrorCode::MissingField, "sequence", "give the entry's sequence"))
+}
+
+fn decode(payload: &[u8]) -> Result<Request, ApiError> {
+    if payload.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Request::default());
+    }
+    serde_json::from_slice(payload).map_err(|e| {
+        let code = if e.is_syntax() || e.is_eof() { ErrorCode::InvalidJson } else { ErrorCode::BadRequest };
+        ApiError::new(code, format!("invalid request: {e}"))
+    })
+}
+
+fn json_or_text(payload: &[u8]) -> Value {
+    serde_json::from_slice(payload).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(payload).into_owned()))
+}
+
+fn internal(error: impl std::fmt::Display) -> ApiError {
+    ApiError::new(ErrorCode::Internal, error.to_string())
+}
+
+fn unavailable(error: impl std::fmt::Display) -> ApiError {
+    ApiError::new(ErrorCode::Unavailable, format!("dead-letter stream: {error}"))
+}
