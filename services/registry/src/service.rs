@@ -91,10 +91,10 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
     let group = service.group(names.task_api_group());
     let mut requests: Requests = SelectAll::new();
     for endpoint in Endpoint::TASK {
-        let stream = group
-            .endpoint(endpoint.name())
-            .await
-            .map_err(|e| anyhow::anyhow!("add endpoint {}: {e}", names.task_api_subject(endpoint.name())))?;
+        let stream =
+            group.endpoint_builder().name(endpoint.name()).add(endpoint.name()).await.map_err(|e| {
+                anyhow::anyhow!("add endpoint {}: {e}", names.task_api_subject(endpoint.name()))
+            })?;
         requests.push(stream.map(move |r| (endpoint, r)).boxed());
     }
     let unknown = service

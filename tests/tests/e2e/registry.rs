@@ -520,3 +520,63 @@ async fn topology_converges_and_names_conflicting_settings() {
         topology::ensure(&js, &names, &TopologyArgs { replicas: 0, ..args }).await.err().expect("invalid");
     assert!(error.to_string().contains("replicas"), "{error}");
 }
+
+#[tokio::test]
+async fn several_registry_replicas_share_the_api_and_the_intake() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let mut first = config(&server.url(), 1);
+    first.common.instance_id = Some("registry-a".into());
+    let mut second = config(&server.url(), 1);
+    second.common.instance_id = Some("registry-b".into());
+    let (a, b) = tokio::join!(RunningRegistry::start(first), RunningRegistry::start(second));
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    let names = Names::default();
+
+    let puts = (0..40).map(|i| {
+        let client = client.clone();
+        async move { put(&client, &spec("replicas", &format!("api{i}")), HeaderMap::new()).await }
+    });
+    for reply in futures::future::join_all(puts).await {
+        assert!(reply["revision"].as_u64().is_some(), "{reply}");
+    }
+    for i in 0..40 {
+        let body = serde_json::to_vec(&spec("replicas", &format!("intake{i}"))).unwrap();
+        js.publish(names.submit_subject("replicas", &format!("intake{i}")), body.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    eventually(WAIT, "every intake submission applied once", || async {
+        let listed = call(&client, "list", json!({"namespace": "replicas", "limit": 1000})).await;
+        listed["tasks"].as_array().map(|t| t.len()) == Some(80)
+    })
+    .await;
+
+    // Both replicas answered requests (a queue group spreads them).
+    let mut answered = Vec::new();
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(inbox.clone()).await.unwrap();
+    client
+        .publish_with_reply(format!("$SRV.STATS.{}", names.service_name()), inbox, "".into())
+        .await
+        .unwrap();
+    while let Ok(Some(message)) = tokio::time::timeout(Duration::from_millis(500), replies.next()).await {
+        let stats: Value = serde_json::from_slice(&message.payload).unwrap();
+        let put_requests = stats["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "put")
+            .map(|e| e["num_requests"].as_u64().unwrap_or(0))
+            .unwrap_or(0);
+        answered.push(put_requests);
+    }
+    assert_eq!(answered.len(), 2, "two replicas answer $SRV.STATS: {answered:?}");
+    assert_eq!(answered.iter().sum::<u64>(), 40, "every put answered exactly once: {answered:?}");
+    assert!(answered.iter().all(|n| *n > 0), "both replicas served puts: {answered:?}");
+    a.stop().await;
+    b.stop().await;
+}
