@@ -1,0 +1,28 @@
+//! `jetsched`: submit, inspect and control tasks over NATS (the registry's API and the event
+//! stream). Exit codes: 0 success, 1 the API answered with an error, 2 usage or connection
+//! problems.
+
+mod commands;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::commands::{Cli, Failure};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match commands::run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Api(error)) => {
+            eprintln!("error: {error}");
+            ExitCode::from(1)
+        }
+        Err(Failure::Other(error)) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! Human output: tables for lists, pretty JSON for single objects.
+
+use serde_json::Value;
+
+/// Prints rows as a left-aligned table with a header.
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let text: Vec<String> =
+            cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        println!("{}", text.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+/// A one-line summary of a schedule object.
+pub(crate) fn schedule(schedule: &Value) -> String {
+    if let Some(cron) = schedule.get("cron").and_then(Value::as_str) {
+        let tz = schedule.get("timezone").and_then(Value::as_str).unwrap_or("UTC");
+        format!("cron {cron} ({tz})")
+    } else if let Some(every) = schedule.get("every").and_then(Value::as_str) {
+        format!("every {every}")
+    } else if let Some(at) = schedule.get("at").and_then(Value::as_str) {
+        format!("at {at}")
+    } else {
+        schedule.to_string()
+    }
+}
+
+pub(crate) fn pretty(value: &Value) {
+    println!("{}", serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string()));
+}
