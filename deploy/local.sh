@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Runs jetsched on this machine: nats-server (nats.conf), the registry, two schedulers and
+# two workers, then applies the demo specs in deploy/examples/ and prints where to look.
+# Ctrl-C stops everything it started. Safe to re-run: the JetStream store in .jetsched-local/
+# is reused, specs are applied idempotently, and an already running local NATS is reused.
+#
+#   bash deploy/local.sh            # runs until Ctrl-C
+#   bash deploy/local.sh --for 60   # stops by itself after 60 s (used by tests)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+run_for=""
+if [[ "${1:-}" == "--for" ]]; then
+    run_for="${2:?--for needs a number of seconds}"
+fi
+
+state=".jetsched-local"
+logs="$state/logs"
+mkdir -p "$logs"
+
+# shellcheck source=deploy/install-nats-server.sh
+. deploy/install-nats-server.sh
+
+echo "building release binaries (first time: a few minutes)..."
+cargo build --release --locked --bins -q
+bin="target/release"
+
+pids=()
+stop() {
+    trap - INT TERM EXIT
+    echo
+    echo "stopping..."
+    for (( i=${#pids[@]}-1; i>=0; i-- )); do
+        kill -TERM "${pids[$i]}" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        for _ in $(seq 1 100); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    echo "stopped."
+}
+trap stop EXIT
+trap 'stop; exit 0' INT TERM
+
+wait_http() { # url what
+    for _ in $(seq 1 150); do
+        if curl -fsS -o /dev/null "$1" 2>/dev/null; then return 0; fi
+        sleep 0.2
+    done
+    echo "$2 did not become ready ($1); see $logs/" >&2
+    exit 1
+}
+
+if curl -fsS -o /dev/null "http://127.0.0.1:8222/healthz?js-enabled-only=true" 2>/dev/null; then
+    echo "reusing the nats-server already running on 127.0.0.1:4222"
+else
+    nats-server -c nats.conf >>"$logs/nats-server.log" 2>&1 &
+    pids+=($!)
+    wait_http "http://127.0.0.1:8222/healthz?js-enabled-only=true" "nats-server"
+fi
+
+export NATS_URL="nats://127.0.0.1:4222"
+export RUST_LOG="${RUST_LOG:-info,async_nats=warn}"
+
+start() { # name log admin-port args...
+    local name="$1" log="$2" port="$3"
+    shift 3
+    "$bin/$name" --admin-addr "127.0.0.1:$port" "$@" >>"$logs/$log.log" 2>&1 &
+    pids+=($!)
+}
+
+start jetsched-registry registry 9101 --instance-id registry-1
+wait_http "http://127.0.0.1:9101/readyz" "jetsched-registry"
+start jetsched-scheduler scheduler-1 9102 --instance-id scheduler-1
+start jetsched-scheduler scheduler-2 9112 --instance-id scheduler-2
+start jetsched-worker worker-1 9103 --instance-id worker-1 --shell-allow echo,date
+start jetsched-worker worker-2 9113 --instance-id worker-2 --shell-allow echo,date
+for port in 9102 9112 9103 9113; do
+    wait_http "http://127.0.0.1:$port/readyz" "service on admin port $port"
+done
+
+echo
+"$bin/jetsched" apply -f deploy/examples/
+
+cat <<TXT
+
+jetsched is running (logs in $logs/). Try:
+  $bin/jetsched ls --namespace demo
+  $bin/jetsched next demo/berlin-clock -c 5
+  $bin/jetsched events --follow
+  $bin/jetsched trigger demo/heartbeat
+Metrics and health:
+  registry   http://127.0.0.1:9101/metrics   (/healthz, /readyz)
+  schedulers http://127.0.0.1:9102/metrics   http://127.0.0.1:9112/metrics
+  workers    http://127.0.0.1:9103/metrics   http://127.0.0.1:9113/metrics
+NATS monitor:
+  http://127.0.0.1:8222/jsz?streams=true&consumers=true
+The task demo/always-failing exhausts its retries and lands in the JETSCHED_DLQ stream.
+Press Ctrl-C to stop.
+TXT
+
+if [[ -n "$run_for" ]]; then
+    sleep "$run_for"
+else
+    # Wake up when a service dies, so a crash is not hidden.
+    while true; do
+        for pid in "${pids[@]}"; do
+            if ! kill -0 "$pid" 2>/dev/null; then
+                echo "a process ($pid) exited; see $logs/" >&2
+                exit 1
+            fi
+        done
+        sleep 1
+    done
+fi
