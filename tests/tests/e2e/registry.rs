@@ -19,14 +19,14 @@ use tokio_util::sync::CancellationToken;
 const WAIT: Duration = Duration::from_secs(10);
 
 /// A registry running in-process; stopped (and awaited) by `stop`, cancelled on Drop.
-struct RunningRegistry {
+pub(crate) struct RunningRegistry {
     shutdown: CancellationToken,
     handle: Option<JoinHandle<anyhow::Result<()>>>,
     admin: std::net::SocketAddr,
 }
 
 impl RunningRegistry {
-    async fn start(config: Config) -> RunningRegistry {
+    pub(crate) async fn start(config: Config) -> RunningRegistry {
         let registry = build(config).await.expect("registry builds");
         let admin = registry.admin_addr();
         let shutdown = CancellationToken::new();
@@ -34,7 +34,7 @@ impl RunningRegistry {
         RunningRegistry { shutdown, handle: Some(handle), admin }
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.shutdown.cancel();
         let handle = self.handle.take().expect("running");
         tokio::time::timeout(WAIT, handle)
@@ -51,7 +51,7 @@ impl Drop for RunningRegistry {
     }
 }
 
-fn config(url: &str, replicas: usize) -> Config {
+pub(crate) fn config(url: &str, replicas: usize) -> Config {
     let mut config = Config::for_tests(url);
     config.topology.replicas = replicas;
     config

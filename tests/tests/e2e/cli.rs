@@ -1,0 +1,128 @@
+//! End-to-end tests of the `jetsched` CLI binary against a real registry and nats-server:
+//! every subcommand, `--json` output parsed, error output and exit codes.
+
+use std::process::Output;
+
+use jetsched_tests::{NatsServer, init_test_logging, workspace_bin};
+use serde_json::{Value, json};
+
+use crate::registry::{RunningRegistry, config};
+
+async fn jetsched(url: &str, args: &[&str]) -> Output {
+    tokio::process::Command::new(workspace_bin("jetsched"))
+        .arg("--nats-url")
+        .arg(url)
+        .args(args)
+        .output()
+        .await
+        .expect("run jetsched")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn json_out(output: &Output) -> Value {
+    assert!(output.status.success(), "exit {:?}: {}", output.status, stderr(output));
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("JSON output ({e}): {}", stdout(output)))
+}
+
+#[tokio::test]
+async fn every_subcommand_against_a_running_registry() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let registry = RunningRegistry::start(config(&server.url(), 1)).await;
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+
+    let specs = json!([
+        {"id": "nightly", "namespace": "billing", "schedule": {"cron": "0 30 2 * * *", "timezone": "America/New_York"},
+         "executor": {"kind": "nats", "subject": "jobs.nightly"}, "labels": {"team": "billing"}},
+        {"id": "pulse", "namespace": "billing", "schedule": {"every": "1m"},
+         "executor": {"kind": "nats", "subject": "jobs.pulse"}, "labels": {"team": "ops"}}
+    ]);
+    let file = dir.path().join("specs.json");
+    std::fs::write(&file, specs.to_string()).unwrap();
+    let applied = jetsched(&url, &["apply", "-f", file.to_str().unwrap()]).await;
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    assert!(stdout(&applied).contains("billing/nightly applied"), "{}", stdout(&applied));
+    assert!(stdout(&applied).contains("billing/pulse applied"), "{}", stdout(&applied));
+
+    // A directory works too, and re-applying is idempotent.
+    let again = jetsched(&url, &["apply", "-f", dir.path().to_str().unwrap()]).await;
+    assert!(again.status.success(), "{}", stderr(&again));
+
+    let listed = json_out(&jetsched(&url, &["ls", "--namespace", "billing", "--json"]).await);
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+    let ops = json_out(&jetsched(&url, &["ls", "--label", "team=ops", "--json"]).await);
+    assert_eq!(ops[0]["task"]["id"], "pulse");
+    let table = jetsched(&url, &["ls"]).await;
+    assert!(stdout(&table).starts_with("TASK"), "{}", stdout(&table));
+    assert!(stdout(&table).contains("cron 0 30 2 * * * (America/New_York)"), "{}", stdout(&table));
+
+    let got = json_out(&jetsched(&url, &["get", "billing/nightly"]).await);
+    assert_eq!(got["task"]["schedule"]["timezone"], "America/New_York");
+
+    // Next fires across the spring-forward day: 02:30 does not exist on 2026-03-08.
+    let next = json_out(
+        &jetsched(&url, &["next", "billing/nightly", "-c", "3", "--after", "2026-03-07T00:00:00Z", "--json"])
+            .await,
+    );
+    assert_eq!(
+        next["times"],
+        json!(["2026-03-07T07:30:00.000Z", "2026-03-08T07:00:00.000Z", "2026-03-09T06:30:00.000Z"]),
+        "{next}"
+    );
+    let table = stdout(
+        &jetsched(&url, &["next", "billing/nightly", "-c", "3", "--after", "2026-03-07T00:00:00Z"]).await,
+    );
+    assert!(table.contains("offset change -05:00 -> -04:00"), "{table}");
+
+    let paused = jetsched(&url, &["pause", "billing/pulse"]).await;
+    assert!(stdout(&paused).contains("billing/pulse paused"), "{}", stderr(&paused));
+    let state = json_out(&jetsched(&url, &["get", "billing/pulse"]).await);
+    assert_eq!(state["task"]["paused"], true);
+    let resumed = jetsched(&url, &["resume", "billing/pulse"]).await;
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+
+    let triggered = json_out(&jetsched(&url, &["trigger", "billing/pulse", "--json"]).await);
+    assert!(triggered["execution_id"].as_str().is_some_and(|id| !id.is_empty()), "{triggered}");
+
+    let events = stdout(&jetsched(&url, &["events", "--task", "billing/pulse", "--last", "50"]).await);
+    for kind in ["task.registered", "task.paused", "task.resumed", "fire.dispatched"] {
+        assert!(events.contains(&format!("\"kind\":\"{kind}\"")), "{kind} in {events}");
+    }
+
+    let removed = jetsched(&url, &["rm", "billing/pulse"]).await;
+    assert!(removed.status.success(), "{}", stderr(&removed));
+    let gone = jetsched(&url, &["get", "billing/pulse"]).await;
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(stderr(&gone).contains("not_found"), "{}", stderr(&gone));
+
+    // A bad spec: exit code 1, the code and the field on stderr, nothing stored.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"id": "broken", "schedule": {"cron": "0 0 25 * * *"}, "executor": {"kind": "nats", "subject": "x"}}"#)
+        .unwrap();
+    let rejected = jetsched(&url, &["apply", "-f", bad.to_str().unwrap()]).await;
+    assert_eq!(rejected.status.code(), Some(1), "{}", stderr(&rejected));
+    assert!(stderr(&rejected).contains("invalid_cron at schedule.cron"), "{}", stderr(&rejected));
+    let missing = jetsched(&url, &["get", "default/broken"]).await;
+    assert_eq!(missing.status.code(), Some(1));
+    registry.stop().await;
+}
+
+#[tokio::test]
+async fn without_a_registry_the_cli_says_so_and_exits_2() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let output = jetsched(&server.url(), &["get", "x"]).await;
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(stderr(&output).contains("is jetsched-registry running?"), "{}", stderr(&output));
+    let unreachable = jetsched("nats://127.0.0.1:1", &["ls"]).await;
+    assert_eq!(unreachable.status.code(), Some(2));
+    assert!(stderr(&unreachable).contains("connect to NATS"), "{}", stderr(&unreachable));
+}
