@@ -2,11 +2,13 @@
 //! connection options, telemetry and the admin HTTP server.
 
 pub mod admin;
+pub mod alert;
 pub mod cas;
 pub mod config;
 pub mod error;
 pub mod events;
 pub mod names;
+pub mod presence;
 pub mod schedule;
 pub mod shutdown;
 pub mod spec;

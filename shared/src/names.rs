@@ -166,6 +166,10 @@ impl Names {
     pub fn service_name(&self) -> String {
         format!("{}-registry", self.prefix)
     }
+    /// The presence micro service of a role: `jetsched-scheduler`, `jetsched-worker`, ...
+    pub fn presence_service(&self, role: &str) -> String {
+        format!("{}-{role}", self.prefix)
+    }
     /// `jetsched.api.task` — the group every task endpoint lives under.
     pub fn task_api_group(&self) -> String {
         format!("{}.api.task", self.prefix)

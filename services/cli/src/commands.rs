@@ -35,7 +35,8 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Create or update tasks from JSON files (one spec or an array per file), a directory, or `-` for stdin.
+    /// Create or update tasks from JSON or YAML files (one spec, an array, or YAML `---`
+    /// documents), a directory of *.json/*.yaml/*.yml, or `-` for stdin.
     Apply {
         #[arg(short = 'f', long = "file", required = true)]
         files: Vec<PathBuf>,
@@ -74,6 +75,16 @@ enum Command {
     },
     /// Show events (task changes, fires, runs, leader changes) from the event stream.
     Events(EventsArgs),
+    /// Recent executions of a task, from the event stream: nominal vs actual time, attempts,
+    /// worker, outcome.
+    Runs {
+        task: String,
+        /// How many past events of the task to read.
+        #[arg(long, default_value_t = 500)]
+        last: u64,
+    },
+    /// Leader and term, live replicas, queue depths, dead letters and streams.
+    Status,
 }
 
 #[derive(Debug, Args)]
@@ -141,7 +152,7 @@ impl Api {
 }
 
 /// `namespace/id`, or `id` in namespace `default`.
-fn split_task(task: &str) -> (&str, &str) {
+pub(crate) fn split_task(task: &str) -> (&str, &str) {
     task.split_once('/').unwrap_or(("default", task))
 }
 
@@ -170,6 +181,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         }),
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
         Command::Events(args) => events(&client, &names, args).await,
+        Command::Runs { task, last } => crate::inspect::runs(&client, &names, &task, last, json_out).await,
+        Command::Status => crate::inspect::status(&client, &names, json_out).await,
     };
     let _ = client.flush().await;
     result
@@ -189,7 +202,7 @@ fn read_specs(path: &Path) -> anyhow::Result<Vec<(String, Value)>> {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
             .with_context(|| format!("read directory {}", path.display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .filter(|p| p.extension().is_some_and(|x| x == "json" || x == "yaml" || x == "yml"))
             .collect();
         entries.sort();
         for entry in entries {
@@ -202,13 +215,27 @@ fn read_specs(path: &Path) -> anyhow::Result<Vec<(String, Value)>> {
     Ok(out)
 }
 
+/// A file holds one spec, an array of specs, or (YAML) several `---` documents of either.
 fn push_specs(out: &mut Vec<(String, Value)>, source: &str, text: &str) -> anyhow::Result<()> {
-    let value: Value = serde_json::from_str(text).with_context(|| format!("{source} is not JSON"))?;
-    match value {
-        Value::Array(items) => {
-            out.extend(items.into_iter().enumerate().map(|(i, v)| (format!("{source}[{i}]"), v)))
+    let documents: Vec<Value> = if text.trim_start().starts_with(['{', '[']) {
+        vec![serde_json::from_str(text).with_context(|| format!("{source} is not valid JSON"))?]
+    } else {
+        use serde::Deserialize;
+        serde_norway::Deserializer::from_str(text)
+            .map(Value::deserialize)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{source} is neither JSON nor valid YAML"))?
+    };
+    let many = documents.len() > 1;
+    for (d, document) in documents.into_iter().enumerate() {
+        let name = if many { format!("{source}#{d}") } else { source.to_string() };
+        match document {
+            Value::Array(items) => {
+                out.extend(items.into_iter().enumerate().map(|(i, v)| (format!("{name}[{i}]"), v)))
+            }
+            Value::Null => {}
+            other => out.push((name, other)),
         }
-        other => out.push((source.to_string(), other)),
     }
     Ok(())
 }
@@ -222,22 +249,41 @@ async fn apply(api: &Api, files: &[PathBuf], create_only: bool, json_out: bool) 
     if create_only {
         headers.insert(HDR_CREATE_ONLY, "true");
     }
+    // Many specs: 32 puts in flight, results reported in input order, a progress bar on a terminal.
+    let progress = (specs.len() > 20 && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .then(|| indicatif::ProgressBar::new(specs.len() as u64));
+    let results = futures::stream::iter(specs.into_iter().map(|(source, spec)| {
+        let headers = headers.clone();
+        async move { (source, api.call("put", spec.to_string().into_bytes(), headers).await) }
+    }))
+    .buffered(32);
+    futures::pin_mut!(results);
     let mut failed = None;
-    for (source, spec) in specs {
-        match api.call("put", spec.to_string().into_bytes(), headers.clone()).await {
-            Ok(reply) if json_out => output::pretty(&reply),
-            Ok(reply) => println!(
+    while let Some((source, result)) = results.next().await {
+        if let Some(bar) = &progress {
+            bar.inc(1);
+        }
+        let print = |line: String| match &progress {
+            Some(bar) => bar.suspend(|| println!("{line}")),
+            None => println!("{line}"),
+        };
+        match result {
+            Ok(reply) if json_out => print(reply.to_string()),
+            Ok(reply) => print(format!(
                 "{}/{} applied (revision {})",
                 reply["task"]["namespace"].as_str().unwrap_or("?"),
                 reply["task"]["id"].as_str().unwrap_or("?"),
                 reply["revision"]
-            ),
+            )),
             Err(Failure::Api(error)) => {
                 eprintln!("{source}: {error}");
                 failed = Some(error);
             }
             Err(other) => return Err(other),
         }
+    }
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
     }
     match failed {
         Some(error) => Err(Failure::Api(error)),

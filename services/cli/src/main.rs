@@ -3,6 +3,7 @@
 //! problems.
 
 mod commands;
+mod inspect;
 mod output;
 
 use std::process::ExitCode;
