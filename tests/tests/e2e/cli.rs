@@ -92,6 +92,41 @@ async fn every_subcommand_against_a_running_registry() {
     let triggered = json_out(&jetsched(&url, &["trigger", "billing/pulse", "--json"]).await);
     assert!(triggered["execution_id"].as_str().is_some_and(|id| !id.is_empty()), "{triggered}");
 
+    let runs = json_out(&jetsched(&url, &["runs", "billing/pulse", "--json"]).await);
+    assert_eq!(runs.as_array().map(Vec::len), Some(1), "{runs}");
+    assert_eq!(runs[0]["execution_id"], triggered["execution_id"]);
+    assert_eq!(runs[0]["trigger"], "manual");
+    assert_eq!(runs[0]["outcome"], "dispatched");
+    let table = stdout(&jetsched(&url, &["runs", "billing/pulse"]).await);
+    assert!(table.starts_with("EXECUTION") && table.contains("manual"), "{table}");
+
+    let status = json_out(&jetsched(&url, &["status", "--json"]).await);
+    assert_eq!(status["replicas"]["registry"].as_array().map(Vec::len), Some(1), "{status}");
+    assert_eq!(status["leader"], Value::Null, "no scheduler runs: {status}");
+    assert_eq!(status["dead_letters"], 0);
+    let dispatch =
+        status["streams"].as_array().unwrap().iter().find(|s| s["stream"] == "JETSCHED_DISPATCH").cloned();
+    assert_eq!(
+        dispatch.map(|s| s["messages"].clone()),
+        Some(json!(1)),
+        "the manual run waits in the queue: {status}"
+    );
+    let text = stdout(&jetsched(&url, &["status"]).await);
+    assert!(text.contains("leader:      NONE"), "{text}");
+
+    // YAML: several documents, one of them a list.
+    let yaml = dir.path().join("more.yaml");
+    std::fs::write(
+        &yaml,
+        "id: yaml-one\nnamespace: yaml\nschedule: {every: 10m}\nexecutor: {kind: nats, subject: jobs.y}\n---\n\
+         - id: yaml-two\n  namespace: yaml\n  schedule: {at: '2099-01-01T00:00:00Z'}\n  executor: {kind: handler, name: noop}\n",
+    )
+    .unwrap();
+    let applied = jetsched(&url, &["apply", "-f", yaml.to_str().unwrap()]).await;
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    let listed = json_out(&jetsched(&url, &["ls", "--namespace", "yaml", "--json"]).await);
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+
     let events = stdout(&jetsched(&url, &["events", "--task", "billing/pulse", "--last", "50"]).await);
     for kind in ["task.registered", "task.paused", "task.resumed", "fire.dispatched"] {
         assert!(events.contains(&format!("\"kind\":\"{kind}\"")), "{kind} in {events}");
