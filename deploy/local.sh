@@ -6,6 +6,9 @@
 #
 #   bash deploy/local.sh            # runs until Ctrl-C
 #   bash deploy/local.sh --for 60   # stops by itself after 60 s (used by tests)
+#
+# Environment: JETSCHED_LOCAL_DIR (state and logs, default .jetsched-local),
+# JETSCHED_BIN_DIR (use binaries already built there instead of building release ones).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -14,16 +17,21 @@ if [[ "${1:-}" == "--for" ]]; then
     run_for="${2:?--for needs a number of seconds}"
 fi
 
-state=".jetsched-local"
+state="${JETSCHED_LOCAL_DIR:-.jetsched-local}"
 logs="$state/logs"
 mkdir -p "$logs"
+: >"$state/pids"
 
 # shellcheck source=deploy/install-nats-server.sh
 . deploy/install-nats-server.sh
 
-echo "building release binaries (first time: a few minutes)..."
-cargo build --release --locked --bins -q
-bin="target/release"
+if [[ -n "${JETSCHED_BIN_DIR:-}" ]]; then
+    bin="$JETSCHED_BIN_DIR"
+else
+    echo "building release binaries (first time: a few minutes)..."
+    cargo build --release --locked --bins -q
+    bin="target/release"
+fi
 
 pids=()
 stop() {
@@ -58,8 +66,11 @@ wait_http() { # url what
 if curl -fsS -o /dev/null "http://127.0.0.1:8222/healthz?js-enabled-only=true" 2>/dev/null; then
     echo "reusing the nats-server already running on 127.0.0.1:4222"
 else
-    nats-server -c nats.conf >>"$logs/nats-server.log" 2>&1 &
+    # nats.conf with the store under $state (the same file when $state is the default).
+    sed "s#store_dir: \".jetsched-local/nats\"#store_dir: \"$state/nats\"#" nats.conf >"$state/nats.conf"
+    nats-server -c "$state/nats.conf" >>"$logs/nats-server.log" 2>&1 &
     pids+=($!)
+    echo $! >>"$state/pids"
     wait_http "http://127.0.0.1:8222/healthz?js-enabled-only=true" "nats-server"
 fi
 
@@ -71,6 +82,7 @@ start() { # name log admin-port args...
     shift 3
     "$bin/$name" --admin-addr "127.0.0.1:$port" "$@" >>"$logs/$log.log" 2>&1 &
     pids+=($!)
+    echo $! >>"$state/pids"
 }
 
 start jetsched-registry registry 9101 --instance-id registry-1
