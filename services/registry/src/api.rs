@@ -5,7 +5,7 @@
 
 use async_nats::HeaderMap;
 use async_nats::service::Request;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use jetsched_shared::error::{ApiError, ErrorCode, ErrorReply};
 use jetsched_shared::schedule::Schedule;
@@ -20,7 +20,7 @@ use crate::tasks::{Precondition, TaskStore};
 
 /// The task endpoints, in the order they are registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Endpoint {
+pub enum Endpoint {
     Put,
     Get,
     List,
@@ -34,7 +34,7 @@ pub(crate) enum Endpoint {
 }
 
 impl Endpoint {
-    pub(crate) const TASK: [Endpoint; 8] = [
+    pub const TASK: [Endpoint; 8] = [
         Endpoint::Put,
         Endpoint::Get,
         Endpoint::List,
@@ -45,7 +45,7 @@ impl Endpoint {
         Endpoint::Next,
     ];
 
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Endpoint::Put => "put",
             Endpoint::Get => "get",
@@ -62,11 +62,72 @@ impl Endpoint {
 
 /// Limits applied to requests.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub(crate) max_spec_bytes: usize,
+pub struct Limits {
+    pub max_spec_bytes: usize,
 }
 
-/// Handles one request; returns the reply body and headers.
+/// Where `next` takes its schedule from.
+#[derive(Debug, Clone)]
+pub enum NextSource {
+    Stored(TaskRef),
+    Inline(Box<TaskSpec>),
+}
+
+/// A decoded, validated request: everything a client sent, parsed at the edge.
+#[derive(Debug, Clone)]
+pub enum ApiRequest {
+    Put { spec: Box<TaskSpec>, precondition: Precondition },
+    Get(TaskRef),
+    List(ListRequest),
+    Delete(TaskRef),
+    Pause(TaskRef),
+    Resume(TaskRef),
+    Trigger(TaskRef),
+    Next { source: NextSource, count: usize, after: DateTime<Utc> },
+}
+
+/// Decodes and validates a request without touching NATS: size, JSON, every field, headers.
+/// Pure apart from `now` (used to admit `after` schedules and to default `next`'s start).
+pub fn decode_request(
+    endpoint: Endpoint,
+    subject: &str,
+    payload: &[u8],
+    headers: Option<&HeaderMap>,
+    limits: Limits,
+    now: DateTime<Utc>,
+) -> Result<ApiRequest, ApiError> {
+    Ok(match endpoint {
+        Endpoint::Put => {
+            let precondition = precondition(headers)?;
+            check_size(payload, limits)?;
+            ApiRequest::Put { spec: Box::new(TaskSpec::parse(payload)?.admit(now)?), precondition }
+        }
+        Endpoint::Get => ApiRequest::Get(task_ref(payload)?),
+        Endpoint::List => {
+            let request: ListRequest = decode(payload, true)?;
+            if let Some(namespace) = &request.namespace {
+                validate_id("namespace", namespace)?;
+            }
+            if request.limit.is_some_and(|l| l == 0 || l > 1000) {
+                return Err(ApiError::at(ErrorCode::BadRequest, "limit", "limit must be within 1..=1000"));
+            }
+            ApiRequest::List(request)
+        }
+        Endpoint::Delete => ApiRequest::Delete(task_ref(payload)?),
+        Endpoint::Pause => ApiRequest::Pause(task_ref(payload)?),
+        Endpoint::Resume => ApiRequest::Resume(task_ref(payload)?),
+        Endpoint::Trigger => ApiRequest::Trigger(task_ref(payload)?),
+        Endpoint::Next => decode_next(payload, limits, now)?,
+        Endpoint::Unknown => {
+            return Err(ApiError::new(
+                ErrorCode::UnknownEndpoint,
+                format!("no endpoint {subject}; see `nats micro info` for the endpoints"),
+            ));
+        }
+    })
+}
+
+/// Handles one request; returns the reply body.
 pub(crate) async fn handle(
     store: &TaskStore,
     limits: Limits,
@@ -74,52 +135,27 @@ pub(crate) async fn handle(
     request: &Request,
 ) -> Result<Vec<u8>, ApiError> {
     let message = &request.message;
-    let payload = &message.payload;
-    match endpoint {
-        Endpoint::Put => {
-            let precondition = precondition(message.headers.as_ref())?;
-            let spec = admit_spec(payload, limits)?;
-            let (reply, _) = store.put(spec, precondition).await?;
-            encode(&reply)
+    let now = Utc::now();
+    match decode_request(endpoint, &message.subject, &message.payload, message.headers.as_ref(), limits, now)?
+    {
+        ApiRequest::Put { spec, precondition } => encode(&store.put(*spec, precondition).await?.0),
+        ApiRequest::Get(task) => encode(&store.get(&task.namespace, &task.id).await?),
+        ApiRequest::List(request) => encode(&store.list(&request).await?),
+        ApiRequest::Delete(task) => encode(&store.delete(&task.namespace, &task.id).await?),
+        ApiRequest::Pause(task) => encode(&store.set_paused(&task.namespace, &task.id, true).await?),
+        ApiRequest::Resume(task) => encode(&store.set_paused(&task.namespace, &task.id, false).await?),
+        ApiRequest::Trigger(task) => encode(&store.trigger(&task.namespace, &task.id).await?),
+        ApiRequest::Next { source, count, after } => {
+            let spec = match source {
+                NextSource::Inline(spec) => *spec,
+                NextSource::Stored(task) => store.get(&task.namespace, &task.id).await?.task,
+            };
+            encode(&preview(&spec, count, after))
         }
-        Endpoint::Get => {
-            let task = task_ref(payload)?;
-            encode(&store.get(&task.namespace, &task.id).await?)
-        }
-        Endpoint::List => {
-            let request: ListRequest = decode(payload, true)?;
-            if let Some(namespace) = &request.namespace {
-                validate_id("namespace", namespace)?;
-            }
-            encode(&store.list(&request).await?)
-        }
-        Endpoint::Delete => {
-            let task = task_ref(payload)?;
-            encode(&store.delete(&task.namespace, &task.id).await?)
-        }
-        Endpoint::Pause | Endpoint::Resume => {
-            let task = task_ref(payload)?;
-            encode(&store.set_paused(&task.namespace, &task.id, endpoint == Endpoint::Pause).await?)
-        }
-        Endpoint::Trigger => {
-            let task = task_ref(payload)?;
-            encode(&store.trigger(&task.namespace, &task.id).await?)
-        }
-        Endpoint::Next => encode(&next(store, limits, payload).await?),
-        Endpoint::Unknown => Err(ApiError::new(
-            ErrorCode::UnknownEndpoint,
-            format!("no endpoint {}; see `nats micro info` for the endpoints", message.subject),
-        )),
     }
 }
 
-/// Validates and admits a spec body (size, JSON, every field; `after` resolved against now).
-pub(crate) fn admit_spec(payload: &[u8], limits: Limits) -> Result<TaskSpec, ApiError> {
-    check_size(payload, limits)?;
-    TaskSpec::parse(payload)?.admit(Utc::now())
-}
-
-pub(crate) fn check_size(payload: &[u8], limits: Limits) -> Result<(), ApiError> {
+pub fn check_size(payload: &[u8], limits: Limits) -> Result<(), ApiError> {
     if payload.len() > limits.max_spec_bytes {
         return Err(ApiError::new(
             ErrorCode::PayloadTooLarge,
@@ -130,7 +166,7 @@ pub(crate) fn check_size(payload: &[u8], limits: Limits) -> Result<(), ApiError>
 }
 
 /// Reads the compare-and-set headers of a `put` (API or intake).
-pub(crate) fn precondition(headers: Option<&HeaderMap>) -> Result<Precondition, ApiError> {
+pub fn precondition(headers: Option<&HeaderMap>) -> Result<Precondition, ApiError> {
     let Some(headers) = headers else { return Ok(Precondition::None) };
     let create_only = match headers.get(HDR_CREATE_ONLY).map(|v| v.as_str().trim().to_ascii_lowercase()) {
         None => false,
@@ -175,25 +211,26 @@ fn task_ref(payload: &[u8]) -> Result<TaskRef, ApiError> {
     Ok(task)
 }
 
-async fn next(store: &TaskStore, limits: Limits, payload: &[u8]) -> Result<NextReply, ApiError> {
+fn decode_next(payload: &[u8], limits: Limits, now: DateTime<Utc>) -> Result<ApiRequest, ApiError> {
     let request: NextRequest = decode(payload, false)?;
     let count = request.count.unwrap_or(10);
     if count == 0 || count > 1000 {
         return Err(ApiError::at(ErrorCode::BadRequest, "count", "count must be within 1..=1000"));
     }
-    let spec = match (&request.spec, &request.id) {
+    let source = match (request.spec, request.id) {
         (Some(spec), None) => {
-            let bytes = serde_json::to_vec(spec).expect("a JSON value serializes");
+            let bytes = serde_json::to_vec(&spec).expect("a JSON value serializes");
             check_size(&bytes, limits)?;
-            TaskSpec::parse_value(spec.clone())
-                .and_then(|spec| spec.admit(Utc::now()))
-                .map_err(|e| prefix_field(e, "spec"))?
+            let spec = TaskSpec::parse_value(spec)
+                .and_then(|spec| spec.admit(now))
+                .map_err(|e| prefix_field(e, "spec"))?;
+            NextSource::Inline(Box::new(spec))
         }
         (None, Some(id)) => {
-            let namespace = request.namespace.clone().unwrap_or_else(|| "default".to_string());
+            let namespace = request.namespace.unwrap_or_else(|| "default".to_string());
             validate_id("namespace", &namespace)?;
-            validate_id("id", id)?;
-            store.get(&namespace, id).await?.task
+            validate_id("id", &id)?;
+            NextSource::Stored(TaskRef { namespace, id })
         }
         _ => {
             return Err(ApiError::new(
@@ -202,17 +239,21 @@ async fn next(store: &TaskStore, limits: Limits, payload: &[u8]) -> Result<NextR
             ));
         }
     };
-    let after = request.after.unwrap_or_else(Utc::now);
+    Ok(ApiRequest::Next { source, count, after: request.after.unwrap_or(now) })
+}
+
+/// The next `count` fires of a spec after `after`, in UTC and on the zone's wall clock.
+fn preview(spec: &TaskSpec, count: usize, after: DateTime<Utc>) -> NextReply {
     let times = spec.schedule.upcoming(after, count);
     let tz: Tz = match &spec.schedule {
         Schedule::Cron(cron) => cron.timezone(),
         _ => Tz::UTC,
     };
-    Ok(NextReply {
+    NextReply {
         timezone: tz.name().to_string(),
         local_times: times.iter().map(|t| t.with_timezone(&tz).to_rfc3339()).collect(),
         times: times.into_iter().map(wire::format_time).collect(),
-    })
+    }
 }
 
 fn prefix_field(mut error: ApiError, prefix: &str) -> ApiError {

@@ -2,7 +2,7 @@
 //! durable intake consumer (`jetsched.submit.<namespace>.<id>`), both writing the tasks bucket
 //! through [`tasks::TaskStore`].
 
-mod api;
+pub mod api;
 mod config;
 mod intake;
 mod metrics;

@@ -222,10 +222,7 @@ impl TaskStore {
 
     /// Lists tasks in key order, filtered by namespace and labels, one page at a time.
     pub async fn list(&self, request: &ListRequest) -> Result<ListReply, ApiError> {
-        let limit = request.limit.unwrap_or(100);
-        if limit == 0 || limit > 1000 {
-            return Err(ApiError::at(ErrorCode::BadRequest, "limit", "limit must be within 1..=1000"));
-        }
+        let limit = request.limit.unwrap_or(100).clamp(1, 1000);
         let prefix = request.namespace.as_ref().map(|ns| format!("{ns}."));
         let mut keys: Vec<String> = match self.tasks.keys().await {
             Ok(keys) => keys.try_collect().await.map_err(|e| unavailable("list tasks bucket", e))?,
