@@ -1,0 +1,28 @@
+//! Fuzz target: any bytes through spec parsing and validation. A spec that parses must
+//! round-trip through its canonical JSON, admit or refuse without panicking, and yield
+//! strictly increasing fire times.
+#![no_main]
+
+use chrono::{DateTime, Utc};
+use jetsched_shared::spec::TaskSpec;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(spec) = TaskSpec::parse(data) else { return };
+    let canonical = serde_json::to_vec(&spec.to_json()).expect("a spec serializes");
+    let again = TaskSpec::parse(&canonical).expect("the canonical form of a valid spec parses");
+    assert_eq!(spec, again, "round trip through to_json");
+    let now = DateTime::<Utc>::from_timestamp_millis(1_790_000_000_000).expect("fixed instant");
+    if let Ok(admitted) = spec.admit(now) {
+        let mut after = now;
+        for _ in 0..4 {
+            match admitted.schedule.next_after(after) {
+                Some(next) => {
+                    assert!(next > after, "next fire {next} not after {after}");
+                    after = next;
+                }
+                None => break,
+            }
+        }
+    }
+});
