@@ -138,7 +138,7 @@ pub(crate) async fn handle(
     let now = Utc::now();
     match decode_request(endpoint, &message.subject, &message.payload, message.headers.as_ref(), limits, now)?
     {
-        ApiRequest::Put { spec, precondition } => encode(&store.put(*spec, precondition).await?.0),
+        ApiRequest::Put { spec, precondition } => Ok(store.put(*spec, precondition).await?.reply_json()),
         ApiRequest::Get(task) => encode(&store.get(&task.namespace, &task.id).await?),
         ApiRequest::List(request) => encode(&store.list(&request).await?),
         ApiRequest::Delete(task) => encode(&store.delete(&task.namespace, &task.id).await?),

@@ -37,6 +37,27 @@ const CONFLICT_READ_ATTEMPTS: usize = 40;
 /// How many times an unconditional write retries a lost compare-and-set race.
 const CAS_ATTEMPTS: usize = 16;
 
+/// What `put` stored: the canonical spec JSON exactly as written, its revision, and whether
+/// the task was new or changed.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub body: bytes::Bytes,
+    pub revision: u64,
+    pub kind: EventKind,
+}
+
+impl Stored {
+    /// The reply of `put`, `{"task": <spec>, "revision": n}`, built from the stored bytes
+    /// without serializing the spec a second time.
+    pub fn reply_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.body.len() + 40);
+        out.extend_from_slice(b"{\"task\":");
+        out.extend_from_slice(&self.body);
+        out.extend_from_slice(format!(",\"revision\":{}}}", self.revision).as_bytes());
+        out
+    }
+}
+
 /// The latest value of a key, read from the stream leader.
 pub struct Latest {
     pub key: String,
@@ -156,33 +177,30 @@ impl TaskStore {
     }
 
     /// Stores an admitted spec; returns the stored task and whether it was new or changed.
-    pub async fn put(
-        &self,
-        spec: TaskSpec,
-        precondition: Precondition,
-    ) -> Result<(TaskReply, EventKind), ApiError> {
+    pub async fn put(&self, spec: TaskSpec, precondition: Precondition) -> Result<Stored, ApiError> {
         let key = spec.key();
         let body = bytes::Bytes::from(serde_json::to_vec(&spec.to_json()).expect("a spec serializes"));
         let (revision, kind) = match precondition {
-            Precondition::CreateOnly | Precondition::Revision(0) => match self.tasks.create(&key, body).await
-            {
-                Ok(revision) => (revision, EventKind::TaskRegistered),
-                Err(e) if is_already_exists(&e) => {
-                    let expected = (precondition == Precondition::Revision(0)).then_some(0);
-                    return Err(self.conflict(&key, expected).await);
+            Precondition::CreateOnly | Precondition::Revision(0) => {
+                match self.tasks.create(&key, body.clone()).await {
+                    Ok(revision) => (revision, EventKind::TaskRegistered),
+                    Err(e) if is_already_exists(&e) => {
+                        let expected = (precondition == Precondition::Revision(0)).then_some(0);
+                        return Err(self.conflict(&key, expected).await);
+                    }
+                    Err(e) => return Err(unavailable("write tasks bucket", e)),
                 }
-                Err(e) => return Err(unavailable("write tasks bucket", e)),
-            },
-            Precondition::Revision(expected) => match self.tasks.update(&key, body, expected).await {
+            }
+            Precondition::Revision(expected) => match self.tasks.update(&key, body.clone(), expected).await {
                 Ok(revision) => (revision, EventKind::TaskUpdated),
                 Err(e) if is_revision_mismatch(&e) => return Err(self.conflict(&key, Some(expected)).await),
                 Err(e) => return Err(unavailable("write tasks bucket", e)),
             },
-            Precondition::None => self.put_unconditional(&key, body).await?,
+            Precondition::None => self.put_unconditional(&key, body.clone()).await?,
         };
         let event = Event { revision: Some(revision), ..Event::new(kind, &spec.namespace, &spec.id) };
         self.emit(event).await;
-        Ok((TaskReply { task: spec, revision }, kind))
+        Ok(Stored { body, revision, kind })
     }
 
     async fn put_unconditional(&self, key: &str, body: bytes::Bytes) -> Result<(u64, EventKind), ApiError> {
