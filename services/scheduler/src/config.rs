@@ -1,0 +1,66 @@
+//! Scheduler configuration: every setting is a flag and an environment variable.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use jetsched_shared::config::{CommonArgs, NatsArgs, parse_duration};
+use jetsched_shared::topology::TopologyArgs;
+
+/// The jetsched scheduler: follows the tasks bucket, holds the leader lease and, while leader,
+/// dispatches every fire exactly once to the dispatch stream.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "jetsched-scheduler", version)]
+pub struct Config {
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub topology: TopologyArgs,
+    /// Dispatch publishes awaiting their ack at once (the bounded publish window).
+    #[arg(long, env = "JETSCHED_SCHEDULER_PUBLISH_WINDOW", default_value_t = 512)]
+    pub publish_window: usize,
+    /// How often dirty fire state is written to the state bucket (writes are coalesced).
+    #[arg(long, env = "JETSCHED_SCHEDULER_STATE_FLUSH", default_value = "200ms", value_parser = parse_duration)]
+    pub state_flush: Duration,
+    /// Safety margin: the leader stops dispatching this long before its lease could expire.
+    #[arg(long, env = "JETSCHED_SCHEDULER_LEASE_MARGIN", default_value = "500ms", value_parser = parse_duration)]
+    pub lease_margin: Duration,
+    /// A fire dispatched at most this late (after a failover, a stall) is an ordinary fire;
+    /// older ones follow the task's misfire policy.
+    #[arg(long, env = "JETSCHED_SCHEDULER_MISFIRE_THRESHOLD", default_value = "10s", value_parser = parse_duration)]
+    pub misfire_threshold: Duration,
+    /// Most catch-up fires (fire_all) or skip events (skip) per task after a failover; older
+    /// occurrences are counted as missed.
+    #[arg(long, env = "JETSCHED_SCHEDULER_CATCHUP_MAX", default_value_t = 100)]
+    pub catchup_max: usize,
+    /// Catch-up fires dispatched per second at most (ordinary fires are not limited).
+    #[arg(long, env = "JETSCHED_SCHEDULER_CATCHUP_RATE", default_value_t = 5000)]
+    pub catchup_rate: u32,
+    /// Publish a `fire.dispatched` event per fire (the metric is kept either way).
+    #[arg(long, env = "JETSCHED_SCHEDULER_FIRE_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fire_events: bool,
+}
+
+/// Default admin listener of the scheduler.
+pub const DEFAULT_ADMIN_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9102);
+
+impl Config {
+    /// A configuration for a server at `url` with defaults, an ephemeral admin port (tests).
+    pub fn for_tests(url: &str) -> Config {
+        Config {
+            nats: NatsArgs::plain(url),
+            common: CommonArgs::for_tests("scheduler-test"),
+            topology: TopologyArgs::default(),
+            publish_window: 512,
+            state_flush: Duration::from_millis(200),
+            lease_margin: Duration::from_millis(500),
+            misfire_threshold: Duration::from_secs(10),
+            catchup_max: 100,
+            catchup_rate: 5000,
+            fire_events: true,
+        }
+    }
+}

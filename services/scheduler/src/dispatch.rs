@@ -1,0 +1,176 @@
+//! Dispatch messages (subject, `Nats-Msg-Id`, headers, body) and the event sink.
+//!
+//! The body is `wire::Dispatch`; the spec snapshot is spliced in as the stored JSON rather than
+//! re-serialised for every fire (a test checks the result decodes as `wire::Dispatch`).
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::message::PublishMessage as Publish;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use std::future::IntoFuture;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use jetsched_shared::events::EventPublisher;
+use jetsched_shared::names::{Names, dispatch_msg_id};
+use jetsched_shared::wire::{
+    self, Event, HDR_EXECUTION_ID, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER, Trigger,
+    format_time, scheduled_execution_id,
+};
+use prometheus::IntCounter;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::state::{TaskInfo, from_ms};
+
+/// One fire on its way to the dispatch stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fire {
+    pub(crate) idx: u32,
+    pub(crate) generation: u32,
+    pub(crate) nominal_ms: i64,
+    pub(crate) trigger: Trigger,
+}
+
+#[derive(Serialize)]
+struct Head<'a> {
+    execution_id: &'a str,
+    namespace: &'a str,
+    task_id: &'a str,
+    #[serde(serialize_with = "wire::millis::serialize")]
+    nominal_time: DateTime<Utc>,
+    trigger: Trigger,
+    term: u64,
+    revision: u64,
+}
+
+/// A ready-to-publish dispatch.
+pub(crate) struct Message {
+    pub(crate) subject: String,
+    pub(crate) publish: Publish,
+}
+
+/// Builds the dispatch of `fire` for `task` under leader `term`.
+pub(crate) fn message(names: &Names, task: &TaskInfo, fire: &Fire, term: u64) -> anyhow::Result<Message> {
+    let (namespace, task_id) = (task.namespace(), task.task_id());
+    let nominal = from_ms(fire.nominal_ms);
+    let execution_id = scheduled_execution_id(namespace, task_id, fire.nominal_ms);
+    let head = Head {
+        execution_id: &execution_id,
+        namespace,
+        task_id,
+        nominal_time: nominal,
+        trigger: fire.trigger,
+        term,
+        revision: task.revision,
+    };
+    let mut body = serde_json::to_vec(&head)?;
+    body.pop(); // the closing brace
+    body.reserve(task.spec_json.len() + 10);
+    body.extend_from_slice(b",\"spec\":");
+    body.extend_from_slice(&task.spec_json);
+    body.push(b'}');
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        async_nats::header::NATS_MESSAGE_ID,
+        dispatch_msg_id(namespace, task_id, fire.nominal_ms).as_str(),
+    );
+    headers.insert(HDR_TASK, &*task.key);
+    headers.insert(HDR_NOMINAL_TIME, format_time(nominal).as_str());
+    headers.insert(HDR_EXECUTION_ID, execution_id.as_str());
+    headers.insert(HDR_LEADER_TERM, term.to_string().as_str());
+    headers.insert(HDR_TRIGGER, fire.trigger.as_str());
+    Ok(Message {
+        subject: names.dispatch_subject(&task.queue, namespace, task_id),
+        publish: Publish::build().headers(headers).payload(Bytes::from(body)),
+    })
+}
+
+/// Queues events for the events task without ever blocking the dispatch loop: when the queue
+/// is full the event is dropped and counted.
+#[derive(Clone)]
+pub(crate) struct EventSink {
+    tx: mpsc::Sender<Event>,
+    dropped: IntCounter,
+}
+
+impl EventSink {
+    pub(crate) fn new(capacity: usize, dropped: IntCounter) -> (EventSink, mpsc::Receiver<Event>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        (EventSink { tx, dropped }, rx)
+    }
+
+    pub(crate) fn emit(&self, event: Event) {
+        if self.tx.try_send(event).is_err() {
+            self.dropped.inc();
+        }
+    }
+}
+
+/// Publishes queued events with a bounded window of pending acks until every sink is dropped.
+pub(crate) async fn publish_events(
+    mut rx: mpsc::Receiver<Event>,
+    publisher: EventPublisher,
+    dropped: IntCounter,
+) {
+    const WINDOW: usize = 256;
+    let mut pending = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            biased;
+            Some(result) = pending.next(), if !pending.is_empty() => {
+                if let Err(error) = result {
+                    dropped.inc();
+                    tracing::debug!(%error, "event not stored");
+                }
+            }
+            event = rx.recv(), if pending.len() < WINDOW => {
+                let Some(event) = event else { break };
+                match publisher.send(&event).await {
+                    Ok(ack) => pending.push(ack.into_future()),
+                    Err(error) => {
+                        dropped.inc();
+                        tracing::debug!(error = format!("{error:#}"), kind = event.kind.as_str(), "event not sent");
+                    }
+                }
+            }
+        }
+    }
+    while let Some(result) = pending.next().await {
+        if result.is_err() {
+            dropped.inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use jetsched_shared::spec::TaskSpec;
+
+    use super::*;
+
+    #[test]
+    fn a_dispatch_body_decodes_as_the_wire_type_with_its_headers() {
+        let json = br#"{"id":"report","namespace":"billing","queue":"q1","schedule":{"every":"1m"},"executor":{"kind":"nats","subject":"work.x"}}"#;
+        let spec = TaskSpec::parse(json).expect("valid spec");
+        let task = TaskInfo::new(spec.clone(), json, 7, 0);
+        let fire = Fire { idx: 0, generation: 1, nominal_ms: 1_700_000_040_000, trigger: Trigger::Catchup };
+        let message = message(&Names::default(), &task, &fire, 42).expect("builds");
+        assert_eq!(message.subject, Names::default().dispatch_subject("q1", "billing", "report"));
+        let publish = message.publish;
+        let outbound = publish.outbound_message(message.subject.clone());
+        let headers = outbound.headers.expect("headers");
+        assert_eq!(
+            headers.get(async_nats::header::NATS_MESSAGE_ID).map(|v| v.to_string()),
+            Some(dispatch_msg_id("billing", "report", 1_700_000_040_000))
+        );
+        assert_eq!(headers.get(HDR_LEADER_TERM).map(|v| v.to_string()), Some("42".to_string()));
+        assert_eq!(headers.get(HDR_TRIGGER).map(|v| v.to_string()), Some("catchup".to_string()));
+        assert_eq!(headers.get(HDR_TASK).map(|v| v.to_string()), Some("billing.report".to_string()));
+        let body: wire::Dispatch = serde_json::from_slice(&outbound.payload).expect("decodes");
+        assert_eq!(body.execution_id, scheduled_execution_id("billing", "report", 1_700_000_040_000));
+        assert_eq!(body.nominal_time.timestamp_millis(), 1_700_000_040_000);
+        assert_eq!((body.term, body.revision, body.trigger), (42, 7, Trigger::Catchup));
+        assert_eq!(body.spec, spec);
+    }
+}

@@ -1,0 +1,28 @@
+//! `jetsched-scheduler`: leader-elected timing wheel that dispatches every fire exactly once.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use jetsched_scheduler::{Config, build};
+use jetsched_shared::{shutdown, telemetry};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    telemetry::init(config.common.log_format);
+    let token = shutdown::on_signals();
+    let scheduler = match build(config).await {
+        Ok(scheduler) => scheduler,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "cannot start the scheduler");
+            return ExitCode::FAILURE;
+        }
+    };
+    match scheduler.run(token).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "scheduler stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,986 @@
+//! `build` (all fallible I/O: connect, ensure the topology, open the tasks watch, bind the
+//! admin port) and `Scheduler::run` (the dispatch loop, the lease task and the events task).
+//!
+//! The loop is one `select!` over a closed [`Event`]: shutdown first, then lease changes,
+//! publish acks, the timing wheel's next deadline, task changes, the fire-state load of a new
+//! leader, state flushes and retries. No tokio task or sleep per registered task, no polling.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::context::PublishError;
+use async_nats::jetstream::kv::{self, Entry, Operation, WatcherError};
+use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::{self};
+use bytes::Bytes;
+use futures::future::{BoxFuture, OptionFuture};
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use jetsched_shared::admin::{AdminServer, Readiness};
+use jetsched_shared::events::EventPublisher;
+use jetsched_shared::names::{Names, SYSTEM_NAMESPACE, task_key};
+use jetsched_shared::topology::{self, Topology};
+use jetsched_shared::wire::{Event as WireEvent, EventKind, FireState, Trigger, scheduled_execution_id};
+use prometheus::Registry as MetricsRegistry;
+use tokio::sync::mpsc;
+use tokio::task::{JoinError, JoinHandle};
+use tokio::time::{Instant, Sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::catchup::{self, Limits};
+use crate::config::{Config, DEFAULT_ADMIN_ADDR};
+use crate::discovery::{self, Change};
+use crate::dispatch::{self, EventSink, Fire};
+use crate::lease::{Lease, LeaseEvent, Timing};
+use crate::metrics::Metrics;
+use crate::state::{TaskInfo, Tasks, from_ms, now_ms};
+use crate::timer::TimerWheel;
+
+/// How long shutdown waits for pending publish acks.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Catch-up fires are released in slices of this period (rate limit).
+const CATCHUP_SLICE: Duration = Duration::from_millis(100);
+/// Delay before a failed publish is retried (with the same message id).
+const RETRY_DELAY: Duration = Duration::from_millis(250);
+/// Largest pre-sized task table (from the bucket's message count).
+const MAX_PRESIZE: usize = 10_000_000;
+/// Longest a state write waits for a dispatch burst to drain.
+const MAX_STATE_DELAY: Duration = Duration::from_secs(2);
+/// Concurrent state writes of one flush.
+const STATE_WRITE_WINDOW: usize = 256;
+
+/// A started scheduler, ready to run.
+pub struct Scheduler {
+    client: async_nats::Client,
+    core: Core,
+    admin: AdminServer,
+    lease: Lease,
+    lease_rx: mpsc::Receiver<LeaseEvent>,
+    events_rx: mpsc::Receiver<WireEvent>,
+    publisher: EventPublisher,
+}
+
+/// Connects, ensures the topology, opens the tasks watch and binds the admin listener.
+pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
+    let names = config.common.names()?;
+    let instance = config.common.instance_id();
+    let registry = MetricsRegistry::new();
+    let metrics = Metrics::register(&registry)?;
+    let readiness = Readiness::new();
+    readiness.set("topology", false);
+    readiness.set("tasks_loaded", false);
+    let admin =
+        AdminServer::bind(config.common.admin_addr_or(DEFAULT_ADMIN_ADDR), registry, readiness.clone())
+            .await?;
+
+    let client = config.nats.connect(&format!("jetsched-scheduler {instance}")).await?;
+    readiness.watch_connection(client.clone());
+    let js = jetstream::new(client.clone());
+    let Topology { tasks, leader, state, .. } =
+        topology::ensure(&js, &names, &config.topology).await.context("ensure JetStream topology")?;
+    readiness.set("topology", true);
+    let (watch, messages) = discovery::open_tasks(&tasks).await?;
+    let empty = messages == 0;
+    // The bucket's message count bounds the number of tasks (history adds more): pre-size.
+    let capacity = usize::try_from(messages).unwrap_or(usize::MAX).min(MAX_PRESIZE);
+
+    let (lease_tx, lease_rx) = mpsc::channel(64);
+    let lease = Lease {
+        store: leader,
+        key: names.leader_key().to_string(),
+        instance: instance.clone(),
+        timing: Timing { lease: config.topology.lease, margin: config.lease_margin },
+        events: lease_tx,
+        release: CancellationToken::new(),
+    };
+    let (events, events_rx) = EventSink::new(65_536, metrics.events_dropped.clone());
+    let publisher = EventPublisher::new(js.clone(), names.clone());
+    let window = config.publish_window.max(1);
+    let catchup_slice =
+        (u64::from(config.catchup_rate.max(1)) * CATCHUP_SLICE.as_millis() as u64 / 1000).max(1);
+    let core = Core {
+        names,
+        instance,
+        js,
+        tasks_store: tasks,
+        state_store: state,
+        metrics,
+        events,
+        fire_events: config.fire_events,
+        readiness,
+        tasks: Tasks::with_capacity(capacity),
+        wheel: TimerWheel::with_capacity(now_ms().max(0) as u64, capacity),
+        watch: Some(watch),
+        watch_retry_at: None,
+        loaded: empty,
+        load_started: Instant::now(),
+        lease_open: true,
+        lease: None,
+        fenced: false,
+        state_load: None,
+        ready: VecDeque::new(),
+        catchup: VecDeque::new(),
+        catchup_slice: u32::try_from(catchup_slice).unwrap_or(u32::MAX),
+        catchup_budget: 0,
+        catchup_refill_at: None,
+        retry: Vec::new(),
+        retry_at: None,
+        inflight: FuturesUnordered::new(),
+        dirty: Vec::new(),
+        dirty_since: None,
+        flush_at: None,
+        flush_task: None,
+        window,
+        state_flush: config.state_flush,
+        limits: Limits { threshold: config.misfire_threshold, max: config.catchup_max.max(1) },
+        timer: Box::pin(sleep_until(Instant::now())),
+        timer_due: None,
+        due: Vec::new(),
+    };
+    if empty {
+        core.mark_loaded();
+    }
+    tracing::info!(admin = %admin.local_addr(), instance = %core.instance, "scheduler ready");
+    Ok(Scheduler { client, core, admin, lease, lease_rx, events_rx, publisher })
+}
+
+impl Scheduler {
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr()
+    }
+
+    /// Follows the tasks, campaigns for the lease and dispatches while leader, until `shutdown`;
+    /// then waits for pending acks, writes the fire state, releases the lease and drains.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let Scheduler { client, mut core, admin, lease, mut lease_rx, events_rx, publisher } = self;
+        let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
+        let events_task =
+            tokio::spawn(dispatch::publish_events(events_rx, publisher, core.metrics.events_dropped.clone()));
+        let release = lease.release.clone();
+        let mut lease = Some(lease);
+        let mut lease_task: Option<JoinHandle<()>> = None;
+
+        core.run(&shutdown, &mut lease_rx, &mut lease, &mut lease_task).await;
+        core.drain(&mut lease_rx).await;
+
+        release.cancel();
+        if let Some(task) = lease_task {
+            // The lease task sends a final `Lost` after deleting its key; keep receiving so
+            // it never blocks on a full channel.
+            let drain = async { while lease_rx.recv().await.is_some() {} };
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, async { tokio::join!(task, drain) }).await;
+        }
+        if core.lease.is_some() {
+            core.step_down("shutdown");
+        }
+        drop(core);
+        if tokio::time::timeout(SHUTDOWN_GRACE, events_task).await.is_err() {
+            tracing::warn!("events not all published before shutdown");
+        }
+        match admin_task.await {
+            Ok(Err(error)) => tracing::warn!(error = format!("{error:#}"), "admin server stopped"),
+            Err(error) => tracing::warn!(%error, "admin server panicked"),
+            Ok(Ok(())) => {}
+        }
+        client.drain().await.context("drain NATS connection")?;
+        tracing::info!("scheduler stopped");
+        Ok(())
+    }
+}
+
+type Batch = Option<Vec<Result<Entry, WatcherError>>>;
+type Acked = (Fire, Result<PublishAck, PublishError>);
+/// Outcome of one state flush: per slot, whether its write was stored.
+type Flushed = Vec<(u32, u32, bool)>;
+
+/// Everything the loop reacts to.
+enum Event {
+    Shutdown,
+    Lease(Option<LeaseEvent>),
+    Acked(Acked),
+    Timer,
+    Tasks(Option<Vec<Result<discovery::Decoded, WatcherError>>>),
+    State(Batch),
+    Flushed(Result<Flushed, JoinError>),
+    Flush,
+    Retry,
+    CatchupRefill,
+    Rewatch,
+    StateRewatch,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LeaseView {
+    term: u64,
+    valid_until: Instant,
+}
+
+/// A new leader reading the fire state before it dispatches.
+struct StateLoad {
+    watch: Option<discovery::Watch>,
+    retry_at: Option<Instant>,
+}
+
+struct Core {
+    names: Names,
+    instance: String,
+    js: jetstream::Context,
+    tasks_store: kv::Store,
+    state_store: kv::Store,
+    metrics: Metrics,
+    events: EventSink,
+    fire_events: bool,
+    readiness: Readiness,
+    tasks: Tasks,
+    wheel: TimerWheel<u32>,
+    watch: Option<discovery::Feed>,
+    watch_retry_at: Option<Instant>,
+    loaded: bool,
+    load_started: Instant,
+    lease_open: bool,
+    lease: Option<LeaseView>,
+    /// Dispatch is paused because the local lease deadline passed.
+    fenced: bool,
+    state_load: Option<StateLoad>,
+    /// Ordinary fires waiting for a publish slot.
+    ready: VecDeque<Fire>,
+    /// Catch-up fires, released at most `catchup_slice` per slice.
+    catchup: VecDeque<Fire>,
+    catchup_slice: u32,
+    catchup_budget: u32,
+    catchup_refill_at: Option<Instant>,
+    retry: Vec<Fire>,
+    retry_at: Option<Instant>,
+    inflight: FuturesUnordered<BoxFuture<'static, Acked>>,
+    dirty: Vec<(u32, u32)>,
+    dirty_since: Option<Instant>,
+    flush_at: Option<Instant>,
+    flush_task: Option<JoinHandle<Flushed>>,
+    window: usize,
+    state_flush: Duration,
+    limits: Limits,
+    timer: Pin<Box<Sleep>>,
+    timer_due: Option<u64>,
+    due: Vec<(u32, u64)>,
+}
+
+async fn sleep_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_decoded(
+    feed: Option<&mut discovery::Feed>,
+) -> Option<Vec<Result<discovery::Decoded, WatcherError>>> {
+    match feed {
+        Some(feed) => feed.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_batch(watch: Option<&mut discovery::Watch>) -> Batch {
+    match watch {
+        Some(watch) => watch.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Core {
+    async fn run(
+        &mut self,
+        shutdown: &CancellationToken,
+        lease_rx: &mut mpsc::Receiver<LeaseEvent>,
+        lease: &mut Option<Lease>,
+        lease_task: &mut Option<JoinHandle<()>>,
+    ) {
+        loop {
+            if self.loaded
+                && lease_task.is_none()
+                && let Some(lease) = lease.take()
+            {
+                *lease_task = Some(tokio::spawn(lease.run()));
+            }
+            self.pump().await;
+            self.arm_timer();
+            let state_retry_at = self.state_load.as_ref().and_then(|s| s.retry_at);
+            let event = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => Event::Shutdown,
+                event = lease_rx.recv(), if self.lease_open => Event::Lease(event),
+                Some(acked) = self.inflight.next(), if !self.inflight.is_empty() => Event::Acked(acked),
+                _ = &mut self.timer, if self.timer_due.is_some() => Event::Timer,
+                batch = next_decoded(self.watch.as_mut()) => Event::Tasks(batch),
+                batch = next_batch(self.state_load.as_mut().and_then(|s| s.watch.as_mut())) => Event::State(batch),
+                Some(flushed) = OptionFuture::from(self.flush_task.as_mut()), if self.flush_task.is_some() => Event::Flushed(flushed),
+                _ = sleep_opt(self.flush_at) => Event::Flush,
+                _ = sleep_opt(self.retry_at) => Event::Retry,
+                _ = sleep_opt(self.catchup_refill_at) => Event::CatchupRefill,
+                _ = sleep_opt(self.watch_retry_at) => Event::Rewatch,
+                _ = sleep_opt(state_retry_at) => Event::StateRewatch,
+            };
+            match event {
+                Event::Shutdown => return,
+                Event::Lease(Some(event)) => self.on_lease(event).await,
+                Event::Lease(None) => {
+                    // The lease task ended (it only does on release, or if it panicked).
+                    self.lease_open = false;
+                    tracing::error!("the lease task ended; this replica no longer campaigns");
+                    if self.lease.is_some() {
+                        self.step_down("lease task ended");
+                    }
+                }
+                Event::Acked(acked) => self.on_ack(acked),
+                Event::Timer => self.on_timer(),
+                Event::Tasks(batch) => self.on_tasks(batch),
+                Event::State(batch) => self.on_state(batch),
+                Event::Flushed(result) => self.on_flushed(result),
+                Event::Flush => self.flush(false),
+                Event::Retry => {
+                    self.retry_at = None;
+                    for fire in self.retry.drain(..).rev() {
+                        self.ready.push_front(fire);
+                    }
+                }
+                Event::CatchupRefill => {
+                    self.catchup_refill_at = None;
+                    self.catchup_budget = self.catchup_slice;
+                }
+                Event::Rewatch => self.rewatch().await,
+                Event::StateRewatch => self.open_state_load().await,
+            }
+        }
+    }
+
+    /// After the loop: waits (bounded) for pending acks, then writes the fire state.
+    async fn drain(&mut self, lease_rx: &mut mpsc::Receiver<LeaseEvent>) {
+        self.ready.clear();
+        self.catchup.clear();
+        self.retry.clear();
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        while !self.inflight.is_empty() {
+            tokio::select! {
+                biased;
+                event = lease_rx.recv() => match event {
+                    Some(event) => self.on_lease(event).await,
+                    None => break,
+                },
+                Some(acked) = self.inflight.next() => self.on_ack(acked),
+                _ = sleep_until(deadline) => {
+                    tracing::warn!(pending = self.inflight.len(), "publish acks still pending at shutdown");
+                    break;
+                }
+            }
+        }
+        if let Some(task) = self.flush_task.take() {
+            let result = task.await;
+            self.on_flushed(result);
+        }
+        if self.leading() && !self.dirty.is_empty() {
+            self.flush(true);
+            if let Some(task) = self.flush_task.take() {
+                let result = task.await;
+                self.on_flushed(result);
+            }
+        }
+    }
+
+    fn mark_loaded(&self) {
+        self.readiness.set("tasks_loaded", true);
+    }
+
+    /// Leader with the fire state loaded: dispatching.
+    fn leading(&self) -> bool {
+        self.lease.is_some() && self.state_load.is_none()
+    }
+
+    // ---- timing ------------------------------------------------------------------------
+
+    fn arm_timer(&mut self) {
+        let next = self.wheel.next_deadline();
+        self.metrics.timers.set(self.wheel.len() as i64);
+        if next == self.timer_due {
+            return;
+        }
+        self.timer_due = next;
+        if let Some(due) = next {
+            // Microsecond arithmetic: the wake-up is late by tokio's timer tick at most.
+            let now_us = chrono::Utc::now().timestamp_micros().max(0) as u64;
+            let wait = (due * 1000).saturating_sub(now_us);
+            self.timer.as_mut().reset(Instant::now() + Duration::from_micros(wait));
+        }
+    }
+
+    fn on_timer(&mut self) {
+        self.timer_due = None;
+        let now = now_ms().max(0) as u64;
+        let mut due = std::mem::take(&mut self.due);
+        self.wheel.advance(now, &mut due);
+        let leading = self.leading();
+        for &(idx, _) in &due {
+            let Some(slot) = self.tasks.get_mut(idx) else { continue };
+            let Some(nominal) = slot.next_ms.take() else { continue };
+            slot.cursor_ms = nominal;
+            if leading {
+                slot.inflight += 1;
+                self.ready.push_back(Fire {
+                    idx,
+                    generation: slot.generation,
+                    nominal_ms: nominal,
+                    trigger: Trigger::Schedule,
+                });
+            }
+            self.schedule_next(idx);
+        }
+        due.clear();
+        self.due = due;
+    }
+
+    /// Puts the next fire of slot `idx` (after its cursor) in the wheel, or none.
+    fn schedule_next(&mut self, idx: u32) {
+        let Some(slot) = self.tasks.get_mut(idx) else { return };
+        slot.next_ms = slot.info.next_nominal(slot.cursor_ms);
+        match slot.next_ms {
+            Some(nominal) => {
+                let random = match slot.info.jitter_random_ms {
+                    0 => 0,
+                    max => rand::random_range(0..=max),
+                };
+                self.wheel.insert(idx, slot.info.wheel_due(nominal, random));
+            }
+            None => {
+                self.wheel.cancel(&idx);
+            }
+        }
+    }
+
+    // ---- discovery ---------------------------------------------------------------------
+
+    fn on_tasks(&mut self, batch: Option<Vec<Result<discovery::Decoded, WatcherError>>>) {
+        let Some(entries) = batch else {
+            tracing::warn!("tasks watch ended; re-opening");
+            self.watch = None;
+            self.watch_retry_at = Some(Instant::now() + Duration::from_millis(500));
+            return;
+        };
+        for entry in entries {
+            match entry {
+                Ok(entry) => {
+                    self.apply(entry.change);
+                    if !self.loaded && entry.delta == 0 {
+                        self.loaded = true;
+                        self.mark_loaded();
+                        self.metrics.load_seconds.observe(self.load_started.elapsed().as_secs_f64());
+                        tracing::info!(
+                            tasks = self.tasks.len(),
+                            elapsed_ms = self.load_started.elapsed().as_millis() as u64,
+                            "tasks loaded"
+                        );
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "tasks watch error"),
+            }
+        }
+        self.metrics.tasks.set(self.tasks.len() as i64);
+    }
+
+    async fn rewatch(&mut self) {
+        self.watch_retry_at = None;
+        match discovery::open_tasks(&self.tasks_store).await {
+            Ok((watch, messages)) => {
+                self.watch = Some(watch);
+                if messages == 0 && !self.loaded {
+                    self.loaded = true;
+                    self.mark_loaded();
+                }
+            }
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), "cannot re-open the tasks watch");
+                self.watch_retry_at = Some(Instant::now() + Duration::from_secs(1));
+            }
+        }
+    }
+
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::Put(info) => {
+                if let Some(idx) = self.tasks.lookup(&info.key) {
+                    let Some(slot) = self.tasks.get_mut(idx) else { return };
+                    if slot.info.revision >= info.revision {
+                        return; // re-delivered after a re-opened watch
+                    }
+                    slot.info = *info;
+                    self.schedule_next(idx);
+                } else {
+                    // Fires start after the registration; during the initial load, after now
+                    // (the fire state decides what a new leader catches up).
+                    let now = now_ms();
+                    let cursor = if self.loaded {
+                        info.created_ms.max(now - self.limits.threshold.as_millis() as i64)
+                    } else {
+                        now
+                    };
+                    let idx = self.tasks.insert(*info, cursor);
+                    self.schedule_next(idx);
+                }
+            }
+            Change::Remove { key } => self.remove(&key),
+            Change::Invalid { key, error } => {
+                self.metrics.invalid_specs.inc();
+                tracing::warn!(task = %key, %error, "tasks bucket holds an invalid spec; ignoring the task");
+                self.remove(&key);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some((idx, _)) = self.tasks.remove(key) {
+            self.wheel.cancel(&idx);
+        }
+    }
+
+    // ---- leadership --------------------------------------------------------------------
+
+    async fn on_lease(&mut self, event: LeaseEvent) {
+        match event {
+            LeaseEvent::Acquired { term, valid_until } => {
+                if self.lease.is_some() {
+                    self.step_down("re-acquired");
+                }
+                self.lease = Some(LeaseView { term, valid_until });
+                self.metrics.is_leader.set(1);
+                self.metrics.leader_changes.inc();
+                self.events.emit(WireEvent {
+                    instance: Some(self.instance.clone()),
+                    term: Some(term),
+                    ..WireEvent::new(EventKind::LeaderAcquired, SYSTEM_NAMESPACE, "scheduler")
+                });
+                for (_, slot) in self.tasks.iter_mut() {
+                    slot.done_ms = None;
+                    slot.fires = 0;
+                }
+                self.state_load = Some(StateLoad { watch: None, retry_at: None });
+                self.open_state_load().await;
+            }
+            LeaseEvent::Renewed { valid_until } => {
+                if let Some(lease) = &mut self.lease {
+                    lease.valid_until = valid_until;
+                    if self.fenced && Instant::now() < valid_until {
+                        self.fenced = false;
+                        tracing::info!(term = lease.term, "lease renewed; dispatch resumes");
+                    }
+                }
+            }
+            LeaseEvent::Lost { reason } => {
+                if self.lease.is_some() {
+                    self.step_down(&reason);
+                }
+            }
+        }
+    }
+
+    async fn open_state_load(&mut self) {
+        let Some(load) = &mut self.state_load else { return };
+        load.retry_at = None;
+        match discovery::open(&self.state_store).await {
+            Ok((watch, messages)) => {
+                load.watch = Some(watch);
+                if messages == 0 {
+                    self.finish_acquisition();
+                }
+            }
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), "cannot read the fire state; retrying");
+                load.retry_at = Some(Instant::now() + Duration::from_millis(500));
+            }
+        }
+    }
+
+    fn on_state(&mut self, batch: Batch) {
+        let Some(entries) = batch else {
+            if let Some(load) = &mut self.state_load {
+                load.watch = None;
+                load.retry_at = Some(Instant::now() + Duration::from_millis(500));
+            }
+            return;
+        };
+        let mut done = false;
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(error) => {
+                    tracing::warn!(%error, "state watch error");
+                    continue;
+                }
+            };
+            done |= entry.delta == 0;
+            let Some(idx) = self.tasks.lookup(&entry.key) else { continue };
+            let Some(slot) = self.tasks.get_mut(idx) else { continue };
+            match entry.operation {
+                Operation::Put => match serde_json::from_slice::<FireState>(&entry.value) {
+                    Ok(state) => {
+                        slot.done_ms = Some(state.last_nominal_fire.timestamp_millis());
+                        slot.fires = state.fires;
+                    }
+                    Err(error) => tracing::warn!(task = %entry.key, %error, "unreadable fire state; ignored"),
+                },
+                Operation::Delete | Operation::Purge => {
+                    slot.done_ms = None;
+                    slot.fires = 0;
+                }
+            }
+        }
+        if done {
+            self.finish_acquisition();
+        }
+    }
+
+    /// The fire state is loaded: plan every task's missed fires, then dispatch.
+    fn finish_acquisition(&mut self) {
+        self.state_load = None;
+        let now = now_ms();
+        let started = std::time::Instant::now();
+        let (mut dispatch, mut skipped, mut missed) = (0usize, 0u64, 0u64);
+        let indices: Vec<u32> = self.tasks.iter_mut().map(|(idx, _)| idx).collect();
+        for idx in indices {
+            let Some(slot) = self.tasks.get_mut(idx) else { continue };
+            let info = &slot.info;
+            let floor = slot.done_ms.unwrap_or(info.created_ms).max(info.created_ms);
+            let plan = if info.paused {
+                catchup::Plan::default()
+            } else {
+                catchup::plan(
+                    &info.schedule,
+                    info.misfire,
+                    info.catchup_window,
+                    from_ms(floor),
+                    from_ms(now),
+                    self.limits,
+                )
+            };
+            let term = self.lease.map(|l| l.term);
+            report_plan(&self.metrics, &self.events, &self.instance, term, info, &plan);
+            skipped += plan.skipped.len() as u64 + plan.skipped_more;
+            missed += plan.missed;
+            let generation = slot.generation;
+            if plan.dispatch.is_empty() {
+                if let Some(last) = plan.last {
+                    slot.done_ms = Some(slot.done_ms.map_or(last, |d| d.max(last)));
+                    self.mark_dirty_slot(idx);
+                }
+            } else {
+                // Every examined fire counts as done once the dispatches are acknowledged.
+                slot.pending_ms = plan.last;
+                for &(nominal, trigger) in &plan.dispatch {
+                    slot.inflight += 1;
+                    let fire = Fire { idx, generation, nominal_ms: nominal, trigger };
+                    match trigger {
+                        Trigger::Catchup => self.catchup.push_back(fire),
+                        _ => self.ready.push_back(fire),
+                    }
+                }
+                dispatch += plan.dispatch.len();
+            }
+            if let Some(slot) = self.tasks.get_mut(idx) {
+                slot.cursor_ms = now;
+            }
+            self.schedule_next(idx);
+        }
+        self.catchup_budget = self.catchup_slice;
+        tracing::info!(
+            term = self.lease.map(|l| l.term).unwrap_or_default(),
+            tasks = self.tasks.len(),
+            dispatch,
+            skipped,
+            missed,
+            plan_ms = started.elapsed().as_millis() as u64,
+            "leader resumed from the fire state"
+        );
+    }
+
+    fn step_down(&mut self, reason: &str) {
+        let term = self.lease.take().map(|l| l.term);
+        self.fenced = false;
+        tracing::warn!(reason, term = term.unwrap_or_default(), "leadership lost");
+        self.state_load = None;
+        self.ready.clear();
+        self.catchup.clear();
+        self.retry.clear();
+        self.retry_at = None;
+        self.catchup_refill_at = None;
+        self.inflight = FuturesUnordered::new();
+        self.metrics.publish_inflight.set(0);
+        self.dirty.clear();
+        self.dirty_since = None;
+        self.flush_at = None;
+        for (_, slot) in self.tasks.iter_mut() {
+            slot.inflight = 0;
+            slot.pending_ms = None;
+            slot.dirty = false;
+        }
+        self.metrics.is_leader.set(0);
+        self.metrics.leader_changes.inc();
+        self.events.emit(WireEvent {
+            instance: Some(self.instance.clone()),
+            term,
+            reason: Some(reason.to_string()),
+            ..WireEvent::new(EventKind::LeaderLost, SYSTEM_NAMESPACE, "scheduler")
+        });
+    }
+
+    // ---- dispatch ----------------------------------------------------------------------
+
+    /// Publishes queued fires while the window has room and the lease is valid.
+    async fn pump(&mut self) {
+        if !self.leading() {
+            return;
+        }
+        while self.inflight.len() < self.window {
+            let fire = if let Some(fire) = self.ready.pop_front() {
+                fire
+            } else if self.catchup_budget > 0
+                && let Some(fire) = self.catchup.pop_front()
+            {
+                self.catchup_budget -= 1;
+                fire
+            } else {
+                break;
+            };
+            // Fencing: never publish once the lease may have lapsed. The fire waits for the
+            // lease task's verdict: a late `Renewed` resumes, `Lost` steps down.
+            let Some(lease) = self.lease else { return };
+            if Instant::now() >= lease.valid_until {
+                self.ready.push_front(fire);
+                if !self.fenced {
+                    self.fenced = true;
+                    tracing::warn!(term = lease.term, "lease deadline passed; dispatch paused until renewed");
+                }
+                break;
+            }
+            let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { continue };
+            let message = match dispatch::message(&self.names, &slot.info, &fire, lease.term) {
+                Ok(message) => message,
+                Err(error) => {
+                    tracing::error!(%error, task = %slot.info.key, "cannot encode dispatch; fire dropped");
+                    slot.inflight = slot.inflight.saturating_sub(1);
+                    continue;
+                }
+            };
+            match self.js.send_publish(message.subject, message.publish).await {
+                Ok(ack) => self.inflight.push(async move { (fire, ack.await) }.boxed()),
+                Err(error) => {
+                    self.metrics.publish_errors.inc();
+                    tracing::warn!(%error, task = %slot.info.key, nominal = fire.nominal_ms, "publish failed; retrying");
+                    self.retry.push(fire);
+                    self.retry_at.get_or_insert(Instant::now() + RETRY_DELAY);
+                }
+            }
+        }
+        if !self.catchup.is_empty() && self.catchup_budget == 0 && self.catchup_refill_at.is_none() {
+            self.catchup_refill_at = Some(Instant::now() + CATCHUP_SLICE);
+        }
+        self.metrics.publish_inflight.set(self.inflight.len() as i64);
+    }
+
+    fn on_ack(&mut self, (fire, result): Acked) {
+        self.metrics.publish_inflight.set(self.inflight.len() as i64);
+        let ack = match result {
+            Ok(ack) => ack,
+            Err(error) => {
+                self.metrics.publish_errors.inc();
+                if self.lease.is_some() {
+                    tracing::warn!(%error, nominal = fire.nominal_ms, "dispatch not acknowledged; retrying");
+                    self.retry.push(fire);
+                    self.retry_at.get_or_insert(Instant::now() + RETRY_DELAY);
+                }
+                return;
+            }
+        };
+        let now = now_ms();
+        let trigger = fire.trigger.as_str();
+        self.metrics.lag.with_label_values(&[trigger]).observe((now - fire.nominal_ms) as f64 / 1000.0);
+        let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return };
+        if ack.duplicate {
+            self.metrics.duplicates.inc();
+        } else {
+            self.metrics.dispatched.with_label_values(&[trigger]).inc();
+            slot.fires += 1;
+            if self.fire_events {
+                let info = &slot.info;
+                self.events.emit(WireEvent {
+                    execution_id: Some(scheduled_execution_id(
+                        info.namespace(),
+                        info.task_id(),
+                        fire.nominal_ms,
+                    )),
+                    nominal_time: Some(from_ms(fire.nominal_ms)),
+                    trigger: Some(fire.trigger),
+                    instance: Some(self.instance.clone()),
+                    term: self.lease.map(|l| l.term),
+                    ..WireEvent::new(EventKind::FireDispatched, info.namespace(), info.task_id())
+                });
+            }
+        }
+        slot.inflight = slot.inflight.saturating_sub(1);
+        slot.pending_ms = Some(slot.pending_ms.map_or(fire.nominal_ms, |p| p.max(fire.nominal_ms)));
+        if slot.inflight == 0 {
+            let pending = slot.pending_ms.take();
+            slot.done_ms = slot.done_ms.max(pending);
+            self.mark_dirty_slot(fire.idx);
+        }
+    }
+
+    // ---- fire state --------------------------------------------------------------------
+
+    fn mark_dirty_slot(&mut self, idx: u32) {
+        let Some(slot) = self.tasks.get_mut(idx) else { return };
+        if slot.dirty {
+            return;
+        }
+        slot.dirty = true;
+        if self.dirty.is_empty() {
+            self.dirty_since = Some(Instant::now());
+        }
+        self.dirty.push((idx, slot.generation));
+        self.flush_at.get_or_insert(Instant::now() + self.state_flush);
+    }
+
+    /// Writes the dirty fire states (coalesced since the last flush), in a task of its own.
+    fn flush(&mut self, force: bool) {
+        self.flush_at = None;
+        if self.dirty.is_empty() {
+            return;
+        }
+        // Dispatch first: while a burst is being published, state writes wait (up to
+        // MAX_STATE_DELAY; de-duplication covers a failover meanwhile).
+        let busy = !self.ready.is_empty() || self.inflight.len() >= self.window / 2;
+        let overdue = self.dirty_since.is_some_and(|since| since.elapsed() >= MAX_STATE_DELAY);
+        if self.flush_task.is_some() || (busy && !overdue && !force) {
+            self.flush_at = Some(Instant::now() + self.state_flush);
+            return;
+        }
+        self.dirty_since = None;
+        let Some(lease) = self.lease else { return };
+        if Instant::now() >= lease.valid_until {
+            return;
+        }
+        let mut batch = Vec::with_capacity(self.dirty.len());
+        for (idx, generation) in std::mem::take(&mut self.dirty) {
+            let Some(slot) = self.tasks.get_live(idx, generation) else { continue };
+            slot.dirty = false;
+            let Some(done) = slot.done_ms else { continue };
+            let info = &slot.info;
+            let state = FireState {
+                last_nominal_fire: from_ms(done),
+                next_fire: slot.next_ms.map(from_ms),
+                fires: slot.fires,
+                last_execution_id: Some(scheduled_execution_id(info.namespace(), info.task_id(), done)),
+                revision: info.revision,
+            };
+            match serde_json::to_vec(&state) {
+                Ok(body) => batch.push((
+                    task_key(info.namespace(), info.task_id()),
+                    Bytes::from(body),
+                    idx,
+                    generation,
+                )),
+                Err(error) => tracing::error!(%error, task = %info.key, "cannot encode fire state"),
+            }
+        }
+        let store = self.state_store.clone();
+        self.flush_task = Some(tokio::spawn(async move {
+            futures::stream::iter(batch)
+                .map(|(key, body, idx, generation)| {
+                    let store = store.clone();
+                    async move {
+                        let stored = match store.put(&key, body).await {
+                            Ok(_) => true,
+                            Err(error) => {
+                                tracing::debug!(%error, task = %key, "fire state not written");
+                                false
+                            }
+                        };
+                        (idx, generation, stored)
+                    }
+                })
+                .buffer_unordered(STATE_WRITE_WINDOW)
+                .collect::<Vec<_>>()
+                .await
+        }));
+    }
+
+    fn on_flushed(&mut self, result: Result<Flushed, JoinError>) {
+        self.flush_task = None;
+        let outcomes = match result {
+            Ok(outcomes) => outcomes,
+            Err(error) => {
+                tracing::error!(%error, "state flush task failed");
+                return;
+            }
+        };
+        let failed: Vec<(u32, u32)> = outcomes
+            .iter()
+            .filter(|(_, _, stored)| !stored)
+            .map(|&(idx, generation, _)| (idx, generation))
+            .collect();
+        self.metrics
+            .state_writes
+            .with_label_values(&["stored"])
+            .inc_by((outcomes.len() - failed.len()) as u64);
+        self.metrics.state_writes.with_label_values(&["failed"]).inc_by(failed.len() as u64);
+        if self.lease.is_some() {
+            for (idx, generation) in failed {
+                if self.tasks.get_live(idx, generation).is_some() {
+                    self.mark_dirty_slot(idx);
+                }
+            }
+        }
+    }
+}
+
+/// Metrics and events of one task's catch-up: each skipped fire (up to the maximum), the count
+/// of further skips, and the missed fires.
+fn report_plan(
+    metrics: &Metrics,
+    events: &EventSink,
+    instance: &str,
+    term: Option<u64>,
+    info: &TaskInfo,
+    plan: &catchup::Plan,
+) {
+    if plan.skipped.is_empty() && plan.skipped_more == 0 && plan.missed == 0 {
+        return;
+    }
+    let event = |kind: EventKind, reason: String, nominal: Option<i64>| WireEvent {
+        nominal_time: nominal.map(from_ms),
+        reason: Some(reason),
+        instance: Some(instance.to_string()),
+        term,
+        ..WireEvent::new(kind, info.namespace(), info.task_id())
+    };
+    for &(nominal, reason) in &plan.skipped {
+        metrics.skipped.with_label_values(&[reason.as_str()]).inc();
+        events.emit(event(EventKind::FireSkipped, reason.as_str().to_string(), Some(nominal)));
+    }
+    if plan.skipped_more > 0 {
+        let reason = plan.skipped.first().map(|(_, r)| r.as_str()).unwrap_or("misfire");
+        metrics.skipped.with_label_values(&[reason]).inc_by(plan.skipped_more);
+        events.emit(event(
+            EventKind::FireSkipped,
+            format!("{reason}: {} more skipped fires not listed", plan.skipped_more),
+            None,
+        ));
+    }
+    if plan.missed > 0 {
+        metrics.missed.inc_by(plan.missed);
+        events.emit(event(
+            EventKind::FireMissed,
+            format!("{} fires older than the catch-up window or beyond the catch-up maximum", plan.missed),
+            None,
+        ));
+    }
+}

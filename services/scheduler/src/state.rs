@@ -1,0 +1,253 @@
+//! The scheduler's in-memory task table: one compact slot per registered task, addressed by a
+//! `u32` index (the timing wheel's key), with a key → index map.
+//!
+//! A slot keeps only what timing and dispatch need (the schedule, the misfire policy, jitter,
+//! the queue) plus the stored spec bytes, which go verbatim into every dispatch message, so a
+//! million tasks fit in well under a GiB.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use jetsched_shared::schedule::Schedule;
+use jetsched_shared::spec::{MisfirePolicy, TaskSpec};
+
+/// What the scheduler keeps of one spec revision.
+#[derive(Debug)]
+pub(crate) struct TaskInfo {
+    /// `<namespace>.<task_id>`.
+    pub(crate) key: Box<str>,
+    /// Length of the namespace part of `key`.
+    pub(crate) ns_len: u16,
+    pub(crate) queue: Box<str>,
+    pub(crate) schedule: Schedule,
+    pub(crate) misfire: MisfirePolicy,
+    pub(crate) catchup_window: Duration,
+    pub(crate) paused: bool,
+    /// Deterministic jitter offset (ms).
+    pub(crate) jitter_offset_ms: u32,
+    /// Random extra delay per fire, at most this (ms).
+    pub(crate) jitter_random_ms: u32,
+    /// The stored spec JSON (copied out of the read buffer).
+    pub(crate) spec_json: Bytes,
+    /// Revision of the spec in the tasks bucket.
+    pub(crate) revision: u64,
+    /// When that revision was stored (Unix ms): fires start after it.
+    pub(crate) created_ms: i64,
+}
+
+impl TaskInfo {
+    pub(crate) fn new(spec: TaskSpec, spec_json: &[u8], revision: u64, created_ms: i64) -> TaskInfo {
+        let key = spec.key();
+        let ns_len = u16::try_from(spec.namespace.len()).unwrap_or(u16::MAX);
+        let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
+        TaskInfo {
+            key: key.into_boxed_str(),
+            ns_len,
+            queue: spec.queue.clone().into_boxed_str(),
+            jitter_offset_ms: ms(spec.jitter_offset()),
+            jitter_random_ms: spec.jitter.and_then(|j| j.max_random).map(ms).unwrap_or(0),
+            schedule: spec.schedule,
+            misfire: spec.misfire,
+            catchup_window: spec.catchup_window,
+            paused: spec.paused,
+            spec_json: Bytes::copy_from_slice(spec_json),
+            revision,
+            created_ms,
+        }
+    }
+
+    pub(crate) fn namespace(&self) -> &str {
+        &self.key[..usize::from(self.ns_len)]
+    }
+
+    pub(crate) fn task_id(&self) -> &str {
+        &self.key[usize::from(self.ns_len) + 1..]
+    }
+
+    /// When the wheel fires nominal time `nominal_ms`: after the task's deterministic jitter
+    /// offset and `random_ms` (drawn per fire, at most `jitter_random_ms`). The dispatch keeps
+    /// the nominal time (and so its message id).
+    pub(crate) fn wheel_due(&self, nominal_ms: i64, random_ms: u32) -> u64 {
+        nominal_ms.max(0) as u64
+            + u64::from(self.jitter_offset_ms)
+            + u64::from(random_ms.min(self.jitter_random_ms))
+    }
+
+    /// The next nominal fire strictly after `after_ms` and after the revision was stored.
+    pub(crate) fn next_nominal(&self, after_ms: i64) -> Option<i64> {
+        if self.paused {
+            return None;
+        }
+        let after = after_ms.max(self.created_ms);
+        self.schedule.next_after(from_ms(after)).map(|t| t.timestamp_millis())
+    }
+}
+
+/// One registered task.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) info: TaskInfo,
+    /// Bumped when the index is reused, so a late ack for a deleted task is recognised.
+    pub(crate) generation: u32,
+    /// Every nominal fire up to this one is handled by this replica (dispatched or queued
+    /// while leader, passed while follower).
+    pub(crate) cursor_ms: i64,
+    /// The nominal fire currently in the wheel.
+    pub(crate) next_ms: Option<i64>,
+    /// Leader bookkeeping: the last nominal fire known to be stored in the dispatch stream
+    /// (or skipped), as read from / written to the state bucket.
+    pub(crate) done_ms: Option<i64>,
+    pub(crate) fires: u64,
+    /// Dispatches of this task awaiting their ack, and the latest nominal acked meanwhile.
+    pub(crate) inflight: u32,
+    pub(crate) pending_ms: Option<i64>,
+    /// Queued for the next state write.
+    pub(crate) dirty: bool,
+}
+
+/// All slots and the key index.
+#[derive(Debug, Default)]
+pub(crate) struct Tasks {
+    slots: Vec<Option<Slot>>,
+    free: Vec<u32>,
+    index: HashMap<Box<str>, u32>,
+    generation: u32,
+}
+
+impl Tasks {
+    /// Room for `n` tasks without growing (a load of a large bucket).
+    pub(crate) fn with_capacity(n: usize) -> Tasks {
+        Tasks { slots: Vec::with_capacity(n), index: HashMap::with_capacity(n), ..Tasks::default() }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub(crate) fn lookup(&self, key: &str) -> Option<u32> {
+        self.index.get(key).copied()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn get(&self, idx: u32) -> Option<&Slot> {
+        self.slots.get(idx as usize).and_then(Option::as_ref)
+    }
+
+    pub(crate) fn get_mut(&mut self, idx: u32) -> Option<&mut Slot> {
+        self.slots.get_mut(idx as usize).and_then(Option::as_mut)
+    }
+
+    /// The slot at `idx` if it still belongs to `generation`.
+    pub(crate) fn get_live(&mut self, idx: u32, generation: u32) -> Option<&mut Slot> {
+        self.get_mut(idx).filter(|s| s.generation == generation)
+    }
+
+    /// Adds a task whose fires start after `cursor_ms`; returns its index.
+    pub(crate) fn insert(&mut self, info: TaskInfo, cursor_ms: i64) -> u32 {
+        self.generation = self.generation.wrapping_add(1);
+        let key = info.key.clone();
+        let slot = Slot {
+            info,
+            generation: self.generation,
+            cursor_ms,
+            next_ms: None,
+            done_ms: None,
+            fires: 0,
+            inflight: 0,
+            pending_ms: None,
+            dirty: false,
+        };
+        let idx = match self.free.pop() {
+            Some(idx) => {
+                self.slots[idx as usize] = Some(slot);
+                idx
+            }
+            None => {
+                self.slots.push(Some(slot));
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 tasks")
+            }
+        };
+        self.index.insert(key, idx);
+        idx
+    }
+
+    pub(crate) fn remove(&mut self, key: &str) -> Option<(u32, Slot)> {
+        let idx = self.index.remove(key)?;
+        let slot = self.slots.get_mut(idx as usize)?.take()?;
+        self.free.push(idx);
+        Some((idx, slot))
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut Slot)> {
+        self.slots.iter_mut().enumerate().filter_map(|(i, s)| s.as_mut().map(|s| (i as u32, s)))
+    }
+}
+
+pub(crate) fn from_ms(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// Wall-clock now in Unix milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str, schedule: &str) -> (TaskSpec, Vec<u8>) {
+        let json = format!(
+            r#"{{"id":"{id}","namespace":"ns","schedule":{schedule},"executor":{{"kind":"nats","subject":"x"}}}}"#
+        );
+        (TaskSpec::parse(json.as_bytes()).expect("valid spec"), json.into_bytes())
+    }
+
+    #[test]
+    fn slots_are_reused_with_a_new_generation() {
+        let mut tasks = Tasks::default();
+        let (s, j) = spec("a", r#"{"every":"1s"}"#);
+        let a = tasks.insert(TaskInfo::new(s, &j, 1, 0), 0);
+        let gen_a = tasks.get(a).map(|s| s.generation);
+        assert_eq!(
+            tasks.get(a).map(|s| (s.info.namespace().to_string(), s.info.task_id().to_string())),
+            Some(("ns".into(), "a".into()))
+        );
+        assert!(tasks.remove("ns.a").is_some());
+        let (s, j) = spec("b", r#"{"every":"1s"}"#);
+        let b = tasks.insert(TaskInfo::new(s, &j, 2, 0), 0);
+        assert_eq!(a, b);
+        assert_ne!(gen_a, tasks.get(b).map(|s| s.generation));
+        assert!(tasks.get_live(b, gen_a.unwrap_or_default()).is_none());
+        assert_eq!(tasks.lookup("ns.b"), Some(b));
+        assert_eq!(tasks.len(), 1);
+    }
+
+    #[test]
+    fn jitter_delays_the_wheel_never_the_nominal_time() {
+        let json = br#"{"id":"j","namespace":"ns","schedule":{"every":"1m"},"jitter":{"spread":"10s","max_random":"2s"},"executor":{"kind":"nats","subject":"x"}}"#;
+        let jittered = TaskSpec::parse(json).expect("valid spec");
+        let offset = jittered.jitter_offset().as_millis() as u64;
+        assert!(offset < 10_000);
+        let info = TaskInfo::new(jittered, json, 1, 0);
+        assert_eq!((info.jitter_offset_ms as u64, info.jitter_random_ms), (offset, 2000));
+        assert_eq!(info.next_nominal(0), Some(60_000), "nominal times stay on the schedule");
+        assert_eq!(info.wheel_due(60_000, 0), 60_000 + offset);
+        assert_eq!(info.wheel_due(60_000, 5000), 60_000 + offset + 2000, "random part capped");
+        let (plain, j) = spec("p", r#"{"every":"1m"}"#);
+        assert_eq!(TaskInfo::new(plain, &j, 1, 0).wheel_due(60_000, 700), 60_000);
+    }
+
+    #[test]
+    fn next_nominal_starts_after_the_revision_and_respects_pause() {
+        let (s, j) = spec("a", r#"{"every":"1s"}"#);
+        let info = TaskInfo::new(s, &j, 1, 10_500);
+        assert_eq!(info.next_nominal(0), Some(11_000));
+        assert_eq!(info.next_nominal(12_000), Some(13_000));
+        let (mut s, j) = spec("a", r#"{"every":"1s"}"#);
+        s.paused = true;
+        assert_eq!(TaskInfo::new(s, &j, 1, 0).next_nominal(0), None);
+    }
+}

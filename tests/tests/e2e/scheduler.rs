@@ -1,0 +1,613 @@
+//! End-to-end tests of jetsched-scheduler against a real nats-server: firing once per nominal
+//! time, task updates / deletes / pause / resume, failover by kill -9 of real scheduler
+//! processes, fencing of a frozen (SIGSTOP) leader, and a server restart during steady firing.
+//!
+//! Every check reads the dispatch stream back and looks at each task's nominal fire times:
+//! each at most once, and (with `fire_all`) none missing between the first and the last.
+
+use std::collections::{BTreeMap, HashSet};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use async_nats::jetstream::{self, consumer::AckPolicy, consumer::pull};
+use futures::StreamExt;
+use jetsched_scheduler::{Config, build};
+use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
+use jetsched_shared::topology::{self, Topology, TopologyArgs};
+use jetsched_shared::wire::{self, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, LeaderRecord};
+use jetsched_tests::{ChildProcess, NatsServer, eventually, init_test_logging};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(10);
+const NS: &str = "e2e";
+
+/// One message of the dispatch stream.
+#[derive(Debug, Clone)]
+struct Seen {
+    msg_id: String,
+    task: String,
+    nominal_ms: i64,
+    term: u64,
+    published: SystemTime,
+    body: wire::Dispatch,
+}
+
+/// A scheduler running in-process; stopped (and awaited) by `stop`, cancelled on Drop.
+struct RunningScheduler {
+    shutdown: CancellationToken,
+    handle: Option<JoinHandle<anyhow::Result<()>>>,
+    admin: std::net::SocketAddr,
+}
+
+fn scheduler_config(url: &str, instance: &str, lease: Duration) -> Config {
+    let mut config = Config::for_tests(url);
+    config.common.instance_id = Some(instance.to_string());
+    config.topology.lease = lease;
+    config.lease_margin = lease / 4;
+    config
+}
+
+impl RunningScheduler {
+    async fn start(url: &str, instance: &str, lease: Duration) -> RunningScheduler {
+        RunningScheduler::start_with(scheduler_config(url, instance, lease)).await
+    }
+
+    async fn start_with(config: Config) -> RunningScheduler {
+        let scheduler = build(config).await.expect("scheduler builds");
+        let admin = scheduler.admin_addr();
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(scheduler.run(shutdown.clone()));
+        RunningScheduler { shutdown, handle: Some(handle), admin }
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        let handle = self.handle.take().expect("running");
+        tokio::time::timeout(WAIT * 2, handle)
+            .await
+            .expect("scheduler stops in time")
+            .expect("no panic")
+            .expect("clean stop");
+    }
+}
+
+impl Drop for RunningScheduler {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn topology_args(lease: Duration) -> TopologyArgs {
+    TopologyArgs { lease, ..TopologyArgs::default() }
+}
+
+async fn setup(server: &NatsServer, lease: Duration) -> (jetstream::Context, Topology) {
+    let js = jetstream::new(server.client().await);
+    let topology = topology::ensure(&js, &Names::default(), &topology_args(lease)).await.expect("topology");
+    (js, topology)
+}
+
+fn spec(id: &str, schedule: serde_json::Value, misfire: &str, paused: bool) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "id": id, "namespace": NS, "schedule": schedule,
+        "executor": {"kind": "nats", "subject": "jobs.run"},
+        "misfire": misfire, "paused": paused,
+    }))
+    .expect("json")
+}
+
+async fn put_every_second(topology: &Topology, ids: impl IntoIterator<Item = String>) {
+    for id in ids {
+        let body = spec(&id, json!({"every": "1s"}), "fire_all", false);
+        topology.tasks.put(task_key(NS, &id), body.into()).await.expect("put task");
+    }
+}
+
+/// Reads the whole dispatch stream (nothing consumes it in these tests) without removing anything.
+async fn read_dispatches(js: &jetstream::Context) -> Vec<Seen> {
+    let names = Names::default();
+    let stream = js.get_stream(names.dispatch_stream()).await.expect("dispatch stream");
+    let consumer = stream
+        .create_consumer(pull::Config {
+            ack_policy: AckPolicy::Explicit,
+            max_ack_pending: 1_000_000,
+            ack_wait: Duration::from_secs(600),
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await
+        .expect("reader consumer");
+    let mut seen = Vec::new();
+    loop {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(2000)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .expect("fetch");
+        let mut got = 0;
+        while let Some(message) = batch.next().await {
+            let message = message.expect("message");
+            got += 1;
+            let headers = message.headers.clone().expect("dispatch headers");
+            let header = |name: &str| headers.get(name).map(|v| v.to_string()).unwrap_or_default();
+            let body: wire::Dispatch = serde_json::from_slice(&message.payload).expect("dispatch body");
+            let nominal =
+                chrono::DateTime::parse_from_rfc3339(&header(HDR_NOMINAL_TIME)).expect("nominal header");
+            let published = message.info().expect("info").published;
+            let published = SystemTime::UNIX_EPOCH
+                + Duration::from_nanos(u64::try_from(published.unix_timestamp_nanos()).expect("after epoch"));
+            seen.push(Seen {
+                msg_id: header("Nats-Msg-Id"),
+                task: header(HDR_TASK),
+                nominal_ms: nominal.timestamp_millis(),
+                term: header(HDR_LEADER_TERM).parse().expect("term header"),
+                published,
+                body,
+            });
+        }
+        if got == 0 {
+            break;
+        }
+    }
+    let _ = stream.delete_consumer(&consumer.cached_info().name).await;
+    seen
+}
+
+/// Nominal fire times per task, checking each message's id, headers and body agree.
+fn per_task(seen: &[Seen]) -> BTreeMap<String, Vec<i64>> {
+    let mut ids = HashSet::new();
+    let mut out: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for s in seen {
+        let (ns, id) = s.task.split_once('.').expect("task header is ns.id");
+        assert_eq!(s.msg_id, dispatch_msg_id(ns, id, s.nominal_ms));
+        assert!(ids.insert(s.msg_id.clone()), "message id {} stored twice", s.msg_id);
+        assert_eq!(s.body.execution_id, wire::scheduled_execution_id(ns, id, s.nominal_ms));
+        assert_eq!((s.body.namespace.as_str(), s.body.task_id.as_str()), (ns, id));
+        assert_eq!(s.body.term, s.term);
+        out.entry(s.task.clone()).or_default().push(s.nominal_ms);
+    }
+    for nominals in out.values_mut() {
+        nominals.sort_unstable();
+    }
+    out
+}
+
+/// Each nominal second at most once and none missing between the first and the last.
+fn assert_contiguous(task: &str, nominals: &[i64], step_ms: i64) {
+    for pair in nominals.windows(2) {
+        assert!(pair[1] != pair[0], "{task}: nominal {} dispatched twice", pair[0]);
+        assert_eq!(pair[1] - pair[0], step_ms, "{task}: fires missing between {} and {}", pair[0], pair[1]);
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Events of `kind` about tasks of the test namespace (or the system namespace).
+async fn read_events(js: &jetstream::Context, kind: &str, namespace: &str) -> Vec<wire::Event> {
+    let names = Names::default();
+    let stream = js.get_stream(names.events_stream()).await.expect("events stream");
+    let consumer = stream
+        .create_consumer(pull::Config {
+            ack_policy: AckPolicy::None,
+            filter_subject: names.event_subject(kind, namespace, "*"),
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await
+        .expect("events consumer");
+    let mut events = Vec::new();
+    loop {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(Duration::from_millis(300))
+            .messages()
+            .await
+            .expect("fetch events");
+        let mut got = 0;
+        while let Some(message) = batch.next().await {
+            got += 1;
+            events.push(serde_json::from_slice(&message.expect("event").payload).expect("event body"));
+        }
+        if got == 0 {
+            break;
+        }
+    }
+    events
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect admin");
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.expect("send");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.expect("read");
+    reply
+}
+
+async fn leader(topology: &Topology) -> Option<LeaderRecord> {
+    let entry = topology.leader.entry(Names::default().leader_key()).await.ok()??;
+    if entry.operation != jetstream::kv::Operation::Put {
+        return None;
+    }
+    serde_json::from_slice(&entry.value).ok()
+}
+
+#[tokio::test]
+async fn scheduler_dispatches_each_nominal_second_exactly_once() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let lease = Duration::from_secs(2);
+    let (js, topology) = setup(&server, lease).await;
+    let ids: Vec<String> = (0..5).map(|i| format!("tick-{i}")).collect();
+    put_every_second(&topology, ids.clone()).await;
+    let scheduler = RunningScheduler::start(&server.url(), "solo", lease).await;
+    let started = now_ms();
+    eventually(WAIT, "a leader", || leader(&topology)).await;
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let metrics = http_get(scheduler.admin, "/metrics").await;
+    for line in
+        ["jetsched_scheduler_is_leader 1", "jetsched_tasks_registered 5", "jetsched_scheduler_timers 5"]
+    {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(metrics.contains("jetsched_fires_dispatched_total{trigger=\"schedule\"}"), "{metrics}");
+    assert!(metrics.contains("jetsched_fire_lag_seconds_bucket"), "{metrics}");
+    scheduler.stop().await;
+    let stopped = now_ms();
+
+    // A graceful stop hands over at once: the lease key is deleted.
+    assert!(leader(&topology).await.is_none(), "lease released on shutdown");
+    let seen = read_dispatches(&js).await;
+    let tasks = per_task(&seen);
+    assert_eq!(tasks.len(), ids.len(), "every task fired: {tasks:?}");
+    for (task, nominals) in &tasks {
+        assert_contiguous(task, nominals, 1000);
+        assert!(nominals.len() >= 3, "{task}: {nominals:?}");
+        assert!(nominals.iter().all(|&n| n % 1000 == 0 && n > started - 1000 && n <= stopped));
+    }
+    for s in &seen {
+        assert_eq!(s.body.trigger, wire::Trigger::Schedule);
+        // Dispatched after (never before) its nominal time.
+        let published_ms =
+            s.published.duration_since(SystemTime::UNIX_EPOCH).expect("after epoch").as_millis() as i64;
+        assert!(published_ms >= s.nominal_ms, "dispatched early: {s:?}");
+    }
+    // The fire state records the last dispatched nominal time of each task.
+    for (task, nominals) in &tasks {
+        let state = topology.state.get(task.as_str()).await.expect("state read").expect("state stored");
+        let state: wire::FireState = serde_json::from_slice(&state).expect("fire state");
+        assert_eq!(state.last_nominal_fire.timestamp_millis(), *nominals.last().expect("fires"), "{task}");
+        assert_eq!(state.fires, nominals.len() as u64, "{task}");
+    }
+    let system = jetsched_shared::names::SYSTEM_NAMESPACE;
+    let acquired = read_events(&js, "leader.acquired", system).await;
+    let lost = read_events(&js, "leader.lost", system).await;
+    assert_eq!(acquired.len(), 1, "{acquired:?}");
+    assert_eq!(acquired[0].instance.as_deref(), Some("solo"));
+    assert_eq!(lost.len(), 1, "leader.lost on shutdown: {lost:?}");
+    assert_eq!(lost[0].term, acquired[0].term);
+    let dispatched = read_events(&js, "fire.dispatched", NS).await;
+    assert_eq!(dispatched.len(), seen.len(), "one fire.dispatched event per dispatch");
+}
+
+#[tokio::test]
+async fn a_new_leader_applies_each_misfire_policy_to_fires_missed_while_down() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let lease = Duration::from_secs(2);
+    let (js, topology) = setup(&server, lease).await;
+    for (id, misfire) in [("skip", "skip"), ("once", "fire_once"), ("all", "fire_all")] {
+        let body = spec(id, json!({"every": "1s"}), misfire, false);
+        topology.tasks.put(task_key(NS, id), body.into()).await.expect("put task");
+    }
+    // A fire more than 1 s late is a misfire for these schedulers.
+    let start = |instance: &str| {
+        let mut config = scheduler_config(&server.url(), instance, lease);
+        config.misfire_threshold = Duration::from_secs(1);
+        RunningScheduler::start_with(config)
+    };
+    let first = start("first").await;
+    eventually(WAIT, "every task fired twice", || async {
+        let tasks = per_task(&read_dispatches(&js).await);
+        tasks.len() == 3 && tasks.values().all(|n| n.len() >= 2)
+    })
+    .await;
+    first.stop().await;
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let second = start("second").await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    second.stop().await;
+
+    let seen = read_dispatches(&js).await;
+    let tasks = per_task(&seen);
+    let catchups = |id: &str| -> Vec<i64> {
+        seen.iter()
+            .filter(|s| s.task == task_key(NS, id) && s.body.trigger == wire::Trigger::Catchup)
+            .map(|s| s.nominal_ms)
+            .collect()
+    };
+    let skipped = read_events(&js, "fire.skipped", NS).await;
+    let skipped_of = |id: &str, reason: &str| -> Vec<i64> {
+        skipped
+            .iter()
+            .filter(|e| e.task_id == id && e.reason.as_deref() == Some(reason))
+            .map(|e| e.nominal_time.expect("nominal time").timestamp_millis())
+            .collect()
+    };
+    // fire_all: every missed fire dispatched, late ones as catch-up.
+    assert_contiguous("all", &tasks[&task_key(NS, "all")], 1000);
+    assert!(catchups("all").len() >= 2, "{:?}", catchups("all"));
+    // fire_once: one catch-up run; the other missed fires are recorded as coalesced.
+    assert_eq!(catchups("once").len(), 1, "{:?}", catchups("once"));
+    let coalesced = skipped_of("once", "coalesced");
+    assert!(!coalesced.is_empty());
+    let mut once: Vec<i64> = tasks[&task_key(NS, "once")].iter().copied().chain(coalesced).collect();
+    once.sort_unstable();
+    assert_contiguous("once (dispatched or coalesced)", &once, 1000);
+    // skip: nothing caught up; every skipped fire is an event.
+    assert!(catchups("skip").is_empty());
+    let misfired = skipped_of("skip", "misfire");
+    assert!(misfired.len() >= 2, "{misfired:?}");
+    let mut skip: Vec<i64> = tasks[&task_key(NS, "skip")].iter().copied().chain(misfired).collect();
+    skip.sort_unstable();
+    assert_contiguous("skip (dispatched or skipped)", &skip, 1000);
+}
+
+#[tokio::test]
+async fn scheduler_applies_updates_deletes_pause_and_resume() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let lease = Duration::from_secs(2);
+    let (js, topology) = setup(&server, lease).await;
+    put_every_second(&topology, ["changed".to_string(), "deleted".to_string(), "paused".to_string()]).await;
+    let scheduler = RunningScheduler::start(&server.url(), "solo", lease).await;
+    // Registered while running: picked up through the watch. A value that is not a spec is
+    // ignored (and counted), never fatal.
+    put_every_second(&topology, ["late".to_string()]).await;
+    topology.tasks.put(task_key(NS, "broken"), "{\"id\": 42}".into()).await.expect("put garbage");
+    eventually(WAIT, "every task fired twice", || async {
+        let tasks = per_task(&read_dispatches(&js).await);
+        tasks.len() == 4 && tasks.values().all(|n| n.len() >= 2)
+    })
+    .await;
+
+    let changed_at = now_ms();
+    let every_2s = spec("changed", json!({"every": "2s"}), "fire_all", false);
+    topology.tasks.put(task_key(NS, "changed"), every_2s.into()).await.expect("update");
+    topology.tasks.delete(task_key(NS, "deleted")).await.expect("delete");
+    let paused = spec("paused", json!({"every": "1s"}), "fire_all", true);
+    topology.tasks.put(task_key(NS, "paused"), paused.into()).await.expect("pause");
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let resumed_at = now_ms();
+    let resumed = spec("paused", json!({"every": "1s"}), "fire_all", false);
+    topology.tasks.put(task_key(NS, "paused"), resumed.into()).await.expect("resume");
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    scheduler.stop().await;
+
+    let tasks = per_task(&read_dispatches(&js).await);
+    let key = |id: &str| task_key(NS, id);
+    assert!(!tasks.contains_key(&key("broken")));
+    // A change lands within milliseconds: allow 300 ms for a fire racing the change.
+    let after =
+        |id: &str, t: i64| -> Vec<i64> { tasks[&key(id)].iter().copied().filter(|&n| n > t + 300).collect() };
+    let changed = after("changed", changed_at);
+    assert!(changed.len() >= 2, "changed task keeps firing: {changed:?}");
+    assert!(changed.iter().all(|n| n % 2000 == 0), "only the new 2 s schedule after the change: {changed:?}");
+    assert_contiguous(&key("changed"), &changed, 2000);
+    assert!(
+        after("deleted", changed_at).is_empty(),
+        "a deleted task never fires again: {:?}",
+        tasks[&key("deleted")]
+    );
+    let paused_fires: Vec<i64> = after("paused", changed_at);
+    assert!(
+        paused_fires.iter().all(|&n| n > resumed_at),
+        "no fire while paused, none caught up: {paused_fires:?}"
+    );
+    assert!(paused_fires.len() >= 2, "fires again after resume: {paused_fires:?}");
+    assert_contiguous(&key("paused"), &paused_fires, 1000);
+    assert_contiguous(&key("late"), &tasks[&key("late")], 1000);
+}
+
+/// Spawns a scheduler process with a short lease.
+fn spawn_scheduler(url: &str, instance: &str, lease: Duration) -> ChildProcess {
+    let mut command: Command = ChildProcess::command("jetsched-scheduler");
+    command
+        .env("NATS_URL", url)
+        .env("RUST_LOG", "info")
+        .args(["--instance-id", instance, "--admin-addr", "127.0.0.1:0", "--fire-events", "false"])
+        .args(["--lease", &format!("{}ms", lease.as_millis())])
+        .args(["--lease-margin", &format!("{}ms", lease.as_millis() / 4)]);
+    ChildProcess::spawn_command(instance, command)
+}
+
+#[tokio::test]
+async fn scheduler_failover_by_kill_9_loses_and_doubles_no_fire() {
+    init_test_logging();
+    const KILLS: usize = 10;
+    let server = NatsServer::start().await;
+    let lease = Duration::from_secs(2);
+    let (js, topology) = setup(&server, lease).await;
+    let ids: Vec<String> = (0..200).map(|i| format!("task-{i:03}")).collect();
+    put_every_second(&topology, ids.clone()).await;
+    let registered = now_ms();
+
+    let mut spawned = 0;
+    let mut next_instance = || {
+        spawned += 1;
+        format!("sched-{spawned}")
+    };
+    let mut procs: BTreeMap<String, ChildProcess> = BTreeMap::new();
+    for _ in 0..2 {
+        let instance = next_instance();
+        procs.insert(instance.clone(), spawn_scheduler(&server.url(), &instance, lease));
+    }
+    let mut kills: Vec<(SystemTime, String)> = Vec::new();
+    for round in 0..KILLS {
+        let holder = eventually(WAIT, "a live leader", || async {
+            leader(&topology).await.filter(|l| procs.contains_key(&l.instance))
+        })
+        .await;
+        // Let it dispatch a little, then kill it at a random point of its lease period.
+        let pause = 700
+            + (round as u64 * 379
+                + u64::from(
+                    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).expect("epoch").subsec_millis(),
+                ))
+                % 1300;
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        let mut victim = procs.remove(&holder.instance).expect("leader is one of ours");
+        let killed_at = SystemTime::now();
+        victim.kill9();
+        kills.push((killed_at, holder.instance.clone()));
+        let instance = next_instance();
+        procs.insert(instance.clone(), spawn_scheduler(&server.url(), &instance, lease));
+        eventually(WAIT, "a new leader", || async {
+            leader(&topology)
+                .await
+                .filter(|l| l.instance != holder.instance && procs.contains_key(&l.instance))
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let end = now_ms();
+    for proc in procs.values_mut() {
+        proc.kill9();
+    }
+
+    let seen = read_dispatches(&js).await;
+    let tasks = per_task(&seen);
+    assert_eq!(tasks.len(), ids.len());
+    for (task, nominals) in &tasks {
+        assert_contiguous(task, nominals, 1000);
+        assert!(nominals[0] <= registered + 3000, "{task} started late: {}", nominals[0] - registered);
+        assert!(*nominals.last().expect("fires") >= end - 3000, "{task} stopped early");
+    }
+    // Handover: after each kill, the next dispatch comes within lease + 1 s.
+    let mut by_time: Vec<&Seen> = seen.iter().collect();
+    by_time.sort_by_key(|s| s.published);
+    let mut gaps = Vec::new();
+    for (killed_at, instance) in &kills {
+        let next = by_time.iter().find(|s| s.published > *killed_at).expect("dispatches after a kill");
+        let gap = next.published.duration_since(*killed_at).expect("later");
+        assert!(gap <= lease + Duration::from_secs(1), "handover after killing {instance} took {gap:?}");
+        gaps.push(gap.as_millis());
+    }
+    eprintln!("handover gaps after kill -9 (ms, lease {} ms): {gaps:?}", lease.as_millis());
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_hands_over_at_once() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    // A long lease: only the released key (not its expiry) can explain a fast handover.
+    let lease = Duration::from_secs(10);
+    let (js, topology) = setup(&server, lease).await;
+    put_every_second(&topology, (0..10).map(|i| format!("handover-{i}"))).await;
+    let mut a = spawn_scheduler(&server.url(), "handover-a", lease);
+    eventually(WAIT, "a leads", || async { leader(&topology).await.filter(|l| l.instance == "handover-a") })
+        .await;
+    let mut b = spawn_scheduler(&server.url(), "handover-b", lease);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let stopped_at = SystemTime::now();
+    a.sigterm();
+    assert!(a.wait_exit(WAIT).await.is_some_and(|status| status.success()), "clean exit:\n{}", a.output());
+    eventually(Duration::from_secs(3), "b takes over well before the lease could expire", || async {
+        leader(&topology).await.filter(|l| l.instance == "handover-b")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    b.sigterm();
+    assert!(b.wait_exit(WAIT).await.is_some(), "b stops");
+
+    let seen = read_dispatches(&js).await;
+    for (task, nominals) in &per_task(&seen) {
+        assert_contiguous(task, nominals, 1000);
+    }
+    let next =
+        seen.iter().filter(|s| s.published > stopped_at).map(|s| s.published).min().expect("b dispatched");
+    let gap = next.duration_since(stopped_at).expect("later");
+    assert!(gap < Duration::from_millis(1500), "handover took {gap:?}");
+}
+
+#[tokio::test]
+async fn a_frozen_leader_never_dispatches_after_it_wakes() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let lease = Duration::from_secs(2);
+    let (js, topology) = setup(&server, lease).await;
+    let ids: Vec<String> = (0..20).map(|i| format!("frozen-{i:02}")).collect();
+    put_every_second(&topology, ids).await;
+    let mut a = spawn_scheduler(&server.url(), "freeze-a", lease);
+    let first = eventually(WAIT, "a leader", || leader(&topology)).await;
+    assert_eq!(first.instance, "freeze-a");
+    let mut b = spawn_scheduler(&server.url(), "freeze-b", lease);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    a.sigstop();
+    eventually(WAIT, "the other replica takes over", || async {
+        leader(&topology).await.filter(|l| l.instance == "freeze-b")
+    })
+    .await;
+    // Frozen for well over the lease, while the new leader dispatches.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let woke_at = SystemTime::now();
+    a.sigcont();
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    b.sigterm();
+    assert!(b.wait_exit(WAIT).await.is_some(), "b stops");
+    a.kill9();
+
+    let seen = read_dispatches(&js).await;
+    let tasks = per_task(&seen);
+    for (task, nominals) in &tasks {
+        assert_contiguous(task, nominals, 1000);
+    }
+    let old_terms: HashSet<u64> = seen.iter().filter(|s| s.published < woke_at).map(|s| s.term).collect();
+    let new_term = seen.iter().map(|s| s.term).max().expect("dispatches");
+    let stale: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.published >= woke_at && s.term != new_term && old_terms.contains(&s.term))
+        .collect();
+    assert!(stale.is_empty(), "the woken leader dispatched again: {stale:?}");
+    assert!(seen.iter().any(|s| s.published >= woke_at), "the new leader kept dispatching");
+    assert!(a.output().contains("leadership lost"), "the frozen leader stepped down:\n{}", a.output());
+}
+
+#[tokio::test]
+async fn a_server_outage_and_restart_during_steady_firing_loses_and_doubles_nothing() {
+    init_test_logging();
+    let mut server = NatsServer::start().await;
+    let lease = Duration::from_secs(2);
+    let (js, topology) = setup(&server, lease).await;
+    let ids: Vec<String> = (0..20).map(|i| format!("steady-{i:02}")).collect();
+    put_every_second(&topology, ids.clone()).await;
+    let scheduler = RunningScheduler::start(&server.url(), "survivor", lease).await;
+    eventually(WAIT, "a leader", || leader(&topology)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Down for longer than the lease: the leader steps down, then resumes from the fire state.
+    server.kill();
+    tokio::time::sleep(lease + Duration::from_millis(1000)).await;
+    server.restart().await;
+    let restarted = now_ms();
+    eventually(Duration::from_secs(20), "dispatching again after the restart", || async {
+        let tasks = per_task(&read_dispatches(&js).await);
+        tasks.len() == ids.len() && tasks.values().all(|n| n.last().is_some_and(|&l| l > restarted + 1000))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    scheduler.stop().await;
+
+    let tasks = per_task(&read_dispatches(&js).await);
+    assert_eq!(tasks.len(), ids.len());
+    for (task, nominals) in &tasks {
+        assert_contiguous(task, nominals, 1000);
+    }
+}
