@@ -95,6 +95,16 @@ pub struct Topology {
     pub leader: kv::Store,
     pub state: kv::Store,
     pub runs: kv::Store,
+    /// What this call changed: created resources and converged settings (empty when the
+    /// deployment already matched).
+    pub changes: Vec<Change>,
+}
+
+/// One change made by [`ensure`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Created { resource: String },
+    Converged { resource: String, difference: Difference },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -219,16 +229,17 @@ pub async fn ensure(
             message: format!("{} (use 1..=64)", args.tasks_history),
         });
     }
+    let mut changes = Vec::new();
     for config in stream_configs(names, args) {
-        ensure_stream(js, config).await?;
+        ensure_stream(js, config, &mut changes).await?;
     }
     let mut stores = Vec::new();
     for config in bucket_configs(names, args) {
-        stores.push(ensure_bucket(js, config).await?);
+        stores.push(ensure_bucket(js, config, &mut changes).await?);
     }
     let mut stores = stores.into_iter();
     let mut next = || stores.next().expect("four buckets");
-    Ok(Topology { tasks: next(), leader: next(), state: next(), runs: next() })
+    Ok(Topology { tasks: next(), leader: next(), state: next(), runs: next(), changes })
 }
 
 /// One setting that differs between an existing resource and the desired configuration.
@@ -264,12 +275,14 @@ pub fn differences(existing: &stream::Config, desired: &stream::Config) -> Vec<D
         true,
     );
     check("max_age", format!("{:?}", existing.max_age), format!("{:?}", desired.max_age), true);
-    check("max_bytes", existing.max_bytes.to_string(), desired.max_bytes.to_string(), true);
+    // The server reports "unlimited" as -1 where a config may say 0.
+    let limit = |n: i64| if n <= 0 { -1 } else { n };
+    check("max_bytes", limit(existing.max_bytes).to_string(), limit(desired.max_bytes).to_string(), true);
     check("discard", format!("{:?}", existing.discard), format!("{:?}", desired.discard), true);
     check(
         "history",
-        existing.max_messages_per_subject.to_string(),
-        desired.max_messages_per_subject.to_string(),
+        limit(existing.max_messages_per_subject).to_string(),
+        limit(desired.max_messages_per_subject).to_string(),
         true,
     );
     if !desired.duplicate_window.is_zero() {
@@ -308,13 +321,18 @@ async fn existing_stream(
     }
 }
 
-async fn ensure_stream(js: &jetstream::Context, desired: stream::Config) -> Result<(), TopologyError> {
+async fn ensure_stream(
+    js: &jetstream::Context,
+    desired: stream::Config,
+    changes: &mut Vec<Change>,
+) -> Result<(), TopologyError> {
     let name = desired.name.clone();
     let existing = match existing_stream(js, &name).await? {
         Some(existing) => existing,
         None => match js.create_stream(desired.clone()).await {
             Ok(_) => {
                 tracing::info!(stream = %name, "created stream");
+                changes.push(Change::Created { resource: name });
                 return Ok(());
             }
             // Another service created it between our look-up and create: compare with theirs.
@@ -345,6 +363,8 @@ async fn ensure_stream(js: &jetstream::Context, desired: stream::Config) -> Resu
         updated.duplicate_window = desired.duplicate_window;
     }
     js.update_stream(updated).await.map_err(|e| nats_error(&name, "update stream", e))?;
+    changes
+        .extend(diffs.into_iter().map(|difference| Change::Converged { resource: name.clone(), difference }));
     Ok(())
 }
 
@@ -364,7 +384,11 @@ fn bucket_as_stream(config: &kv::Config) -> stream::Config {
     }
 }
 
-async fn ensure_bucket(js: &jetstream::Context, desired: kv::Config) -> Result<kv::Store, TopologyError> {
+async fn ensure_bucket(
+    js: &jetstream::Context,
+    desired: kv::Config,
+    changes: &mut Vec<Change>,
+) -> Result<kv::Store, TopologyError> {
     let bucket = desired.bucket.clone();
     let stream_name = format!("KV_{bucket}");
     let existing = match existing_stream(js, &stream_name).await? {
@@ -372,6 +396,7 @@ async fn ensure_bucket(js: &jetstream::Context, desired: kv::Config) -> Result<k
         None => match js.create_key_value(desired.clone()).await {
             Ok(store) => {
                 tracing::info!(bucket = %bucket, "created bucket");
+                changes.push(Change::Created { resource: bucket });
                 return Ok(store);
             }
             Err(e) => match existing_stream(js, &stream_name).await? {
@@ -389,6 +414,9 @@ async fn ensure_bucket(js: &jetstream::Context, desired: kv::Config) -> Result<k
             tracing::info!(bucket = %bucket, setting = diff.setting, from = %diff.existing, to = %diff.desired, "converging bucket setting");
         }
         js.update_key_value(desired).await.map_err(|e| nats_error(&bucket, "update bucket", e))?;
+        changes.extend(
+            diffs.into_iter().map(|difference| Change::Converged { resource: bucket.clone(), difference }),
+        );
     }
     js.get_key_value(&bucket).await.map_err(|e| nats_error(&bucket, "open bucket", e))
 }

@@ -484,8 +484,10 @@ async fn topology_converges_and_names_conflicting_settings() {
     let js = jetstream::new(server.client().await);
     let names = Names::default();
     let args = TopologyArgs::default();
-    topology::ensure(&js, &names, &args).await.expect("first run creates");
-    topology::ensure(&js, &names, &args).await.expect("second run converges");
+    let first = topology::ensure(&js, &names, &args).await.expect("first run creates");
+    assert_eq!(first.changes.len(), 10, "six streams and four buckets created: {:?}", first.changes);
+    let second = topology::ensure(&js, &names, &args).await.expect("second run converges");
+    assert!(second.changes.is_empty(), "nothing to change on a second run: {:?}", second.changes);
     // Two services starting at once.
     let (a, b) = tokio::join!(topology::ensure(&js, &names, &args), topology::ensure(&js, &names, &args));
     a.expect("concurrent a");
