@@ -1,0 +1,16 @@
+//! jetsched-alerter: a durable consumer (shared by replicas) on the events stream plus
+//! periodic checks of queue consumers, the dead-letter stream and the leader lease, turned
+//! into de-duplicated, grouped, rate-limited alerts on the log, webhooks and
+//! `<prefix>.alert.<severity>`.
+
+mod channels;
+mod config;
+mod metrics;
+mod probes;
+pub mod rules;
+mod service;
+mod state;
+
+pub use config::{Config, DEFAULT_ADMIN_ADDR};
+pub use service::{Alerter, build};
+pub use state::{ALERTER_CONSUMER, MAX_DEDUP_WINDOW, alerter_bucket};

@@ -1,0 +1,31 @@
+//! `jetsched-alerter`: turns events, dead letters, queue depths and the leader lease into alerts.
+
+use std::process::ExitCode;
+
+use jetsched_alerter::{Config, build};
+use jetsched_shared::{shutdown, telemetry};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::load().unwrap_or_else(|error| error.exit());
+    telemetry::init(config.common.log_format);
+    if let Err(error) = config.validate() {
+        tracing::error!(error = format!("{error:#}"), "invalid alerter configuration");
+        return ExitCode::from(2);
+    }
+    let token = shutdown::on_signals();
+    let service = match build(config).await {
+        Ok(service) => service,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "cannot start the alerter");
+            return ExitCode::FAILURE;
+        }
+    };
+    match service.run(token).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "alerter stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! The alerter's own KV bucket (`<PREFIX>_ALERTER`): one key per open de-duplication window
+//! (`<rule>.<namespace>.<task_id>` → until when). Replicas claim a window with
+//! compare-and-set, so one alert goes out however many replicas see the condition, and a
+//! restarted alerter loads the open windows instead of re-sending.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::{self, kv};
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, live};
+use jetsched_shared::names::Names;
+use jetsched_shared::topology::TopologyArgs;
+use jetsched_shared::wire::millis;
+use serde::{Deserialize, Serialize};
+
+use crate::rules::gate::{DedupKey, Gate};
+
+/// Longest de-duplication window (and the age after which the bucket forgets a window).
+pub const MAX_DEDUP_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The alerter's bucket: `<PREFIX>_ALERTER`.
+pub fn alerter_bucket(names: &Names) -> String {
+    format!("{}_ALERTER", names.prefix().to_ascii_uppercase())
+}
+
+/// The alerter's durable consumer on the events stream, shared by every replica.
+pub const ALERTER_CONSUMER: &str = "alerter";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredWindow {
+    #[serde(with = "millis")]
+    until: DateTime<Utc>,
+    #[serde(with = "millis")]
+    sent_at: DateTime<Utc>,
+    instance: String,
+}
+
+/// Outcome of a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// This replica opened the window: send.
+    Won,
+    /// Another replica (or this one before a restart) holds an open window until then.
+    Lost { until: DateTime<Utc> },
+}
+
+pub(crate) struct DedupStore {
+    kv: kv::Store,
+    instance: String,
+    revisions: HashMap<String, u64>,
+}
+
+impl DedupStore {
+    /// Creates the bucket when missing and opens it.
+    pub(crate) async fn open(
+        js: &jetstream::Context,
+        names: &Names,
+        topology: &TopologyArgs,
+        instance: &str,
+    ) -> anyhow::Result<DedupStore> {
+        let bucket = alerter_bucket(names);
+        let kv = match js.get_key_value(&bucket).await {
+            Ok(kv) => kv,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: bucket.clone(),
+                    description: "jetsched alerter de-duplication windows".to_string(),
+                    history: 1,
+                    max_age: MAX_DEDUP_WINDOW,
+                    storage: topology.storage.into(),
+                    num_replicas: topology.replicas,
+                    ..Default::default()
+                })
+                .await
+                .with_context(|| format!("create bucket {bucket}"))?,
+        };
+        Ok(DedupStore { kv, instance: instance.to_string(), revisions: HashMap::new() })
+    }
+
+    /// Restores every window still open at `now` into `gate`; returns how many.
+    pub(crate) async fn load(&mut self, gate: &mut Gate, now: DateTime<Utc>) -> anyhow::Result<usize> {
+        let keys: Vec<String> = self
+            .kv
+            .keys()
+            .await
+            .context("list alerter windows")?
+            .try_collect()
+            .await
+            .context("list alerter windows")?;
+        let mut restored = 0;
+        for key in keys {
+            let Some(entry) =
+                live(self.kv.entry(key.as_str()).await.with_context(|| format!("read window {key}"))?)
+            else {
+                continue;
+            };
+            self.revisions.insert(key.clone(), entry.revision);
+            let (Some(dedup), Ok(stored)) =
+                (DedupKey::parse(&key), serde_json::from_slice::<StoredWindow>(&entry.value))
+            else {
+                tracing::debug!(key = %key, "ignoring an unreadable alerter window");
+                continue;
+            };
+            if stored.until > now {
+                gate.restore(dedup, stored.until);
+                restored += 1;
+            }
+        }
+        Ok(restored)
+    }
+
+    /// Opens the window of `key` until `until`, unless an open one exists.
+    pub(crate) async fn claim(
+        &mut self,
+        key: &DedupKey,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> anyhow::Result<Claim> {
+        let name = key.storage_key();
+        let value =
+            serde_json::to_vec(&StoredWindow { until, sent_at: now, instance: self.instance.clone() })
+                .context("encode alerter window")?;
+        for _ in 0..3 {
+            let written = match self.revisions.get(&name) {
+                Some(revision) => {
+                    match self.kv.update(name.as_str(), value.clone().into(), *revision).await {
+                        Ok(revision) => Some(revision),
+                        Err(error) if is_revision_mismatch(&error) => None,
+                        Err(error) => return Err(error).with_context(|| format!("update window {name}")),
+                    }
+                }
+                None => match self.kv.create(name.as_str(), value.clone().into()).await {
+                    Ok(revision) => Some(revision),
+                    Err(error) if is_already_exists(&error) => None,
+                    Err(error) => return Err(error).with_context(|| format!("create window {name}")),
+                },
+            };
+            if let Some(revision) = written {
+                self.revisions.insert(name, revision);
+                return Ok(Claim::Won);
+            }
+            // Someone else wrote it: open or expired?
+            match live(self.kv.entry(name.as_str()).await.with_context(|| format!("read window {name}"))?) {
+                Some(entry) => {
+                    self.revisions.insert(name.clone(), entry.revision);
+                    if let Ok(stored) = serde_json::from_slice::<StoredWindow>(&entry.value)
+                        && stored.until > now
+                    {
+                        return Ok(Claim::Lost { until: stored.until });
+                    }
+                }
+                None => {
+                    self.revisions.remove(&name);
+                }
+            }
+        }
+        anyhow::bail!("window {name} kept changing under this replica")
+    }
+}
