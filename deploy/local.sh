@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs jetsched on this machine: nats-server (nats.conf), the registry, two schedulers and
-# two workers, then applies the demo specs in deploy/examples/ and prints where to look.
+# Runs jetsched on this machine: nats-server (nats.conf), the registry, two schedulers, two
+# workers and the alerter, then applies the demo specs in deploy/examples/ and prints where to look.
 # Ctrl-C stops everything it started. Safe to re-run: the JetStream store in .jetsched-local/
 # is reused, specs are applied idempotently, and an already running local NATS is reused.
 #
@@ -91,7 +91,8 @@ start jetsched-scheduler scheduler-1 9102 --instance-id scheduler-1
 start jetsched-scheduler scheduler-2 9112 --instance-id scheduler-2
 start jetsched-worker worker-1 9103 --instance-id worker-1 --shell-allow echo,date
 start jetsched-worker worker-2 9113 --instance-id worker-2 --shell-allow echo,date
-for port in 9102 9112 9103 9113; do
+start jetsched-alerter alerter 9104 --instance-id alerter-1
+for port in 9102 9112 9103 9113 9104; do
     wait_http "http://127.0.0.1:$port/readyz" "service on admin port $port"
 done
 
@@ -109,6 +110,7 @@ Metrics and health:
   registry   http://127.0.0.1:9101/metrics   (/healthz, /readyz)
   schedulers http://127.0.0.1:9102/metrics   http://127.0.0.1:9112/metrics
   workers    http://127.0.0.1:9103/metrics   http://127.0.0.1:9113/metrics
+  alerter    http://127.0.0.1:9104/metrics   (alerts also go to jetsched.alert.<severity>)
 NATS monitor:
   http://127.0.0.1:8222/jsz?streams=true&consumers=true
 The task demo/always-failing exhausts its retries and lands in the JETSCHED_DLQ stream.

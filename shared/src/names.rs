@@ -200,6 +200,18 @@ impl Names {
     pub fn worker_consumer(&self, queue: &str) -> String {
         format!("workers-{queue}")
     }
+    /// The queue a `workers-<queue>` consumer serves, or `None` for other consumers.
+    pub fn queue_of_worker_consumer<'a>(&self, consumer: &'a str) -> Option<&'a str> {
+        consumer.strip_prefix("workers-").filter(|q| !q.is_empty())
+    }
+    /// The alerter's durable consumer on the events stream, shared by every replica.
+    pub fn alerter_consumer(&self) -> &'static str {
+        "alerter"
+    }
+    /// The alerter's bucket of de-duplication windows: `<PREFIX>_ALERTER`.
+    pub fn alerter_bucket(&self) -> String {
+        format!("{}_ALERTER", self.upper)
+    }
     /// The key of the scheduler's lease in the leader bucket.
     pub fn leader_key(&self) -> &'static str {
         "scheduler"

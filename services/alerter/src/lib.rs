@@ -13,4 +13,4 @@ mod state;
 
 pub use config::{Config, DEFAULT_ADMIN_ADDR};
 pub use service::{Alerter, build};
-pub use state::{ALERTER_CONSUMER, MAX_DEDUP_WINDOW, alerter_bucket};
+pub use state::MAX_DEDUP_WINDOW;

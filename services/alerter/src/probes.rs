@@ -15,13 +15,12 @@ pub(crate) async fn queue_depths(
 ) -> anyhow::Result<Vec<(String, u64)>> {
     let name = names.dispatch_stream();
     let stream = js.get_stream(&name).await.with_context(|| format!("look up {name}"))?;
-    let consumer_prefix = names.worker_consumer("");
     let infos: Vec<_> =
         stream.consumers().try_collect().await.with_context(|| format!("list consumers of {name}"))?;
     let mut depths: Vec<(String, u64)> = infos
         .into_iter()
         .filter_map(|info| {
-            let queue = info.name.strip_prefix(&consumer_prefix)?.to_string();
+            let queue = names.queue_of_worker_consumer(&info.name)?.to_string();
             Some((queue, info.num_pending))
         })
         .collect();

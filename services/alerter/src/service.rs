@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 use crate::probes;
 use crate::rules::gate::{Admission, DedupKey, Gate};
 use crate::rules::{Candidate, Detector, Rule};
-use crate::state::{ALERTER_CONSUMER, Claim, DedupStore, MAX_DEDUP_WINDOW};
+use crate::state::{Claim, DedupStore, MAX_DEDUP_WINDOW};
 
 /// How long `run` lets channels deliver what is queued after shutdown.
 const CHANNEL_GRACE: Duration = Duration::from_secs(10);
@@ -205,7 +205,7 @@ async fn events_consumer(
     let stream = js.get_stream(&name).await.with_context(|| format!("look up stream {name}"))?;
     stream
         .create_consumer(pull::Config {
-            durable_name: Some(ALERTER_CONSUMER.to_string()),
+            durable_name: Some(names.alerter_consumer().to_string()),
             description: Some(
                 "jetsched alerter: run failures, dead letters, leader changes, fire lag".to_string(),
             ),
@@ -217,7 +217,7 @@ async fn events_consumer(
             ..Default::default()
         })
         .await
-        .with_context(|| format!("ensure consumer {ALERTER_CONSUMER} on {name}"))
+        .with_context(|| format!("ensure consumer {} on {name}", names.alerter_consumer()))
 }
 
 fn entry_time(entry: &kv::Entry) -> DateTime<Utc> {

@@ -21,14 +21,6 @@ use crate::rules::gate::{DedupKey, Gate};
 /// Longest de-duplication window (and the age after which the bucket forgets a window).
 pub const MAX_DEDUP_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// The alerter's bucket: `<PREFIX>_ALERTER`.
-pub fn alerter_bucket(names: &Names) -> String {
-    format!("{}_ALERTER", names.prefix().to_ascii_uppercase())
-}
-
-/// The alerter's durable consumer on the events stream, shared by every replica.
-pub const ALERTER_CONSUMER: &str = "alerter";
-
 #[derive(Debug, Serialize, Deserialize)]
 struct StoredWindow {
     #[serde(with = "millis")]
@@ -61,7 +53,7 @@ impl DedupStore {
         topology: &TopologyArgs,
         instance: &str,
     ) -> anyhow::Result<DedupStore> {
-        let bucket = alerter_bucket(names);
+        let bucket = names.alerter_bucket();
         let kv = match js.get_key_value(&bucket).await {
             Ok(kv) => kv,
             Err(_) => js

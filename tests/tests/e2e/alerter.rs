@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use chrono::Utc;
 use futures::StreamExt;
-use jetsched_alerter::{Config, alerter_bucket, build};
+use jetsched_alerter::{Config, build};
 use jetsched_shared::alert::{AlertMessage, RATE_LIMIT_SUMMARY, Severity};
 use jetsched_shared::names::{Names, SYSTEM_NAMESPACE};
 use jetsched_shared::topology::{self, TopologyArgs};
@@ -479,7 +479,7 @@ async fn a_restarted_alerter_does_not_resend() {
     assert!(!subscriber.rules().iter().any(|r| r == "leader_flapping"));
     alerter.stop().await;
     // The windows are in the alerter's bucket.
-    let bucket = js.get_key_value(alerter_bucket(&names)).await.expect("alerter bucket");
+    let bucket = js.get_key_value(names.alerter_bucket()).await.expect("alerter bucket");
     assert!(bucket.get("run_dead.billing.invoice").await.unwrap().is_some());
 
     let alerter = RunningAlerter::start(config).await;
