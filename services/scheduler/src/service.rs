@@ -2,12 +2,13 @@
 //! admin port) and `Scheduler::run` (the dispatch loop, the lease task and the events task).
 //!
 //! The loop is one `select!` over a closed [`Event`]: shutdown first, then lease changes,
-//! publish acks, the timing wheel's next deadline, task changes, the fire-state load of a new
-//! leader, state flushes and retries. No tokio task or sleep per registered task, no polling.
+//! publish acks, the timing wheel's next deadline, task changes, the fire-state watch (followed
+//! by every replica, so a new leader only waits for it to reach the stream's end), state flushes
+//! and retries. No tokio task or sleep per registered task, no polling: the loop sleeps until
+//! the next deadline (tokio's timer until 1 ms before, then a µs-precise thread sleep).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -16,7 +17,7 @@ use async_nats::jetstream::kv::{self, Entry, Operation, WatcherError};
 use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{self};
 use bytes::Bytes;
-use futures::future::{BoxFuture, OptionFuture};
+use futures::future::{BoxFuture, Fuse, OptionFuture};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use jetsched_shared::admin::{AdminServer, Readiness};
@@ -27,7 +28,7 @@ use jetsched_shared::wire::{Event as WireEvent, EventKind, FireState, Trigger, s
 use prometheus::Registry as MetricsRegistry;
 use tokio::sync::mpsc;
 use tokio::task::{JoinError, JoinHandle};
-use tokio::time::{Instant, Sleep, sleep_until};
+use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::catchup::{self, Limits};
@@ -51,6 +52,14 @@ const MAX_PRESIZE: usize = 10_000_000;
 const MAX_STATE_DELAY: Duration = Duration::from_secs(2);
 /// Concurrent state writes of one flush.
 const STATE_WRITE_WINDOW: usize = 256;
+/// The tokio timer (1 ms resolution, rounds up) wakes the loop this much before a deadline;
+/// a short `std::thread::sleep` (µs precision) on a blocking thread finishes the wait.
+const TIMER_EARLY: Duration = Duration::from_millis(1);
+/// How long a new leader waits for the warm fire-state watch to reach the stream's last
+/// sequence before it re-reads the fire state from scratch.
+const STATE_CATCHUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Delay before the fire-state watch (or its stream info) is read again after an error.
+const STATE_RETRY_DELAY: Duration = Duration::from_millis(500);
 
 /// A started scheduler, ready to run.
 pub struct Scheduler {
@@ -120,6 +129,7 @@ pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
         lease_open: true,
         lease: None,
         fenced: false,
+        state: StateFollow::default(),
         state_load: None,
         ready: VecDeque::new(),
         catchup: VecDeque::new(),
@@ -136,7 +146,7 @@ pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
         window,
         state_flush: config.state_flush,
         limits: Limits { threshold: config.misfire_threshold, max: config.catchup_max.max(1) },
-        timer: Box::pin(sleep_until(Instant::now())),
+        timer: precise_sleep_until(Instant::now()).fuse(),
         timer_due: None,
         due: Vec::new(),
     };
@@ -210,6 +220,7 @@ enum Event {
     CatchupRefill,
     Rewatch,
     StateRewatch,
+    StateLoadWake,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -218,10 +229,29 @@ struct LeaseView {
     valid_until: Instant,
 }
 
-/// A new leader reading the fire state before it dispatches.
-struct StateLoad {
+/// The fire-state watch every replica follows once its tasks are loaded (one ordered
+/// `watch_with_history`), so a new leader starts from a warm state instead of reading the
+/// bucket. While leading, the replica is the only writer and ignores its own echoes.
+#[derive(Default)]
+struct StateFollow {
     watch: Option<discovery::Watch>,
     retry_at: Option<Instant>,
+    /// Highest stream sequence (entry revision) the watch delivered.
+    seen: u64,
+    /// States of keys not (yet) in the task table: last nominal fire (ms) and fire count.
+    orphans: HashMap<Box<str>, (i64, u64)>,
+}
+
+/// A new leader waiting until the fire-state watch has caught up with the stream's last
+/// sequence as read after the lease was acquired; then it plans the catch-up and dispatches.
+struct StateLoad {
+    /// The stream's last sequence at acquisition (`None`: not read yet).
+    target: Option<u64>,
+    /// The watch was opened after acquisition: an entry with `delta == 0` also ends the wait.
+    fresh: bool,
+    /// Retry reading the target (when `target` is `None`), else give up on the warm watch.
+    wake_at: Option<Instant>,
+    started: Instant,
 }
 
 struct Core {
@@ -244,6 +274,7 @@ struct Core {
     lease: Option<LeaseView>,
     /// Dispatch is paused because the local lease deadline passed.
     fenced: bool,
+    state: StateFollow,
     state_load: Option<StateLoad>,
     /// Ordinary fires waiting for a publish slot.
     ready: VecDeque<Fire>,
@@ -262,9 +293,32 @@ struct Core {
     window: usize,
     state_flush: Duration,
     limits: Limits,
-    timer: Pin<Box<Sleep>>,
+    timer: Fuse<BoxFuture<'static, ()>>,
     timer_due: Option<u64>,
     due: Vec<(u32, u64)>,
+}
+
+/// Sleeps until `deadline` with microsecond precision, never returning before it: the tokio
+/// timer until [`TIMER_EARLY`] before, then a `std::thread::sleep` of the rest on a blocking
+/// thread (dropping the future abandons that sleep, which ends by itself within a millisecond).
+fn precise_sleep_until(deadline: Instant) -> BoxFuture<'static, ()> {
+    async move {
+        if let Some(early) = deadline.checked_sub(TIMER_EARLY)
+            && early > Instant::now()
+        {
+            sleep_until(early).await;
+        }
+        let deadline = deadline.into_std();
+        if deadline > std::time::Instant::now() {
+            let rest =
+                move || std::thread::sleep(deadline.saturating_duration_since(std::time::Instant::now()));
+            if tokio::task::spawn_blocking(rest).await.is_err() {
+                // Cancelled (runtime shutting down): the tokio timer still never fires early.
+                sleep_until(deadline.into()).await;
+            }
+        }
+    }
+    .boxed()
 }
 
 async fn sleep_opt(at: Option<Instant>) {
@@ -304,24 +358,26 @@ impl Core {
                 && let Some(lease) = lease.take()
             {
                 *lease_task = Some(tokio::spawn(lease.run()));
+                self.open_state_watch().await;
             }
             self.pump().await;
             self.arm_timer();
-            let state_retry_at = self.state_load.as_ref().and_then(|s| s.retry_at);
+            let state_load_wake = self.state_load.as_ref().and_then(|s| s.wake_at);
             let event = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => Event::Shutdown,
                 event = lease_rx.recv(), if self.lease_open => Event::Lease(event),
                 Some(acked) = self.inflight.next(), if !self.inflight.is_empty() => Event::Acked(acked),
-                _ = &mut self.timer, if self.timer_due.is_some() => Event::Timer,
+                () = &mut self.timer, if self.timer_due.is_some() => Event::Timer,
                 batch = next_decoded(self.watch.as_mut()) => Event::Tasks(batch),
-                batch = next_batch(self.state_load.as_mut().and_then(|s| s.watch.as_mut())) => Event::State(batch),
+                batch = next_batch(self.state.watch.as_mut()) => Event::State(batch),
                 Some(flushed) = OptionFuture::from(self.flush_task.as_mut()), if self.flush_task.is_some() => Event::Flushed(flushed),
                 _ = sleep_opt(self.flush_at) => Event::Flush,
                 _ = sleep_opt(self.retry_at) => Event::Retry,
                 _ = sleep_opt(self.catchup_refill_at) => Event::CatchupRefill,
                 _ = sleep_opt(self.watch_retry_at) => Event::Rewatch,
-                _ = sleep_opt(state_retry_at) => Event::StateRewatch,
+                _ = sleep_opt(self.state.retry_at) => Event::StateRewatch,
+                _ = sleep_opt(state_load_wake) => Event::StateLoadWake,
             };
             match event {
                 Event::Shutdown => return,
@@ -351,7 +407,8 @@ impl Core {
                     self.catchup_budget = self.catchup_slice;
                 }
                 Event::Rewatch => self.rewatch().await,
-                Event::StateRewatch => self.open_state_load().await,
+                Event::StateRewatch => self.open_state_watch().await,
+                Event::StateLoadWake => self.on_state_load_wake().await,
             }
         }
     }
@@ -408,10 +465,12 @@ impl Core {
         }
         self.timer_due = next;
         if let Some(due) = next {
-            // Microsecond arithmetic: the wake-up is late by tokio's timer tick at most.
+            // Microsecond arithmetic against the wall clock the wheel runs on; the wake-up is
+            // precise to tens of µs (see `precise_sleep_until`). A wake-up that still finds the
+            // wall clock before `due` fires nothing and re-arms.
             let now_us = chrono::Utc::now().timestamp_micros().max(0) as u64;
             let wait = (due * 1000).saturating_sub(now_us);
-            self.timer.as_mut().reset(Instant::now() + Duration::from_micros(wait));
+            self.timer = precise_sleep_until(Instant::now() + Duration::from_micros(wait)).fuse();
         }
     }
 
@@ -524,7 +583,17 @@ impl Core {
                     } else {
                         now
                     };
+                    let orphan = match self.state.orphans.is_empty() {
+                        true => None,
+                        false => self.state.orphans.remove(&info.key),
+                    };
                     let idx = self.tasks.insert(*info, cursor);
+                    if let Some((done, fires)) = orphan
+                        && let Some(slot) = self.tasks.get_mut(idx)
+                    {
+                        slot.done_ms = Some(done);
+                        slot.fires = fires;
+                    }
                     self.schedule_next(idx);
                 }
             }
@@ -559,12 +628,14 @@ impl Core {
                     term: Some(term),
                     ..WireEvent::new(EventKind::LeaderAcquired, SYSTEM_NAMESPACE, "scheduler")
                 });
-                for (_, slot) in self.tasks.iter_mut() {
-                    slot.done_ms = None;
-                    slot.fires = 0;
+                // The fire state is warm (followed while follower); wait until the watch has
+                // caught up with what the previous leader wrote, then plan the catch-up.
+                self.state_load =
+                    Some(StateLoad { target: None, fresh: false, wake_at: None, started: Instant::now() });
+                if self.state.watch.is_none() {
+                    self.open_state_watch().await;
                 }
-                self.state_load = Some(StateLoad { watch: None, retry_at: None });
-                self.open_state_load().await;
+                self.read_state_target().await;
             }
             LeaseEvent::Renewed { valid_until } => {
                 if let Some(lease) = &mut self.lease {
@@ -583,32 +654,79 @@ impl Core {
         }
     }
 
-    async fn open_state_load(&mut self) {
-        let Some(load) = &mut self.state_load else { return };
-        load.retry_at = None;
+    /// Opens the fire-state watch (all keys, then updates). Opened during a leader's wait, it
+    /// is fresh: its first entry with `delta == 0` means the state is current.
+    async fn open_state_watch(&mut self) {
+        self.state.retry_at = None;
         match discovery::open(&self.state_store).await {
             Ok((watch, messages)) => {
-                load.watch = Some(watch);
-                if messages == 0 {
-                    self.finish_acquisition();
+                self.state.watch = Some(watch);
+                if let Some(load) = &mut self.state_load {
+                    load.fresh = true;
+                    if messages == 0 {
+                        self.finish_acquisition();
+                    }
                 }
             }
             Err(error) => {
-                tracing::warn!(error = format!("{error:#}"), "cannot read the fire state; retrying");
-                load.retry_at = Some(Instant::now() + Duration::from_millis(500));
+                tracing::warn!(error = format!("{error:#}"), "cannot watch the fire state; retrying");
+                self.state.retry_at = Some(Instant::now() + STATE_RETRY_DELAY);
             }
         }
     }
 
+    /// A new leader reads the state stream's last sequence: the watch must reach it.
+    async fn read_state_target(&mut self) {
+        if self.state_load.is_none() {
+            return;
+        }
+        let mut stream = self.state_store.stream.clone();
+        let info = stream.info().await;
+        let Some(load) = &mut self.state_load else { return };
+        match info {
+            Ok(info) if info.state.messages == 0 => self.finish_acquisition(),
+            Ok(info) => {
+                load.target = Some(info.state.last_sequence);
+                load.wake_at = (!load.fresh).then(|| Instant::now() + STATE_CATCHUP_TIMEOUT);
+                if self.state.seen >= info.state.last_sequence {
+                    self.finish_acquisition();
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the fire-state stream info; retrying");
+                load.wake_at = Some(Instant::now() + STATE_RETRY_DELAY);
+            }
+        }
+    }
+
+    async fn on_state_load_wake(&mut self) {
+        let Some(load) = &mut self.state_load else { return };
+        load.wake_at = None;
+        if load.target.is_some() {
+            // The warm watch did not reach the target (e.g. the last message was removed
+            // meanwhile): read the whole fire state again through a fresh watch.
+            tracing::warn!(
+                target = load.target,
+                seen = self.state.seen,
+                "the fire-state watch did not catch up; re-reading the fire state"
+            );
+            load.target = None;
+            self.state.watch = None;
+            self.open_state_watch().await;
+        }
+        self.read_state_target().await;
+    }
+
     fn on_state(&mut self, batch: Batch) {
         let Some(entries) = batch else {
-            if let Some(load) = &mut self.state_load {
-                load.watch = None;
-                load.retry_at = Some(Instant::now() + Duration::from_millis(500));
-            }
+            tracing::warn!("fire-state watch ended; re-opening");
+            self.state.watch = None;
+            self.state.retry_at = Some(Instant::now() + STATE_RETRY_DELAY);
             return;
         };
-        let mut done = false;
+        // The leader is the only writer: its own echoes are older than what it holds.
+        let apply = !self.leading();
+        let mut current = false;
         for entry in entries {
             let entry = match entry {
                 Ok(entry) => entry,
@@ -617,31 +735,50 @@ impl Core {
                     continue;
                 }
             };
-            done |= entry.delta == 0;
-            let Some(idx) = self.tasks.lookup(&entry.key) else { continue };
-            let Some(slot) = self.tasks.get_mut(idx) else { continue };
-            match entry.operation {
-                Operation::Put => match serde_json::from_slice::<FireState>(&entry.value) {
-                    Ok(state) => {
-                        slot.done_ms = Some(state.last_nominal_fire.timestamp_millis());
-                        slot.fires = state.fires;
-                    }
-                    Err(error) => tracing::warn!(task = %entry.key, %error, "unreadable fire state; ignored"),
-                },
-                Operation::Delete | Operation::Purge => {
-                    slot.done_ms = None;
-                    slot.fires = 0;
+            self.state.seen = self.state.seen.max(entry.revision);
+            current |= entry.delta == 0;
+            if !apply {
+                if entry.operation != Operation::Put && !self.state.orphans.is_empty() {
+                    self.state.orphans.remove(entry.key.as_str());
                 }
+                continue;
+            }
+            let state = match entry.operation {
+                Operation::Put => match serde_json::from_slice::<FireState>(&entry.value) {
+                    Ok(state) => Some((state.last_nominal_fire.timestamp_millis(), state.fires)),
+                    Err(error) => {
+                        tracing::warn!(task = %entry.key, %error, "unreadable fire state; ignored");
+                        continue;
+                    }
+                },
+                Operation::Delete | Operation::Purge => None,
+            };
+            match self.tasks.lookup(&entry.key).and_then(|idx| self.tasks.get_mut(idx)) {
+                Some(slot) => {
+                    slot.done_ms = state.map(|(done, _)| done);
+                    slot.fires = state.map_or(0, |(_, fires)| fires);
+                }
+                None => match state {
+                    Some(state) => {
+                        self.state.orphans.insert(entry.key.into_boxed_str(), state);
+                    }
+                    None => {
+                        self.state.orphans.remove(entry.key.as_str());
+                    }
+                },
             }
         }
-        if done {
+        if let Some(load) = &self.state_load
+            && ((load.fresh && current) || load.target.is_some_and(|target| self.state.seen >= target))
+        {
             self.finish_acquisition();
         }
     }
 
     /// The fire state is loaded: plan every task's missed fires, then dispatch.
     fn finish_acquisition(&mut self) {
-        self.state_load = None;
+        let state_wait_ms =
+            self.state_load.take().map_or(0, |load| load.started.elapsed().as_millis() as u64);
         let now = now_ms();
         let started = std::time::Instant::now();
         let (mut dispatch, mut skipped, mut missed) = (0usize, 0u64, 0u64);
@@ -697,6 +834,7 @@ impl Core {
             dispatch,
             skipped,
             missed,
+            state_wait_ms,
             plan_ms = started.elapsed().as_millis() as u64,
             "leader resumed from the fire state"
         );

@@ -42,11 +42,12 @@ impl TaskInfo {
         let key = spec.key();
         let ns_len = u16::try_from(spec.namespace.len()).unwrap_or(u16::MAX);
         let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
+        let jitter_offset_ms = ms(spec.jitter_offset());
         TaskInfo {
             key: key.into_boxed_str(),
             ns_len,
-            queue: spec.queue.clone().into_boxed_str(),
-            jitter_offset_ms: ms(spec.jitter_offset()),
+            queue: spec.queue.into_boxed_str(),
+            jitter_offset_ms,
             jitter_random_ms: spec.jitter.and_then(|j| j.max_random).map(ms).unwrap_or(0),
             schedule: spec.schedule,
             misfire: spec.misfire,

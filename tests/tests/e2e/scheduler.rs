@@ -1,6 +1,7 @@
 //! End-to-end tests of jetsched-scheduler against a real nats-server: firing once per nominal
 //! time, task updates / deletes / pause / resume, failover by kill -9 of real scheduler
-//! processes, fencing of a frozen (SIGSTOP) leader, and a server restart during steady firing.
+//! processes, a graceful handover to a warm follower, fencing of a frozen (SIGSTOP) leader, and a
+//! server restart during steady firing.
 //!
 //! Every check reads the dispatch stream back and looks at each task's nominal fire times:
 //! each at most once, and (with `fire_all`) none missing between the first and the last.
@@ -535,6 +536,44 @@ async fn a_graceful_shutdown_hands_over_at_once() {
         seen.iter().filter(|s| s.published > stopped_at).map(|s| s.published).min().expect("b dispatched");
     let gap = next.duration_since(stopped_at).expect("later");
     assert!(gap < Duration::from_millis(1500), "handover took {gap:?}");
+}
+
+#[tokio::test]
+async fn a_warm_follower_resumes_from_the_latest_fire_state() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let lease = Duration::from_secs(10);
+    let (js, topology) = setup(&server, lease).await;
+    let ids: Vec<String> = (0..5).map(|i| format!("warm-{i}")).collect();
+    put_every_second(&topology, ids.clone()).await;
+    let mut a = spawn_scheduler(&server.url(), "warm-a", lease);
+    eventually(WAIT, "a leads", || async { leader(&topology).await.filter(|l| l.instance == "warm-a") })
+        .await;
+    // b follows the fire state a writes for seconds before it leads: it must take over from
+    // what a wrote last (fire counts continue, no fire repeated or lost), not from its start.
+    let mut b = spawn_scheduler(&server.url(), "warm-b", lease);
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    a.sigterm();
+    assert!(a.wait_exit(WAIT).await.is_some_and(|status| status.success()), "clean exit:\n{}", a.output());
+    eventually(Duration::from_secs(3), "b leads", || async {
+        leader(&topology).await.filter(|l| l.instance == "warm-b")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    b.sigterm();
+    assert!(b.wait_exit(WAIT).await.is_some_and(|status| status.success()), "clean exit:\n{}", b.output());
+
+    let seen = read_dispatches(&js).await;
+    let per = per_task(&seen);
+    for id in &ids {
+        let key = task_key(NS, id);
+        let nominals = per.get(&key).unwrap_or_else(|| panic!("{key} dispatched"));
+        assert_contiguous(&key, nominals, 1000);
+        let stored = topology.state.get(&key).await.expect("read fire state").expect("fire state stored");
+        let state: wire::FireState = serde_json::from_slice(&stored).expect("fire state JSON");
+        assert_eq!(state.fires, nominals.len() as u64, "{key}: fire count carried over the handover");
+        assert_eq!(state.last_nominal_fire.timestamp_millis(), nominals[nominals.len() - 1], "{key}");
+    }
 }
 
 #[tokio::test]

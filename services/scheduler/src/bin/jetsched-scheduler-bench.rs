@@ -1,7 +1,8 @@
 //! Load generator for the scheduler against a running nats-server: burst (N tasks due in the
 //! same second, against raw pipelined JetStream publishing with message ids in the same run),
 //! steady (N tasks spread to a fire rate, lag percentiles) and scale (load time of N tasks
-//! against a raw `watch_with_history`, resident memory).
+//! against a raw `watch_with_history`, resident memory) and handover (steady firing while the
+//! leader shuts down gracefully and a warm follower takes over: fire lag around the handover).
 //!
 //! `nats-server -js -sd /tmp/bench -p 4333 &` then
 //! `cargo run --release -p jetsched-scheduler --bin jetsched-scheduler-bench -- --nats-url nats://127.0.0.1:4333 burst --tasks 100000`.
@@ -21,7 +22,7 @@ use jetsched_scheduler::{Config, build};
 use jetsched_shared::config::{CommonArgs, NatsArgs};
 use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
-use jetsched_shared::wire::{HDR_NOMINAL_TIME, format_time};
+use jetsched_shared::wire::{FireState, HDR_NOMINAL_TIME, format_time};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -55,6 +56,16 @@ enum Mode {
         #[arg(long, default_value_t = 1000)]
         rate: usize,
         #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
+    /// Steady firing of N tasks with N stored fire states; the leader stops gracefully after
+    /// `seconds` and a follower (started earlier) takes over: lag of the fires around it.
+    Handover {
+        #[arg(long, default_value_t = 100_000)]
+        tasks: usize,
+        #[arg(long, default_value_t = 1000)]
+        rate: usize,
+        #[arg(long, default_value_t = 10)]
         seconds: u64,
     },
     /// Cost of `TaskSpec::parse` alone (no NATS), for comparison with the load figures.
@@ -101,6 +112,9 @@ async fn main() -> anyhow::Result<()> {
         Mode::Burst { tasks } => burst(&args.url, &js, args.window, args.events, tasks).await?,
         Mode::Steady { tasks, rate, seconds } => {
             steady(&args.url, &js, args.window, args.events, tasks, rate, seconds).await?
+        }
+        Mode::Handover { tasks, rate, seconds } => {
+            handover(&args.url, &js, args.window, tasks, rate, seconds).await?
         }
         Mode::Parse { .. } => {}
         Mode::Scale { tasks, no_write } => scale(&args.url, &js, args.window, tasks, no_write).await?,
@@ -350,6 +364,86 @@ async fn steady(
         lags.len() as f64 / ((to - from) as f64 / 1000.0)
     );
     percentiles("steady lag (stored - nominal)", lags);
+    Ok(())
+}
+
+async fn handover(
+    url: &str,
+    js: &jetstream::Context,
+    window: usize,
+    n: usize,
+    rate: usize,
+    seconds: u64,
+) -> anyhow::Result<()> {
+    let prefix = "benchhandover";
+    let (names, topology) = fresh(js, prefix).await?;
+    let interval_ms = (n as u64 * 1000 / rate as u64).max(1);
+    let specs = (0..n)
+        .map(|i| {
+            let anchor =
+                DateTime::from_timestamp_millis((i as u64 * interval_ms / n as u64) as i64).expect("anchor");
+            let id = format!("h{i}");
+            let schedule = json!({"every": format!("{interval_ms}ms"), "anchor": format_time(anchor)});
+            (id.clone(), spec(&id, schedule))
+        })
+        .collect();
+    let wrote = write_tasks(&topology, specs).await?;
+    // One stored fire state per task (as after a long run), all at "now": nothing to catch up.
+    let state = Bytes::from(serde_json::to_vec(&FireState {
+        last_nominal_fire: Utc::now(),
+        next_fire: None,
+        fires: 1,
+        last_execution_id: None,
+        revision: 1,
+    })?);
+    let results: Vec<_> = futures::stream::iter(0..n)
+        .map(|i| {
+            let kv = topology.state.clone();
+            let state = state.clone();
+            async move { kv.put(task_key(NS, &format!("h{i}")), state).await }
+        })
+        .buffer_unordered(256)
+        .collect()
+        .await;
+    for result in results {
+        result.context("put fire state")?;
+    }
+    println!("handover: wrote {n} tasks and {n} fire states in {wrote:?} (+ states)");
+    let mut first = config(url, prefix, window, false);
+    first.common.instance_id = Some("bench-a".into());
+    let mut second = config(url, prefix, window, false);
+    second.common.instance_id = Some("bench-b".into());
+    let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
+    let a = tokio::spawn(build(first).await?.run(stop_a.clone()));
+    wait_leader(&topology, &names).await?;
+    let b = tokio::spawn(build(second).await?.run(stop_b.clone()));
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let handover_ms = Utc::now().timestamp_millis();
+    let stopping = Instant::now();
+    stop_a.cancel();
+    a.await??;
+    println!("handover: old leader stopped in {:?}", stopping.elapsed());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop_b.cancel();
+    b.await??;
+    let times = read_dispatch_times(js, &names).await?;
+    let around: Vec<(i64, i128)> = times
+        .iter()
+        .copied()
+        .filter(|&(nominal, _)| nominal >= handover_ms - 500 && nominal < handover_ms + 4000)
+        .collect();
+    let first_after = around
+        .iter()
+        .filter(|&&(nominal, _)| nominal >= handover_ms)
+        .map(|&(_, stored)| stored / 1_000_000)
+        .min()
+        .unwrap_or_default();
+    println!(
+        "handover: first fire after the stop stored {} ms after it",
+        first_after - i128::from(handover_ms)
+    );
+    let lags = around.iter().map(|&(nominal, stored)| (stored / 1000 - i128::from(nominal) * 1000) as i64);
+    percentiles("handover lag (nominal within -0.5 s..+4 s of the stop)", lags.collect());
     Ok(())
 }
 
