@@ -375,3 +375,39 @@ pub struct FireState {
 /// Reply header of a responder to the worker's `nats` executor: `ok`, `retry` or `fail`
 /// (a JSON body `{"status": ...}` works too; see the worker's `executor/nats.rs`).
 pub const HDR_STATUS: &str = "Jetsched-Status";
+
+// ---- run records ------------------------------------------------------------------------------
+
+/// Where a run stands, as recorded in `JETSCHED_RUNS[<execution_id>].status` by the worker
+/// that holds it. The scheduler reads it for the overlap policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// An attempt is executing (or its worker died: then the next delivery finds it so).
+    Running,
+    /// The last attempt failed; a retry is scheduled.
+    Retrying,
+    /// Done; redeliveries are acked without running.
+    Succeeded,
+    /// Final failure; the dead-letter entry is not stored yet (the DLQ refused it).
+    Failed,
+    /// Stored in the dead-letter stream.
+    Dead,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Retrying => "retrying",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Dead => "dead",
+        }
+    }
+
+    /// True once the run will not execute again (succeeded, or failed for good).
+    pub fn is_final(self) -> bool {
+        matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead)
+    }
+}
