@@ -29,6 +29,8 @@ pub enum Endpoint {
     Resume,
     Trigger,
     Next,
+    /// A dead-letter endpoint (`<prefix>.api.dlq.*`), served by [`crate::dlq`].
+    Dlq(crate::dlq::DlqEndpoint),
     /// Anything else under `<prefix>.api.>`.
     Unknown,
 }
@@ -55,6 +57,7 @@ impl Endpoint {
             Endpoint::Resume => "resume",
             Endpoint::Trigger => "trigger",
             Endpoint::Next => "next",
+            Endpoint::Dlq(endpoint) => endpoint.label(),
             Endpoint::Unknown => "unknown",
         }
     }
@@ -118,6 +121,12 @@ pub fn decode_request(
         Endpoint::Resume => ApiRequest::Resume(task_ref(payload)?),
         Endpoint::Trigger => ApiRequest::Trigger(task_ref(payload)?),
         Endpoint::Next => decode_next(payload, limits, now)?,
+        Endpoint::Dlq(endpoint) => {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("{} requests are decoded by the dead-letter API", endpoint.label()),
+            ));
+        }
         Endpoint::Unknown => {
             return Err(ApiError::new(
                 ErrorCode::UnknownEndpoint,

@@ -19,15 +19,15 @@ use jetsched_shared::error::{ApiError, ErrorCode};
 use jetsched_shared::names::{Names, task_key};
 use jetsched_shared::spec::{TaskSpec, validate_id};
 use jetsched_shared::wire::{
-    Dispatch, HDR_EXECUTION_ID, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER, Trigger, format_time,
-    fresh_execution_id, millis,
+    Dispatch, HDR_EXECUTION_ID, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER, Trigger,
+    format_time, fresh_execution_id, millis,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The dead-letter endpoints, in registration order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DlqEndpoint {
+pub enum DlqEndpoint {
     List,
     Get,
     Replay,
@@ -35,7 +35,8 @@ pub(crate) enum DlqEndpoint {
 }
 
 impl DlqEndpoint {
-    pub(crate) const ALL: [DlqEndpoint; 4] = [DlqEndpoint::List, DlqEndpoint::Get, DlqEndpoint::Replay, DlqEndpoint::Purge];
+    pub(crate) const ALL: [DlqEndpoint; 4] =
+        [DlqEndpoint::List, DlqEndpoint::Get, DlqEndpoint::Replay, DlqEndpoint::Purge];
 
     /// The last subject token (`jetsched.api.dlq.<name>`).
     pub(crate) fn name(self) -> &'static str {
@@ -139,7 +140,8 @@ impl DlqApi {
     /// Handles one request; returns the reply body.
     pub(crate) async fn handle(&self, endpoint: DlqEndpoint, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
         let request = decode(payload)?;
-        for (field, value) in [("namespace", &request.namespace), ("task_id", &request.task_id), ("queue", &request.queue)]
+        for (field, value) in
+            [("namespace", &request.namespace), ("task_id", &request.task_id), ("queue", &request.queue)]
         {
             if let Some(value) = value {
                 validate_id(field, value)?;
@@ -147,13 +149,19 @@ impl DlqApi {
         }
         let limit = request.limit.unwrap_or(DEFAULT_LIMIT);
         if limit == 0 || limit > MAX_LIMIT {
-            return Err(ApiError::at(ErrorCode::BadRequest, "limit", format!("limit must be within 1..={MAX_LIMIT}")));
+            return Err(ApiError::at(
+                ErrorCode::BadRequest,
+                "limit",
+                format!("limit must be within 1..={MAX_LIMIT}"),
+            ));
         }
         let reply = match endpoint {
             DlqEndpoint::List => {
                 let (entries, next) = self.scan(&request, request.cursor.unwrap_or(1), limit).await?;
-                let entries: Vec<Listed> =
-                    entries.into_iter().map(|(sequence, payload)| Listed { sequence, entry: json_or_text(&payload) }).collect();
+                let entries: Vec<Listed> = entries
+                    .into_iter()
+                    .map(|(sequence, payload)| Listed { sequence, entry: json_or_text(&payload) })
+                    .collect();
                 let mut reply = serde_json::json!({ "entries": entries });
                 if let Some(next) = next {
                     reply["next_cursor"] = next.into();
@@ -186,7 +194,12 @@ impl DlqApi {
 
     /// Up to `limit` entries matching the request's filter from sequence `from`, and the cursor
     /// of the next page.
-    async fn scan(&self, request: &Request, from: u64, limit: usize) -> Result<(Vec<(u64, bytes::Bytes)>, Option<u64>), ApiError> {
+    async fn scan(
+        &self,
+        request: &Request,
+        from: u64,
+        limit: usize,
+    ) -> Result<(Vec<(u64, bytes::Bytes)>, Option<u64>), ApiError> {
         let stream = self.stream().await?;
         let filter = self.filter(request);
         let mut out = Vec::new();
@@ -229,7 +242,11 @@ impl DlqApi {
         };
         let rate = request.rate.unwrap_or(DEFAULT_RATE);
         if rate == 0 || rate > MAX_RATE {
-            return Err(ApiError::at(ErrorCode::BadRequest, "rate", format!("rate must be within 1..={MAX_RATE}")));
+            return Err(ApiError::at(
+                ErrorCode::BadRequest,
+                "rate",
+                format!("rate must be within 1..={MAX_RATE}"),
+            ));
         }
         let mut pace = tokio::time::interval(Duration::from_secs(1) / rate);
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -260,7 +277,9 @@ impl DlqApi {
         let Some(spec) = entry.spec else {
             return Err(ApiError::new(
                 ErrorCode::BadRequest,
-                format!("dead letter {sequence} has no spec snapshot (undecodable dispatch): purge it instead"),
+                format!(
+                    "dead letter {sequence} has no spec snapshot (undecodable dispatch): purge it instead"
+                ),
             ));
         };
         let execution_id = fresh_execution_id();
@@ -274,7 +293,8 @@ impl DlqApi {
             revision: entry.revision,
             spec,
         };
-        let subject = self.names.dispatch_subject(&dispatch.spec.queue, &dispatch.namespace, &dispatch.task_id);
+        let subject =
+            self.names.dispatch_subject(&dispatch.spec.queue, &dispatch.namespace, &dispatch.task_id);
         let body = serde_json::to_vec(&dispatch).map_err(internal)?;
         // Keyed by the dead letter: a retried replay request (entry not yet deleted) is absorbed.
         let message = PublishMessage::build()
@@ -315,7 +335,9 @@ impl DlqApi {
 }
 
 fn required_sequence(request: &Request) -> Result<u64, ApiError> {
-    request.sequence.ok_or_else(|| ApiError::at(ErrorCode::MissingField, "sequence", "give the entry's sequence"))
+    request
+        .sequence
+        .ok_or_else(|| ApiError::at(ErrorCode::MissingField, "sequence", "give the entry's sequence"))
 }
 
 fn decode(payload: &[u8]) -> Result<Request, ApiError> {
@@ -329,7 +351,8 @@ fn decode(payload: &[u8]) -> Result<Request, ApiError> {
 }
 
 fn json_or_text(payload: &[u8]) -> Value {
-    serde_json::from_slice(payload).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(payload).into_owned()))
+    serde_json::from_slice(payload)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(payload).into_owned()))
 }
 
 fn internal(error: impl std::fmt::Display) -> ApiError {
@@ -338,4 +361,33 @@ fn internal(error: impl std::fmt::Display) -> ApiError {
 
 fn unavailable(error: impl std::fmt::Display) -> ApiError {
     ApiError::new(ErrorCode::Unavailable, format!("dead-letter stream: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_decode_strictly_and_filters_use_wildcards() {
+        assert!(decode(b"").unwrap().sequence.is_none());
+        assert_eq!(decode(br#"{"sequence": 4}"#).unwrap().sequence, Some(4));
+        assert_eq!(decode(br#"{"sequence": "x"}"#).unwrap_err().code, ErrorCode::BadRequest);
+        assert_eq!(decode(br#"{"bogus": 1}"#).unwrap_err().code, ErrorCode::BadRequest);
+        assert_eq!(decode(b"{").unwrap_err().code, ErrorCode::InvalidJson);
+        let api_names = Names::default();
+        let request = decode(br#"{"namespace": "billing"}"#).unwrap();
+        let any = |v: &Option<String>| v.clone().unwrap_or_else(|| "*".to_string());
+        assert_eq!(
+            api_names.dlq_subject(&any(&request.queue), &any(&request.namespace), &any(&request.task_id)),
+            api_names.dlq_subject("*", "billing", "*")
+        );
+        assert!(request.has_filter());
+    }
+
+    #[test]
+    fn endpoint_labels_differ_from_the_task_endpoints() {
+        for endpoint in DlqEndpoint::ALL {
+            assert!(endpoint.label().starts_with("dlq-") && endpoint.label().ends_with(endpoint.name()));
+        }
+    }
 }

@@ -4,6 +4,7 @@
 
 pub mod api;
 mod config;
+pub mod dlq;
 mod intake;
 mod metrics;
 mod service;

@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::{self, Endpoint, Limits};
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
+use crate::dlq::{DlqApi, DlqEndpoint};
 use crate::intake;
 use crate::metrics::Metrics;
 use crate::tasks::TaskStore;
@@ -33,6 +34,7 @@ pub struct Registry {
     requests: Requests,
     intake: PullConsumer,
     store: TaskStore,
+    dlq: DlqApi,
     event_pump: EventPump,
     names: Names,
     limits: Limits,
@@ -97,6 +99,14 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             })?;
         requests.push(stream.map(move |r| (endpoint, r)).boxed());
     }
+    let dlq_group = service.group(names.dlq_api_group());
+    for endpoint in DlqEndpoint::ALL {
+        let stream =
+            dlq_group.endpoint_builder().name(endpoint.label()).add(endpoint.name()).await.map_err(|e| {
+                anyhow::anyhow!("add endpoint {}: {e}", names.dlq_api_subject(endpoint.name()))
+            })?;
+        requests.push(stream.map(move |r| (Endpoint::Dlq(endpoint), r)).boxed());
+    }
     let unknown = service
         .endpoint_builder()
         .name("unknown")
@@ -107,8 +117,13 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         .await
         .map_err(|e| anyhow::anyhow!("add catch-all endpoint {}: {e}", names.api_wildcard()))?;
     // The catch-all sees every API request too: it answers only those no endpoint owns.
-    let known: Arc<Vec<String>> =
-        Arc::new(Endpoint::TASK.iter().map(|e| names.task_api_subject(e.name())).collect());
+    let known: Arc<Vec<String>> = Arc::new(
+        Endpoint::TASK
+            .iter()
+            .map(|e| names.task_api_subject(e.name()))
+            .chain(DlqEndpoint::ALL.iter().map(|e| names.dlq_api_subject(e.name())))
+            .collect(),
+    );
     requests.push(
         unknown
             .filter(move |r| std::future::ready(!known.contains(&r.message.subject.to_string())))
@@ -126,6 +141,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         requests,
         intake,
         store,
+        dlq: DlqApi::new(js.clone(), names.clone()),
         event_pump,
         names,
         limits,
@@ -149,6 +165,7 @@ impl Registry {
             mut requests,
             intake,
             store,
+            dlq,
             event_pump,
             names,
             limits,
@@ -181,10 +198,11 @@ impl Registry {
             };
             let Some((endpoint, request)) = next else { anyhow::bail!("API subscriptions ended") };
             let store = store.clone();
+            let dlq = dlq.clone();
             let metrics = metrics.clone();
             tracker.spawn(async move {
                 let _permit = permit;
-                serve(&store, limits, &metrics, endpoint, request).await;
+                serve(&store, &dlq, limits, &metrics, endpoint, request).await;
             });
         }
         tracker.close();
@@ -208,9 +226,19 @@ impl Registry {
     }
 }
 
-async fn serve(store: &TaskStore, limits: Limits, metrics: &Metrics, endpoint: Endpoint, request: Request) {
+async fn serve(
+    store: &TaskStore,
+    dlq: &DlqApi,
+    limits: Limits,
+    metrics: &Metrics,
+    endpoint: Endpoint,
+    request: Request,
+) {
     let started = Instant::now();
-    let result = api::handle(store, limits, endpoint, &request).await;
+    let result = match endpoint {
+        Endpoint::Dlq(endpoint) => dlq.handle(endpoint, &request.message.payload).await,
+        _ => api::handle(store, limits, endpoint, &request).await,
+    };
     let outcome = match &result {
         Ok(_) => "ok",
         Err(error) => error.code.as_str(),

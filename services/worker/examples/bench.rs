@@ -1,0 +1,192 @@
+//! End-to-end throughput of no-op runs (embedded no-op handler) with 1, 2 and 4 in-process
+//! worker replicas, against raw JetStream publish + pull + ack of the same number of messages,
+//! measured in the same run against the same server.
+//!
+//! `cargo run --release -p jetsched-worker --example bench -- --nats-url nats://127.0.0.1:4222`
+//! (a scratch server: it creates streams under the prefixes `benchraw` and `bench<n>`).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_nats::jetstream::{self, AckKind, message::PublishMessage, stream};
+use clap::Parser;
+use futures::StreamExt;
+use jetsched_shared::names::{self, Names};
+use jetsched_shared::spec::TaskSpec;
+use jetsched_shared::wire::{Dispatch, Trigger, scheduled_execution_id};
+use jetsched_worker::{Config, Handlers, Outcome, RunContext, RunEvents, RunRecords, build};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+    /// Runs per measurement.
+    #[arg(long, default_value_t = 20_000)]
+    runs: i64,
+    /// Worker replica counts to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    workers: Vec<usize>,
+    /// Concurrency of each worker replica.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Run events the workers publish: all, outcomes, failures.
+    #[arg(long, value_enum, default_value_t = RunEvents::All)]
+    run_events: RunEvents,
+    /// When run records are written: eager, lazy.
+    #[arg(long, value_enum, default_value_t = RunRecords::Eager)]
+    run_records: RunRecords,
+    /// Publish window (unacknowledged publishes in flight).
+    #[arg(long, default_value_t = 256)]
+    window: usize,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let client = async_nats::connect(&args.nats_url).await.context("connect")?;
+    let js = jetstream::new(client.clone());
+    println!(
+        "runs per measurement: {}, run events: {:?}, run records: {:?}",
+        args.runs, args.run_events, args.run_records
+    );
+    let raw = raw(&js, &args).await?;
+    println!("raw publish + pull + ack: {:>8.0} msg/s ({:.3} µs/msg)", raw, 1e6 / raw);
+    for &n in &args.workers {
+        let rate = workers(&js, &args, n).await?;
+        println!(
+            "{n} worker(s): {:>8.0} runs/s = {:>5.1}% of raw ({:.1} µs/run, overhead {:.1} µs/run)",
+            rate,
+            100.0 * rate / raw,
+            1e6 / rate,
+            1e6 / rate - 1e6 / raw
+        );
+    }
+    Ok(())
+}
+
+/// Publishes `runs` messages (bounded window) while one pull consumer acks them.
+async fn raw(js: &jetstream::Context, args: &Args) -> anyhow::Result<f64> {
+    let name = "BENCHRAW";
+    let _ = js.delete_stream(name).await;
+    let stream = js
+        .create_stream(stream::Config {
+            name: name.to_string(),
+            subjects: vec!["benchraw.>".to_string()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await?;
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("raw".to_string()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            max_ack_pending: 10_000,
+            ..Default::default()
+        })
+        .await?;
+    let runs = args.runs;
+    let started = Instant::now();
+    let consume = tokio::spawn(async move {
+        let mut messages = consumer.stream().max_messages_per_batch(args_batch()).messages().await?;
+        let mut acked = 0;
+        while acked < runs {
+            let Some(message) = messages.next().await else { break };
+            message
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .ack_with(AckKind::Ack)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            acked += 1;
+        }
+        anyhow::Ok(())
+    });
+    let body = vec![b'x'; 300];
+    let mut pending = std::collections::VecDeque::new();
+    for n in 0..runs {
+        pending.push_back(js.publish(format!("benchraw.q.ns.t{}", n % 100), body.clone().into()).await?);
+        if pending.len() >= args.window
+            && let Some(ack) = pending.pop_front()
+        {
+            ack.await?;
+        }
+    }
+    for ack in pending {
+        ack.await?;
+    }
+    consume.await??;
+    let elapsed = started.elapsed();
+    js.delete_stream(name).await?;
+    Ok(runs as f64 / elapsed.as_secs_f64())
+}
+
+fn args_batch() -> usize {
+    256
+}
+
+/// Starts `n` in-process workers with a no-op handler and times `runs` dispatches end to end.
+async fn workers(js: &jetstream::Context, args: &Args, n: usize) -> anyhow::Result<f64> {
+    let prefix = format!("bench{n}");
+    let names = Names::new(&prefix).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for stream in [names.dispatch_stream(), names.dlq_stream(), names.events_stream()] {
+        let _ = js.delete_stream(stream).await;
+    }
+    let _ = js.delete_key_value(names.runs_bucket()).await;
+    let shutdown = CancellationToken::new();
+    let mut handles = Vec::new();
+    for i in 0..n {
+        let mut config = Config::for_tests(&args.nats_url, &format!("bench-{i}"));
+        config.common.prefix = prefix.clone();
+        config.concurrency = args.concurrency;
+        config.run_events = args.run_events;
+        config.run_records = args.run_records;
+        let handlers = Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() });
+        let worker = build(config, handlers).await?;
+        handles.push(tokio::spawn(worker.run(shutdown.clone())));
+    }
+    let spec = TaskSpec::parse(
+        br#"{"id": "noop", "namespace": "bench", "schedule": {"every": "1h"},
+        "executor": {"kind": "handler", "name": "noop"}}"#,
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let subject = names.dispatch_subject(&spec.queue, &spec.namespace, &spec.id);
+    let started = Instant::now();
+    let mut pending = std::collections::VecDeque::new();
+    for nominal in 0..args.runs {
+        let dispatch = Dispatch {
+            execution_id: scheduled_execution_id("bench", "noop", nominal),
+            namespace: spec.namespace.clone(),
+            task_id: spec.id.clone(),
+            nominal_time: chrono::DateTime::from_timestamp_millis(nominal).context("time")?,
+            trigger: Trigger::Schedule,
+            term: 1,
+            revision: 1,
+            spec: spec.clone(),
+        };
+        let message = PublishMessage::build()
+            .payload(serde_json::to_vec(&dispatch)?.into())
+            .message_id(names::dispatch_msg_id("bench", "noop", nominal));
+        pending.push_back(js.send_publish(subject.clone(), message).await?);
+        if pending.len() >= args.window
+            && let Some(ack) = pending.pop_front()
+        {
+            ack.await?;
+        }
+    }
+    for ack in pending {
+        ack.await?;
+    }
+    let mut stream = js.get_stream(names.dispatch_stream()).await?;
+    loop {
+        if stream.info().await?.state.messages == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    shutdown.cancel();
+    for handle in handles {
+        handle.await??;
+    }
+    Ok(args.runs as f64 / elapsed.as_secs_f64())
+}

@@ -1,0 +1,217 @@
+//! Worker configuration: every setting is a flag and an environment variable.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use jetsched_shared::config::{CommonArgs, NatsArgs, parse_duration};
+use jetsched_shared::topology::TopologyArgs;
+
+/// The jetsched worker: pulls dispatched runs from the shared durable consumer of each queue
+/// it serves, executes them, retries with backoff and jitter, and dead-letters what cannot
+/// succeed. Scale by starting more replicas with the same queues.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "jetsched-worker", version)]
+pub struct Config {
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub topology: TopologyArgs,
+    /// Queues served by this worker (comma-separated or repeated).
+    #[arg(
+        help_heading = "Worker",
+        long = "queue",
+        env = "JETSCHED_WORKER_QUEUES",
+        value_delimiter = ',',
+        default_value = "default"
+    )]
+    pub queues: Vec<String>,
+    /// Runs executed at once by this replica (over all its queues).
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_CONCURRENCY", default_value_t = 32)]
+    pub concurrency: usize,
+    /// How long the server waits for a verdict (or a progress ack) before redelivering a run.
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_ACK_WAIT", default_value = "30s", value_parser = parse_duration)]
+    pub ack_wait: Duration,
+    /// Progress acks of a running attempt are sent this often [default: ack_wait / 3].
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_PROGRESS_INTERVAL", value_parser = parse_duration)]
+    pub progress_interval: Option<Duration>,
+    /// Unacknowledged runs allowed per queue consumer, over all replicas.
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_MAX_ACK_PENDING", default_value_t = 10_000)]
+    pub max_ack_pending: i64,
+    /// Safety net on deliveries of one run. Retries stop at the task's `max_attempts` first; a run
+    /// still without a verdict after this many deliveries (a crash loop) is moved to the
+    /// dead-letter stream through the max-deliveries advisory. Also caps `max_attempts`.
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_MAX_DELIVER", default_value_t = 1_010)]
+    pub max_deliver: i64,
+    /// On shutdown, how long in-flight runs may take to finish before they are handed back.
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+    /// Longest wait of one pull request (also bounds how long shutdown waits for the pull).
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_PULL_EXPIRES", default_value = "2s", value_parser = parse_duration)]
+    pub pull_expires: Duration,
+    /// Programs the shell executor may start (argv[0], exact match). Empty: shell disabled.
+    #[arg(
+        help_heading = "Worker",
+        long = "shell-allow",
+        env = "JETSCHED_WORKER_SHELL_ALLOW",
+        value_delimiter = ','
+    )]
+    pub shell_allow: Vec<String>,
+    /// Bytes kept of an HTTP response body or of a process's stdout/stderr tail.
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_OUTPUT_LIMIT", default_value_t = 2048)]
+    pub output_limit: usize,
+    /// Which run events are published: `all`; `outcomes` (no `run.started`); `failures`
+    /// (`run.retrying`, `run.failed`, `run.dead` only). Each event is a stored write per run.
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_RUN_EVENTS", value_enum, default_value_t = RunEvents::All)]
+    pub run_events: RunEvents,
+    /// `eager`: every run record is stored (status running) before the attempt starts.
+    /// `lazy`: only for tasks whose overlap policy is not `allow` (the scheduler reads those);
+    /// other records are written once, at the verdict — one stored write less per run.
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_RUN_RECORDS", value_enum, default_value_t = RunRecords::Eager)]
+    pub run_records: RunRecords,
+    /// When the dead-letter stream refuses an entry (full), the run is retried after this delay.
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_DLQ_RETRY_DELAY", default_value = "30s", value_parser = parse_duration)]
+    pub dlq_retry_delay: Duration,
+}
+
+/// When run records are first written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum RunRecords {
+    #[default]
+    Eager,
+    Lazy,
+}
+
+/// Which run events a worker publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum RunEvents {
+    #[default]
+    All,
+    Outcomes,
+    Failures,
+}
+
+impl RunEvents {
+    /// Whether events of `kind` are published.
+    pub fn wants(self, kind: jetsched_shared::wire::EventKind) -> bool {
+        use jetsched_shared::wire::EventKind::{RunStarted, RunSucceeded};
+        match self {
+            RunEvents::All => true,
+            RunEvents::Outcomes => kind != RunStarted,
+            RunEvents::Failures => !matches!(kind, RunStarted | RunSucceeded),
+        }
+    }
+}
+
+/// Default admin listener of the worker.
+pub const DEFAULT_ADMIN_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9103);
+
+impl Config {
+    /// A configuration for a server at `url` with defaults and an ephemeral admin port (tests).
+    pub fn for_tests(url: &str, instance_id: &str) -> Config {
+        Config {
+            nats: NatsArgs::plain(url),
+            common: CommonArgs::for_tests(instance_id),
+            topology: TopologyArgs::default(),
+            queues: vec!["default".to_string()],
+            concurrency: 32,
+            ack_wait: Duration::from_secs(30),
+            progress_interval: None,
+            max_ack_pending: 10_000,
+            max_deliver: 1_010,
+            shutdown_grace: Duration::from_secs(30),
+            pull_expires: Duration::from_secs(2),
+            shell_allow: Vec::new(),
+            output_limit: 2048,
+            run_events: RunEvents::All,
+            run_records: RunRecords::Eager,
+            dlq_retry_delay: Duration::from_secs(30),
+        }
+    }
+
+    /// The progress-ack period: the configured one or a third of `ack_wait`.
+    pub fn progress_interval(&self) -> Duration {
+        self.progress_interval.unwrap_or(self.ack_wait / 3)
+    }
+
+    /// Every problem of the configuration at once.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let mut problems = Vec::new();
+        if self.queues.is_empty() {
+            problems.push("--queue: give at least one queue".to_string());
+        }
+        for queue in &self.queues {
+            let ok = (1..=64).contains(&queue.len())
+                && queue.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !ok {
+                problems.push(format!("--queue: {queue:?} must match [A-Za-z0-9_-]{{1,64}}"));
+            }
+        }
+        if self.concurrency == 0 {
+            problems.push("--concurrency: must be at least 1".to_string());
+        }
+        if self.progress_interval() >= self.ack_wait {
+            problems.push(format!(
+                "--progress-interval ({:?}) must be shorter than --ack-wait ({:?})",
+                self.progress_interval(),
+                self.ack_wait
+            ));
+        }
+        if self.max_ack_pending < 1 {
+            problems.push("--max-ack-pending: must be at least 1".to_string());
+        }
+        if self.max_deliver < 2 {
+            problems.push("--max-deliver: must be at least 2".to_string());
+        }
+        if self.pull_expires < Duration::from_millis(100) {
+            problems.push("--pull-expires: must be at least 100ms".to_string());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("invalid configuration:\n  {}", problems.join("\n  "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse_and_validate() {
+        let config = Config::parse_from(["jetsched-worker"]);
+        assert_eq!(config.queues, vec!["default"]);
+        assert_eq!(config.progress_interval(), Duration::from_secs(10));
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn problems_are_reported_together() {
+        let config = Config::parse_from([
+            "jetsched-worker",
+            "--queue",
+            "a.b,ok",
+            "--concurrency",
+            "0",
+            "--ack-wait",
+            "3s",
+            "--progress-interval",
+            "5s",
+        ]);
+        let text = config.validate().unwrap_err().to_string();
+        assert!(
+            text.contains("a.b") && text.contains("--concurrency") && text.contains("--progress-interval"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn shell_allow_list_is_comma_separated() {
+        let config = Config::parse_from(["jetsched-worker", "--shell-allow", "/bin/echo,sleep"]);
+        assert_eq!(config.shell_allow, vec!["/bin/echo", "sleep"]);
+    }
+}

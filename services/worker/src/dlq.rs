@@ -1,0 +1,409 @@
+//! Dead letters: the entry stored in `JETSCHED_DLQ` (spec snapshot, execution id, nominal time,
+//! every attempt and the final reason), its publication, and the mover that dead-letters runs
+//! which exhausted `max_deliver` without a verdict (crash loops), driven by the max-deliveries
+//! advisories captured in `JETSCHED_ADVISORIES`.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, message::PublishMessage};
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use jetsched_shared::events::EventPublisher;
+use jetsched_shared::names::{Names, task_key};
+use jetsched_shared::spec::TaskSpec;
+use jetsched_shared::wire::{
+    Dispatch, Event, EventKind, HDR_EXECUTION_ID, HDR_NOMINAL_TIME, HDR_TASK, Trigger, format_time, millis,
+};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::runs::{AttemptOutcome, AttemptRecord, RunRecord, RunStatus, RunStore};
+
+/// Durable consumer of the max-deliveries advisories, shared by every worker replica.
+pub(crate) const ADVISORY_CONSUMER: &str = "workers-max-deliveries";
+
+/// How a run reached the dead-letter stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadLetterSource {
+    /// A worker's verdict: permanent failure or retries exhausted.
+    Verdict,
+    /// `max_deliver` reached without a verdict (the max-deliveries advisory).
+    MaxDeliveries,
+    /// The dispatch message could not be decoded.
+    Undecodable,
+}
+
+impl DeadLetterSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterSource::Verdict => "verdict",
+            DeadLetterSource::MaxDeliveries => "max_deliveries",
+            DeadLetterSource::Undecodable => "undecodable",
+        }
+    }
+}
+
+/// One entry of `JETSCHED_DLQ` (subject `jetsched.dlq.<queue>.<namespace>.<task_id>`,
+/// `Nats-Msg-Id = dlq:<execution_id>`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeadLetter {
+    pub execution_id: String,
+    pub namespace: String,
+    pub task_id: String,
+    pub queue: String,
+    #[serde(with = "millis")]
+    pub nominal_time: DateTime<Utc>,
+    pub trigger: Trigger,
+    pub term: u64,
+    /// Revision of the spec snapshot.
+    pub revision: u64,
+    /// The spec the run executed (absent only for an undecodable dispatch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<TaskSpec>,
+    /// The dispatch body, when it could not be decoded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_dispatch: Option<String>,
+    /// Why the run is dead.
+    pub reason: String,
+    pub source: DeadLetterSource,
+    #[serde(with = "millis")]
+    pub dead_at: DateTime<Utc>,
+    /// The worker that dead-lettered it.
+    pub worker: String,
+    /// Every attempt (start, end, worker, outcome, error, detail).
+    pub attempts: Vec<AttemptRecord>,
+    /// Sequence of the dispatch message in the dispatch stream.
+    pub dispatch_sequence: u64,
+}
+
+impl DeadLetter {
+    pub(crate) fn new(
+        dispatch: &Dispatch,
+        record: Option<&RunRecord>,
+        reason: String,
+        source: DeadLetterSource,
+        worker: &str,
+        sequence: u64,
+    ) -> DeadLetter {
+        DeadLetter {
+            execution_id: dispatch.execution_id.clone(),
+            namespace: dispatch.namespace.clone(),
+            task_id: dispatch.task_id.clone(),
+            queue: dispatch.spec.queue.clone(),
+            nominal_time: dispatch.nominal_time,
+            trigger: dispatch.trigger,
+            term: dispatch.term,
+            revision: dispatch.revision,
+            spec: Some(dispatch.spec.clone()),
+            raw_dispatch: None,
+            reason,
+            source,
+            dead_at: Utc::now(),
+            worker: worker.to_string(),
+            attempts: record.map(|r| r.attempts.clone()).unwrap_or_default(),
+            dispatch_sequence: sequence,
+        }
+    }
+}
+
+/// Publishes dead letters and reads the DLQ depth.
+#[derive(Clone)]
+pub(crate) struct DeadLetters {
+    js: jetstream::Context,
+    names: Names,
+}
+
+impl DeadLetters {
+    pub(crate) fn new(js: jetstream::Context, names: Names) -> DeadLetters {
+        DeadLetters { js, names }
+    }
+
+    /// Stores `entry` and waits for the stream's ack. An error means it is not stored (the
+    /// stream is full and discards new entries, or NATS failed): the caller must not `Term`.
+    pub(crate) async fn publish(&self, entry: &DeadLetter) -> anyhow::Result<()> {
+        let subject = self.names.dlq_subject(&entry.queue, &entry.namespace, &entry.task_id);
+        let body = serde_json::to_vec(entry).context("encode dead letter")?;
+        let message = PublishMessage::build()
+            .payload(body.into())
+            .message_id(format!("dlq:{}", entry.execution_id))
+            .header(HDR_EXECUTION_ID, entry.execution_id.as_str())
+            .header(HDR_TASK, task_key(&entry.namespace, &entry.task_id).as_str())
+            .header(HDR_NOMINAL_TIME, format_time(entry.nominal_time).as_str());
+        self.js
+            .send_publish(subject.clone(), message)
+            .await
+            .with_context(|| format!("publish dead letter to {subject}"))?
+            .await
+            .with_context(|| format!("store dead letter on {subject}"))?;
+        Ok(())
+    }
+
+    /// Messages in the dead-letter stream.
+    pub(crate) async fn depth(&self) -> anyhow::Result<u64> {
+        let name = self.names.dlq_stream();
+        let mut stream = self.js.get_stream(&name).await.with_context(|| format!("look up {name}"))?;
+        Ok(stream.info().await.with_context(|| format!("read {name} info"))?.state.messages)
+    }
+}
+
+/// The advisory the server publishes when a message reaches the consumer's `max_deliver`.
+#[derive(Debug, Deserialize)]
+struct MaxDeliveries {
+    stream: String,
+    consumer: String,
+    stream_seq: u64,
+    deliveries: u64,
+}
+
+/// Creates (or converges) the advisory consumer.
+pub(crate) async fn advisory_consumer(
+    js: &jetstream::Context,
+    names: &Names,
+) -> anyhow::Result<PullConsumer> {
+    let name = names.advisories_stream();
+    let stream = js.get_stream(&name).await.with_context(|| format!("look up stream {name}"))?;
+    let filter =
+        names.advisory_subjects().into_iter().next().context("the names module lists no advisory subject")?;
+    stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some(ADVISORY_CONSUMER.to_string()),
+            description: Some("jetsched workers: moves runs that hit max_deliver to the DLQ".to_string()),
+            filter_subject: filter,
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("ensure consumer {ADVISORY_CONSUMER} on {name}"))
+}
+
+/// What the advisory mover needs.
+pub(crate) struct Mover {
+    pub(crate) js: jetstream::Context,
+    pub(crate) names: Names,
+    pub(crate) runs: RunStore,
+    pub(crate) dlq: DeadLetters,
+    pub(crate) events: EventPublisher,
+    pub(crate) metrics: Metrics,
+    pub(crate) worker: String,
+}
+
+impl Mover {
+    /// Moves every run reported by a max-deliveries advisory to the DLQ until `shutdown`.
+    pub(crate) async fn run(self, consumer: PullConsumer, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(100);
+        'outer: loop {
+            let mut messages = match consumer.messages().await {
+                Ok(messages) => messages,
+                Err(error) => {
+                    tracing::warn!(%error, "advisory consumer: cannot pull");
+                    self.metrics.errors.with_label_values(&["advisory_pull"]).inc();
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break 'outer,
+                    next = messages.next() => next,
+                };
+                match next {
+                    None => continue 'outer,
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "advisory consumer");
+                        self.metrics.errors.with_label_values(&["advisory_pull"]).inc();
+                    }
+                    Some(Ok(message)) => {
+                        backoff = Duration::from_millis(100);
+                        let ack = match self.handle(&message.payload).await {
+                            Ok(()) => AckKind::Ack,
+                            Err(error) => {
+                                tracing::warn!(
+                                    error = format!("{error:#}"),
+                                    "moving a crash-looping run to the DLQ; will retry"
+                                );
+                                self.metrics.errors.with_label_values(&["advisory_move"]).inc();
+                                AckKind::Nak(Some(Duration::from_secs(5)))
+                            }
+                        };
+                        if let Err(error) = message.ack_with(ack).await {
+                            tracing::warn!(%error, "ack advisory");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn handle(&self, payload: &[u8]) -> anyhow::Result<()> {
+        let advisory: MaxDeliveries =
+            serde_json::from_slice(payload).context("decode max-deliveries advisory")?;
+        if advisory.stream != self.names.dispatch_stream() {
+            return Ok(());
+        }
+        let stream = self.js.get_stream(&advisory.stream).await.context("look up the dispatch stream")?;
+        let raw = match stream.get_raw_message(advisory.stream_seq).await {
+            Ok(raw) => raw,
+            Err(error) if error.kind() == jetstream::stream::RawMessageErrorKind::NoMessageFound => {
+                return Ok(());
+            }
+            Err(error) => return Err(error).context("read the dispatch message"),
+        };
+        let reason = format!(
+            "no verdict after {} deliveries (consumer {} max_deliver): the run keeps crashing or stalling its worker",
+            advisory.deliveries, advisory.consumer
+        );
+        let dispatch: Dispatch = match serde_json::from_slice(&raw.payload) {
+            Ok(dispatch) => dispatch,
+            Err(error) => {
+                let entry =
+                    undecodable(&self.names, &raw.subject, &raw.payload, &error, &self.worker, raw.sequence);
+                self.dlq.publish(&entry).await?;
+                self.metrics.dead_letters.with_label_values(&[DeadLetterSource::Undecodable.as_str()]).inc();
+                stream.delete_message(raw.sequence).await.context("delete the dispatch message")?;
+                return Ok(());
+            }
+        };
+        let record = self.runs.get(&dispatch.execution_id).await?;
+        if let Some((record, _)) = &record
+            && matches!(record.status, RunStatus::Succeeded | RunStatus::Dead)
+        {
+            // A verdict was reached; only the ack got lost.
+            stream.delete_message(raw.sequence).await.context("delete the dispatch message")?;
+            return Ok(());
+        }
+        let now = Utc::now();
+        let close = |r: &mut RunRecord| {
+            if let Some(last) = r.attempts.last_mut()
+                && last.outcome.is_none()
+            {
+                last.outcome = Some(AttemptOutcome::Abandoned);
+                last.finished = Some(now);
+                last.error = Some("no verdict before ack_wait: the worker died or stalled".to_string());
+            }
+            r.status = RunStatus::Failed;
+            r.error = Some(reason.clone());
+            r.finished.get_or_insert(now);
+        };
+        let saved = match record {
+            Some((mut record, revision)) => {
+                close(&mut record);
+                Some(self.runs.save(record, revision, close).await?)
+            }
+            None => None,
+        };
+        let entry = DeadLetter::new(
+            &dispatch,
+            saved.as_ref().map(|(r, _)| r),
+            reason.clone(),
+            DeadLetterSource::MaxDeliveries,
+            &self.worker,
+            raw.sequence,
+        );
+        self.dlq.publish(&entry).await?;
+        self.metrics.dead_letters.with_label_values(&[DeadLetterSource::MaxDeliveries.as_str()]).inc();
+        if let Some((mut record, revision)) = saved {
+            record.status = RunStatus::Dead;
+            self.runs.save(record, revision, |r| r.status = RunStatus::Dead).await?;
+        }
+        stream.delete_message(raw.sequence).await.context("delete the dispatch message")?;
+        let event = Event {
+            execution_id: Some(dispatch.execution_id.clone()),
+            nominal_time: Some(dispatch.nominal_time),
+            trigger: Some(dispatch.trigger),
+            attempt: u32::try_from(advisory.deliveries).ok(),
+            worker: Some(self.worker.clone()),
+            error: Some(reason),
+            reason: Some(DeadLetterSource::MaxDeliveries.as_str().to_string()),
+            ..Event::new(EventKind::RunDead, &dispatch.namespace, &dispatch.task_id)
+        };
+        if let Err(error) = self.events.publish(&event).await {
+            tracing::warn!(error = format!("{error:#}"), "publish run.dead event");
+        }
+        if let Ok(depth) = self.dlq.depth().await {
+            self.metrics.dlq_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
+        }
+        tracing::warn!(
+            namespace = %dispatch.namespace, task = %dispatch.task_id, execution = %dispatch.execution_id,
+            deliveries = advisory.deliveries, "crash-looping run moved to the dead-letter stream"
+        );
+        Ok(())
+    }
+}
+
+/// A dead letter for a dispatch body that does not decode: queue, namespace and task come
+/// from the subject (`<prefix>.dispatch.<queue>.<namespace>.<task_id>`).
+pub(crate) fn undecodable(
+    names: &Names,
+    subject: &str,
+    payload: &[u8],
+    error: &serde_json::Error,
+    worker: &str,
+    sequence: u64,
+) -> DeadLetter {
+    let prefix = names.dispatch_wildcard();
+    let prefix = prefix.trim_end_matches('>');
+    let mut tokens = subject.strip_prefix(prefix).unwrap_or(subject).splitn(3, '.');
+    let mut next = || tokens.next().filter(|t| !t.is_empty()).unwrap_or("unknown").to_string();
+    let (queue, namespace, task_id) = (next(), next(), next());
+    DeadLetter {
+        execution_id: format!("undecodable-{sequence}"),
+        namespace,
+        task_id,
+        queue,
+        nominal_time: Utc::now(),
+        trigger: Trigger::Schedule,
+        term: 0,
+        revision: 0,
+        spec: None,
+        raw_dispatch: Some(String::from_utf8_lossy(payload).into_owned()),
+        reason: format!("the dispatch message does not decode: {error}"),
+        source: DeadLetterSource::Undecodable,
+        dead_at: Utc::now(),
+        worker: worker.to_string(),
+        attempts: Vec::new(),
+        dispatch_sequence: sequence,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_undecodable_dispatch_is_addressed_by_its_subject() {
+        let names = Names::default();
+        let subject = names.dispatch_subject("q1", "billing", "report");
+        let error = serde_json::from_slice::<Dispatch>(b"{not json").unwrap_err();
+        let entry = undecodable(&names, &subject, b"{not json", &error, "w1", 42);
+        assert_eq!(
+            (entry.queue.as_str(), entry.namespace.as_str(), entry.task_id.as_str()),
+            ("q1", "billing", "report")
+        );
+        assert_eq!(entry.source, DeadLetterSource::Undecodable);
+        assert_eq!(entry.raw_dispatch.as_deref(), Some("{not json"));
+        assert_eq!(entry.execution_id, "undecodable-42");
+        let json = serde_json::to_value(&entry).unwrap();
+        assert_eq!(json["source"], "undecodable");
+        assert!(json.get("spec").is_none(), "{json}");
+    }
+
+    #[test]
+    fn the_max_deliveries_advisory_decodes() {
+        let advisory: MaxDeliveries = serde_json::from_str(
+            r#"{"type":"io.nats.jetstream.advisory.v1.max_deliver","id":"x","timestamp":"2026-01-01T00:00:00Z",
+                "stream":"JETSCHED_DISPATCH","consumer":"workers-default","stream_seq":7,"deliveries":5}"#,
+        )
+        .unwrap();
+        assert_eq!((advisory.stream_seq, advisory.deliveries), (7, 5));
+        assert_eq!(advisory.consumer, "workers-default");
+    }
+}

@@ -1,0 +1,124 @@
+//! Embedded Rust handlers: the public [`Handler`] trait, the [`Handlers`] registry a program
+//! fills before building its worker, and the executor that calls them.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use jetsched_shared::wire::Trigger;
+use tokio_util::sync::CancellationToken;
+
+use super::{Attempt, Outcome};
+
+/// What a handler gets for one attempt.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    /// Idempotency key: the same for every attempt of a run.
+    pub execution_id: String,
+    pub namespace: String,
+    pub task_id: String,
+    pub nominal_time: DateTime<Utc>,
+    pub trigger: Trigger,
+    /// 1-based delivery count.
+    pub attempt: u32,
+    /// The spec's `executor.payload`.
+    pub payload: Option<serde_json::Value>,
+    /// The attempt's time limit (the spec's `timeout`); the future is dropped after it.
+    pub timeout: Duration,
+    /// Cancelled when the worker stops waiting (shutdown grace over, timeout): finish quickly.
+    pub cancel: CancellationToken,
+}
+
+/// A named handler an embedding program registers. Implemented for every
+/// `Fn(RunContext) -> impl Future<Output = Outcome>`, so a closure or an `async fn` will do.
+pub trait Handler: Send + Sync + 'static {
+    fn call(&self, run: RunContext) -> BoxFuture<'static, Outcome>;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(RunContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    fn call(&self, run: RunContext) -> BoxFuture<'static, Outcome> {
+        Box::pin(self(run))
+    }
+}
+
+/// Handlers by name (the spec's `executor.name`). Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    map: Arc<HashMap<String, Arc<dyn Handler>>>,
+}
+
+impl Handlers {
+    pub fn new() -> Handlers {
+        Handlers::default()
+    }
+
+    /// Adds (or replaces) the handler `name`.
+    pub fn register(mut self, name: impl Into<String>, handler: impl Handler) -> Handlers {
+        Arc::make_mut(&mut self.map).insert(name.into(), Arc::new(handler));
+        self
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.map.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    pub(crate) async fn execute(
+        &self,
+        attempt: &Attempt<'_>,
+        name: &str,
+        payload: Option<&serde_json::Value>,
+        timeout: Duration,
+    ) -> Outcome {
+        let Some(handler) = self.map.get(name) else {
+            return Outcome::permanent(format!(
+                "no handler {name:?} is registered on this worker (it has: {})",
+                self.names().join(", ")
+            ));
+        };
+        let d = attempt.dispatch;
+        let cancel = attempt.cancel.child_token();
+        let run = RunContext {
+            execution_id: d.execution_id.clone(),
+            namespace: d.namespace.clone(),
+            task_id: d.task_id.clone(),
+            nominal_time: d.nominal_time,
+            trigger: d.trigger,
+            attempt: attempt.attempt,
+            payload: payload.cloned(),
+            timeout,
+            cancel: cancel.clone(),
+        };
+        // Spawned so that a panicking handler is a failed attempt, not a dead worker.
+        let task = tokio::spawn(handler.call(run));
+        // Aborts the handler when this future is dropped (grace period over).
+        let abort = AbortOnDrop(task.abort_handle());
+        let outcome = match tokio::time::timeout(timeout, task).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(error)) if error.is_panic() => Outcome::retry(format!("handler {name:?} panicked")),
+            Ok(Err(error)) => Outcome::retry(format!("handler {name:?} was cancelled: {error}")),
+            Err(_) => {
+                abort.0.abort();
+                Outcome::retry(format!("handler {name:?} timed out after {timeout:?}"))
+            }
+        };
+        cancel.cancel();
+        outcome
+    }
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

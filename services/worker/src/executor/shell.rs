@@ -1,0 +1,149 @@
+//! The `shell` executor: starts `command` as argv (no shell, no interpolation) — only when
+//! the program is on the worker's `--shell-allow` list; otherwise the attempt is a permanent
+//! failure, so a spec never becomes remote code execution on a worker that did not opt in.
+//!
+//! The process gets the spec's `env`, the execution headers as `JETSCHED_EXECUTION_ID`,
+//! `JETSCHED_TASK`, `JETSCHED_NOMINAL_TIME`, `JETSCHED_ATTEMPT`, `JETSCHED_TRIGGER` and a
+//! default `PATH` — never the worker's own environment, which holds its NATS credentials.
+//! The process runs in a process group of its own; on timeout (or shutdown) the whole group
+//! is killed. Exit 0 succeeds; a program that cannot be started, or exits 126/127 (not
+//! executable, not found), is permanent; other exits and signals are retryable. The last
+//! `output_limit` bytes of stdout and stderr are recorded.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
+
+use super::{Attempt, Outcome, tail};
+
+/// `PATH` of the started process unless the spec's `env` sets one.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+pub(crate) struct ShellExecutor {
+    allow: Vec<String>,
+    output_limit: usize,
+}
+
+impl ShellExecutor {
+    pub(crate) fn new(allow: Vec<String>, output_limit: usize) -> ShellExecutor {
+        ShellExecutor { allow, output_limit }
+    }
+
+    pub(crate) async fn execute(
+        &self,
+        attempt: &Attempt<'_>,
+        command: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: Option<&str>,
+        timeout: Duration,
+    ) -> Outcome {
+        let Some(program) = command.first() else { return Outcome::permanent("empty command") };
+        if self.allow.is_empty() {
+            return Outcome::permanent(
+                "the shell executor is disabled on this worker (start it with --shell-allow <program>)",
+            );
+        }
+        if !self.allow.iter().any(|allowed| allowed == program) {
+            return Outcome::permanent(format!("{program:?} is not on this worker's --shell-allow list"));
+        }
+        let mut cmd = Command::new(program);
+        // The worker's own environment (NATS credentials among it) is not inherited.
+        cmd.args(&command[1..])
+            .env_clear()
+            .env("PATH", DEFAULT_PATH)
+            .envs(env)
+            .envs(attempt.header_pairs().iter().map(|(name, value)| (env_name(name), value.clone())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(cwd) = cwd {
+            cmd.current_dir(cwd);
+        }
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(error) => return Outcome::permanent(format!("cannot start {program:?}: {error}")),
+        };
+        let group = child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw);
+        // Kills the group whatever way this future ends (timeout, shutdown, drop).
+        let _group_guard = KillGroup(group);
+        let limit = self.output_limit;
+        let stdout = tokio::spawn(read_tail(child.stdout.take(), limit));
+        let stderr = tokio::spawn(read_tail(child.stderr.take(), limit));
+
+        let status = tokio::select! {
+            status = child.wait() => Some(status),
+            _ = tokio::time::sleep(timeout) => None,
+            _ = attempt.cancel.cancelled() => None,
+        };
+        // Leftovers of the group (background children holding the pipes) die with the run.
+        kill_group(group);
+        if status.is_none() {
+            let _ = child.wait().await;
+        }
+        let out = stdout.await.unwrap_or_default();
+        let err = stderr.await.unwrap_or_default();
+        let output = format!("stdout: {}\nstderr: {}", tail(&out, limit), tail(&err, limit));
+        match status {
+            None if attempt.cancel.is_cancelled() => {
+                Outcome::retry(format!("interrupted by shutdown\n{output}"))
+            }
+            None => Outcome::retry(format!("timed out after {timeout:?}; process group killed\n{output}")),
+            Some(Err(error)) => Outcome::retry(format!("waiting for {program:?}: {error}")),
+            Some(Ok(status)) if status.success() => Outcome::Ok { detail: Some(format!("exit 0\n{output}")) },
+            Some(Ok(status)) => match status.code() {
+                Some(code @ (126 | 127)) => Outcome::permanent(format!("exit {code}\n{output}")),
+                Some(code) => Outcome::retry(format!("exit {code}\n{output}")),
+                None => Outcome::retry(format!("killed by a signal ({status})\n{output}")),
+            },
+        }
+    }
+}
+
+/// `Jetsched-Execution-Id` → `JETSCHED_EXECUTION_ID`.
+fn env_name(header: &str) -> String {
+    header.replace('-', "_").to_ascii_uppercase()
+}
+
+fn kill_group(group: Option<Pid>) {
+    if let Some(group) = group
+        && let Err(error) = killpg(group, Signal::SIGKILL)
+        && error != nix::errno::Errno::ESRCH
+    {
+        tracing::warn!(%error, group = group.as_raw(), "kill process group");
+    }
+}
+
+struct KillGroup(Option<Pid>);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        // The group may be gone already (ESRCH is ignored); a leftover grandchild is not.
+        kill_group(self.0);
+    }
+}
+
+/// Reads `reader` to the end, keeping the last `limit` bytes (bounded memory).
+async fn read_tail(reader: Option<impl AsyncRead + Unpin>, limit: usize) -> Vec<u8> {
+    let Some(mut reader) = reader else { return Vec::new() };
+    let mut kept: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                kept.extend_from_slice(&buf[..n]);
+                if kept.len() > 2 * limit.max(1) {
+                    kept.drain(..kept.len() - limit);
+                }
+            }
+        }
+    }
+    kept
+}

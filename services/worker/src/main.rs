@@ -1,0 +1,28 @@
+//! `jetsched-worker`: executes dispatched runs (http, nats and, when allowed, shell executors).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use jetsched_shared::{shutdown, telemetry};
+use jetsched_worker::{Config, Handlers, build};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    telemetry::init(config.common.log_format);
+    let token = shutdown::on_signals();
+    let worker = match build(config, Handlers::new()).await {
+        Ok(worker) => worker,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "cannot start the worker");
+            return ExitCode::FAILURE;
+        }
+    };
+    match worker.run(token).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "worker stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}

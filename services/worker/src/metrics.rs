@@ -1,0 +1,96 @@
+//! Worker metrics, registered on the registry passed in (no global registry).
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+
+#[derive(Clone)]
+pub(crate) struct Metrics {
+    /// `jetsched_worker_runs_total{queue, outcome}`: attempts by verdict — `succeeded`,
+    /// `retried`, `failed` (dead-lettered), `interrupted` (handed back at shutdown), and
+    /// `duplicate` (a redelivery of a run that already succeeded, acked without running).
+    pub(crate) runs: IntCounterVec,
+    /// `jetsched_worker_run_duration_seconds{queue, executor}`.
+    pub(crate) duration: HistogramVec,
+    /// `jetsched_worker_retries_total{queue}`: retries scheduled with a delayed Nak.
+    pub(crate) retries: IntCounterVec,
+    /// `jetsched_worker_reruns_total{queue}`: runs executed again because the attempt before
+    /// never reached a verdict (its worker died or stalled past ack_wait).
+    pub(crate) reruns: IntCounterVec,
+    /// `jetsched_worker_runs_in_flight`.
+    pub(crate) in_flight: IntGauge,
+    /// `jetsched_worker_dead_letters_total{source}`: `verdict`, `max_deliveries`, `undecodable`.
+    pub(crate) dead_letters: IntCounterVec,
+    /// `jetsched_worker_dlq_rejected_total`: dead letters the DLQ stream refused (full).
+    pub(crate) dlq_rejected: prometheus::IntCounter,
+    /// `jetsched_worker_dlq_depth`: messages in the DLQ stream, as last seen by this worker.
+    pub(crate) dlq_depth: IntGauge,
+    /// `jetsched_worker_queue_pending{queue}`: messages waiting for the queue's consumer, as
+    /// reported with the latest delivery (no polling).
+    pub(crate) queue_pending: prometheus::IntGaugeVec,
+    /// `jetsched_worker_errors_total{what}`: NATS errors handled without a verdict (pull,
+    /// ack, run record, event).
+    pub(crate) errors: IntCounterVec,
+}
+
+impl Metrics {
+    pub(crate) fn register(registry: &Registry) -> anyhow::Result<Metrics> {
+        let runs = IntCounterVec::new(
+            Opts::new("jetsched_worker_runs_total", "Run attempts by queue and verdict"),
+            &["queue", "outcome"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new("jetsched_worker_run_duration_seconds", "Duration of run attempts").buckets(
+                vec![0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0, 3600.0],
+            ),
+            &["queue", "executor"],
+        )?;
+        let retries =
+            IntCounterVec::new(Opts::new("jetsched_worker_retries_total", "Retries scheduled"), &["queue"])?;
+        let reruns = IntCounterVec::new(
+            Opts::new("jetsched_worker_reruns_total", "Runs executed again after their worker was lost"),
+            &["queue"],
+        )?;
+        let in_flight = IntGauge::new("jetsched_worker_runs_in_flight", "Runs executing now")?;
+        let dead_letters = IntCounterVec::new(
+            Opts::new("jetsched_worker_dead_letters_total", "Runs moved to the dead-letter stream"),
+            &["source"],
+        )?;
+        let dlq_rejected = prometheus::IntCounter::new(
+            "jetsched_worker_dlq_rejected_total",
+            "Dead letters refused by the DLQ",
+        )?;
+        let dlq_depth = IntGauge::new("jetsched_worker_dlq_depth", "Messages in the dead-letter stream")?;
+        let errors = IntCounterVec::new(
+            Opts::new("jetsched_worker_errors_total", "NATS errors handled by the worker"),
+            &["what"],
+        )?;
+        let queue_pending = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "jetsched_worker_queue_pending",
+                "Runs waiting in the queue, as of the latest delivery",
+            ),
+            &["queue"],
+        )?;
+        registry.register(Box::new(queue_pending.clone()))?;
+        registry.register(Box::new(runs.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(retries.clone()))?;
+        registry.register(Box::new(reruns.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
+        registry.register(Box::new(dead_letters.clone()))?;
+        registry.register(Box::new(dlq_rejected.clone()))?;
+        registry.register(Box::new(dlq_depth.clone()))?;
+        registry.register(Box::new(errors.clone()))?;
+        Ok(Metrics {
+            runs,
+            duration,
+            retries,
+            reruns,
+            in_flight,
+            dead_letters,
+            dlq_rejected,
+            dlq_depth,
+            queue_pending,
+            errors,
+        })
+    }
+}

@@ -1,0 +1,391 @@
+//! Run records in `JETSCHED_RUNS`: one per execution id, created before the first attempt runs,
+//! holding the status and every attempt. They make redeliveries recognisable (a run that
+//! already succeeded is acked without running again) and feed the dead-letter entries.
+//!
+//! Every write is a compare-and-set on the entry's revision: the dispatch message is the lock
+//! (one holder at a time), the revision catches the rare overlap (an attempt outliving its
+//! ack_wait, the advisory mover).
+
+use anyhow::Context;
+use async_nats::jetstream::kv;
+use chrono::{DateTime, Utc};
+use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, live};
+use jetsched_shared::wire::{Dispatch, Trigger, millis};
+use serde::{Deserialize, Serialize};
+
+/// At most this many attempts are kept in a record (the first and the latest ones).
+const MAX_KEPT_ATTEMPTS: usize = 200;
+/// Compare-and-set rounds before giving up on a write.
+const CAS_ROUNDS: usize = 8;
+
+/// Where a run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// An attempt is executing (or its worker died: then the next delivery finds it so).
+    Running,
+    /// The last attempt failed; a retry is scheduled.
+    Retrying,
+    /// Done; redeliveries are acked without running.
+    Succeeded,
+    /// Final failure; the dead-letter entry is not stored yet (the DLQ refused it).
+    Failed,
+    /// Stored in the dead-letter stream.
+    Dead,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Retrying => "retrying",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Dead => "dead",
+        }
+    }
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Succeeded,
+    /// Retryable failure.
+    Failed,
+    /// Non-retryable failure.
+    Permanent,
+    /// No verdict: the worker died or stalled past ack_wait; found by the next delivery.
+    Abandoned,
+    /// Handed back (Nak) because the worker shut down before the attempt finished.
+    Interrupted,
+}
+
+/// One attempt of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// Delivery count of the dispatch message (1-based).
+    pub attempt: u32,
+    pub worker: String,
+    #[serde(with = "millis")]
+    pub started: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub finished: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<AttemptOutcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What the executor reported (HTTP status and body excerpt, exit code and output tails).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The value of `JETSCHED_RUNS[<execution_id>]`.
+///
+/// The top-level fields are the design's `{status, attempt, worker, started, finished, error}`
+/// plus what the scheduler needs for overlap decisions (`namespace`, `task_id`,
+/// `nominal_time`) and the attempt history the dead-letter entry copies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub execution_id: String,
+    pub namespace: String,
+    pub task_id: String,
+    pub queue: String,
+    #[serde(with = "millis")]
+    pub nominal_time: DateTime<Utc>,
+    pub trigger: Trigger,
+    pub status: RunStatus,
+    /// The latest attempt number.
+    pub attempt: u32,
+    /// Worker of the latest attempt.
+    pub worker: String,
+    /// Start of the latest attempt.
+    #[serde(with = "millis")]
+    pub started: DateTime<Utc>,
+    /// Start of the first attempt (for `retry.max_elapsed`).
+    #[serde(with = "millis")]
+    pub first_started: DateTime<Utc>,
+    /// When the run reached a final status.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub finished: Option<DateTime<Utc>>,
+    /// Error of the latest failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Attempts executed again because the one before was abandoned.
+    #[serde(default)]
+    pub reruns: u32,
+    pub attempts: Vec<AttemptRecord>,
+}
+
+impl RunRecord {
+    fn new(dispatch: &Dispatch, attempt: u32, worker: &str, now: DateTime<Utc>) -> RunRecord {
+        RunRecord {
+            execution_id: dispatch.execution_id.clone(),
+            namespace: dispatch.namespace.clone(),
+            task_id: dispatch.task_id.clone(),
+            queue: dispatch.spec.queue.clone(),
+            nominal_time: dispatch.nominal_time,
+            trigger: dispatch.trigger,
+            status: RunStatus::Running,
+            attempt,
+            worker: worker.to_string(),
+            started: now,
+            first_started: now,
+            finished: None,
+            error: None,
+            reruns: 0,
+            attempts: vec![AttemptRecord::started(attempt, worker, now)],
+        }
+    }
+
+    /// Records the start of attempt `attempt`; an attempt still open (no verdict) is marked
+    /// abandoned. Returns whether this is a rerun after an abandoned attempt.
+    fn start_attempt(&mut self, attempt: u32, worker: &str, now: DateTime<Utc>) -> bool {
+        let mut rerun = false;
+        if let Some(last) = self.attempts.last_mut()
+            && last.outcome.is_none()
+        {
+            last.outcome = Some(AttemptOutcome::Abandoned);
+            last.error = Some("no verdict before ack_wait: the worker died or stalled".to_string());
+            rerun = true;
+            self.reruns += 1;
+        }
+        self.status = RunStatus::Running;
+        self.attempt = attempt;
+        self.worker = worker.to_string();
+        self.started = now;
+        self.attempts.push(AttemptRecord::started(attempt, worker, now));
+        if self.attempts.len() > MAX_KEPT_ATTEMPTS {
+            self.attempts.remove(1);
+        }
+        rerun
+    }
+
+    /// Closes attempt `attempt` with its outcome and sets the run's status.
+    pub(crate) fn end_attempt(
+        &mut self,
+        attempt: u32,
+        outcome: AttemptOutcome,
+        error: Option<String>,
+        detail: Option<String>,
+        status: RunStatus,
+        now: DateTime<Utc>,
+    ) {
+        if let Some(entry) =
+            self.attempts.iter_mut().rev().find(|a| a.attempt == attempt && a.outcome.is_none())
+        {
+            entry.finished = Some(now);
+            entry.outcome = Some(outcome);
+            entry.error = error.clone();
+            entry.detail = detail;
+        }
+        self.status = status;
+        if error.is_some() {
+            self.error = error;
+        }
+        if matches!(status, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead) {
+            self.finished.get_or_insert(now);
+        }
+    }
+}
+
+impl AttemptRecord {
+    fn started(attempt: u32, worker: &str, now: DateTime<Utc>) -> AttemptRecord {
+        AttemptRecord {
+            attempt,
+            worker: worker.to_string(),
+            started: now,
+            finished: None,
+            outcome: None,
+            error: None,
+            detail: None,
+        }
+    }
+}
+
+/// What a delivery should do, according to the run record.
+#[derive(Debug)]
+pub(crate) enum Begin {
+    /// Execute the attempt.
+    Run { record: Box<RunRecord>, revision: u64, rerun: bool },
+    /// Already succeeded: ack without running.
+    AlreadySucceeded,
+    /// Already in the dead-letter stream: terminate the message.
+    AlreadyDead,
+    /// A final failure whose dead-letter entry is not stored yet: store it, do not run again.
+    DeadLetterPending { record: Box<RunRecord>, revision: u64 },
+}
+
+/// The runs bucket.
+#[derive(Clone)]
+pub(crate) struct RunStore {
+    kv: kv::Store,
+}
+
+impl RunStore {
+    pub(crate) fn new(kv: kv::Store) -> RunStore {
+        RunStore { kv }
+    }
+
+    /// The record of `execution_id` and its revision, if any.
+    pub(crate) async fn get(&self, execution_id: &str) -> anyhow::Result<Option<(RunRecord, u64)>> {
+        let entry =
+            self.kv.entry(execution_id).await.with_context(|| format!("read run record {execution_id}"))?;
+        let Some(entry) = live(entry) else { return Ok(None) };
+        let record: RunRecord = serde_json::from_slice(&entry.value)
+            .with_context(|| format!("decode run record {execution_id}"))?;
+        Ok(Some((record, entry.revision)))
+    }
+
+    /// Creates or advances the record for delivery `attempt` of `dispatch`.
+    ///
+    /// `eager`: the record is stored (status `running`) before the attempt runs. Otherwise a
+    /// missing record is only read here and first written at the verdict (revision 0 =
+    /// create): one stored write less per run, but no `running` record for the scheduler's
+    /// overlap checks and no attempt history of a worker that died mid-run (the rerun is
+    /// still recognised and counted by the delivery count).
+    pub(crate) async fn begin(
+        &self,
+        dispatch: &Dispatch,
+        attempt: u32,
+        worker: &str,
+        eager: bool,
+    ) -> anyhow::Result<Begin> {
+        let key = dispatch.execution_id.as_str();
+        for _ in 0..CAS_ROUNDS {
+            let now = Utc::now();
+            // The common case (first delivery) costs one write.
+            if eager && attempt <= 1 {
+                let record = RunRecord::new(dispatch, attempt, worker, now);
+                match self.kv.create(key, encode(&record)?).await {
+                    Ok(revision) => {
+                        return Ok(Begin::Run { record: Box::new(record), revision, rerun: false });
+                    }
+                    Err(error) if is_already_exists(&error) => {}
+                    Err(error) => return Err(error).with_context(|| format!("create run record {key}")),
+                }
+            }
+            let Some((mut record, revision)) = self.get(key).await? else {
+                let mut record = RunRecord::new(dispatch, attempt, worker, now);
+                // A later delivery without a record: the deliveries before reached no verdict.
+                let rerun = attempt > 1;
+                if rerun {
+                    record.reruns = 1;
+                }
+                if !eager {
+                    return Ok(Begin::Run { record: Box::new(record), revision: 0, rerun });
+                }
+                match self.kv.create(key, encode(&record)?).await {
+                    Ok(revision) => {
+                        return Ok(Begin::Run { record: Box::new(record), revision, rerun });
+                    }
+                    Err(error) if is_already_exists(&error) => continue,
+                    Err(error) => return Err(error).with_context(|| format!("create run record {key}")),
+                }
+            };
+            match record.status {
+                RunStatus::Succeeded => return Ok(Begin::AlreadySucceeded),
+                RunStatus::Dead => return Ok(Begin::AlreadyDead),
+                RunStatus::Failed => {
+                    return Ok(Begin::DeadLetterPending { record: Box::new(record), revision });
+                }
+                RunStatus::Running | RunStatus::Retrying => {}
+            }
+            let rerun = record.start_attempt(attempt, worker, now);
+            match self.kv.update(key, encode(&record)?, revision).await {
+                Ok(revision) => return Ok(Begin::Run { record: Box::new(record), revision, rerun }),
+                Err(error) if is_revision_mismatch(&error) => continue,
+                Err(error) => return Err(error).with_context(|| format!("update run record {key}")),
+            }
+        }
+        anyhow::bail!("run record {key}: compare-and-set kept failing")
+    }
+
+    /// Writes `record` (read at `revision`; 0 = not stored yet, create it), re-reading and re-applying `change` when someone
+    /// else wrote in between. Returns the stored record and its new revision.
+    pub(crate) async fn save(
+        &self,
+        mut record: RunRecord,
+        mut revision: u64,
+        change: impl Fn(&mut RunRecord),
+    ) -> anyhow::Result<(RunRecord, u64)> {
+        let key = record.execution_id.clone();
+        for _ in 0..CAS_ROUNDS {
+            match self.kv.update(&key, encode(&record)?, revision).await {
+                Ok(new_revision) => return Ok((record, new_revision)),
+                Err(error) if is_revision_mismatch(&error) => {
+                    let Some((fresh, fresh_revision)) = self.get(&key).await? else {
+                        anyhow::bail!("run record {key} vanished")
+                    };
+                    record = fresh;
+                    revision = fresh_revision;
+                    change(&mut record);
+                }
+                Err(error) => return Err(error).with_context(|| format!("update run record {key}")),
+            }
+        }
+        anyhow::bail!("run record {key}: compare-and-set kept failing")
+    }
+}
+
+fn encode(record: &RunRecord) -> anyhow::Result<bytes::Bytes> {
+    Ok(serde_json::to_vec(record).context("encode run record")?.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> RunRecord {
+        let now = Utc::now();
+        RunRecord {
+            execution_id: "e".into(),
+            namespace: "ns".into(),
+            task_id: "t".into(),
+            queue: "default".into(),
+            nominal_time: now,
+            trigger: Trigger::Schedule,
+            status: RunStatus::Running,
+            attempt: 1,
+            worker: "w1".into(),
+            started: now,
+            first_started: now,
+            finished: None,
+            error: None,
+            reruns: 0,
+            attempts: vec![AttemptRecord::started(1, "w1", now)],
+        }
+    }
+
+    #[test]
+    fn an_open_attempt_is_abandoned_by_the_next_delivery() {
+        let mut r = record();
+        assert!(r.start_attempt(2, "w2", Utc::now()));
+        assert_eq!(r.attempts[0].outcome, Some(AttemptOutcome::Abandoned));
+        assert_eq!(r.reruns, 1);
+        r.end_attempt(2, AttemptOutcome::Failed, Some("boom".into()), None, RunStatus::Retrying, Utc::now());
+        assert!(!r.start_attempt(3, "w2", Utc::now()));
+        assert_eq!(r.attempts.len(), 3);
+        assert_eq!(r.error.as_deref(), Some("boom"));
+        assert!(r.finished.is_none());
+    }
+
+    #[test]
+    fn the_history_is_bounded_and_keeps_the_first_attempt() {
+        let mut r = record();
+        for n in 2..(MAX_KEPT_ATTEMPTS as u32 + 50) {
+            r.start_attempt(n, "w", Utc::now());
+        }
+        assert_eq!(r.attempts.len(), MAX_KEPT_ATTEMPTS);
+        assert_eq!(r.attempts[0].attempt, 1);
+    }
+
+    #[test]
+    fn records_round_trip_as_json() {
+        // Times travel with millisecond precision: compare after one round trip.
+        let r: RunRecord = serde_json::from_str(&serde_json::to_string(&record()).unwrap()).unwrap();
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(text.contains(r#""status":"running""#), "{text}");
+        assert_eq!(serde_json::from_str::<RunRecord>(&text).unwrap(), r);
+    }
+}

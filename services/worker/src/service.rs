@@ -1,0 +1,225 @@
+//! `build` (all fallible I/O: connect, ensure the topology and the consumers, bind the admin
+//! port) and `Worker::run` (only the loops, then the graceful shutdown).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use jetsched_shared::admin::{AdminServer, Readiness};
+use jetsched_shared::events::EventPublisher;
+use jetsched_shared::names::Names;
+use jetsched_shared::{presence, topology};
+use prometheus::Registry as MetricsRegistry;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, DEFAULT_ADMIN_ADDR};
+use crate::consumer::{Pull, Shared, run_queue};
+use crate::dlq::{DeadLetters, Mover, advisory_consumer};
+use crate::executor::{Executors, Handlers, http::HttpExecutor, nats::NatsExecutor, shell::ShellExecutor};
+use crate::metrics::Metrics;
+use crate::runs::RunStore;
+
+/// A started worker, ready to run.
+pub struct Worker {
+    client: async_nats::Client,
+    /// Presence (`jetsched-worker` micro service): `jetsched status` counts live replicas.
+    presence: async_nats::service::Service,
+    shared: Arc<Shared>,
+    queues: Vec<(String, PullConsumer)>,
+    advisories: PullConsumer,
+    mover: Mover,
+    admin: AdminServer,
+    concurrency: usize,
+    pull_expires: Duration,
+    grace: Duration,
+}
+
+/// The durable pull consumer of `queue`, shared by every worker replica (created or converged).
+pub async fn ensure_queue_consumer(
+    js: &jetstream::Context,
+    names: &Names,
+    queue: &str,
+    config: &Config,
+) -> anyhow::Result<PullConsumer> {
+    let name = names.worker_consumer(queue);
+    let stream_name = names.dispatch_stream();
+    let stream =
+        js.get_stream(&stream_name).await.with_context(|| format!("look up stream {stream_name}"))?;
+    stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some(name.clone()),
+            description: Some(format!("jetsched workers of queue {queue}")),
+            filter_subject: names.dispatch_queue_filter(queue),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: config.ack_wait,
+            max_ack_pending: config.max_ack_pending,
+            max_deliver: config.max_deliver,
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("ensure consumer {name} on {stream_name}"))
+}
+
+/// Connects, ensures the topology and the consumers, builds the executors (with the embedded
+/// `handlers`) and binds the admin listener.
+pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker> {
+    config.validate()?;
+    let names = config.common.names()?;
+    let instance = config.common.instance_id();
+    let registry = MetricsRegistry::new();
+    let metrics = Metrics::register(&registry)?;
+    let readiness = Readiness::new();
+    readiness.set("topology", false);
+    readiness.set("consumers", false);
+    let admin =
+        AdminServer::bind(config.common.admin_addr_or(DEFAULT_ADMIN_ADDR), registry, readiness.clone())
+            .await?;
+
+    let client = config.nats.connect(&format!("jetsched-worker {instance}")).await?;
+    readiness.watch_connection(client.clone());
+    let js = jetstream::new(client.clone());
+    let topology =
+        topology::ensure(&js, &names, &config.topology).await.context("ensure JetStream topology")?;
+    readiness.set("topology", true);
+
+    let mut queues = Vec::new();
+    for queue in &config.queues {
+        queues.push((queue.clone(), ensure_queue_consumer(&js, &names, queue, &config).await?));
+    }
+    let advisories = advisory_consumer(&js, &names).await?;
+    readiness.set("consumers", true);
+    let presence = presence::announce(
+        &client,
+        &names,
+        "worker",
+        &instance,
+        [
+            ("queues".to_string(), config.queues.join(",")),
+            ("concurrency".to_string(), config.concurrency.to_string()),
+        ],
+    )
+    .await?;
+
+    let runs = RunStore::new(topology.runs);
+    let dlq = DeadLetters::new(js.clone(), names.clone());
+    if let Ok(depth) = dlq.depth().await {
+        metrics.dlq_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
+    }
+    let events = EventPublisher::new(js.clone(), names.clone());
+    let executors = Executors {
+        http: HttpExecutor::new(
+            config.output_limit,
+            &format!("jetsched-worker/{}", env!("CARGO_PKG_VERSION")),
+        )?,
+        nats: NatsExecutor::new(client.clone(), config.output_limit),
+        shell: ShellExecutor::new(config.shell_allow.clone(), config.output_limit),
+        handlers,
+    };
+    let mover = Mover {
+        js: js.clone(),
+        names: names.clone(),
+        runs: runs.clone(),
+        dlq: dlq.clone(),
+        events: events.clone(),
+        metrics: metrics.clone(),
+        worker: instance.clone(),
+    };
+    let shared = Arc::new(Shared {
+        names,
+        worker: instance.clone(),
+        runs,
+        dlq,
+        events,
+        executors,
+        metrics,
+        progress_interval: config.progress_interval(),
+        dlq_retry_delay: config.dlq_retry_delay,
+        run_events: config.run_events,
+        run_records: config.run_records,
+        hard_stop: CancellationToken::new(),
+    });
+    tracing::info!(
+        admin = %admin.local_addr(), instance = %instance, queues = ?config.queues,
+        concurrency = config.concurrency, shell = !config.shell_allow.is_empty(),
+        handlers = ?shared.executors.handlers.names(), "worker ready"
+    );
+    Ok(Worker {
+        client,
+        presence,
+        shared,
+        queues,
+        advisories,
+        mover,
+        admin,
+        concurrency: config.concurrency,
+        pull_expires: config.pull_expires,
+        grace: config.shutdown_grace,
+    })
+}
+
+impl Worker {
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr()
+    }
+
+    /// Executes runs until `shutdown`; then stops pulling, lets in-flight runs finish within
+    /// the grace period, hands the rest back (`Nak`) and drains the connection.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let Worker {
+            client,
+            presence,
+            shared,
+            queues,
+            advisories,
+            mover,
+            admin,
+            concurrency,
+            pull_expires,
+            grace,
+        } = self;
+        let background = TaskTracker::new();
+        let admin_stop = CancellationToken::new();
+        background.spawn(admin.serve(admin_stop.clone()));
+        background.spawn(mover.run(advisories, shutdown.clone()));
+
+        let runs = TaskTracker::new();
+        let permits = Arc::new(Semaphore::new(concurrency));
+        let mut loops = tokio::task::JoinSet::new();
+        // An idle queue's long poll holds at most its share of the permits.
+        let max_batch = (concurrency / queues.len().max(1)).max(1);
+        for (queue, consumer) in queues {
+            let pull = Pull { queue, consumer, max_batch, expires: pull_expires };
+            loops.spawn(run_queue(shared.clone(), pull, permits.clone(), runs.clone(), shutdown.clone()));
+        }
+        shutdown.cancelled().await;
+        tracing::info!(in_flight = shared.metrics.in_flight.get(), "shutting down: no more pulls");
+        while let Some(result) = loops.join_next().await {
+            if let Err(error) = result {
+                tracing::error!(%error, "a pull loop panicked");
+            }
+        }
+        runs.close();
+        if tokio::time::timeout(grace, runs.wait()).await.is_err() {
+            tracing::warn!(
+                ?grace,
+                in_flight = shared.metrics.in_flight.get(),
+                "grace period over: handing runs back"
+            );
+            shared.hard_stop.cancel();
+            runs.wait().await;
+        }
+        if let Err(error) = presence.stop().await {
+            tracing::warn!(%error, "stopping the presence service");
+        }
+        admin_stop.cancel();
+        background.close();
+        background.wait().await;
+        client.drain().await.context("drain NATS connection")?;
+        tracing::info!("worker stopped");
+        Ok(())
+    }
+}
