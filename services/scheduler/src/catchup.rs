@@ -23,6 +23,9 @@ pub(crate) enum SkipReason {
     Misfire,
     /// Misfire policy `fire_once`: covered by the one catch-up run.
     Coalesced,
+    /// Overlap policy `skip` (or a second waiting fire under `buffer_one`): the task's
+    /// previous run was still going (see `overlap.rs`).
+    Overlap,
 }
 
 impl SkipReason {
@@ -30,6 +33,7 @@ impl SkipReason {
         match self {
             SkipReason::Misfire => "misfire",
             SkipReason::Coalesced => "coalesced",
+            SkipReason::Overlap => "overlap",
         }
     }
 }

@@ -8,6 +8,7 @@ mod discovery;
 mod dispatch;
 mod lease;
 mod metrics;
+mod overlap;
 mod service;
 mod state;
 pub mod timer;

@@ -6,6 +6,10 @@
 //! by every replica, so a new leader only waits for it to reach the stream's end), state flushes
 //! and retries. No tokio task or sleep per registered task, no polling: the loop sleeps until
 //! the next deadline (tokio's timer until 1 ms before, then a µs-precise thread sleep).
+//!
+//! Tasks with overlap `skip` or `buffer_one` pass a gate before publishing: the previous run's
+//! record is read (or, for `buffer_one`, watched) in a future whose verdict comes back as
+//! [`Event::Overlap`]; `allow` tasks never touch it (see `overlap.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -17,12 +21,13 @@ use async_nats::jetstream::kv::{self, Entry, Operation, WatcherError};
 use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{self};
 use bytes::Bytes;
-use futures::future::{BoxFuture, Fuse, OptionFuture};
+use futures::future::{AbortHandle, Aborted, BoxFuture, Fuse, OptionFuture};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use jetsched_shared::admin::{AdminServer, Readiness};
 use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::{Names, SYSTEM_NAMESPACE, task_key};
+use jetsched_shared::spec::OverlapPolicy;
 use jetsched_shared::topology::{self, Topology};
 use jetsched_shared::wire::{Event as WireEvent, EventKind, FireState, Trigger, scheduled_execution_id};
 use prometheus::Registry as MetricsRegistry;
@@ -31,12 +36,13 @@ use tokio::task::{JoinError, JoinHandle};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::catchup::{self, Limits};
+use crate::catchup::{self, Limits, SkipReason};
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::discovery::{self, Change};
 use crate::dispatch::{self, EventSink, Fire};
 use crate::lease::{Lease, LeaseEvent, Timing};
 use crate::metrics::Metrics;
+use crate::overlap::{self, Arrival, Previous, Prior, Verdict};
 use crate::state::{TaskInfo, Tasks, from_ms, now_ms};
 use crate::timer::TimerWheel;
 
@@ -88,7 +94,7 @@ pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
     let client = config.nats.connect(&format!("jetsched-scheduler {instance}")).await?;
     readiness.watch_connection(client.clone());
     let js = jetstream::new(client.clone());
-    let Topology { tasks, leader, state, .. } =
+    let Topology { tasks, leader, state, runs, .. } =
         topology::ensure(&js, &names, &config.topology).await.context("ensure JetStream topology")?;
     readiness.set("topology", true);
     let (watch, messages) = discovery::open_tasks(&tasks).await?;
@@ -116,6 +122,10 @@ pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
         js,
         tasks_store: tasks,
         state_store: state,
+        runs_store: runs,
+        runs_ttl: config.topology.runs_ttl,
+        gates: HashMap::new(),
+        overlap: FuturesUnordered::new(),
         metrics,
         events,
         fire_events: config.fire_events,
@@ -205,12 +215,15 @@ type Batch = Option<Vec<Result<Entry, WatcherError>>>;
 type Acked = (Fire, Result<PublishAck, PublishError>);
 /// Outcome of one state flush: per slot, whether its write was stored.
 type Flushed = Vec<(u32, u32, bool)>;
+/// A gated fire and the verdict on it (`Err`: the check was cancelled).
+type Checked = (Fire, Result<anyhow::Result<Verdict>, Aborted>);
 
 /// Everything the loop reacts to.
 enum Event {
     Shutdown,
     Lease(Option<LeaseEvent>),
     Acked(Acked),
+    Overlap(Checked),
     Timer,
     Tasks(Option<Vec<Result<discovery::Decoded, WatcherError>>>),
     State(Batch),
@@ -254,12 +267,26 @@ struct StateLoad {
     started: Instant,
 }
 
+/// Overlap bookkeeping of one gated task (overlap `skip` or `buffer_one`) while leader.
+struct Gate {
+    generation: u32,
+    /// The latest scheduled fire this leader let through (nominal ms).
+    last_ms: Option<i64>,
+    /// The one fire being checked or buffered, and the handle cancelling its read or watch.
+    waiting: Option<(i64, AbortHandle)>,
+}
+
 struct Core {
     names: Names,
     instance: String,
     js: jetstream::Context,
     tasks_store: kv::Store,
     state_store: kv::Store,
+    runs_store: kv::Store,
+    runs_ttl: Duration,
+    /// Gated tasks by slot index; at most one check or watch each.
+    gates: HashMap<u32, Gate>,
+    overlap: FuturesUnordered<BoxFuture<'static, Checked>>,
     metrics: Metrics,
     events: EventSink,
     fire_events: bool,
@@ -368,6 +395,7 @@ impl Core {
                 _ = shutdown.cancelled() => Event::Shutdown,
                 event = lease_rx.recv(), if self.lease_open => Event::Lease(event),
                 Some(acked) = self.inflight.next(), if !self.inflight.is_empty() => Event::Acked(acked),
+                Some(checked) = self.overlap.next(), if !self.overlap.is_empty() => Event::Overlap(checked),
                 () = &mut self.timer, if self.timer_due.is_some() => Event::Timer,
                 batch = next_decoded(self.watch.as_mut()) => Event::Tasks(batch),
                 batch = next_batch(self.state.watch.as_mut()) => Event::State(batch),
@@ -391,6 +419,7 @@ impl Core {
                     }
                 }
                 Event::Acked(acked) => self.on_ack(acked),
+                Event::Overlap(checked) => self.on_overlap(checked),
                 Event::Timer => self.on_timer(),
                 Event::Tasks(batch) => self.on_tasks(batch),
                 Event::State(batch) => self.on_state(batch),
@@ -609,6 +638,9 @@ impl Core {
     fn remove(&mut self, key: &str) {
         if let Some((idx, _)) = self.tasks.remove(key) {
             self.wheel.cancel(&idx);
+            if let Some(Gate { waiting: Some((_, check)), .. }) = self.gates.remove(&idx) {
+                check.abort();
+            }
         }
     }
 
@@ -851,6 +883,9 @@ impl Core {
         self.retry_at = None;
         self.catchup_refill_at = None;
         self.inflight = FuturesUnordered::new();
+        // Buffered fires are dropped with their watches; the next leader re-evaluates.
+        self.gates.clear();
+        self.overlap = FuturesUnordered::new();
         self.metrics.publish_inflight.set(0);
         self.dirty.clear();
         self.dirty_since = None;
@@ -898,6 +933,9 @@ impl Core {
                     tracing::warn!(term = lease.term, "lease deadline passed; dispatch paused until renewed");
                 }
                 break;
+            }
+            if !self.admit(fire) {
+                continue;
             }
             let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { continue };
             let message = match dispatch::message(&self.names, &slot.info, &fire, lease.term) {
@@ -963,6 +1001,13 @@ impl Core {
                 });
             }
         }
+        self.settle(&fire);
+    }
+
+    /// A queued fire is handled (stored or skipped): once none of the task's is pending, the
+    /// fire state advances past the latest.
+    fn settle(&mut self, fire: &Fire) {
+        let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return };
         slot.inflight = slot.inflight.saturating_sub(1);
         slot.pending_ms = Some(slot.pending_ms.map_or(fire.nominal_ms, |p| p.max(fire.nominal_ms)));
         if slot.inflight == 0 {
@@ -970,6 +1015,108 @@ impl Core {
             slot.done_ms = slot.done_ms.max(pending);
             self.mark_dirty_slot(fire.idx);
         }
+    }
+
+    // ---- overlap -----------------------------------------------------------------------
+
+    /// Whether `fire` may be published now. A fire of a gated task whose previous scheduled
+    /// run may still be going is held for a check (its verdict comes back as
+    /// [`Event::Overlap`]), or skipped when another fire of the task already waits.
+    fn admit(&mut self, fire: Fire) -> bool {
+        let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return true };
+        let policy = slot.info.overlap;
+        if !overlap::gated(policy) {
+            return true;
+        }
+        let gate = self.gates.entry(fire.idx).or_insert(Gate {
+            generation: fire.generation,
+            last_ms: None,
+            waiting: None,
+        });
+        if gate.generation != fire.generation {
+            *gate = Gate { generation: fire.generation, last_ms: None, waiting: None };
+        }
+        // Let through already: a publish retry, or the verdict's own re-queued fire.
+        if gate.last_ms.is_some_and(|last| last >= fire.nominal_ms) {
+            return true;
+        }
+        // The previous scheduled fire: the one this leader let through, else the fire state's.
+        let prior = match gate.last_ms {
+            Some(ms) => Some((ms, Previous::Dispatched)),
+            None => slot.done_ms.map(|ms| (ms, Previous::Inherited)),
+        };
+        match (overlap::arrive(gate.waiting.is_some(), prior.is_some()), prior) {
+            (Arrival::Dispatch, _) | (Arrival::Check, None) => {
+                gate.last_ms = Some(fire.nominal_ms);
+                true
+            }
+            (Arrival::Skip, _) => {
+                self.skip_overlapping(&fire);
+                false
+            }
+            (Arrival::Check, Some((ms, previous))) => {
+                let prior = Prior {
+                    execution_id: scheduled_execution_id(slot.info.namespace(), slot.info.task_id(), ms),
+                    previous,
+                    age: Duration::from_millis(u64::try_from(now_ms() - ms).unwrap_or(0)),
+                    ttl: self.runs_ttl,
+                };
+                let runs = self.runs_store.clone();
+                let check = match policy {
+                    OverlapPolicy::BufferOne => {
+                        overlap::wait_idle(runs, prior).map(|r| r.map(|()| Verdict::Dispatch)).boxed()
+                    }
+                    _ => overlap::is_going(runs, prior)
+                        .map(move |r| r.map(|g| overlap::verdict(policy, g)))
+                        .boxed(),
+                };
+                let (check, handle) = futures::future::abortable(check);
+                gate.waiting = Some((fire.nominal_ms, handle));
+                self.overlap.push(check.map(move |result| (fire, result)).boxed());
+                false
+            }
+        }
+    }
+
+    fn on_overlap(&mut self, (fire, result): Checked) {
+        let Ok(result) = result else { return }; // cancelled: the task went away
+        let Some(gate) = self.gates.get_mut(&fire.idx) else { return };
+        if gate.generation != fire.generation || gate.waiting.as_ref().map(|w| w.0) != Some(fire.nominal_ms) {
+            return;
+        }
+        gate.waiting = None;
+        let verdict = result.unwrap_or_else(|error| {
+            tracing::warn!(
+                error = format!("{error:#}"),
+                nominal = fire.nominal_ms,
+                "cannot read the previous run; dispatching"
+            );
+            Verdict::Dispatch
+        });
+        match verdict {
+            Verdict::Dispatch => {
+                gate.last_ms = Some(fire.nominal_ms);
+                self.ready.push_front(fire);
+            }
+            Verdict::Skip => self.skip_overlapping(&fire),
+        }
+    }
+
+    /// `fire.skipped` (reason overlap) and the fire state advances past the fire.
+    fn skip_overlapping(&mut self, fire: &Fire) {
+        let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return };
+        let reason = SkipReason::Overlap.as_str();
+        self.metrics.skipped.with_label_values(&[reason]).inc();
+        let info = &slot.info;
+        self.events.emit(WireEvent {
+            nominal_time: Some(from_ms(fire.nominal_ms)),
+            trigger: Some(fire.trigger),
+            reason: Some(reason.to_string()),
+            instance: Some(self.instance.clone()),
+            term: self.lease.map(|l| l.term),
+            ..WireEvent::new(EventKind::FireSkipped, info.namespace(), info.task_id())
+        });
+        self.settle(fire);
     }
 
     // ---- fire state --------------------------------------------------------------------

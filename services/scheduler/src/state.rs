@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use jetsched_shared::schedule::Schedule;
-use jetsched_shared::spec::{MisfirePolicy, TaskSpec};
+use jetsched_shared::spec::{MisfirePolicy, OverlapPolicy, TaskSpec};
 
 /// What the scheduler keeps of one spec revision.
 #[derive(Debug)]
@@ -24,6 +24,7 @@ pub(crate) struct TaskInfo {
     pub(crate) schedule: Schedule,
     pub(crate) misfire: MisfirePolicy,
     pub(crate) catchup_window: Duration,
+    pub(crate) overlap: OverlapPolicy,
     pub(crate) paused: bool,
     /// Deterministic jitter offset (ms).
     pub(crate) jitter_offset_ms: u32,
@@ -52,6 +53,7 @@ impl TaskInfo {
             schedule: spec.schedule,
             misfire: spec.misfire,
             catchup_window: spec.catchup_window,
+            overlap: spec.overlap,
             paused: spec.paused,
             spec_json: Bytes::copy_from_slice(spec_json),
             revision,

@@ -650,3 +650,162 @@ async fn a_server_outage_and_restart_during_steady_firing_loses_and_doubles_noth
         assert_contiguous(task, nominals, 1000);
     }
 }
+
+// ---- overlap policy (scheduler + worker in-process) ---------------------------------------
+
+/// What the overlap tests read of a run record (the worker owns the full record).
+#[derive(Debug, Clone, serde::Deserialize)]
+struct RunTimes {
+    task_id: String,
+    #[serde(with = "wire::millis")]
+    nominal_time: chrono::DateTime<chrono::Utc>,
+    status: wire::RunStatus,
+    #[serde(with = "wire::millis")]
+    started: chrono::DateTime<chrono::Utc>,
+    #[serde(default, with = "wire::millis::option")]
+    finished: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Every run record of task `id`, by nominal time.
+async fn runs_of(topology: &Topology, id: &str) -> Vec<RunTimes> {
+    let mut keys = topology.runs.keys().await.expect("run keys");
+    let mut runs = Vec::new();
+    while let Some(key) = keys.next().await {
+        let key = key.expect("run key");
+        let Some(value) = topology.runs.get(&key).await.expect("read run") else { continue };
+        let run: RunTimes = serde_json::from_slice(&value).expect("run record decodes");
+        if run.task_id == id {
+            runs.push(run);
+        }
+    }
+    runs.sort_by_key(|r| r.nominal_time);
+    runs
+}
+
+/// A worker in-process with a handler `slow` that sleeps `RUN_LENGTH`.
+const RUN_LENGTH: Duration = Duration::from_millis(3500);
+
+async fn slow_worker(url: &str) -> (CancellationToken, JoinHandle<anyhow::Result<()>>) {
+    use jetsched_worker::{Handlers, Outcome, RunContext};
+    let handlers = Handlers::new().register("slow", |_run: RunContext| async {
+        tokio::time::sleep(RUN_LENGTH).await;
+        Outcome::ok()
+    });
+    let mut config = jetsched_worker::Config::for_tests(url, "overlap-worker");
+    config.pull_expires = Duration::from_millis(500);
+    let worker = jetsched_worker::build(config, handlers).await.expect("worker builds");
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(worker.run(shutdown.clone()));
+    (shutdown, handle)
+}
+
+/// Runs task `id` (every second, the slow handler, overlap `policy`) for `fires_for`, then stops
+/// the scheduler, lets the last run finish and returns its runs and overlap-skip nominals.
+async fn run_overlapping(id: &str, policy: &str, fires_for: Duration) -> (Vec<RunTimes>, Vec<i64>, String) {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let lease = Duration::from_secs(2);
+    let (js, topology) = setup(&server, lease).await;
+    let (worker_stop, worker) = slow_worker(&server.url()).await;
+    let scheduler = RunningScheduler::start(&server.url(), "s-overlap", lease).await;
+    let body = serde_json::to_vec(&json!({
+        "id": id, "namespace": NS, "schedule": {"every": "1s"},
+        "executor": {"kind": "handler", "name": "slow"},
+        "overlap": policy,
+    }))
+    .expect("json");
+    topology.tasks.put(task_key(NS, id), body.into()).await.expect("put task");
+    eventually(WAIT, "a first run started", || async { !runs_of(&topology, id).await.is_empty() }).await;
+    tokio::time::sleep(fires_for).await;
+    let metrics = http_get(scheduler.admin, "/metrics").await;
+    scheduler.stop().await;
+    let runs = eventually(WAIT, "every run finished", || async {
+        let runs = runs_of(&topology, id).await;
+        match runs.iter().all(|r| r.status.is_final()) {
+            true => Ok(runs),
+            false => Err(runs.len()),
+        }
+    })
+    .await;
+    worker_stop.cancel();
+    tokio::time::timeout(WAIT, worker).await.expect("worker stops").expect("no panic").expect("clean stop");
+    let skipped: Vec<i64> = read_events(&js, "fire.skipped", NS)
+        .await
+        .into_iter()
+        .filter(|e| e.task_id == id)
+        .map(|e| {
+            assert_eq!(e.reason.as_deref(), Some("overlap"), "{e:?}");
+            e.nominal_time.expect("skip names its fire").timestamp_millis()
+        })
+        .collect();
+    (runs, skipped, metrics)
+}
+
+/// No two runs of the task overlap; every nominal second between the first and the last run is
+/// either a run or an overlap skip (none lost silently, none both).
+fn assert_serial_and_accounted(runs: &[RunTimes], skipped: &[i64]) {
+    for run in runs {
+        assert_eq!(run.status, wire::RunStatus::Succeeded, "{run:?}");
+    }
+    let mut by_start = runs.to_vec();
+    by_start.sort_by_key(|r| r.started);
+    for pair in by_start.windows(2) {
+        let finished = pair[0].finished.expect("a final run has finished");
+        assert!(pair[1].started >= finished, "runs overlap: {:?} and {:?}", pair[0], pair[1]);
+    }
+    let ran: HashSet<i64> = runs.iter().map(|r| r.nominal_time.timestamp_millis()).collect();
+    let skipped_set: HashSet<i64> = skipped.iter().copied().collect();
+    assert_eq!(skipped_set.len(), skipped.len(), "a fire skipped twice: {skipped:?}");
+    assert!(ran.is_disjoint(&skipped_set), "a fire both ran and was skipped");
+    let first = runs.first().expect("runs").nominal_time.timestamp_millis();
+    let last = runs.last().expect("runs").nominal_time.timestamp_millis();
+    for nominal in (first..=last).step_by(1000) {
+        assert!(
+            ran.contains(&nominal) || skipped_set.contains(&nominal),
+            "fire {nominal} neither ran nor skipped"
+        );
+    }
+}
+
+#[tokio::test]
+async fn overlap_skip_drops_fires_while_the_previous_run_is_going() {
+    let (runs, skipped, metrics) = run_overlapping("ov-skip", "skip", Duration::from_secs(9)).await;
+    assert!(runs.len() >= 2, "several runs: {runs:?}");
+    assert!(skipped.len() >= 4, "fires skipped while a 3.5 s run is going: {skipped:?}");
+    assert!(metrics.contains("jetsched_fires_skipped_total{reason=\"overlap\"}"), "{metrics}");
+    assert_serial_and_accounted(&runs, &skipped);
+    // Skipped fires fall inside a run; the next run is the first fire after the previous ended.
+    let mut by_start = runs.clone();
+    by_start.sort_by_key(|r| r.started);
+    for pair in by_start.windows(2) {
+        let finished = pair[0].finished.expect("finished").timestamp_millis();
+        let next = pair[1].nominal_time.timestamp_millis();
+        assert!(next >= finished && next - finished <= 2100, "not the next fire after the run: {pair:?}");
+    }
+}
+
+#[tokio::test]
+async fn overlap_buffer_one_keeps_one_fire_and_dispatches_it_when_the_run_ends() {
+    let (runs, skipped, metrics) = run_overlapping("ov-buffer", "buffer_one", Duration::from_secs(9)).await;
+    assert!(runs.len() >= 3, "several runs: {runs:?}");
+    assert!(!skipped.is_empty(), "fires beyond the one buffered are skipped: {skipped:?}");
+    assert!(metrics.contains("jetsched_fires_skipped_total{reason=\"overlap\"}"), "{metrics}");
+    assert_serial_and_accounted(&runs, &skipped);
+    let mut by_start = runs.clone();
+    by_start.sort_by_key(|r| r.started);
+    for pair in by_start.windows(2) {
+        let finished = pair[0].finished.expect("finished");
+        let (next, gap) = (&pair[1], (pair[1].started - finished).num_milliseconds());
+        // The buffered fire keeps its nominal time (it was due while the previous run went on)
+        // and starts right after the previous run finished.
+        assert!(next.nominal_time < finished, "the next run was buffered: {pair:?}");
+        assert!(gap < 900, "buffered fire dispatched {gap} ms after the previous run finished");
+        // At most one fire waited: every fire due between it and the previous run's end was skipped.
+        let skipped_between = skipped
+            .iter()
+            .filter(|&&s| s > next.nominal_time.timestamp_millis() && s < finished.timestamp_millis())
+            .count();
+        let due_between = (finished.timestamp_millis() - next.nominal_time.timestamp_millis() - 1) / 1000;
+        assert_eq!(skipped_between as i64, due_between, "{pair:?} {skipped:?}");
+    }
+}
