@@ -14,13 +14,12 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage, stream::RawMessageErrorKind};
-use chrono::{DateTime, Utc};
 use jetsched_shared::error::{ApiError, ErrorCode};
 use jetsched_shared::names::{Names, task_key};
-use jetsched_shared::spec::{TaskSpec, validate_id};
+use jetsched_shared::spec::validate_id;
 use jetsched_shared::wire::{
-    Dispatch, HDR_EXECUTION_ID, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER, Trigger,
-    format_time, fresh_execution_id, millis,
+    DeadLetter, Dispatch, HDR_EXECUTION_ID, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER,
+    Trigger, format_time, fresh_execution_id,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -91,19 +90,6 @@ impl Request {
     fn has_filter(&self) -> bool {
         self.queue.is_some() || self.namespace.is_some() || self.task_id.is_some()
     }
-}
-
-/// What a replay needs from a dead letter (the rest of the entry is carried as JSON).
-#[derive(Debug, Deserialize)]
-struct Replayable {
-    execution_id: String,
-    namespace: String,
-    task_id: String,
-    #[serde(with = "millis")]
-    nominal_time: DateTime<Utc>,
-    revision: u64,
-    #[serde(default)]
-    spec: Option<TaskSpec>,
 }
 
 #[derive(Debug, Serialize)]
@@ -271,7 +257,7 @@ impl DlqApi {
         sequence: u64,
         payload: &[u8],
     ) -> Result<Replayed, ApiError> {
-        let entry: Replayable = serde_json::from_slice(payload).map_err(|e| {
+        let entry: DeadLetter = serde_json::from_slice(payload).map_err(|e| {
             ApiError::new(ErrorCode::BadRequest, format!("dead letter {sequence} cannot be replayed: {e}"))
         })?;
         let Some(spec) = entry.spec else {
