@@ -1,7 +1,11 @@
 //! The end-to-end test binary: real nats-server, services started in-process (or as real
 //! processes where a crash is involved). One module per service.
 
+mod alerter;
+mod bench;
+mod chaos;
 mod cli;
+mod deploy;
 mod registry;
 mod scheduler;
 mod worker;

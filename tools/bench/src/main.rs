@@ -2,10 +2,16 @@
 //! measured beside raw JetStream doing the equivalent work in the same run. Prints a table
 //! and a JSON report.
 
+mod e2e;
+mod failover;
+mod raw;
 mod registry;
+mod scheduler;
 mod stats;
+mod system;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{Value, json};
 
 #[derive(Debug, Parser)]
 #[command(name = "jetsched-bench", about = "Measure jetsched against raw JetStream on this machine")]
@@ -21,6 +27,111 @@ struct Cli {
 enum Scenario {
     /// Registry `put` throughput and latency with concurrent clients, beside raw concurrent KV puts.
     Registry(registry::Args),
+    /// Raw JetStream baselines: pipelined publish with message ids, pull + ack.
+    Raw(raw::Args),
+    /// N one-shot tasks due at the same second: time to dispatch all, lag, ratio to raw publishing.
+    Burst(scheduler::BurstArgs),
+    /// N interval tasks firing at a steady rate: lag percentiles.
+    Steady(scheduler::SteadyArgs),
+    /// No-op runs end to end with 1, 2, 4 worker replicas, against raw publish + pull + ack.
+    E2e(e2e::Args),
+    /// Leader kill -9 to the next dispatch, over repeated kills of real scheduler processes.
+    Failover(failover::Args),
+    /// Load time and resident memory of a scheduler process with N tasks, against a raw watch.
+    Scale(scheduler::ScaleArgs),
+    /// Every scenario at one size; one table and one JSON report.
+    All(AllArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Size {
+    /// Seconds per scenario: for CI smoke tests.
+    Tiny,
+    /// A few minutes in all.
+    Small,
+    /// The sizes of issue 7 (100k burst, 100k steady at 1k/s, 1M tasks, 20 kills).
+    Full,
+}
+
+#[derive(Debug, clap::Args)]
+struct AllArgs {
+    #[arg(long, value_enum, default_value_t = Size::Small)]
+    size: Size,
+}
+
+async fn all(size: Size) -> anyhow::Result<Value> {
+    // (registry puts, raw msgs, burst, steady tasks, rate, seconds, e2e runs, workers, kills, scale)
+    let (puts, raw, burst, steady, rate, seconds, runs, workers, kills, scale) = match size {
+        Size::Tiny => (2_000, 5_000, 2_000, 1_000, 200, 3, 2_000, vec![1, 2], 2, 5_000),
+        Size::Small => (20_000, 50_000, 20_000, 20_000, 1_000, 10, 10_000, vec![1, 2, 4], 5, 100_000),
+        Size::Full => (50_000, 100_000, 100_000, 100_000, 1_000, 20, 20_000, vec![1, 2, 4], 20, 1_000_000),
+    };
+    let mut report = serde_json::Map::new();
+    report.insert("raw".into(), raw::run(raw::Args { messages: raw, window: 512 }).await?);
+    report.insert(
+        "registry".into(),
+        registry::run(registry::Args { puts, clients: 64, connections: 8 }).await?,
+    );
+    report
+        .insert("burst".into(), scheduler::burst(scheduler::BurstArgs { tasks: burst, window: 512 }).await?);
+    report.insert(
+        "steady".into(),
+        scheduler::steady(scheduler::SteadyArgs { tasks: steady, rate, seconds }).await?,
+    );
+    report.insert("e2e".into(), e2e::run(e2e::Args { runs, workers, concurrency: 64 }).await?);
+    report.insert(
+        "failover".into(),
+        failover::run(failover::Args { kills, lease_ms: 2000, tasks: 100 }).await?,
+    );
+    report.insert("scale".into(), scheduler::scale(scheduler::ScaleArgs { tasks: scale }).await?);
+    print_summary(&report);
+    Ok(json!({"size": format!("{size:?}").to_lowercase(), "scenarios": report}))
+}
+
+fn print_summary(report: &serde_json::Map<String, Value>) {
+    let f = |scenario: &str, path: &str| {
+        report.get(scenario).and_then(|v| v.pointer(path)).and_then(Value::as_f64).unwrap_or(f64::NAN)
+    };
+    eprintln!();
+    eprintln!("{:<12} {:<48} {:>12} {:>12}", "scenario", "measure", "value", "vs raw");
+    let row = |scenario: &str, what: &str, value: f64, ratio: Option<f64>| {
+        let ratio = ratio.map(|r| format!("{r:.2}x")).unwrap_or_default();
+        eprintln!("{scenario:<12} {what:<48} {value:>12.1} {ratio:>12}");
+    };
+    row("raw", "publish with msg ids, msg/s", f("raw", "/publish_with_ids_per_second"), None);
+    row("raw", "pull + ack, msg/s", f("raw", "/pull_ack_per_second"), None);
+    row(
+        "registry",
+        "put new tasks, puts/s",
+        f("registry", "/phases/1/per_second"),
+        Some(f("registry", "/ratio_to_raw")),
+    );
+    row(
+        "burst",
+        "time to dispatch all, ms",
+        f("burst", "/dispatch_all_ms"),
+        Some(f("burst", "/ratio_to_raw")),
+    );
+    row("burst", "lag p50, ms", f("burst", "/lag/p50_ms"), None);
+    row("burst", "lag p99, ms", f("burst", "/lag/p99_ms"), None);
+    row("steady", "fires/s", f("steady", "/fires_per_second"), None);
+    row("steady", "lag p50, ms", f("steady", "/lag/p50_ms"), None);
+    row("steady", "lag p99, ms", f("steady", "/lag/p99_ms"), None);
+    if let Some(replicas) = report.get("e2e").and_then(|v| v.get("replicas")).and_then(Value::as_array) {
+        for r in replicas {
+            let n = r["workers"].as_u64().unwrap_or(0);
+            row(
+                "e2e",
+                &format!("{n} worker(s), runs/s"),
+                r["runs_per_second"].as_f64().unwrap_or(f64::NAN),
+                r["ratio_to_raw"].as_f64(),
+            );
+        }
+    }
+    row("failover", "kill -9 to next dispatch p50, ms", f("failover", "/gap/p50_ms"), None);
+    row("failover", "kill -9 to next dispatch p99, ms", f("failover", "/gap/p99_ms"), None);
+    row("scale", "scheduler load, ms", f("scale", "/load_ms"), Some(f("scale", "/ratio_to_raw")));
+    row("scale", "scheduler RSS, MiB", f("scale", "/rss_mib"), None);
 }
 
 #[tokio::main]
@@ -28,6 +139,13 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let report = match cli.scenario {
         Scenario::Registry(args) => registry::run(args).await?,
+        Scenario::Raw(args) => raw::run(args).await?,
+        Scenario::Burst(args) => scheduler::burst(args).await?,
+        Scenario::Steady(args) => scheduler::steady(args).await?,
+        Scenario::E2e(args) => e2e::run(args).await?,
+        Scenario::Failover(args) => failover::run(args).await?,
+        Scenario::Scale(args) => scheduler::scale(args).await?,
+        Scenario::All(args) => all(args.size).await?,
     };
     let text = serde_json::to_string_pretty(&report)?;
     println!("{text}");

@@ -18,13 +18,13 @@ use crate::stats::Figures;
 pub(crate) struct Args {
     /// Puts per phase.
     #[arg(long, default_value_t = 50_000)]
-    puts: usize,
+    pub(crate) puts: usize,
     /// Concurrent clients (each waits for its reply before sending the next put).
     #[arg(long, default_value_t = 64)]
-    clients: usize,
+    pub(crate) clients: usize,
     /// NATS connections the clients are spread over.
     #[arg(long, default_value_t = 8)]
-    connections: usize,
+    pub(crate) connections: usize,
 }
 
 fn spec(id: &str, generation: usize) -> Vec<u8> {

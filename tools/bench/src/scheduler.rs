@@ -1,0 +1,247 @@
+//! Scheduler scenarios with the scheduler in-process: burst (N one-shots due the same second,
+//! against raw pipelined publishing with ids of N messages in the same run), steady (N
+//! interval tasks spread to a fire rate: lag), and scale (load time and resident memory of a
+//! real scheduler process with N tasks, against a raw `watch_with_history`).
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use async_nats::jetstream;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use jetsched_scheduler::{Config, build};
+use jetsched_shared::names::Names;
+use jetsched_shared::topology::{self, Topology, TopologyArgs};
+use jetsched_shared::wire::format_time;
+use jetsched_tests::NatsServer;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::system::{
+    Lag, dispatch_count, free_port, http_get, raw_publish_with_ids, read_dispatch_times, rss_mib,
+    service_bin, spec, wait_leader, write_tasks,
+};
+
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct BurstArgs {
+    /// One-shot tasks due at the same second.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) tasks: usize,
+    /// Scheduler publish window (and the raw baseline's).
+    #[arg(long, default_value_t = 512)]
+    pub(crate) window: usize,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct SteadyArgs {
+    /// Interval tasks, spread so that `rate` fire per second.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) tasks: usize,
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) rate: usize,
+    /// Measured seconds (after a warm-up of 3 s).
+    #[arg(long, default_value_t = 20)]
+    pub(crate) seconds: u64,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ScaleArgs {
+    /// Registered tasks the scheduler loads.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(crate) tasks: usize,
+}
+
+async fn start(url: &str) -> anyhow::Result<(Names, Topology, jetstream::Context)> {
+    let js = jetstream::new(async_nats::connect(url).await.context("connect")?);
+    let names = Names::default();
+    let topology = topology::ensure(&js, &names, &TopologyArgs::default()).await?;
+    Ok((names, topology, js))
+}
+
+fn config(url: &str, window: usize) -> Config {
+    let mut config = Config::for_tests(url);
+    config.publish_window = window;
+    config.fire_events = false;
+    config
+}
+
+pub(crate) async fn burst(args: BurstArgs) -> anyhow::Result<serde_json::Value> {
+    let n = args.tasks;
+    let server = NatsServer::start().await;
+    let (names, topology, js) = start(&server.url()).await?;
+    let scheduler = build(config(&server.url(), args.window)).await?;
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(scheduler.run(shutdown.clone()));
+    wait_leader(&topology, &names).await?;
+    let due_ms = (Utc::now().timestamp_millis() / 1000 + 3 + (n / 10_000) as i64) * 1000;
+    let due = DateTime::from_timestamp_millis(due_ms).context("due time")?;
+    let specs =
+        (0..n).map(|i| (format!("b{i}"), spec(&format!("b{i}"), json!({"at": format_time(due)})))).collect();
+    let wrote = write_tasks(&topology, specs).await?;
+    if Utc::now().timestamp_millis() > due_ms - 500 {
+        bail!("writing {n} tasks took {wrote:?}: past the due second; the machine is too slow for this size");
+    }
+    let deadline = Instant::now() + Duration::from_secs(120 + n as u64 / 1000);
+    while dispatch_count(&js, &names).await? < n as u64 {
+        if Instant::now() > deadline {
+            bail!("only {} of {n} dispatched", dispatch_count(&js, &names).await?);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    handle.await??;
+    let times = read_dispatch_times(&js, &names).await?;
+    let lags: Vec<i64> = times.iter().map(|&(nominal, stored)| stored - nominal * 1000).collect();
+    let lag = Lag::from_micros(lags);
+    // Raw baseline in the same run: the same count, window and stream.
+    let raw = raw_publish_with_ids(&js, &names, n, args.window, "r").await?;
+    let all_ms = lag.max_ms;
+    let raw_ms = raw.as_secs_f64() * 1000.0;
+    let ratio = if raw_ms > 0.0 { all_ms / raw_ms } else { 0.0 };
+    eprintln!(
+        "burst: {n} tasks due at once dispatched within {all_ms:.1} ms of the due second (lag p50 {:.1} / p99 {:.1} / max {:.1} ms); \
+         raw pipelined publish with ids of {n}: {raw_ms:.1} ms; ratio {ratio:.2}",
+        lag.p50_ms, lag.p99_ms, lag.max_ms
+    );
+    Ok(json!({
+        "scenario": "burst",
+        "tasks": n,
+        "dispatched": times.len(),
+        "write_seconds": wrote.as_secs_f64(),
+        "dispatch_all_ms": all_ms,
+        "lag": lag,
+        "raw_publish_with_ids_ms": raw_ms,
+        "ratio_to_raw": ratio,
+    }))
+}
+
+pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value> {
+    let n = args.tasks;
+    let server = NatsServer::start().await;
+    let (names, topology, js) = start(&server.url()).await?;
+    let scheduler = build(config(&server.url(), 512)).await?;
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(scheduler.run(shutdown.clone()));
+    wait_leader(&topology, &names).await?;
+    let interval_ms = (n as u64 * 1000 / args.rate.max(1) as u64).max(1);
+    let specs = (0..n)
+        .map(|i| {
+            let anchor =
+                DateTime::from_timestamp_millis((i as u64 * interval_ms / n as u64) as i64).expect("anchor");
+            let id = format!("s{i}");
+            (
+                id.clone(),
+                spec(&id, json!({"every": format!("{interval_ms}ms"), "anchor": format_time(anchor)})),
+            )
+        })
+        .collect();
+    write_tasks(&topology, specs).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let from = Utc::now().timestamp_millis();
+    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+    let to = Utc::now().timestamp_millis();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    handle.await??;
+    let times = read_dispatch_times(&js, &names).await?;
+    let lags: Vec<i64> = times
+        .iter()
+        .filter(|&&(nominal, _)| nominal >= from && nominal < to)
+        .map(|&(nominal, stored)| stored - nominal * 1000)
+        .collect();
+    let expected = ((to - from) as f64 / 1000.0) * args.rate as f64;
+    let lag = Lag::from_micros(lags);
+    let rate = lag.samples as f64 / ((to - from) as f64 / 1000.0);
+    eprintln!(
+        "steady: {n} tasks, {rate:.0} fires/s (asked {}), lag p50 {:.2} / p99 {:.2} / max {:.2} ms",
+        args.rate, lag.p50_ms, lag.p99_ms, lag.max_ms
+    );
+    Ok(json!({
+        "scenario": "steady",
+        "tasks": n,
+        "interval_ms": interval_ms,
+        "seconds": args.seconds,
+        "fires_per_second": rate,
+        "expected_fires": expected.round(),
+        "lag": lag,
+    }))
+}
+
+pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> {
+    let n = args.tasks;
+    let server = NatsServer::start().await;
+    let (_names, topology, _js) = start(&server.url()).await?;
+    let specs = (0..n)
+        .map(|i| {
+            let anchor = DateTime::from_timestamp_millis((i as u64 * 3_600_000 / n.max(1) as u64) as i64)
+                .expect("anchor");
+            let id = format!("t{i}");
+            (id.clone(), spec(&id, json!({"every": "1h", "anchor": format_time(anchor)})))
+        })
+        .collect();
+    let wrote = write_tasks(&topology, specs).await?;
+
+    // Raw: one ordered watch delivering the last value of every key.
+    let started = Instant::now();
+    let mut watch = topology.tasks.watch_with_history(">").await?;
+    let mut count = 0usize;
+    while let Some(entry) = watch.next().await {
+        let entry = entry?;
+        count += 1;
+        if entry.delta == 0 {
+            break;
+        }
+    }
+    let raw = started.elapsed();
+    drop(watch);
+
+    // A real scheduler process: load time until ready, and its resident memory.
+    let port = free_port()?;
+    let admin: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let started = Instant::now();
+    let mut child = Command::new(service_bin("jetsched-scheduler")?)
+        .env("NATS_URL", server.url())
+        .env("RUST_LOG", "warn")
+        .args(["--instance-id", "bench-scale", "--admin-addr", &admin.to_string(), "--fire-events", "false"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("spawn jetsched-scheduler")?;
+    let loaded = loop {
+        if http_get(admin, "/readyz").await.is_ok_and(|r| r.contains("\"ready\":true")) {
+            break started.elapsed();
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            let _ = child.kill();
+            bail!("scheduler not ready after 600 s");
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("scheduler exited early: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let rss_loaded = rss_mib(child.id());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_settled = rss_mib(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    let ratio = loaded.as_secs_f64() / raw.as_secs_f64();
+    eprintln!(
+        "scale: {n} tasks (written in {:.1} s); raw watch_with_history {count} keys in {:.0} ms; scheduler process ready in {:.0} ms ({ratio:.2}x raw); RSS {rss_loaded:.0} MiB, {rss_settled:.0} MiB 2 s later",
+        wrote.as_secs_f64(),
+        raw.as_secs_f64() * 1000.0,
+        loaded.as_secs_f64() * 1000.0,
+    );
+    Ok(json!({
+        "scenario": "scale",
+        "tasks": n,
+        "raw_watch_ms": raw.as_secs_f64() * 1000.0,
+        "raw_watch_keys": count,
+        "load_ms": loaded.as_secs_f64() * 1000.0,
+        "ratio_to_raw": ratio,
+        "rss_mib": rss_loaded,
+        "rss_mib_settled": rss_settled,
+    }))
+}

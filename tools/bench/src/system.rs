@@ -1,0 +1,212 @@
+//! Pieces shared by the scenarios: task specs, bulk task writes, dispatch-stream readers, the
+//! raw pipelined publish baseline, lag percentiles and service binaries for process scenarios.
+
+use std::future::IntoFuture;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use async_nats::jetstream::{self, consumer::AckPolicy, consumer::pull};
+use bytes::Bytes;
+use chrono::DateTime;
+use futures::StreamExt;
+use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
+use jetsched_shared::topology::Topology;
+use jetsched_shared::wire::HDR_NOMINAL_TIME;
+use serde::Serialize;
+use serde_json::json;
+
+/// Namespace of every benchmark task.
+pub(crate) const NS: &str = "bench";
+
+/// A task spec with a nats executor (nothing consumes dispatches in scheduler scenarios).
+pub(crate) fn spec(id: &str, schedule: serde_json::Value) -> Bytes {
+    Bytes::from(
+        serde_json::to_vec(&json!({
+            "id": id, "namespace": NS, "schedule": schedule,
+            "executor": {"kind": "nats", "subject": "bench.run"}, "misfire": "fire_all",
+        }))
+        .expect("spec serializes"),
+    )
+}
+
+/// Writes task specs straight into the tasks bucket (pipelined, 256 in flight).
+pub(crate) async fn write_tasks(
+    topology: &Topology,
+    specs: Vec<(String, Bytes)>,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let results: Vec<_> = futures::stream::iter(specs)
+        .map(|(id, body)| {
+            let kv = topology.tasks.clone();
+            async move { kv.put(task_key(NS, &id), body).await }
+        })
+        .buffer_unordered(256)
+        .collect()
+        .await;
+    for result in results {
+        result.context("put task")?;
+    }
+    Ok(started.elapsed())
+}
+
+pub(crate) async fn wait_leader(topology: &Topology, names: &Names) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = topology.leader.get(names.leader_key()).await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("no scheduler became leader within 60 s")
+}
+
+pub(crate) async fn dispatch_count(js: &jetstream::Context, names: &Names) -> anyhow::Result<u64> {
+    let mut stream = js.get_stream(names.dispatch_stream()).await?;
+    Ok(stream.info().await?.state.messages)
+}
+
+/// (nominal ms, stored-at µs) of every message in the dispatch stream, without removing any.
+pub(crate) async fn read_dispatch_times(
+    js: &jetstream::Context,
+    names: &Names,
+) -> anyhow::Result<Vec<(i64, i64)>> {
+    let stream = js.get_stream(names.dispatch_stream()).await?;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            ack_policy: AckPolicy::Explicit,
+            max_ack_pending: 10_000_000,
+            ack_wait: Duration::from_secs(600),
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await?;
+    let mut out = Vec::new();
+    loop {
+        let mut batch =
+            consumer.fetch().max_messages(5000).expires(Duration::from_millis(500)).messages().await?;
+        let mut got = 0;
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|e| anyhow::anyhow!("{e}"))?;
+            got += 1;
+            let nominal = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(HDR_NOMINAL_TIME))
+                .map(|v| v.to_string())
+                .context("nominal header")?;
+            let nominal = DateTime::parse_from_rfc3339(&nominal)?.timestamp_millis();
+            let stored = message.info().map_err(|e| anyhow::anyhow!("{e}"))?.published.unix_timestamp_nanos();
+            out.push((nominal, (stored / 1000) as i64));
+        }
+        if got == 0 {
+            break;
+        }
+    }
+    let _ = stream.delete_consumer(&consumer.cached_info().name).await;
+    Ok(out)
+}
+
+/// Pipelined publishes with message ids (`window` in flight) of `n` dispatch-sized messages
+/// to the dispatch subjects of `names`: the raw baseline of a dispatch burst.
+pub(crate) async fn raw_publish_with_ids(
+    js: &jetstream::Context,
+    names: &Names,
+    n: usize,
+    window: usize,
+    tag: &str,
+) -> anyhow::Result<Duration> {
+    let body = Bytes::from(vec![b'x'; 420]);
+    let started = Instant::now();
+    let mut pending = futures::stream::FuturesUnordered::new();
+    for i in 0..n {
+        while pending.len() >= window {
+            if let Some(result) = pending.next().await {
+                let _: jetstream::publish::PublishAck = result?;
+            }
+        }
+        let id = format!("{tag}{i}");
+        let ack = js
+            .send_publish(
+                names.dispatch_subject("raw", NS, &id),
+                jetstream::message::PublishMessage::build()
+                    .message_id(dispatch_msg_id(NS, &id, 0))
+                    .payload(body.clone()),
+            )
+            .await?;
+        pending.push(ack.into_future());
+    }
+    while let Some(result) = pending.next().await {
+        result?;
+    }
+    Ok(started.elapsed())
+}
+
+/// Lag percentiles in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Lag {
+    pub(crate) samples: usize,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) max_ms: f64,
+}
+
+impl Lag {
+    pub(crate) fn from_micros(mut lags_us: Vec<i64>) -> Lag {
+        lags_us.sort_unstable();
+        let at = |q: f64| {
+            if lags_us.is_empty() {
+                return 0.0;
+            }
+            lags_us[((lags_us.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0
+        };
+        Lag { samples: lags_us.len(), p50_ms: at(0.5), p99_ms: at(0.99), max_ms: at(1.0) }
+    }
+}
+
+/// A workspace service binary next to this one (`target/<profile>/`), else under
+/// `target/release` or `target/debug` of the current directory.
+pub(crate) fn service_bin(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let mut candidates = Vec::new();
+    if let Some(dir) = exe.parent() {
+        candidates.push(dir.join(name));
+        if dir.file_name().is_some_and(|n| n == "deps")
+            && let Some(up) = dir.parent()
+        {
+            candidates.push(up.join(name));
+        }
+    }
+    candidates.push(PathBuf::from("target/release").join(name));
+    candidates.push(PathBuf::from("target/debug").join(name));
+    candidates.into_iter().find(|p| p.is_file()).with_context(|| {
+        format!("{name} not found next to jetsched-bench: build it first (`cargo build --release --workspace --bins`)")
+    })
+}
+
+/// Resident memory of process `pid` in MiB (Linux; 0 when unknown).
+pub(crate) fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
+}
+
+/// A free loopback port (bound and released).
+pub(crate) fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Body of an HTTP/1.0 GET (the admin endpoints).
+pub(crate) async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await?;
+    Ok(body)
+}
