@@ -29,6 +29,18 @@ impl EventPublisher {
             .with_context(|| format!("publish {} event", event.kind.as_str()))
     }
 
+    /// Sends an event with a `Nats-Msg-Id`, so a retried publish is stored once.
+    pub async fn send_with_id(&self, event: &Event, id: &str) -> anyhow::Result<PublishAckFuture> {
+        let subject = self.names.event_subject(event.kind.as_str(), &event.namespace, &event.task_id);
+        let body = serde_json::to_vec(event).context("encode event")?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+        self.js
+            .publish_with_headers(subject, headers, body.into())
+            .await
+            .with_context(|| format!("publish {} event", event.kind.as_str()))
+    }
+
     /// Publishes an event and waits until the stream stored it.
     pub async fn publish(&self, event: &Event) -> anyhow::Result<()> {
         self.send(event).await?.await.with_context(|| format!("store {} event", event.kind.as_str()))?;
@@ -36,10 +48,15 @@ impl EventPublisher {
     }
 }
 
+/// How many times the pump publishes an event before it counts it as failed (a replicated
+/// stream refuses writes for a moment while it elects a new leader).
+const PUBLISH_ATTEMPTS: u32 = 6;
+
 /// Events handed to a background publisher: `emit` returns once the event is queued (waiting
-/// only when the bounded queue is full), and the publisher pipelines the publishes with a
-/// bounded window of unacknowledged ones. Use it where an event must not add a round trip to
-/// a request; a failed publish is logged and counted, never silently dropped.
+/// only when the bounded queue is full; `try_emit` never waits), and the pump pipelines the
+/// publishes with a bounded window of unacknowledged ones, retrying a failed publish with
+/// backoff under the same `Nats-Msg-Id`, so a retry never stores an event twice. An event that
+/// still cannot be stored is logged and counted, never silently dropped.
 #[derive(Clone)]
 pub struct EventSink {
     queue: tokio::sync::mpsc::Sender<Event>,
@@ -67,31 +84,32 @@ impl EventSink {
         (EventSink { queue }, EventPump { queue: receiver, publisher, window: window.max(1), failures })
     }
 
-    /// Queues an event. Fails only when the pump has stopped.
+    /// Queues an event, waiting while the queue is full. Fails only when the pump has stopped.
     pub async fn emit(&self, event: Event) {
         if let Err(error) = self.queue.send(event).await {
             let event = error.0;
             tracing::error!(kind = event.kind.as_str(), namespace = %event.namespace, task = %event.task_id, "event pump stopped; event not published");
         }
     }
+
+    /// Queues an event without waiting; false when the queue is full (the caller counts it).
+    pub fn try_emit(&self, event: Event) -> bool {
+        self.queue.try_send(event).is_ok()
+    }
 }
 
 impl EventPump {
-    /// Publishes queued events in order until every [`EventSink`] is dropped.
+    /// Publishes queued events until every [`EventSink`] is dropped.
     pub async fn run(mut self) {
         use futures::StreamExt;
-        let mut in_flight = futures::stream::FuturesOrdered::new();
+        let mut in_flight = futures::stream::FuturesUnordered::new();
         loop {
             tokio::select! {
                 biased;
                 Some((kind, result)) = in_flight.next(), if !in_flight.is_empty() => self.settle(kind, result),
                 event = self.queue.recv(), if in_flight.len() < self.window => {
                     let Some(event) = event else { break };
-                    let kind = event.kind;
-                    match self.publisher.send(&event).await {
-                        Ok(ack) => in_flight.push_back(async move { (kind, ack.await.map(|_| ()).map_err(anyhow::Error::from)) }),
-                        Err(error) => self.settle(kind, Err(error)),
-                    }
+                    in_flight.push(store(self.publisher.clone(), event));
                 }
                 else => break,
             }
@@ -109,4 +127,25 @@ impl EventPump {
             }
         }
     }
+}
+
+/// Publishes one event until the stream stores it or the attempts run out.
+async fn store(publisher: EventPublisher, event: Event) -> (crate::wire::EventKind, anyhow::Result<()>) {
+    let id = uuid::Uuid::now_v7().to_string();
+    let mut backoff = std::time::Duration::from_millis(50);
+    let mut last = None;
+    for attempt in 1..=PUBLISH_ATTEMPTS {
+        match publisher.send_with_id(&event, &id).await {
+            Ok(ack) => match ack.await {
+                Ok(_) => return (event.kind, Ok(())),
+                Err(error) => last = Some(anyhow::Error::from(error)),
+            },
+            Err(error) => last = Some(error),
+        }
+        if attempt < PUBLISH_ATTEMPTS {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+        }
+    }
+    (event.kind, Err(last.unwrap_or_else(|| anyhow::anyhow!("no attempt made"))))
 }

@@ -7,11 +7,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::message::PublishMessage as Publish;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use std::future::IntoFuture;
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
-use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::{Names, dispatch_msg_id};
 use jetsched_shared::wire::{
     self, Event, HDR_EXECUTION_ID, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER, Trigger,
@@ -19,7 +15,6 @@ use jetsched_shared::wire::{
 };
 use prometheus::IntCounter;
 use serde::Serialize;
-use tokio::sync::mpsc;
 
 use crate::state::{TaskInfo, from_ms};
 
@@ -86,59 +81,22 @@ pub(crate) fn message(names: &Names, task: &TaskInfo, fire: &Fire, term: u64) ->
     })
 }
 
-/// Queues events for the events task without ever blocking the dispatch loop: when the queue
-/// is full the event is dropped and counted.
+/// Queues events for the shared event pump without ever blocking the dispatch loop: when the
+/// queue is full the event is dropped and counted.
 #[derive(Clone)]
 pub(crate) struct EventSink {
-    tx: mpsc::Sender<Event>,
+    sink: jetsched_shared::events::EventSink,
     dropped: IntCounter,
 }
 
 impl EventSink {
-    pub(crate) fn new(capacity: usize, dropped: IntCounter) -> (EventSink, mpsc::Receiver<Event>) {
-        let (tx, rx) = mpsc::channel(capacity);
-        (EventSink { tx, dropped }, rx)
+    pub(crate) fn new(sink: jetsched_shared::events::EventSink, dropped: IntCounter) -> EventSink {
+        EventSink { sink, dropped }
     }
 
     pub(crate) fn emit(&self, event: Event) {
-        if self.tx.try_send(event).is_err() {
+        if !self.sink.try_emit(event) {
             self.dropped.inc();
-        }
-    }
-}
-
-/// Publishes queued events with a bounded window of pending acks until every sink is dropped.
-pub(crate) async fn publish_events(
-    mut rx: mpsc::Receiver<Event>,
-    publisher: EventPublisher,
-    dropped: IntCounter,
-) {
-    const WINDOW: usize = 256;
-    let mut pending = FuturesUnordered::new();
-    loop {
-        tokio::select! {
-            biased;
-            Some(result) = pending.next(), if !pending.is_empty() => {
-                if let Err(error) = result {
-                    dropped.inc();
-                    tracing::debug!(%error, "event not stored");
-                }
-            }
-            event = rx.recv(), if pending.len() < WINDOW => {
-                let Some(event) = event else { break };
-                match publisher.send(&event).await {
-                    Ok(ack) => pending.push(ack.into_future()),
-                    Err(error) => {
-                        dropped.inc();
-                        tracing::debug!(error = format!("{error:#}"), kind = event.kind.as_str(), "event not sent");
-                    }
-                }
-            }
-        }
-    }
-    while let Some(result) = pending.next().await {
-        if result.is_err() {
-            dropped.inc();
         }
     }
 }

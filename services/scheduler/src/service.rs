@@ -25,7 +25,7 @@ use futures::future::{AbortHandle, Aborted, BoxFuture, Fuse, OptionFuture};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use jetsched_shared::admin::{AdminServer, Readiness};
-use jetsched_shared::events::EventPublisher;
+use jetsched_shared::events::{EventPublisher, EventPump};
 use jetsched_shared::names::{Names, SYSTEM_NAMESPACE, task_key};
 use jetsched_shared::spec::OverlapPolicy;
 use jetsched_shared::topology::{self, Topology};
@@ -74,8 +74,7 @@ pub struct Scheduler {
     admin: AdminServer,
     lease: Lease,
     lease_rx: mpsc::Receiver<LeaseEvent>,
-    events_rx: mpsc::Receiver<WireEvent>,
-    publisher: EventPublisher,
+    event_pump: EventPump,
 }
 
 /// Connects, ensures the topology, opens the tasks watch and binds the admin listener.
@@ -111,8 +110,13 @@ pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
         events: lease_tx,
         release: CancellationToken::new(),
     };
-    let (events, events_rx) = EventSink::new(65_536, metrics.events_dropped.clone());
-    let publisher = EventPublisher::new(js.clone(), names.clone());
+    let (sink, event_pump) = jetsched_shared::events::EventSink::new(
+        EventPublisher::new(js.clone(), names.clone()),
+        65_536,
+        256,
+        Some(metrics.events_dropped.clone()),
+    );
+    let events = EventSink::new(sink, metrics.events_dropped.clone());
     let window = config.publish_window.max(1);
     let catchup_slice =
         (u64::from(config.catchup_rate.max(1)) * CATCHUP_SLICE.as_millis() as u64 / 1000).max(1);
@@ -164,7 +168,7 @@ pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
         core.mark_loaded();
     }
     tracing::info!(admin = %admin.local_addr(), instance = %core.instance, "scheduler ready");
-    Ok(Scheduler { client, core, admin, lease, lease_rx, events_rx, publisher })
+    Ok(Scheduler { client, core, admin, lease, lease_rx, event_pump })
 }
 
 impl Scheduler {
@@ -175,10 +179,9 @@ impl Scheduler {
     /// Follows the tasks, campaigns for the lease and dispatches while leader, until `shutdown`;
     /// then waits for pending acks, writes the fire state, releases the lease and drains.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Scheduler { client, mut core, admin, lease, mut lease_rx, events_rx, publisher } = self;
+        let Scheduler { client, mut core, admin, lease, mut lease_rx, event_pump } = self;
         let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
-        let events_task =
-            tokio::spawn(dispatch::publish_events(events_rx, publisher, core.metrics.events_dropped.clone()));
+        let events_task = tokio::spawn(event_pump.run());
         let release = lease.release.clone();
         let mut lease = Some(lease);
         let mut lease_task: Option<JoinHandle<()>> = None;
