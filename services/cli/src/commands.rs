@@ -85,6 +85,73 @@ enum Command {
     },
     /// Leader and term, live replicas, queue depths, dead letters and streams.
     Status,
+    /// Dead letters: runs that exhausted their retries or failed for good.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// List dead letters (oldest first), optionally of one task or queue.
+    Ls {
+        #[command(flatten)]
+        filter: DlqFilter,
+    },
+    /// Show one dead letter with its whole attempt history.
+    Show { sequence: u64 },
+    /// Run dead letters again (new execution id, trigger `replay`) and remove them from the DLQ:
+    /// one by sequence, or every entry matching a filter at a bounded rate.
+    Replay {
+        sequence: Option<u64>,
+        #[command(flatten)]
+        filter: DlqFilter,
+        /// Entries replayed per second in a bulk replay.
+        #[arg(long)]
+        rate: Option<u32>,
+    },
+    /// Delete dead letters: one by sequence, every entry matching a filter, or --all.
+    Purge {
+        sequence: Option<u64>,
+        #[command(flatten)]
+        filter: DlqFilter,
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+struct DlqFilter {
+    /// Only entries of this task (`namespace/id`).
+    #[arg(long)]
+    task: Option<String>,
+    /// Only entries of this namespace.
+    #[arg(long, conflicts_with = "task")]
+    namespace: Option<String>,
+    /// Only entries of this queue.
+    #[arg(long)]
+    queue: Option<String>,
+}
+
+impl DlqFilter {
+    fn is_empty(&self) -> bool {
+        self.task.is_none() && self.namespace.is_none() && self.queue.is_none()
+    }
+
+    fn to_json(&self) -> serde_json::Map<String, Value> {
+        let mut body = serde_json::Map::new();
+        if let Some(task) = &self.task {
+            let (namespace, id) = split_task(task);
+            body.insert("namespace".into(), json!(namespace));
+            body.insert("task_id".into(), json!(id));
+        }
+        if let Some(namespace) = &self.namespace {
+            body.insert("namespace".into(), json!(namespace));
+        }
+        if let Some(queue) = &self.queue {
+            body.insert("queue".into(), json!(queue));
+        }
+        body
+    }
 }
 
 #[derive(Debug, Args)]
@@ -119,7 +186,10 @@ struct Api {
 
 impl Api {
     async fn call(&self, endpoint: &str, body: Vec<u8>, headers: HeaderMap) -> Result<Value, Failure> {
-        let subject = self.names.task_api_subject(endpoint);
+        self.request(self.names.task_api_subject(endpoint), body, headers).await
+    }
+
+    async fn request(&self, subject: String, body: Vec<u8>, headers: HeaderMap) -> Result<Value, Failure> {
         let reply = tokio::time::timeout(
             Duration::from_secs(15),
             self.client.request_with_headers(subject.clone(), headers, body.into()),
@@ -138,6 +208,11 @@ impl Api {
             return Err(Failure::Api(reply.error));
         }
         Ok(value)
+    }
+
+    async fn dlq_call(&self, endpoint: &str, body: Value) -> Result<Value, Failure> {
+        let subject = self.names.dlq_api_subject(endpoint);
+        self.request(subject, body.to_string().into_bytes(), HeaderMap::new()).await
     }
 
     async fn task_call(&self, endpoint: &str, task: &str) -> Result<Value, Failure> {
@@ -183,6 +258,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Events(args) => events(&client, &names, args).await,
         Command::Runs { task, last } => crate::inspect::runs(&client, &names, &task, last, json_out).await,
         Command::Status => crate::inspect::status(&client, &names, json_out).await,
+        Command::Dlq(command) => dlq(&api, command, json_out).await,
     };
     let _ = client.flush().await;
     result
@@ -437,4 +513,106 @@ async fn events(client: &async_nats::Client, names: &Names, args: EventsArgs) ->
         }
     }
     Ok(())
+}
+
+async fn dlq(api: &Api, command: DlqCommand, json_out: bool) -> Result<(), Failure> {
+    match command {
+        DlqCommand::Ls { filter } => {
+            let mut entries = Vec::new();
+            let mut cursor: Option<u64> = None;
+            loop {
+                let mut body = filter.to_json();
+                body.insert("limit".into(), json!(1000));
+                if let Some(cursor) = cursor {
+                    body.insert("cursor".into(), json!(cursor));
+                }
+                let page = api.dlq_call("list", Value::Object(body)).await?;
+                entries.extend(page["entries"].as_array().cloned().unwrap_or_default());
+                match page["next_cursor"].as_u64() {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            if json_out {
+                output::pretty(&Value::Array(entries));
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = entries
+                .iter()
+                .map(|e| {
+                    let entry = &e["entry"];
+                    let text = |v: &Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+                    vec![
+                        e["sequence"].to_string(),
+                        format!("{}/{}", text(&entry["namespace"]), text(&entry["task_id"])),
+                        text(&entry["queue"]),
+                        text(&entry["execution_id"]),
+                        text(&entry["nominal_time"]),
+                        entry["attempts"].as_array().map(Vec::len).unwrap_or(0).to_string(),
+                        text(&entry["reason"]).chars().take(60).collect(),
+                    ]
+                })
+                .collect();
+            output::table(&["SEQ", "TASK", "QUEUE", "EXECUTION", "NOMINAL", "ATTEMPTS", "REASON"], &rows);
+            Ok(())
+        }
+        DlqCommand::Show { sequence } => {
+            output::pretty(&api.dlq_call("get", json!({"sequence": sequence})).await?);
+            Ok(())
+        }
+        DlqCommand::Replay { sequence, filter, rate } => {
+            let mut body = filter.to_json();
+            match (sequence, filter.is_empty()) {
+                (Some(sequence), true) => {
+                    body.insert("sequence".into(), json!(sequence));
+                }
+                (None, false) => {
+                    if let Some(rate) = rate {
+                        body.insert("rate".into(), json!(rate));
+                    }
+                }
+                _ => {
+                    return Err(
+                        anyhow::anyhow!("give a sequence or a filter (--task, --namespace, --queue)").into()
+                    );
+                }
+            }
+            let reply = api.dlq_call("replay", Value::Object(body)).await?;
+            if json_out {
+                output::pretty(&reply);
+            } else {
+                for r in reply["replayed"].as_array().into_iter().flatten() {
+                    println!(
+                        "dead letter {} replayed as execution {}",
+                        r["sequence"],
+                        r["execution_id"].as_str().unwrap_or("?")
+                    );
+                }
+                for f in reply["failed"].as_array().into_iter().flatten() {
+                    eprintln!(
+                        "dead letter {} not replayed: {}",
+                        f["sequence"],
+                        f["error"].as_str().unwrap_or("?")
+                    );
+                }
+            }
+            Ok(())
+        }
+        DlqCommand::Purge { sequence, filter, all } => {
+            let mut body = filter.to_json();
+            match (sequence, filter.is_empty(), all) {
+                (Some(sequence), true, false) => {
+                    body.insert("sequence".into(), json!(sequence));
+                }
+                (None, false, false) => {}
+                (None, true, true) => {
+                    body.insert("all".into(), json!(true));
+                }
+                _ => return Err(anyhow::anyhow!("give one of: a sequence, a filter, or --all").into()),
+            }
+            let reply = api.dlq_call("purge", Value::Object(body)).await?;
+            done(json_out, &reply, &format!("{} dead letter(s) purged", reply["purged"]));
+            Ok(())
+        }
+    }
 }

@@ -161,3 +161,106 @@ async fn without_a_registry_the_cli_says_so_and_exits_2() {
     assert_eq!(unreachable.status.code(), Some(2));
     assert!(stderr(&unreachable).contains("connect to NATS"), "{}", stderr(&unreachable));
 }
+
+#[tokio::test]
+async fn dlq_subcommands_list_show_replay_and_purge() {
+    use async_nats::jetstream;
+    use jetsched_shared::names::Names;
+    use jetsched_shared::spec::TaskSpec;
+    use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, DeadLetter, DeadLetterSource, Trigger};
+
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let registry = RunningRegistry::start(config(&server.url(), 1)).await;
+    let url = server.url();
+    let js = jetstream::new(server.client().await);
+    let names = Names::default();
+
+    // Three dead letters as a worker stores them: two of billing/report, one of ops/sync.
+    let spec = |ns: &str, id: &str| {
+        TaskSpec::parse(
+            json!({"id": id, "namespace": ns, "schedule": {"every": "1h"}, "executor": {"kind": "nats", "subject": "jobs.x"}})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap()
+    };
+    for (ns, id, execution) in
+        [("billing", "report", "e1"), ("billing", "report", "e2"), ("ops", "sync", "e3")]
+    {
+        let now = chrono::Utc::now();
+        let entry = DeadLetter {
+            execution_id: execution.into(),
+            namespace: ns.into(),
+            task_id: id.into(),
+            queue: "default".into(),
+            nominal_time: now,
+            trigger: Trigger::Schedule,
+            term: 1,
+            revision: 1,
+            spec: Some(spec(ns, id)),
+            raw_dispatch: None,
+            reason: "retries exhausted: HTTP 503".into(),
+            source: DeadLetterSource::Verdict,
+            dead_at: now,
+            worker: "w1".into(),
+            attempts: vec![AttemptRecord {
+                attempt: 1,
+                worker: "w1".into(),
+                started: now,
+                finished: Some(now),
+                outcome: Some(AttemptOutcome::Failed),
+                error: Some("HTTP 503".into()),
+                detail: None,
+            }],
+            dispatch_sequence: 1,
+        };
+        js.publish(names.dlq_subject("default", ns, id), serde_json::to_vec(&entry).unwrap().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    let listed = json_out(&jetsched(&url, &["dlq", "ls", "--json"]).await);
+    assert_eq!(listed.as_array().map(Vec::len), Some(3), "{listed}");
+    let of_task = json_out(&jetsched(&url, &["dlq", "ls", "--task", "billing/report", "--json"]).await);
+    assert_eq!(of_task.as_array().map(Vec::len), Some(2), "{of_task}");
+    let table = stdout(&jetsched(&url, &["dlq", "ls"]).await);
+    assert!(table.starts_with("SEQ") && table.contains("ops/sync") && table.contains("HTTP 503"), "{table}");
+
+    let first = listed[0]["sequence"].as_u64().unwrap();
+    let shown = json_out(&jetsched(&url, &["dlq", "show", &first.to_string()]).await);
+    assert_eq!(shown["entry"]["execution_id"], "e1");
+    assert_eq!(shown["entry"]["attempts"][0]["error"], "HTTP 503");
+
+    // Replay one: a new execution with trigger replay in the dispatch stream; the entry is gone.
+    let replayed = json_out(&jetsched(&url, &["dlq", "replay", &first.to_string(), "--json"]).await);
+    let execution = replayed["replayed"][0]["execution_id"].as_str().expect("new execution id").to_string();
+    assert_ne!(execution, "e1");
+    let dispatch = js.get_stream(names.dispatch_stream()).await.unwrap();
+    let message = dispatch
+        .get_last_raw_message_by_subject(&names.dispatch_subject("default", "billing", "report"))
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_slice(&message.payload).unwrap();
+    assert_eq!(
+        (body["execution_id"].as_str(), body["trigger"].as_str()),
+        (Some(execution.as_str()), Some("replay"))
+    );
+    let left = json_out(&jetsched(&url, &["dlq", "ls", "--json"]).await);
+    assert_eq!(left.as_array().map(Vec::len), Some(2));
+
+    // Purge by filter, then everything; a bare purge is refused with exit code 2.
+    let purged = jetsched(&url, &["dlq", "purge", "--namespace", "ops"]).await;
+    assert!(stdout(&purged).contains("1 dead letter(s) purged"), "{}", stderr(&purged));
+    let refused = jetsched(&url, &["dlq", "purge"]).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    let all = jetsched(&url, &["dlq", "purge", "--all"]).await;
+    assert!(all.status.success(), "{}", stderr(&all));
+    let empty = json_out(&jetsched(&url, &["dlq", "ls", "--json"]).await);
+    assert_eq!(empty, json!([]));
+    let missing = jetsched(&url, &["dlq", "show", "999"]).await;
+    assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
+    registry.stop().await;
+}
