@@ -118,7 +118,10 @@ Press Ctrl-C to stop.
 TXT
 
 if [[ -n "$run_for" ]]; then
-    sleep "$run_for"
+    # In the background and waited for: bash runs the INT/TERM trap at once during `wait`,
+    # but only after a foreground `sleep` ends.
+    sleep "$run_for" &
+    wait $!
 else
     # Wake up when a service dies, so a crash is not hidden.
     while true; do

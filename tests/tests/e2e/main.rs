@@ -6,6 +6,8 @@ mod bench;
 mod chaos;
 mod cli;
 mod deploy;
+mod docs;
+mod local;
 mod registry;
 mod scheduler;
 mod worker;
