@@ -70,7 +70,7 @@ async fn all(size: Size) -> anyhow::Result<Value> {
     report.insert("raw".into(), raw::run(raw::Args { messages: raw, window: 512 }).await?);
     report.insert(
         "registry".into(),
-        registry::run(registry::Args { puts, clients: 64, connections: 8 }).await?,
+        registry::run(registry::Args { puts, clients: 64, connections: 8, in_process: false }).await?,
     );
     report
         .insert("burst".into(), scheduler::burst(scheduler::BurstArgs { tasks: burst, window: 512 }).await?);

@@ -14,6 +14,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::stats::Figures;
 
+/// The registry under test.
+enum Registry {
+    InProcess(CancellationToken, tokio::task::JoinHandle<anyhow::Result<()>>),
+    Process(tokio::process::Child),
+}
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Puts per phase.
@@ -25,6 +31,10 @@ pub(crate) struct Args {
     /// NATS connections the clients are spread over.
     #[arg(long, default_value_t = 8)]
     pub(crate) connections: usize,
+    /// Run the registry inside the bench process instead of as its own `jetsched-registry`
+    /// process (as it is deployed).
+    #[arg(long)]
+    pub(crate) in_process: bool,
 }
 
 fn spec(id: &str, generation: usize) -> Vec<u8> {
@@ -91,29 +101,49 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     .await?;
     let raw = Figures::from_samples("raw KV put (concurrent)", samples, elapsed);
 
-    // The registry, in-process, on its own connection.
-    let mut config = Config::for_tests(&server.url());
-    config.concurrency = 1024;
-    let registry = build(config).await?;
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(registry.run(shutdown.clone()));
+    // The registry: its own process (as deployed), or in-process.
+    let registry = if args.in_process {
+        let mut config = Config::for_tests(&server.url());
+        config.concurrency = 1024;
+        let registry = build(config).await?;
+        let shutdown = CancellationToken::new();
+        Registry::InProcess(shutdown.clone(), tokio::spawn(registry.run(shutdown)))
+    } else {
+        let child = tokio::process::Command::new(crate::system::service_bin("jetsched-registry")?)
+            .args(["--nats-url", &server.url(), "--admin-addr", "127.0.0.1:0", "--concurrency", "1024"])
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while jetsched_shared::presence::ping(
+            &connections[0],
+            &names.service_name(),
+            Duration::from_millis(200),
+        )
+        .await?
+        .is_empty()
+        {
+            anyhow::ensure!(Instant::now() < deadline, "jetsched-registry did not start");
+        }
+        Registry::Process(child)
+    };
 
     let subject = names.task_api_subject("put");
     let mut rows = vec![raw];
     for (phase, generation) in [("registry put, new tasks", 0), ("registry put, updates", 1)] {
         let clients = connections.clone();
         let subject = subject.clone();
+        // Bodies are built before the clock starts: the phase measures the registry.
+        let bodies: std::sync::Arc<Vec<bytes::Bytes>> =
+            std::sync::Arc::new((0..args.puts).map(|i| spec(&format!("t{i}"), generation).into()).collect());
         let (samples, elapsed) = drive(args.clients, args.puts, move |i| {
             let client = clients[i % clients.len()].clone();
             let subject = subject.clone();
+            let body = bodies[i].clone();
             async move {
-                let reply = client
-                    .request_with_headers(
-                        subject,
-                        HeaderMap::new(),
-                        spec(&format!("t{i}"), generation).into(),
-                    )
-                    .await?;
+                let reply = client.request_with_headers(subject, HeaderMap::new(), body).await?;
                 if reply
                     .headers
                     .as_ref()
@@ -127,8 +157,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         .await?;
         rows.push(Figures::from_samples(phase, samples, elapsed));
     }
-    shutdown.cancel();
-    running.await??;
+    match registry {
+        Registry::InProcess(shutdown, running) => {
+            shutdown.cancel();
+            running.await??;
+        }
+        Registry::Process(mut child) => {
+            child.kill().await?;
+        }
+    }
 
     Figures::print_table(&rows);
     let ratio = rows[1].per_second / rows[0].per_second;
