@@ -53,6 +53,8 @@ pub struct Alerter {
     readiness: Readiness,
     metrics: Metrics,
     check_interval: Duration,
+    /// `jetsched-alerter` micro service: lets `jetsched status` count live replicas.
+    presence: async_nats::service::Service,
 }
 
 /// Binds and serves the admin listener (so `/readyz` answers during start-up), connects,
@@ -136,7 +138,9 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     if admin_task.is_finished() {
         anyhow::bail!("admin server stopped during start-up");
     }
+    let presence = jetsched_shared::presence::announce(&client, &names, "alerter", &instance, []).await?;
     let mut alerter = Alerter {
+        presence,
         client,
         js,
         names,
@@ -327,7 +331,10 @@ impl Alerter {
             self.channels.send(message);
         }
         // Dropping the senders lets each channel deliver its queue, then end.
-        let Alerter { client, channels, tracker, .. } = self;
+        let Alerter { client, channels, tracker, presence, .. } = self;
+        if let Err(error) = presence.stop().await {
+            tracing::warn!(%error, "stopping the presence service");
+        }
         drop(channels);
         tracker.close();
         if tokio::time::timeout(CHANNEL_GRACE, tracker.wait()).await.is_err() {

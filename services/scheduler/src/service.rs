@@ -75,6 +75,8 @@ pub struct Scheduler {
     lease: Lease,
     lease_rx: mpsc::Receiver<LeaseEvent>,
     event_pump: EventPump,
+    /// `jetsched-scheduler` micro service: lets `jetsched status` count live replicas.
+    presence: async_nats::service::Service,
 }
 
 /// Connects, ensures the topology, opens the tasks watch and binds the admin listener.
@@ -167,8 +169,10 @@ pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
     if empty {
         core.mark_loaded();
     }
+    let presence =
+        jetsched_shared::presence::announce(&client, &core.names, "scheduler", &core.instance, []).await?;
     tracing::info!(admin = %admin.local_addr(), instance = %core.instance, "scheduler ready");
-    Ok(Scheduler { client, core, admin, lease, lease_rx, event_pump })
+    Ok(Scheduler { client, core, admin, lease, lease_rx, event_pump, presence })
 }
 
 impl Scheduler {
@@ -179,7 +183,7 @@ impl Scheduler {
     /// Follows the tasks, campaigns for the lease and dispatches while leader, until `shutdown`;
     /// then waits for pending acks, writes the fire state, releases the lease and drains.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Scheduler { client, mut core, admin, lease, mut lease_rx, event_pump } = self;
+        let Scheduler { client, mut core, admin, lease, mut lease_rx, event_pump, presence } = self;
         let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
         let events_task = tokio::spawn(event_pump.run());
         let release = lease.release.clone();
@@ -207,6 +211,9 @@ impl Scheduler {
             Ok(Err(error)) => tracing::warn!(error = format!("{error:#}"), "admin server stopped"),
             Err(error) => tracing::warn!(%error, "admin server panicked"),
             Ok(Ok(())) => {}
+        }
+        if let Err(error) = presence.stop().await {
+            tracing::warn!(%error, "stopping the presence service");
         }
         client.drain().await.context("drain NATS connection")?;
         tracing::info!("scheduler stopped");

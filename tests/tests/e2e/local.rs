@@ -84,6 +84,17 @@ async fn local_script_runs_the_demo_and_stops_cleanly_on_ctrl_c() {
     })
     .await;
 
+    // `jetsched status` sees the whole system: a leader and every replica.
+    let status = std::process::Command::new(bin_dir.join("jetsched"))
+        .args(["--nats-url", "nats://127.0.0.1:4222", "status", "--json"])
+        .output()
+        .expect("run jetsched status");
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status JSON");
+    assert!(status["leader"]["instance"].as_str().is_some_and(|i| i.starts_with("scheduler-")), "{status}");
+    for (role, count) in [("registry", 1), ("scheduler", 2), ("worker", 2), ("alerter", 1)] {
+        assert_eq!(status["replicas"][role].as_array().map(Vec::len), Some(count), "{role}: {status}");
+    }
+
     // Ctrl-C: everything the script started stops.
     let pids = pids(state.path());
     assert!(
