@@ -55,7 +55,8 @@ const PUBLISH_ATTEMPTS: u32 = 6;
 /// Events handed to a background publisher: `emit` returns once the event is queued (waiting
 /// only when the bounded queue is full; `try_emit` never waits), and the pump pipelines the
 /// publishes with a bounded window of unacknowledged ones, retrying a failed publish with
-/// backoff under the same `Nats-Msg-Id`, so a retry never stores an event twice. An event that
+/// backoff under the same `Nats-Msg-Id`, so a retry never stores an event twice (see
+/// [`EventPump::without_dedup_ids`] for the cheaper variant). An event that
 /// still cannot be stored is logged and counted, never silently dropped.
 #[derive(Clone)]
 pub struct EventSink {
@@ -69,6 +70,7 @@ pub struct EventPump {
     publisher: EventPublisher,
     window: usize,
     failures: Option<prometheus::IntCounter>,
+    dedup_ids: bool,
 }
 
 impl EventSink {
@@ -81,7 +83,10 @@ impl EventSink {
         failures: Option<prometheus::IntCounter>,
     ) -> (EventSink, EventPump) {
         let (queue, receiver) = tokio::sync::mpsc::channel(capacity.max(1));
-        (EventSink { queue }, EventPump { queue: receiver, publisher, window: window.max(1), failures })
+        (
+            EventSink { queue },
+            EventPump { queue: receiver, publisher, window: window.max(1), failures, dedup_ids: true },
+        )
     }
 
     /// Queues an event, waiting while the queue is full. Fails only when the pump has stopped.
@@ -99,6 +104,15 @@ impl EventSink {
 }
 
 impl EventPump {
+    /// Publishes without a `Nats-Msg-Id`: cheaper for the server (no de-duplication entry per
+    /// event), at the price that a publish retried after a lost acknowledgement may store that
+    /// event twice. For events whose duplicates mislead nobody (task changes); fire events keep
+    /// their ids, since a doubled `fire.dispatched` would read as a doubled fire.
+    pub fn without_dedup_ids(mut self) -> EventPump {
+        self.dedup_ids = false;
+        self
+    }
+
     /// Publishes queued events until every [`EventSink`] is dropped.
     pub async fn run(mut self) {
         use futures::StreamExt;
@@ -109,7 +123,7 @@ impl EventPump {
                 Some((kind, result)) = in_flight.next(), if !in_flight.is_empty() => self.settle(kind, result),
                 event = self.queue.recv(), if in_flight.len() < self.window => {
                     let Some(event) = event else { break };
-                    in_flight.push(store(self.publisher.clone(), event));
+                    in_flight.push(store(self.publisher.clone(), event, self.dedup_ids));
                 }
                 else => break,
             }
@@ -130,12 +144,20 @@ impl EventPump {
 }
 
 /// Publishes one event until the stream stores it or the attempts run out.
-async fn store(publisher: EventPublisher, event: Event) -> (crate::wire::EventKind, anyhow::Result<()>) {
-    let id = uuid::Uuid::now_v7().to_string();
+async fn store(
+    publisher: EventPublisher,
+    event: Event,
+    dedup_id: bool,
+) -> (crate::wire::EventKind, anyhow::Result<()>) {
+    let id = dedup_id.then(|| uuid::Uuid::now_v7().to_string());
     let mut backoff = std::time::Duration::from_millis(50);
     let mut last = None;
     for attempt in 1..=PUBLISH_ATTEMPTS {
-        match publisher.send_with_id(&event, &id).await {
+        let sent = match &id {
+            Some(id) => publisher.send_with_id(&event, id).await,
+            None => publisher.send(&event).await,
+        };
+        match sent {
             Ok(ack) => match ack.await {
                 Ok(_) => return (event.kind, Ok(())),
                 Err(error) => last = Some(anyhow::Error::from(error)),

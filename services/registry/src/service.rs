@@ -73,6 +73,9 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         256,
         Some(metrics.events_failed.clone()),
     );
+    // Task-change events carry no de-duplication id: a rare duplicate after a retried publish
+    // misleads nobody, and the id costs the server a de-duplication entry per put.
+    let event_pump = event_pump.without_dedup_ids();
     let store = TaskStore::new(
         js.clone(),
         topology.tasks,
