@@ -572,9 +572,10 @@ async fn dlq(api: &Api, command: DlqCommand, json_out: bool) -> Result<(), Failu
                     }
                 }
                 _ => {
-                    return Err(
-                        anyhow::anyhow!("give a sequence or a filter (--task, --namespace, --queue)").into()
-                    );
+                    return Err(anyhow::anyhow!(
+                        "give a sequence or a filter (--task, --namespace, --queue)"
+                    )
+                    .into());
                 }
             }
             let reply = api.dlq_call("replay", Value::Object(body)).await?;
