@@ -786,3 +786,14 @@ fn validate_id_is_reusable() {
     assert_eq!((e.code, e.field.as_deref()), (ErrorCode::InvalidId, Some("namespace")));
     assert!(validate_id("id", &"x".repeat(128)).is_ok());
 }
+
+/// Found by the `spec` fuzz target: a number in a payload must survive the canonical JSON
+/// unchanged (serde_json's fast float parsing is not round-trip exact without
+/// `float_roundtrip`).
+#[test]
+fn payload_numbers_round_trip_exactly() {
+    let input = br#"{"id": "a", "schedule": {"every": "88s", "anchor": "2026-01-01T00:00:00.123Z"}, "executor": {"kind": "nats", "subject": "jo?l.a", "payload": {"x": 5555555555555555555544444444444444444444444444444444444445555551, "y": 0.1, "z": 1e-300}, "headers": {"K": "v"}}}"#;
+    let spec = TaskSpec::parse(input).expect("valid spec");
+    let canonical = serde_json::to_vec(&spec.to_json()).expect("serializes");
+    assert_eq!(TaskSpec::parse(&canonical).expect("canonical form parses"), spec);
+}
