@@ -200,6 +200,21 @@ impl NatsCluster {
         if leaders.len() != 1 {
             bail!("nodes disagree on the meta leader: {leaders:?}");
         }
+        // Placement of an R3 stream needs every running peer known to the meta leader as
+        // current; right after an election a peer can still be "offline" for placement.
+        let running = self.nodes.iter().filter(|n| n.process.is_running()).count();
+        let leader = self
+            .nodes
+            .iter()
+            .position(|n| n.process.is_running() && n.server_name == leaders[0])
+            .context("the meta leader is not a running node")?;
+        let jsz = self.monitor_json(leader, "/jsz").await?;
+        let peers =
+            jsz.pointer("/meta_cluster/replicas").and_then(|r| r.as_array()).cloned().unwrap_or_default();
+        let current = peers.iter().filter(|p| p["current"] == true && p["offline"] != true).count();
+        if current + 1 < running {
+            bail!("the meta leader sees {current} current peers of {}", running - 1);
+        }
         Ok(())
     }
 
