@@ -71,8 +71,16 @@ impl NatsArgs {
     /// Connects with every configured credential; reconnects forever after the first success.
     /// `name` shows up in the server's connection list (`nats server report connections`).
     pub async fn connect(&self, name: &str) -> anyhow::Result<async_nats::Client> {
+        self.connect_buffered(name, DEFAULT_SUBSCRIPTION_CAPACITY).await
+    }
+
+    /// As [`NatsArgs::connect`], with room for `capacity` undelivered messages per
+    /// subscription. A subscription whose buffer is full drops messages ("slow consumer"); an
+    /// ordered watch that loses one re-creates its consumer and starts over from the gap.
+    pub async fn connect_buffered(&self, name: &str, capacity: usize) -> anyhow::Result<async_nats::Client> {
         let mut options = async_nats::ConnectOptions::new()
             .name(name)
+            .subscription_capacity(capacity)
             .max_reconnects(None)
             .connection_timeout(self.connect_timeout)
             .request_timeout(Some(Duration::from_secs(10)));
@@ -109,6 +117,9 @@ impl NatsArgs {
         options.connect(addrs).await.with_context(|| format!("connect to NATS at {}", self.urls.join(",")))
     }
 }
+
+/// async-nats' default buffer per subscription, in messages.
+pub const DEFAULT_SUBSCRIPTION_CAPACITY: usize = 64 * 1024;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]

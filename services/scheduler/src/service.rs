@@ -80,6 +80,9 @@ pub struct Scheduler {
 }
 
 /// Connects, ensures the topology, opens the tasks watch and binds the admin listener.
+/// Messages buffered per subscription (the tasks watch during a load), see `build`.
+const WATCH_BUFFER: usize = 256 * 1024;
+
 pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
     let names = config.common.names()?;
     let instance = config.common.instance_id();
@@ -92,7 +95,10 @@ pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
         AdminServer::bind(config.common.admin_addr_or(DEFAULT_ADMIN_ADDR), registry, readiness.clone())
             .await?;
 
-    let client = config.nats.connect(&format!("jetsched-scheduler {instance}")).await?;
+    // The tasks watch of a large bucket arrives faster than specs are decoded: room for a
+    // quarter million entries keeps the ordered consumer from dropping and restarting.
+    let client =
+        config.nats.connect_buffered(&format!("jetsched-scheduler {instance}"), WATCH_BUFFER).await?;
     readiness.watch_connection(client.clone());
     let js = jetstream::new(client.clone());
     let Topology { tasks, leader, state, runs, .. } =
