@@ -53,10 +53,11 @@ pub(crate) struct Pull {
     pub(crate) expires: Duration,
 }
 
-/// Pull requests one queue loop keeps outstanding at once. More than one, so freed permits
-/// are put back to work without waiting for the previous batch to end; bounded, so that under
-/// load permits accumulate into larger batches instead of many one-message pulls.
-const MAX_OUTSTANDING_PULLS: usize = 8;
+/// Pull requests one queue loop keeps outstanding at once. Two, so freed permits are put back
+/// to work while the previous batch is still being filled; not more, so that under load
+/// permits accumulate into larger batches: with 8, no-op runs averaged 4.5 messages per pull
+/// and the server spent a sixth of its CPU on pull requests (2: 13 per pull, 17% more runs/s).
+const MAX_OUTSTANDING_PULLS: usize = 2;
 
 /// Pulls and starts runs until `shutdown`; runs are spawned on `tracker`.
 pub(crate) async fn run_queue(
