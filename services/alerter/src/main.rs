@@ -5,6 +5,10 @@ use std::process::ExitCode;
 use jetsched_alerter::{Config, build};
 use jetsched_shared::{shutdown, telemetry};
 
+/// mimalloc: fewer allocator lock waits and less CPU than glibc malloc on the hot paths.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::load().unwrap_or_else(|error| error.exit());

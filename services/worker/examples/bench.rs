@@ -5,6 +5,9 @@
 //! `cargo run --release -p jetsched-worker --example bench -- --nats-url nats://127.0.0.1:4222`
 //! (a scratch server: it creates streams under the prefixes `benchraw` and `bench<n>`).
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::{Duration, Instant};
 
 use anyhow::Context;

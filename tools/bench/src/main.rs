@@ -10,6 +10,9 @@ mod scheduler;
 mod stats;
 mod system;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
