@@ -128,7 +128,9 @@ fn spawn_service(urls: &str, replicas: usize, n: usize, binary: &str, role: &str
         .args(["--replicas", &replicas.to_string(), "--lease", "2s"]);
     match role {
         "scheduler" => {
-            command.args(["--lease-margin", "500ms", "--fire-events", "true"]);
+            // Fires later than 1 s follow the task's misfire policy, so every failover makes
+            // `skip` tasks skip (recorded) and `fire_all` tasks catch up.
+            command.args(["--lease-margin", "500ms", "--fire-events", "true", "--misfire-threshold", "1s"]);
         }
         "worker" => {
             command.args(["--ack-wait", "2s", "--concurrency", "32"]);
@@ -155,13 +157,19 @@ async fn live_leader(topology: &Topology, services: &Services) -> usize {
     .await
 }
 
-fn periodic_spec(id: &str, schedule: serde_json::Value, subject: &str, attempts: u32) -> Vec<u8> {
+fn periodic_spec(
+    id: &str,
+    schedule: serde_json::Value,
+    subject: &str,
+    attempts: u32,
+    misfire: &str,
+) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "id": id, "namespace": NS, "schedule": schedule,
         "executor": {"kind": "nats", "subject": subject},
         "timeout": "2s",
         "retry": {"max_attempts": attempts, "initial": "200ms", "max_interval": "1s", "jitter": 0.0},
-        "misfire": "fire_all", "catchup_window": "10m",
+        "misfire": misfire, "catchup_window": "10m",
     }))
     .expect("spec json")
 }
@@ -277,14 +285,23 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
     let mut periodic: Vec<(String, i64)> = Vec::new();
     let mut specs = Vec::new();
     for i in 0..4 {
-        specs.push((format!("cron-{i}"), json!({"cron": "* * * * * *"}), "chaos.ok", 3, 1000));
-        specs.push((format!("every-{i}"), json!({"every": "2s"}), "chaos.ok", 3, 2000));
+        specs.push((format!("cron-{i}"), json!({"cron": "* * * * * *"}), "chaos.ok", 3, 1000, "fire_all"));
+        specs.push((format!("every-{i}"), json!({"every": "2s"}), "chaos.ok", 3, 2000, "fire_all"));
     }
     for i in 0..2 {
-        specs.push((format!("fail-{i}"), json!({"cron": "*/3 * * * * *"}), "chaos.fail", 2, 3000));
+        specs.push((
+            format!("fail-{i}"),
+            json!({"cron": "*/3 * * * * *"}),
+            "chaos.fail",
+            2,
+            3000,
+            "fire_all",
+        ));
+        // Misfire `skip`: fires missed over a failover are skipped, each one recorded.
+        specs.push((format!("skip-{i}"), json!({"every": "1s"}), "chaos.ok", 3, 1000, "skip"));
     }
-    for (id, schedule, subject, attempts, period) in specs {
-        let body = periodic_spec(&id, schedule, subject, attempts);
+    for (id, schedule, subject, attempts, period, misfire) in specs {
+        let body = periodic_spec(&id, schedule, subject, attempts, misfire);
         eventually(WAIT, "registry accepts a put", || {
             let client = client.clone();
             let body = body.clone();
@@ -590,7 +607,16 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
         dead.len(),
         violations.len()
     );
+    for (task, nominal) in &skipped {
+        if !task.starts_with("skip-") {
+            violations.push(format!("{task}: fire {nominal} skipped, but its misfire policy is fire_all"));
+        }
+    }
     assert!(violations.is_empty(), "chaos invariants violated:\n{}", violations.join("\n"));
+    assert!(
+        plan.leader_kills == 0 || skipped_by_policy > 0,
+        "leaders were killed, yet no fire of a `skip` task was skipped: the policy went untested"
+    );
     assert!(expected > 0 && succeeded > 0 && dead_lettered > 0, "the workload did not run");
 }
 
