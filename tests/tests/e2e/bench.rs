@@ -1,5 +1,6 @@
-//! Smoke test of the benchmark command: `jetsched-bench all --size tiny` as a process, and a
-//! JSON report with every scenario and sane numbers (figures, not timing assertions).
+//! Smoke tests of the benchmark command: `jetsched-bench all --size tiny` and `jetsched-bench
+//! soak --size tiny` as processes, and JSON reports with every scenario and sane numbers
+//! (figures, not timing assertions).
 
 use std::time::Duration;
 
@@ -57,4 +58,48 @@ async fn bench_all_tiny_reports_every_scenario() {
     assert!(number(&report, "/scenarios/scale/load_ms") > 0.0);
     assert!(number(&report, "/scenarios/scale/rss_mib") > 0.0);
     assert_eq!(number(&report, "/scenarios/scale/raw_watch_keys"), number(&report, "/scenarios/scale/tasks"));
+}
+
+/// `jetsched-bench soak` at the tiny size (20 s at 200 runs/s, 1 worker): every service as a
+/// real process and every run a real request/reply; checks that it ran, not the verdicts.
+#[tokio::test]
+async fn bench_soak_tiny_runs_every_service() {
+    init_test_logging();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("soak.json");
+    let mut command = tokio::process::Command::new(workspace_bin("jetsched-bench"));
+    command
+        // tiny: 20 s at 200 runs/s, a sample every 2 s.
+        .args(["soak", "--size", "tiny", "--workers", "1", "--json"])
+        .arg(&path)
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(120), command.output())
+        .await
+        .expect("jetsched-bench soak --size tiny finishes within 120 s")
+        .expect("run jetsched-bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "jetsched-bench soak failed: {stderr}");
+    eprintln!("{stderr}");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("report written")).expect("report is JSON");
+    assert_eq!(report["scenario"], "soak");
+    assert_eq!(number(&report, "/target_runs_per_second"), 200.0);
+    assert!(number(&report, "/runs_succeeded") > 0.0);
+    assert!(number(&report, "/handler_requests") > 0.0);
+    let achieved = number(&report, "/achieved_runs_per_second");
+    assert!(achieved >= 0.8 * 200.0, "achieved {achieved} runs/s of 200");
+    let samples = report["samples"].as_array().expect("samples");
+    assert!(samples.len() >= 5, "{} samples", samples.len());
+    for service in ["registry", "scheduler", "worker-1", "alerter"] {
+        for s in samples {
+            let rss = s.pointer(&format!("/rss_mib/{service}")).and_then(Value::as_f64);
+            assert!(rss.is_some_and(|mib| mib > 0.0), "no RSS of {service} in {s}");
+        }
+        assert!(number(&report, &format!("/memory/{service}/growth_pct")).is_finite());
+    }
+    for verdict in ["memory_flat", "lag_not_growing", "flat", "rate_sustained", "pass"] {
+        assert!(report["verdicts"][verdict].is_boolean(), "verdict {verdict} missing");
+    }
+    assert!(number(&report, "/lag/first_after_warmup/p99_ms") >= 0.0);
+    assert!(number(&report, "/lag/last/p99_ms") >= 0.0);
 }

@@ -7,6 +7,7 @@ mod failover;
 mod raw;
 mod registry;
 mod scheduler;
+mod soak;
 mod stats;
 mod system;
 
@@ -42,6 +43,9 @@ enum Scenario {
     Failover(failover::Args),
     /// Load time and resident memory of a scheduler process with N tasks, against a raw watch.
     Scale(scheduler::ScaleArgs),
+    /// Every service as a process at a sustained run rate for minutes: memory flat, fire lag
+    /// not growing (not part of `all`).
+    Soak(soak::Args),
     /// Every scenario at one size; one table and one JSON report.
     All(AllArgs),
 }
@@ -148,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::E2e(args) => e2e::run(args).await?,
         Scenario::Failover(args) => failover::run(args).await?,
         Scenario::Scale(args) => scheduler::scale(args).await?,
+        Scenario::Soak(args) => soak::run(args).await?,
         Scenario::All(args) => all(args.size).await?,
     };
     let text = serde_json::to_string_pretty(&report)?;

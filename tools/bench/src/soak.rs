@@ -1,0 +1,513 @@
+//! Soak: every service as a real process (registry, scheduler, W workers, alerter) at a
+//! sustained run rate for a long time. R interval tasks fire every second (anchors spread over
+//! the second); each run is a real request/reply to a responder in this process through the
+//! worker's `nats` executor. Every S seconds: resident memory of every process, the
+//! scheduler's fire lag within the window (from its `jetsched_fire_lag_seconds` histogram),
+//! fires and runs per second, and the dispatch backlog. Verdicts after a warm-up of 20%: memory
+//! flat, fire lag not growing, rate sustained.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use async_nats::jetstream;
+use chrono::DateTime;
+use futures::StreamExt;
+use jetsched_shared::names::Names;
+use jetsched_shared::topology::{self, TopologyArgs};
+use jetsched_shared::wire::format_time;
+use jetsched_tests::NatsServer;
+use serde_json::{Value, json};
+
+use crate::Size;
+use crate::system::{NS, free_port, http_get, rss_mib, service_bin, wait_leader, write_tasks};
+
+/// Subject the runs request; answered by this process.
+const SUBJECT: &str = "soak.noop";
+/// RSS growth after warm-up (percent) still counted as flat.
+const RSS_GROWTH_MAX_PCT: f64 = 10.0;
+/// The last window's p99 fire lag may be this many times the first post-warm-up window's...
+const LAG_GROWTH_MAX: f64 = 2.0;
+/// ...or under this, whatever the ratio.
+const LAG_FLOOR_MS: f64 = 50.0;
+/// Achieved runs/s after warm-up, as a share of the target, that counts as sustained.
+const RATE_MIN_SHARE: f64 = 0.95;
+
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct Args {
+    /// Preset of duration, rate and sample period (tiny: 20 s at 200/s; small: 60 s at 1,000/s;
+    /// full: 600 s at 5,000/s); explicit flags win.
+    #[arg(long, value_enum)]
+    pub(crate) size: Option<Size>,
+    /// Duration of the soak in seconds [default: 600].
+    #[arg(long)]
+    pub(crate) seconds: Option<u64>,
+    /// Target runs per second (= interval tasks firing every second) [default: 5000].
+    #[arg(long)]
+    pub(crate) rate: Option<usize>,
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) workers: usize,
+    /// Sample period in seconds [default: 10].
+    #[arg(long)]
+    pub(crate) sample: Option<u64>,
+}
+
+/// (seconds, rate, sample seconds) of a size.
+pub(crate) fn preset(size: Size) -> (u64, usize, u64) {
+    match size {
+        Size::Tiny => (20, 200, 2),
+        Size::Small => (60, 1_000, 5),
+        Size::Full => (600, 5_000, 10),
+    }
+}
+
+/// A service process: killed and reaped on Drop; output in `log`.
+struct Service {
+    name: String,
+    child: Child,
+    admin: SocketAddr,
+    log: PathBuf,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The processes and their log directory: the directory is removed on Drop unless `keep`
+/// (set until the soak completes, so a failed soak leaves its logs).
+struct Services {
+    procs: Vec<Service>,
+    dir: PathBuf,
+    keep: bool,
+}
+
+impl Drop for Services {
+    fn drop(&mut self) {
+        self.procs.clear();
+        if self.keep {
+            eprintln!("soak: service logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Services {
+    fn spawn(&mut self, url: &str, bin: &str, instance: &str, extra: &[&str]) -> anyhow::Result<()> {
+        let admin: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+        let log = self.dir.join(format!("{instance}.log"));
+        let out = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        let child = Command::new(service_bin(bin)?)
+            .env("NATS_URL", url)
+            .env("RUST_LOG", "warn")
+            .args(["--instance-id", instance, "--admin-addr", &admin.to_string()])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("spawn {bin}"))?;
+        self.procs.push(Service { name: instance.to_string(), child, admin, log });
+        Ok(())
+    }
+
+    /// Fails when a process has exited (with the tail of its log).
+    fn check_alive(&mut self) -> anyhow::Result<()> {
+        for p in &mut self.procs {
+            if let Some(status) = p.child.try_wait()? {
+                bail!("{} exited ({status}); log tail:\n{}", p.name, tail(&p.log));
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for i in 0..self.procs.len() {
+            loop {
+                let admin = self.procs[i].admin;
+                if http_get(admin, "/readyz").await.is_ok_and(|r| r.contains("\"ready\":true")) {
+                    break;
+                }
+                self.check_alive()?;
+                if Instant::now() > deadline {
+                    bail!("{} not ready within 60 s", self.procs[i].name);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// Sum of the samples of metric `name` (exact name, any labels) whose labels contain every
+/// `key="value"` of `labels`, in a Prometheus text exposition.
+fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let rest = series.strip_prefix(name)?;
+            if !(rest.is_empty() || rest.starts_with('{')) {
+                return None;
+            }
+            labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+                .then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// Cumulative bucket counts of histogram `name` by upper bound, summed over its other labels.
+fn histogram(text: &str, name: &str) -> BTreeMap<u64, f64> {
+    let bucket = format!("{name}_bucket{{");
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(&bucket) else { continue };
+        let Some((labels, value)) = rest.rsplit_once(' ') else { continue };
+        let Some(le) = labels.split("le=\"").nth(1).and_then(|s| s.split('"').next()) else { continue };
+        let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::INFINITY) };
+        let value: f64 = value.parse().unwrap_or(0.0);
+        // Keyed by the bound's bits: non-negative floats order like their bits.
+        *out.entry(le.to_bits()).or_insert(0.0) += value;
+    }
+    out
+}
+
+/// Quantile `q` (0..1) in milliseconds of the observations between two cumulative snapshots,
+/// interpolated linearly within a bucket (as Prometheus' `histogram_quantile`); NaN if none.
+fn window_quantile(before: &BTreeMap<u64, f64>, after: &BTreeMap<u64, f64>, q: f64) -> f64 {
+    let buckets: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, n)| (f64::from_bits(*le), n - before.get(le).copied().unwrap_or(0.0)))
+        .collect();
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    if total <= 0.0 {
+        return f64::NAN;
+    }
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for &(le, cumulative) in &buckets {
+        if cumulative >= rank {
+            if le.is_infinite() {
+                return lower.0 * 1000.0;
+            }
+            let share = if cumulative > lower.1 { (rank - lower.1) / (cumulative - lower.1) } else { 1.0 };
+            return (lower.0 + (le - lower.0) * share) * 1000.0;
+        }
+        lower = (le, cumulative);
+    }
+    lower.0 * 1000.0
+}
+
+/// Counters read at one instant.
+struct Snapshot {
+    at: Instant,
+    fires: f64,
+    runs_ok: f64,
+    runs_other: f64,
+    lag: BTreeMap<u64, f64>,
+    responses: u64,
+}
+
+async fn snapshot(services: &Services, responses: &AtomicU64) -> anyhow::Result<Snapshot> {
+    let at = Instant::now();
+    let mut snap = Snapshot {
+        at,
+        fires: 0.0,
+        runs_ok: 0.0,
+        runs_other: 0.0,
+        lag: BTreeMap::new(),
+        responses: responses.load(Ordering::Relaxed),
+    };
+    for p in &services.procs {
+        let text = tokio::time::timeout(Duration::from_secs(5), http_get(p.admin, "/metrics"))
+            .await
+            .map_err(|_| anyhow::anyhow!("no /metrics answer from {} within 5 s", p.name))?
+            .with_context(|| format!("metrics of {}", p.name))?;
+        if p.name.starts_with("scheduler") {
+            snap.fires = metric_sum(&text, "jetsched_fires_dispatched_total", &[]);
+            snap.lag = histogram(&text, "jetsched_fire_lag_seconds");
+        } else if p.name.starts_with("worker") {
+            let ok = metric_sum(&text, "jetsched_worker_runs_total", &[("outcome", "succeeded")]);
+            snap.runs_ok += ok;
+            snap.runs_other += metric_sum(&text, "jetsched_worker_runs_total", &[]) - ok;
+        }
+    }
+    Ok(snap)
+}
+
+fn round2(x: f64) -> Value {
+    if x.is_finite() { json!((x * 100.0).round() / 100.0) } else { Value::Null }
+}
+
+pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
+    let (p_seconds, p_rate, p_sample) = preset(args.size.unwrap_or(Size::Full));
+    let seconds = args.seconds.unwrap_or(p_seconds).max(1);
+    let rate = args.rate.unwrap_or(p_rate).max(1);
+    let sample = args.sample.unwrap_or(p_sample).clamp(1, seconds);
+    let workers = args.workers.max(1);
+
+    let server = NatsServer::start().await;
+    let url = server.url();
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    let names = Names::default();
+    let topology = topology::ensure(&js, &names, &TopologyArgs::default()).await?;
+
+    // The handler: every run is a request answered here (an empty reply is success).
+    let responder_client = server.client().await;
+    let mut requests = responder_client.subscribe(SUBJECT).await?;
+    let responses = Arc::new(AtomicU64::new(0));
+    let responder = {
+        let responses = responses.clone();
+        tokio::spawn(async move {
+            while let Some(message) = requests.next().await {
+                if let Some(reply) = message.reply
+                    && responder_client.publish(reply, bytes::Bytes::new()).await.is_ok()
+                {
+                    responses.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+
+    let dir = std::env::temp_dir().join(format!("jetsched-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut services = Services { procs: Vec::new(), dir, keep: true };
+    services.spawn(&url, "jetsched-registry", "registry", &[])?;
+    services.spawn(&url, "jetsched-scheduler", "scheduler", &[])?;
+    for i in 1..=workers {
+        services.spawn(&url, "jetsched-worker", &format!("worker-{i}"), &[])?;
+    }
+    services.spawn(&url, "jetsched-alerter", "alerter", &[])?;
+    services.wait_ready().await?;
+    wait_leader(&topology, &names).await?;
+
+    // R tasks every second, anchors spread evenly over the second.
+    let specs = (0..rate)
+        .map(|i| {
+            let anchor =
+                DateTime::from_timestamp_millis((i as u64 * 1000 / rate as u64) as i64).expect("anchor");
+            let id = format!("soak{i}");
+            let body = json!({
+                "id": id, "namespace": NS,
+                "schedule": {"every": "1s", "anchor": format_time(anchor)},
+                "executor": {"kind": "nats", "subject": SUBJECT},
+                "timeout": "5s",
+            });
+            (id, bytes::Bytes::from(serde_json::to_vec(&body).expect("spec serializes")))
+        })
+        .collect();
+    let wrote = write_tasks(&topology, specs).await?;
+    eprintln!(
+        "soak: {rate} tasks every 1 s written in {:.1} s; {workers} worker(s), {seconds} s, a sample every {sample} s",
+        wrote.as_secs_f64()
+    );
+
+    let stream = js.get_stream(names.dispatch_stream()).await?;
+    let consumer_name = names.worker_consumer("default");
+    let started = Instant::now();
+    let mut previous = snapshot(&services, &responses).await?;
+    let mut samples: Vec<Value> = Vec::new();
+    let mut rss_series: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut index = 1u64;
+    loop {
+        let next = started + Duration::from_secs(sample * index);
+        if next > started + Duration::from_secs(seconds) + Duration::from_millis(500) {
+            break;
+        }
+        tokio::time::sleep_until(next.into()).await;
+        index += 1;
+        services.check_alive()?;
+        let now = snapshot(&services, &responses).await?;
+        let window = (now.at - previous.at).as_secs_f64();
+        let fires_per_s = (now.fires - previous.fires) / window;
+        let runs_per_s = (now.runs_ok - previous.runs_ok) / window;
+        let other = now.runs_other - previous.runs_other;
+        let responses_per_s = (now.responses - previous.responses) as f64 / window;
+        let p50 = window_quantile(&previous.lag, &now.lag, 0.5);
+        let p99 = window_quantile(&previous.lag, &now.lag, 0.99);
+        let (pending, ack_pending) = match stream.consumer_info(&consumer_name).await {
+            Ok(info) => (info.num_pending, info.num_ack_pending as u64),
+            Err(_) => (0, 0),
+        };
+        let mut rss = serde_json::Map::new();
+        for p in &services.procs {
+            let mib = rss_mib(p.child.id());
+            rss.insert(p.name.clone(), round2(mib));
+            rss_series.entry(p.name.clone()).or_default().push(mib);
+        }
+        let nats_mib = server.pid().map(rss_mib).unwrap_or(f64::NAN);
+        rss.insert("nats-server".into(), round2(nats_mib));
+        rss_series.entry("nats-server".into()).or_default().push(nats_mib);
+        let t = (now.at - started).as_secs_f64();
+        let rss_text = rss.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
+        eprintln!(
+            "soak: t={t:>5.0}s fires/s {fires_per_s:>7.0} runs/s {runs_per_s:>7.0} (other verdicts {other:.0}) \
+             lag p50 {p50:>7.2} / p99 {p99:>7.2} ms; backlog {pending} (+{ack_pending} unacked); RSS MiB: {rss_text}"
+        );
+        samples.push(json!({
+            "t_s": round2(t),
+            "fires_per_second": round2(fires_per_s),
+            "runs_per_second": round2(runs_per_s),
+            "responses_per_second": round2(responses_per_s),
+            "runs_not_succeeded": other,
+            "lag_p50_ms": round2(p50),
+            "lag_p99_ms": round2(p99),
+            "backlog": pending,
+            "ack_pending": ack_pending,
+            "rss_mib": rss,
+        }));
+        previous = now;
+    }
+    let total_runs = previous.runs_ok;
+    let total_responses = previous.responses;
+    responder.abort();
+    services.keep = total_runs <= 0.0;
+    drop(services);
+    if total_runs <= 0.0 || samples.is_empty() {
+        bail!("soak: no run completed ({total_responses} handler requests answered)");
+    }
+
+    // Verdicts over the samples after the warm-up (the first 20%, at least one sample).
+    let n = samples.len();
+    let warm = ((n as f64 * 0.2).ceil() as usize).clamp(1, n.saturating_sub(1).max(1));
+    let post = &samples[warm.min(n - 1)..];
+    let num = |v: &Value, key: &str| v[key].as_f64().unwrap_or(f64::NAN);
+    let mut memory = serde_json::Map::new();
+    let mut rss_flat = true;
+    for (name, series) in &rss_series {
+        let at_warm = series[warm - 1];
+        let max_after = series[warm.min(n - 1)..].iter().copied().fold(f64::NAN, f64::max);
+        let growth = 100.0 * (max_after - at_warm) / at_warm;
+        let flat = growth < RSS_GROWTH_MAX_PCT;
+        // nats-server keeps the stored streams' indexes in memory: reported, not judged.
+        if name != "nats-server" {
+            rss_flat &= flat;
+        }
+        memory.insert(
+            name.clone(),
+            json!({
+                "rss_end_of_warmup_mib": round2(at_warm),
+                "rss_max_after_warmup_mib": round2(max_after),
+                "growth_pct": round2(growth),
+                "flat": flat,
+                "judged": name != "nats-server",
+            }),
+        );
+    }
+    let first_p50 = num(&post[0], "lag_p50_ms");
+    let first_p99 = num(&post[0], "lag_p99_ms");
+    let last_p50 = num(&post[post.len() - 1], "lag_p50_ms");
+    let last_p99 = num(&post[post.len() - 1], "lag_p99_ms");
+    let lag_flat = last_p99 < LAG_FLOOR_MS || last_p99 <= LAG_GROWTH_MAX * first_p99;
+    let achieved = post.iter().map(|s| num(s, "runs_per_second")).sum::<f64>() / post.len() as f64;
+    let fires = post.iter().map(|s| num(s, "fires_per_second")).sum::<f64>() / post.len() as f64;
+    let rate_ok = achieved >= RATE_MIN_SHARE * rate as f64;
+    let max_backlog = samples.iter().filter_map(|s| s["backlog"].as_u64()).max().unwrap_or(0);
+    let not_succeeded: f64 = samples.iter().map(|s| num(s, "runs_not_succeeded")).sum();
+
+    eprintln!();
+    eprintln!(
+        "soak summary: {seconds} s at {rate} runs/s target, {workers} worker(s); warm-up {warm} of {n} samples ({sample} s each)"
+    );
+    eprintln!(
+        "  achieved {achieved:.0} runs/s after warm-up ({:.1}% of target; fires {fires:.0}/s); {total_runs:.0} runs succeeded, \
+         {not_succeeded:.0} other verdicts; max backlog {max_backlog}",
+        100.0 * achieved / rate as f64
+    );
+    eprintln!(
+        "  fire lag first post-warm-up window p50 {first_p50:.2} / p99 {first_p99:.2} ms; last window p50 {last_p50:.2} / p99 {last_p99:.2} ms"
+    );
+    for (name, m) in &memory {
+        eprintln!(
+            "  RSS {name:<12} {:>8} MiB at end of warm-up, max after {:>8} MiB, growth {:>6}%{}",
+            m["rss_end_of_warmup_mib"],
+            m["rss_max_after_warmup_mib"],
+            m["growth_pct"],
+            if m["judged"] == true { "" } else { " (not judged)" }
+        );
+    }
+    eprintln!(
+        "  verdicts: memory flat (< {RSS_GROWTH_MAX_PCT}% growth): {rss_flat}; fire lag not growing (last p99 <= {LAG_GROWTH_MAX}x first or < {LAG_FLOOR_MS} ms): {lag_flat}; \
+         rate sustained (>= {:.0}% of target): {rate_ok}",
+        RATE_MIN_SHARE * 100.0
+    );
+    Ok(json!({
+        "scenario": "soak",
+        "seconds": seconds,
+        "target_runs_per_second": rate,
+        "workers": workers,
+        "sample_seconds": sample,
+        "warmup_samples": warm,
+        "runs_succeeded": total_runs,
+        "runs_not_succeeded": not_succeeded,
+        "handler_requests": total_responses,
+        "achieved_runs_per_second": round2(achieved),
+        "achieved_fires_per_second": round2(fires),
+        "achieved_share": round2(achieved / rate as f64),
+        "max_backlog": max_backlog,
+        "lag": {
+            "first_after_warmup": {"p50_ms": round2(first_p50), "p99_ms": round2(first_p99)},
+            "last": {"p50_ms": round2(last_p50), "p99_ms": round2(last_p99)},
+        },
+        "memory": memory,
+        "thresholds": {
+            "rss_growth_max_pct": RSS_GROWTH_MAX_PCT,
+            "lag_growth_max": LAG_GROWTH_MAX,
+            "lag_floor_ms": LAG_FLOOR_MS,
+            "rate_min_share": RATE_MIN_SHARE,
+        },
+        "verdicts": {
+            "memory_flat": rss_flat,
+            "lag_not_growing": lag_flat,
+            "flat": rss_flat && lag_flat,
+            "rate_sustained": rate_ok,
+            "pass": rss_flat && lag_flat && rate_ok,
+        },
+        "samples": samples,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "# HELP x\n\
+        jetsched_fire_lag_seconds_bucket{trigger=\"scheduled\",le=\"0.001\"} 50\n\
+        jetsched_fire_lag_seconds_bucket{trigger=\"scheduled\",le=\"0.01\"} 90\n\
+        jetsched_fire_lag_seconds_bucket{trigger=\"scheduled\",le=\"+Inf\"} 100\n\
+        jetsched_fire_lag_seconds_sum{trigger=\"scheduled\"} 1\n\
+        jetsched_worker_runs_total{outcome=\"succeeded\",queue=\"default\"} 7\n\
+        jetsched_worker_runs_total{outcome=\"retried\",queue=\"default\"} 2\n\
+        jetsched_worker_runs_total_other 5\n";
+
+    #[test]
+    fn parses_counters_and_window_quantiles() {
+        assert_eq!(metric_sum(TEXT, "jetsched_worker_runs_total", &[]), 9.0);
+        assert_eq!(metric_sum(TEXT, "jetsched_worker_runs_total", &[("outcome", "succeeded")]), 7.0);
+        let after = histogram(TEXT, "jetsched_fire_lag_seconds");
+        let before = BTreeMap::new();
+        assert!((window_quantile(&before, &after, 0.5) - 1.0).abs() < 1e-9);
+        assert!((window_quantile(&before, &after, 0.7) - 5.5).abs() < 1e-9);
+        assert_eq!(window_quantile(&before, &after, 0.99), 10.0);
+        assert!(window_quantile(&after, &after, 0.5).is_nan());
+    }
+}
