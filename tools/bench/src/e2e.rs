@@ -1,22 +1,31 @@
-//! End-to-end no-op runs: N dispatches (the scheduler's body and headers) consumed by 1, 2, 4
-//! in-process worker replicas with a no-op handler, against raw publish + pull + ack of the
-//! same count in the same run.
+//! End-to-end no-op runs, from dispatch published to run acked, with 1, 2, 4 in-process worker
+//! replicas (embedded no-op handler), against raw JetStream on the same server in the same run:
+//!
+//! - raw: publish + pull + ack of the same dispatch messages (same bytes, same `Nats-Msg-Id`s,
+//!   same publish window);
+//! - floor: raw plus the two run-record operations the redelivery guarantee needs per message
+//!   (read the key, create it) before the ack, with the workers' concurrency.
+//!
+//! Every phase gets fresh streams; the dispatch bodies are built once, outside the timings.
+//! CPU time per message of this process (client and workers) and of the server comes from
+//! `/proc` (Linux).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use async_nats::jetstream::{self, message::PublishMessage};
+use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::pull, message::PublishMessage};
+use bytes::Bytes;
+use futures::StreamExt;
 use jetsched_shared::names::{self, Names};
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_shared::wire::{Dispatch, Trigger, scheduled_execution_id};
 use jetsched_tests::NatsServer;
-use jetsched_worker::{Config, Handlers, Outcome, RunContext, build};
+use jetsched_worker::{Config, Handlers, Outcome, RunContext, RunEvents, RunRecords, build};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-
-use crate::raw::pull_ack;
-use crate::system::raw_publish_with_ids;
+use tokio_util::task::TaskTracker;
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Args {
@@ -26,80 +35,119 @@ pub(crate) struct Args {
     /// Worker replica counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub(crate) workers: Vec<usize>,
-    /// Concurrency of each worker replica.
+    /// Concurrency of each worker replica (and of the floor phase).
     #[arg(long, default_value_t = 64)]
     pub(crate) concurrency: usize,
+    /// Run events the workers publish: all, outcomes, failures.
+    #[arg(long, value_enum, default_value_t = RunEvents::All)]
+    pub(crate) run_events: RunEvents,
+    /// When run records are written: eager, lazy.
+    #[arg(long, value_enum, default_value_t = RunRecords::Eager)]
+    pub(crate) run_records: RunRecords,
 }
 
+impl Args {
+    /// The default settings with `runs` runs and `workers` replica counts.
+    pub(crate) fn sized(runs: usize, workers: Vec<usize>) -> Args {
+        Args { runs, workers, concurrency: 64, run_events: RunEvents::All, run_records: RunRecords::Eager }
+    }
+}
+
+/// Unacknowledged publishes in flight, in every phase.
 const WINDOW: usize = 256;
 
+/// One dispatch message: body and message id.
+type Prepared = (Bytes, String);
+
 pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
+    let server = NatsServer::start().await;
+    let js = jetstream::new(server.client().await);
+    let messages = dispatches(args.runs)?;
+    let pid = server.pid();
+
+    let cpu = Cpu::now(pid);
+    let raw = queue(&js, &messages, None).await?;
+    let raw_cpu = Cpu::now(pid).since(&cpu, args.runs);
+    eprintln!("e2e: raw publish + pull + ack: {raw:.0} msg/s{raw_cpu}");
+
+    let cpu = Cpu::now(pid);
+    let floor = queue(&js, &messages, Some(args.concurrency)).await?;
+    let floor_cpu = Cpu::now(pid).since(&cpu, args.runs);
+    eprintln!(
+        "e2e: floor (raw + run record read and create): {floor:.0} msg/s = {:.1}% of raw{floor_cpu}",
+        100.0 * floor / raw
+    );
+
     let mut rows = Vec::new();
-    // Raw: publish (with ids) then pull + ack, the same count, on a server of its own.
-    let raw_rate = {
-        let server = NatsServer::start().await;
-        let js = jetstream::new(server.client().await);
-        let names = Names::default();
-        topology::ensure(&js, &names, &TopologyArgs::default()).await?;
-        let (publish, pull) = tokio::join!(
-            raw_publish_with_ids(&js, &names, args.runs, WINDOW, "r"),
-            pull_ack(&js, &names, args.runs)
-        );
-        let elapsed = publish?.max(pull?);
-        args.runs as f64 / elapsed.as_secs_f64()
-    };
-    eprintln!("e2e: raw publish + pull + ack: {raw_rate:.0} msg/s");
     for &n in &args.workers {
-        let rate = workers(&args, n).await?;
-        eprintln!("e2e: {n} worker(s): {rate:.0} runs/s = {:.1}% of raw", 100.0 * rate / raw_rate);
-        rows.push(json!({"workers": n, "runs_per_second": rate, "ratio_to_raw": rate / raw_rate}));
+        let cpu = Cpu::now(pid);
+        let rate = workers(&js, &server.url(), &args, n, &messages).await?;
+        let used = Cpu::now(pid).since(&cpu, args.runs);
+        let overhead_us = 1e6 / rate - 1e6 / raw;
+        eprintln!(
+            "e2e: {n} worker(s): {rate:.0} runs/s = {:.1}% of raw, {:.1}% of the floor (overhead {overhead_us:.1} µs/run){used}",
+            100.0 * rate / raw,
+            100.0 * rate / floor,
+        );
+        rows.push(json!({
+            "workers": n,
+            "runs_per_second": rate,
+            "ratio_to_raw": rate / raw,
+            "ratio_to_floor": rate / floor,
+            "overhead_us_per_run": overhead_us,
+            "cpu_us_per_run": used.json(),
+        }));
     }
     Ok(json!({
         "scenario": "e2e",
         "runs": args.runs,
         "concurrency": args.concurrency,
-        "raw_per_second": raw_rate,
+        "run_events": format!("{:?}", args.run_events).to_lowercase(),
+        "run_records": format!("{:?}", args.run_records).to_lowercase(),
+        "raw_per_second": raw,
+        "raw_cpu_us_per_message": raw_cpu.json(),
+        "floor_per_second": floor,
+        "floor_ratio_to_raw": floor / raw,
+        "floor_cpu_us_per_message": floor_cpu.json(),
         "replicas": rows,
     }))
 }
 
-async fn workers(args: &Args, n: usize) -> anyhow::Result<f64> {
-    let server = NatsServer::start().await;
-    let js = jetstream::new(server.client().await);
-    let names = Names::default();
-    topology::ensure(&js, &names, &TopologyArgs::default()).await?;
-    let shutdown = CancellationToken::new();
-    let mut handles = Vec::new();
-    for i in 0..n {
-        let mut config = Config::for_tests(&server.url(), &format!("bench-{i}"));
-        config.concurrency = args.concurrency;
-        let handlers = Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() });
-        let worker = build(config, handlers).await?;
-        handles.push(tokio::spawn(worker.run(shutdown.clone())));
-    }
-    let spec = TaskSpec::parse(
+fn noop_spec() -> anyhow::Result<TaskSpec> {
+    TaskSpec::parse(
         br#"{"id": "noop", "namespace": "bench", "schedule": {"every": "1h"},
         "executor": {"kind": "handler", "name": "noop"}}"#,
     )
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let subject = names.dispatch_subject(&spec.queue, &spec.namespace, &spec.id);
-    let started = Instant::now();
-    let mut pending = std::collections::VecDeque::new();
-    for nominal in 0..args.runs as i64 {
-        let dispatch = Dispatch {
-            execution_id: scheduled_execution_id("bench", "noop", nominal),
-            namespace: spec.namespace.clone(),
-            task_id: spec.id.clone(),
-            nominal_time: chrono::DateTime::from_timestamp_millis(nominal).context("time")?,
-            trigger: Trigger::Schedule,
-            term: 1,
-            revision: 1,
-            spec: spec.clone(),
-        };
-        let message = PublishMessage::build()
-            .payload(serde_json::to_vec(&dispatch)?.into())
-            .message_id(names::dispatch_msg_id("bench", "noop", nominal));
-        pending.push_back(js.send_publish(subject.clone(), message).await?);
+    .map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// The dispatch bodies (the scheduler's wire type, spec included) and message ids of `runs`
+/// fires.
+fn dispatches(runs: usize) -> anyhow::Result<Vec<Prepared>> {
+    let spec = noop_spec()?;
+    (0..runs as i64)
+        .map(|nominal| {
+            let dispatch = Dispatch {
+                execution_id: scheduled_execution_id("bench", "noop", nominal),
+                namespace: spec.namespace.clone(),
+                task_id: spec.id.clone(),
+                nominal_time: chrono::DateTime::from_timestamp_millis(nominal).context("time")?,
+                trigger: Trigger::Schedule,
+                term: 1,
+                revision: 1,
+                spec: spec.clone(),
+            };
+            Ok((serde_json::to_vec(&dispatch)?.into(), names::dispatch_msg_id("bench", "noop", nominal)))
+        })
+        .collect()
+}
+
+/// Publishes `messages` to `subject` with their ids, `WINDOW` in flight.
+async fn publish_all(js: &jetstream::Context, subject: &str, messages: &[Prepared]) -> anyhow::Result<()> {
+    let mut pending = std::collections::VecDeque::with_capacity(WINDOW);
+    for (payload, msg_id) in messages {
+        let message = PublishMessage::build().payload(payload.clone()).message_id(msg_id.as_str());
+        pending.push_back(js.send_publish(subject.to_string(), message).await?);
         if pending.len() >= WINDOW
             && let Some(ack) = pending.pop_front()
         {
@@ -109,18 +157,189 @@ async fn workers(args: &Args, n: usize) -> anyhow::Result<f64> {
     for ack in pending {
         ack.await?;
     }
+    Ok(())
+}
+
+/// Raw JetStream: a work-queue stream, one pull consumer acking every message. With
+/// `records = Some(concurrency)`, each message first reads and creates its run-record key
+/// (`concurrency` messages at a time), as the floor of what a worker must do.
+async fn queue(
+    js: &jetstream::Context,
+    messages: &[Prepared],
+    records: Option<usize>,
+) -> anyhow::Result<f64> {
+    let name = if records.is_some() { "BENCHFLOOR" } else { "BENCHRAW" };
+    let bucket = format!("{name}_RUNS");
+    let _ = js.delete_stream(name).await;
+    let _ = js.delete_key_value(&bucket).await;
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: name.to_string(),
+            subjects: vec![format!("{}.>", name.to_lowercase())],
+            retention: jetstream::stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await?;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("raw".to_string()),
+            ack_policy: AckPolicy::Explicit,
+            max_ack_pending: 10_000,
+            ..Default::default()
+        })
+        .await?;
+    let kv = match records {
+        Some(_) => Some(
+            js.create_key_value(jetstream::kv::Config {
+                bucket: bucket.clone(),
+                history: 1,
+                max_age: Duration::from_secs(7 * 24 * 3600),
+                ..Default::default()
+            })
+            .await?,
+        ),
+        None => None,
+    };
+    let runs = messages.len();
+    let started = Instant::now();
+    let consume = tokio::spawn(async move {
+        let batch = records.unwrap_or(256);
+        let mut pulled = consumer.stream().max_messages_per_batch(batch).messages().await?;
+        let permits = Arc::new(tokio::sync::Semaphore::new(records.unwrap_or(1)));
+        let tasks = TaskTracker::new();
+        let record = Bytes::from(vec![b'r'; 400]);
+        for n in 0..runs {
+            let Some(message) = pulled.next().await else { break };
+            let message = message.map_err(|e| anyhow::anyhow!("{e}"))?;
+            let Some(kv) = kv.clone() else {
+                message.ack_with(AckKind::Ack).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                continue;
+            };
+            let permit = permits.clone().acquire_owned().await?;
+            let record = record.clone();
+            tasks.spawn(async move {
+                let _permit = permit;
+                let result = async {
+                    let key = format!("run{n}");
+                    let found = kv.entry(key.as_str()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                    anyhow::ensure!(found.is_none(), "fresh key");
+                    kv.create(key.as_str(), record).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                    message.ack_with(AckKind::Ack).await.map_err(|e| anyhow::anyhow!("{e}"))
+                }
+                .await;
+                if let Err(error) = result {
+                    eprintln!("e2e floor: {error:#}");
+                }
+            });
+        }
+        tasks.close();
+        tasks.wait().await;
+        anyhow::Ok(())
+    });
+    publish_all(js, &format!("{}.q.bench.noop", name.to_lowercase()), messages).await?;
+    consume.await??;
+    let elapsed = started.elapsed();
+    js.delete_stream(name).await?;
+    if records.is_some() {
+        js.delete_key_value(&bucket).await?;
+    }
+    Ok(runs as f64 / elapsed.as_secs_f64())
+}
+
+/// Starts `n` in-process workers with a no-op handler, publishes the dispatches and waits
+/// until the dispatch stream is empty (every run acked).
+async fn workers(
+    js: &jetstream::Context,
+    url: &str,
+    args: &Args,
+    n: usize,
+    messages: &[Prepared],
+) -> anyhow::Result<f64> {
+    let prefix = format!("bench{n}");
+    let names = Names::new(&prefix).map_err(|e| anyhow::anyhow!("{e}"))?;
+    topology::ensure(js, &names, &TopologyArgs::default()).await?;
+    let shutdown = CancellationToken::new();
+    let mut handles = Vec::new();
+    for i in 0..n {
+        let mut config = Config::for_tests(url, &format!("bench-{i}"));
+        config.common.prefix = prefix.clone();
+        config.concurrency = args.concurrency;
+        config.run_events = args.run_events;
+        config.run_records = args.run_records;
+        let handlers = Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() });
+        let worker = build(config, handlers).await?;
+        handles.push(tokio::spawn(worker.run(shutdown.clone())));
+    }
+    let spec = noop_spec()?;
+    let subject = names.dispatch_subject(&spec.queue, &spec.namespace, &spec.id);
+    let started = Instant::now();
+    publish_all(js, &subject, messages).await?;
     let mut stream = js.get_stream(names.dispatch_stream()).await?;
-    let deadline = Instant::now() + Duration::from_secs(120 + args.runs as u64 / 500);
+    let deadline = Instant::now() + Duration::from_secs(120 + messages.len() as u64 / 500);
     while stream.info().await?.state.messages > 0 {
         if Instant::now() > deadline {
-            bail!("workers did not drain {} runs in time", args.runs);
+            bail!("workers did not drain {} runs in time", messages.len());
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
     shutdown.cancel();
     for handle in handles {
         handle.await??;
     }
-    Ok(args.runs as f64 / elapsed.as_secs_f64())
+    for stream in [names.dispatch_stream(), names.dlq_stream(), names.events_stream()] {
+        let _ = js.delete_stream(stream).await;
+    }
+    let _ = js.delete_key_value(names.runs_bucket()).await;
+    Ok(messages.len() as f64 / elapsed.as_secs_f64())
+}
+
+/// CPU seconds (user + system) used so far by this process and by the server, from
+/// `/proc/<pid>/stat` (clock ticks of 10 ms).
+struct Cpu {
+    bench: Option<f64>,
+    server: Option<f64>,
+}
+
+/// CPU µs per message of a phase.
+struct CpuPer {
+    bench: Option<f64>,
+    server: Option<f64>,
+}
+
+impl Cpu {
+    fn now(server_pid: Option<u32>) -> Cpu {
+        let read = |pid: &str| -> Option<f64> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+            Some(ticks as f64 / 100.0)
+        };
+        Cpu { bench: read("self"), server: server_pid.and_then(|pid| read(&pid.to_string())) }
+    }
+
+    fn since(&self, before: &Cpu, messages: usize) -> CpuPer {
+        let per = |now: Option<f64>, then: Option<f64>| {
+            now.zip(then).map(|(now, then)| (now - then) * 1e6 / messages as f64)
+        };
+        CpuPer { bench: per(self.bench, before.bench), server: per(self.server, before.server) }
+    }
+}
+
+impl CpuPer {
+    fn json(&self) -> serde_json::Value {
+        json!({"server": self.server, "client": self.bench})
+    }
+}
+
+impl std::fmt::Display for CpuPer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(server) = self.server {
+            write!(f, "; server CPU {server:.1} µs/msg")?;
+        }
+        if let Some(bench) = self.bench {
+            write!(f, "; client CPU {bench:.1} µs/msg")?;
+        }
+        Ok(())
+    }
 }

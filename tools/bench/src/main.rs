@@ -85,7 +85,7 @@ async fn all(size: Size) -> anyhow::Result<Value> {
         "steady".into(),
         scheduler::steady(scheduler::SteadyArgs { tasks: steady, rate, seconds }).await?,
     );
-    report.insert("e2e".into(), e2e::run(e2e::Args { runs, workers, concurrency: 64 }).await?);
+    report.insert("e2e".into(), e2e::run(e2e::Args::sized(runs, workers)).await?);
     report.insert(
         "failover".into(),
         failover::run(failover::Args { kills, lease_ms: 2000, tasks: 100 }).await?,
