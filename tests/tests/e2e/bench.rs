@@ -33,7 +33,7 @@ async fn bench_all_tiny_reports_every_scenario() {
     let stdout: Value = serde_json::from_slice(&output.stdout).expect("stdout is the JSON report");
     assert_eq!(report, stdout);
     let scenarios = report["scenarios"].as_object().expect("scenarios");
-    for name in ["raw", "registry", "burst", "steady", "e2e", "failover", "scale"] {
+    for name in ["raw", "registry", "burst", "steady", "e2e", "failover", "handover", "scale"] {
         assert!(scenarios.contains_key(name), "report lacks scenario {name}");
     }
     assert!(number(&report, "/scenarios/raw/publish_with_ids_per_second") > 100.0);
@@ -55,6 +55,8 @@ async fn bench_all_tiny_reports_every_scenario() {
     let p99 = number(&report, "/scenarios/failover/gap/p99_ms");
     let lease = number(&report, "/scenarios/failover/lease_ms");
     assert!(p99 > 0.0 && p99 < lease + 10_000.0, "failover p99 {p99} ms");
+    assert!(number(&report, "/scenarios/handover/lag/samples") > 0.0);
+    assert!(number(&report, "/scenarios/e2e/floor_per_second") > 10.0);
     assert!(number(&report, "/scenarios/scale/load_ms") > 0.0);
     assert!(number(&report, "/scenarios/scale/rss_mib") > 0.0);
     assert_eq!(number(&report, "/scenarios/scale/raw_watch_keys"), number(&report, "/scenarios/scale/tasks"));

@@ -41,6 +41,8 @@ enum Scenario {
     E2e(e2e::Args),
     /// Leader kill -9 to the next dispatch, over repeated kills of real scheduler processes.
     Failover(failover::Args),
+    /// Graceful leader stop during steady firing; a warm follower takes over: fire lag around it.
+    Handover(scheduler::HandoverArgs),
     /// Load time and resident memory of a scheduler process with N tasks, against a raw watch.
     Scale(scheduler::ScaleArgs),
     /// Every service as a process at a sustained run rate for minutes: memory flat, fire lag
@@ -90,6 +92,15 @@ async fn all(size: Size) -> anyhow::Result<Value> {
         "failover".into(),
         failover::run(failover::Args { kills, lease_ms: 2000, tasks: 100 }).await?,
     );
+    let (tasks, rate, seconds) = match size {
+        Size::Tiny => (1_000, 200, 2),
+        Size::Small => (20_000, 1_000, 5),
+        Size::Full => (100_000, 1_000, 10),
+    };
+    report.insert(
+        "handover".into(),
+        scheduler::handover(scheduler::HandoverArgs { tasks, rate, seconds }).await?,
+    );
     report.insert("scale".into(), scheduler::scale(scheduler::ScaleArgs { tasks: scale }).await?);
     print_summary(&report);
     Ok(json!({"size": format!("{size:?}").to_lowercase(), "scenarios": report}))
@@ -137,6 +148,8 @@ fn print_summary(report: &serde_json::Map<String, Value>) {
     }
     row("failover", "kill -9 to next dispatch p50, ms", f("failover", "/gap/p50_ms"), None);
     row("failover", "kill -9 to next dispatch p99, ms", f("failover", "/gap/p99_ms"), None);
+    row("handover", "graceful stop: fire lag p99, ms", f("handover", "/lag/p99_ms"), None);
+    row("handover", "graceful stop: fire lag max, ms", f("handover", "/lag/max_ms"), None);
     row("scale", "scheduler load, ms", f("scale", "/load_ms"), Some(f("scale", "/ratio_to_raw")));
     row("scale", "scheduler RSS, MiB", f("scale", "/rss_mib"), None);
 }
@@ -151,6 +164,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Steady(args) => scheduler::steady(args).await?,
         Scenario::E2e(args) => e2e::run(args).await?,
         Scenario::Failover(args) => failover::run(args).await?,
+        Scenario::Handover(args) => scheduler::handover(args).await?,
         Scenario::Scale(args) => scheduler::scale(args).await?,
         Scenario::Soak(args) => soak::run(args).await?,
         Scenario::All(args) => all(args.size).await?,

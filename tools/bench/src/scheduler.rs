@@ -12,15 +12,16 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use jetsched_scheduler::{Config, build};
 use jetsched_shared::names::Names;
+use jetsched_shared::names::task_key;
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
-use jetsched_shared::wire::format_time;
+use jetsched_shared::wire::{FireState, format_time};
 use jetsched_tests::NatsServer;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::system::{
-    Lag, dispatch_count, free_port, http_get, raw_publish_with_ids, read_dispatch_times, rss_mib,
-    service_bin, spec, wait_leader, write_tasks,
+    Lag, NS, dispatch_count, free_port, http_get, raw_publish_with_ids, read_dispatch_times, rss_mib,
+    service_bin, spec, spread_schedules, wait_leader, write_tasks,
 };
 
 #[derive(Debug, Clone, clap::Args)]
@@ -42,6 +43,18 @@ pub(crate) struct SteadyArgs {
     pub(crate) rate: usize,
     /// Measured seconds (after a warm-up of 3 s).
     #[arg(long, default_value_t = 20)]
+    pub(crate) seconds: u64,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct HandoverArgs {
+    /// Interval tasks (each with a stored fire state), spread so that `rate` fire per second.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) tasks: usize,
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) rate: usize,
+    /// Seconds of steady firing before the leader stops.
+    #[arg(long, default_value_t = 10)]
     pub(crate) seconds: u64,
 }
 
@@ -124,17 +137,11 @@ pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(scheduler.run(shutdown.clone()));
     wait_leader(&topology, &names).await?;
-    let interval_ms = (n as u64 * 1000 / args.rate.max(1) as u64).max(1);
-    let specs = (0..n)
-        .map(|i| {
-            let anchor =
-                DateTime::from_timestamp_millis((i as u64 * interval_ms / n as u64) as i64).expect("anchor");
-            let id = format!("s{i}");
-            (
-                id.clone(),
-                spec(&id, json!({"every": format!("{interval_ms}ms"), "anchor": format_time(anchor)})),
-            )
-        })
+    let (interval_ms, schedules) = spread_schedules(n, args.rate);
+    let specs = schedules
+        .into_iter()
+        .enumerate()
+        .map(|(i, schedule)| (format!("s{i}"), spec(&format!("s{i}"), schedule)))
         .collect();
     write_tasks(&topology, specs).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -164,6 +171,84 @@ pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value
         "seconds": args.seconds,
         "fires_per_second": rate,
         "expected_fires": expected.round(),
+        "lag": lag,
+    }))
+}
+
+/// Steady firing over N tasks with N stored fire states; the leader stops gracefully and a
+/// follower started beside it (its tasks and fire state already loaded) takes over: fire lag
+/// of the fires around the handover.
+pub(crate) async fn handover(args: HandoverArgs) -> anyhow::Result<serde_json::Value> {
+    let n = args.tasks;
+    let server = NatsServer::start().await;
+    let (names, topology, js) = start(&server.url()).await?;
+    let (_, schedules) = spread_schedules(n, args.rate);
+    let specs = schedules
+        .into_iter()
+        .enumerate()
+        .map(|(i, schedule)| (format!("h{i}"), spec(&format!("h{i}"), schedule)))
+        .collect();
+    write_tasks(&topology, specs).await?;
+    // One stored fire state per task (as after a long run), all at "now": nothing to catch up.
+    let state = bytes::Bytes::from(serde_json::to_vec(&FireState {
+        last_nominal_fire: Utc::now(),
+        next_fire: None,
+        fires: 1,
+        last_execution_id: None,
+        revision: 1,
+    })?);
+    let results: Vec<_> = futures::stream::iter(0..n)
+        .map(|i| {
+            let (kv, state) = (topology.state.clone(), state.clone());
+            async move { kv.put(task_key(NS, &format!("h{i}")), state).await }
+        })
+        .buffer_unordered(256)
+        .collect()
+        .await;
+    for result in results {
+        result.context("put fire state")?;
+    }
+    let replica = |instance: &str| {
+        let mut config = config(&server.url(), 512);
+        config.common.instance_id = Some(instance.to_string());
+        config
+    };
+    let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
+    let a = tokio::spawn(build(replica("bench-a")).await?.run(stop_a.clone()));
+    wait_leader(&topology, &names).await?;
+    let b = tokio::spawn(build(replica("bench-b")).await?.run(stop_b.clone()));
+    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+    let handover_ms = Utc::now().timestamp_millis();
+    let stopping = Instant::now();
+    stop_a.cancel();
+    a.await??;
+    let stop_ms = stopping.elapsed().as_secs_f64() * 1000.0;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop_b.cancel();
+    b.await??;
+    let times = read_dispatch_times(&js, &names).await?;
+    let around: Vec<(i64, i64)> = times
+        .iter()
+        .copied()
+        .filter(|&(nominal, _)| nominal >= handover_ms - 500 && nominal < handover_ms + 4000)
+        .collect();
+    let first_after_ms = around
+        .iter()
+        .filter(|&&(nominal, _)| nominal >= handover_ms)
+        .map(|&(_, stored)| stored as f64 / 1000.0 - handover_ms as f64)
+        .fold(f64::NAN, f64::min);
+    let lag = Lag::from_micros(around.iter().map(|&(nominal, stored)| stored - nominal * 1000).collect());
+    eprintln!(
+        "handover: {n} tasks at {} fires/s; old leader stopped in {stop_ms:.0} ms; first fire after the stop \
+         stored {first_after_ms:.0} ms after it; lag of the fires within -0.5 s..+4 s: p50 {:.2} / p99 {:.2} / max {:.2} ms",
+        args.rate, lag.p50_ms, lag.p99_ms, lag.max_ms
+    );
+    Ok(json!({
+        "scenario": "handover",
+        "tasks": n,
+        "rate": args.rate,
+        "stop_ms": stop_ms,
+        "first_fire_after_stop_ms": first_after_ms,
         "lag": lag,
     }))
 }

@@ -16,16 +16,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use async_nats::jetstream;
-use chrono::DateTime;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, TopologyArgs};
-use jetsched_shared::wire::format_time;
 use jetsched_tests::NatsServer;
 use serde_json::{Value, json};
 
 use crate::Size;
-use crate::system::{NS, free_port, http_get, rss_mib, service_bin, wait_leader, write_tasks};
+use crate::system::{
+    NS, free_port, http_get, rss_mib, service_bin, spread_schedules, wait_leader, write_tasks,
+};
 
 /// Subject the runs request; answered by this process.
 const SUBJECT: &str = "soak.noop";
@@ -301,14 +301,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     wait_leader(&topology, &names).await?;
 
     // R tasks every second, anchors spread evenly over the second.
-    let specs = (0..rate)
-        .map(|i| {
-            let anchor =
-                DateTime::from_timestamp_millis((i as u64 * 1000 / rate as u64) as i64).expect("anchor");
+    let (_, schedules) = spread_schedules(rate, rate);
+    let specs = schedules
+        .into_iter()
+        .enumerate()
+        .map(|(i, schedule)| {
             let id = format!("soak{i}");
             let body = json!({
                 "id": id, "namespace": NS,
-                "schedule": {"every": "1s", "anchor": format_time(anchor)},
+                "schedule": schedule,
                 "executor": {"kind": "nats", "subject": SUBJECT},
                 "timeout": "5s",
             });

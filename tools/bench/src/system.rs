@@ -142,6 +142,20 @@ pub(crate) async fn raw_publish_with_ids(
     Ok(started.elapsed())
 }
 
+/// Schedules of `n` interval tasks that together fire `rate` times per second: every task
+/// every `n / rate` seconds, anchors spread evenly over that interval. Returns the interval.
+pub(crate) fn spread_schedules(n: usize, rate: usize) -> (u64, Vec<serde_json::Value>) {
+    let interval_ms = (n as u64 * 1000 / rate.max(1) as u64).max(1);
+    let schedules = (0..n)
+        .map(|i| {
+            let anchor = chrono::DateTime::from_timestamp_millis((i as u64 * interval_ms / n as u64) as i64)
+                .expect("anchor in range");
+            json!({"every": format!("{interval_ms}ms"), "anchor": jetsched_shared::wire::format_time(anchor)})
+        })
+        .collect();
+    (interval_ms, schedules)
+}
+
 /// Lag percentiles in milliseconds.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub(crate) struct Lag {
