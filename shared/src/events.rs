@@ -60,13 +60,43 @@ const PUBLISH_ATTEMPTS: u32 = 6;
 /// still cannot be stored is logged and counted, never silently dropped.
 #[derive(Clone)]
 pub struct EventSink {
-    queue: tokio::sync::mpsc::Sender<Event>,
+    queue: tokio::sync::mpsc::Sender<Item>,
+}
+
+/// What travels to the pump: an event, or a barrier answered once everything queued before it
+/// has settled.
+enum Item {
+    Event(Box<Event>),
+    Barrier(tokio::sync::oneshot::Sender<()>),
+}
+
+/// Resolves once every event queued before it was created has been stored or has failed for
+/// good (see [`EventSink::barrier`]).
+pub struct Barrier(
+    Option<tokio::sync::oneshot::Receiver<()>>,
+    Option<(EventSink, tokio::sync::oneshot::Sender<()>)>,
+);
+
+impl Barrier {
+    /// Waits for the barrier. Returns at once if the pump has stopped.
+    pub async fn wait(mut self) {
+        if let Some((sink, tx)) = self.1.take() {
+            // The queue was full when the barrier was taken: queue it now (after more events
+            // perhaps, which only makes the wait longer).
+            if sink.queue.send(Item::Barrier(tx)).await.is_err() {
+                return;
+            }
+        }
+        if let Some(rx) = self.0.take() {
+            let _ = rx.await;
+        }
+    }
 }
 
 /// The background half of an [`EventSink`]: runs until every sink is dropped and every queued
 /// event has been stored (or failed).
 pub struct EventPump {
-    queue: tokio::sync::mpsc::Receiver<Event>,
+    queue: tokio::sync::mpsc::Receiver<Item>,
     publisher: EventPublisher,
     window: usize,
     failures: Option<prometheus::IntCounter>,
@@ -91,15 +121,31 @@ impl EventSink {
 
     /// Queues an event, waiting while the queue is full. Fails only when the pump has stopped.
     pub async fn emit(&self, event: Event) {
-        if let Err(error) = self.queue.send(event).await {
-            let event = error.0;
+        if let Err(error) = self.queue.send(Item::Event(Box::new(event))).await
+            && let Item::Event(event) = error.0
+        {
             tracing::error!(kind = event.kind.as_str(), namespace = %event.namespace, task = %event.task_id, "event pump stopped; event not published");
         }
     }
 
     /// Queues an event without waiting; false when the queue is full (the caller counts it).
     pub fn try_emit(&self, event: Event) -> bool {
-        self.queue.try_send(event).is_ok()
+        self.queue.try_send(Item::Event(Box::new(event))).is_ok()
+    }
+
+    /// A barrier behind every event queued so far: [`Barrier::wait`] returns once each of them
+    /// is stored (or failed for good). Taking it never waits, so a caller can mark the point
+    /// synchronously and wait elsewhere: the scheduler writes fire state (which says "these
+    /// fires are handled") only after the events that record skipped fires are stored.
+    pub fn barrier(&self) -> Barrier {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        match self.queue.try_send(Item::Barrier(tx)) {
+            Ok(()) => Barrier(Some(rx), None),
+            Err(tokio::sync::mpsc::error::TrySendError::Full(Item::Barrier(tx))) => {
+                Barrier(Some(rx), Some((self.clone(), tx)))
+            }
+            Err(_) => Barrier(None, None),
+        }
     }
 }
 
@@ -117,19 +163,49 @@ impl EventPump {
     pub async fn run(mut self) {
         use futures::StreamExt;
         let mut in_flight = futures::stream::FuturesUnordered::new();
+        // Sequence numbers of the events in flight, and the barriers waiting behind them.
+        let mut next_seq = 0u64;
+        let mut outstanding = std::collections::BTreeSet::new();
+        let mut barriers: std::collections::VecDeque<(u64, tokio::sync::oneshot::Sender<()>)> =
+            std::collections::VecDeque::new();
         loop {
             tokio::select! {
                 biased;
-                Some((kind, result)) = in_flight.next(), if !in_flight.is_empty() => self.settle(kind, result),
-                event = self.queue.recv(), if in_flight.len() < self.window => {
-                    let Some(event) = event else { break };
-                    in_flight.push(store(self.publisher.clone(), event, self.dedup_ids));
+                Some((seq, kind, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.settle(kind, result);
+                    outstanding.remove(&seq);
+                }
+                item = self.queue.recv(), if in_flight.len() < self.window => {
+                    match item {
+                        None => break,
+                        Some(Item::Event(event)) => {
+                            let seq = next_seq;
+                            next_seq += 1;
+                            outstanding.insert(seq);
+                            let store = store(self.publisher.clone(), *event, self.dedup_ids);
+                            in_flight.push(async move {
+                                let (kind, result) = store.await;
+                                (seq, kind, result)
+                            });
+                        }
+                        Some(Item::Barrier(tx)) => barriers.push_back((next_seq, tx)),
+                    }
                 }
                 else => break,
             }
+            // A barrier taken when `next_seq` was n waits for every event numbered below n.
+            let lowest = outstanding.first().copied().unwrap_or(next_seq);
+            while barriers.front().is_some_and(|(at, _)| *at <= lowest) {
+                if let Some((_, tx)) = barriers.pop_front() {
+                    let _ = tx.send(());
+                }
+            }
         }
-        while let Some((kind, result)) = in_flight.next().await {
+        while let Some((_, kind, result)) = in_flight.next().await {
             self.settle(kind, result);
+        }
+        for (_, tx) in barriers {
+            let _ = tx.send(());
         }
     }
 

@@ -99,6 +99,11 @@ impl EventSink {
             self.dropped.inc();
         }
     }
+
+    /// Resolves once every event emitted so far is stored (or failed for good).
+    pub(crate) fn barrier(&self) -> jetsched_shared::events::Barrier {
+        self.sink.barrier()
+    }
 }
 
 #[cfg(test)]

@@ -632,6 +632,10 @@ impl Core {
                         true => None,
                         false => self.state.orphans.remove(&info.key),
                     };
+                    // A one-shot registered after its time (the registry admits it within its
+                    // catch-up window; e.g. an intake applied late) begins before that time:
+                    // while leading, its misfire policy decides now, as after a failover.
+                    let late = info.created_ms < cursor && self.loaded && self.leading();
                     let idx = self.tasks.insert(*info, cursor);
                     if let Some((done, fires)) = orphan
                         && let Some(slot) = self.tasks.get_mut(idx)
@@ -639,7 +643,11 @@ impl Core {
                         slot.done_ms = Some(done);
                         slot.fires = fires;
                     }
-                    self.schedule_next(idx);
+                    if late {
+                        self.catch_up_task(idx, now);
+                    } else {
+                        self.schedule_next(idx);
+                    }
                 }
             }
             Change::Remove { key } => self.remove(&key),
@@ -832,48 +840,10 @@ impl Core {
         let (mut dispatch, mut skipped, mut missed) = (0usize, 0u64, 0u64);
         let indices: Vec<u32> = self.tasks.iter_mut().map(|(idx, _)| idx).collect();
         for idx in indices {
-            let Some(slot) = self.tasks.get_mut(idx) else { continue };
-            let info = &slot.info;
-            let floor = slot.done_ms.unwrap_or(info.created_ms).max(info.created_ms);
-            let plan = if info.paused {
-                catchup::Plan::default()
-            } else {
-                catchup::plan(
-                    &info.schedule,
-                    info.misfire,
-                    info.catchup_window,
-                    from_ms(floor),
-                    from_ms(now),
-                    self.limits,
-                )
-            };
-            let term = self.lease.map(|l| l.term);
-            report_plan(&self.metrics, &self.events, &self.instance, term, info, &plan);
-            skipped += plan.skipped.len() as u64 + plan.skipped_more;
-            missed += plan.missed;
-            let generation = slot.generation;
-            if plan.dispatch.is_empty() {
-                if let Some(last) = plan.last {
-                    slot.done_ms = Some(slot.done_ms.map_or(last, |d| d.max(last)));
-                    self.mark_dirty_slot(idx);
-                }
-            } else {
-                // Every examined fire counts as done once the dispatches are acknowledged.
-                slot.pending_ms = plan.last;
-                for &(nominal, trigger) in &plan.dispatch {
-                    slot.inflight += 1;
-                    let fire = Fire { idx, generation, nominal_ms: nominal, trigger };
-                    match trigger {
-                        Trigger::Catchup => self.catchup.push_back(fire),
-                        _ => self.ready.push_back(fire),
-                    }
-                }
-                dispatch += plan.dispatch.len();
-            }
-            if let Some(slot) = self.tasks.get_mut(idx) {
-                slot.cursor_ms = now;
-            }
-            self.schedule_next(idx);
+            let (d, s, m) = self.catch_up_task(idx, now);
+            dispatch += d;
+            skipped += s;
+            missed += m;
         }
         self.catchup_budget = self.catchup_slice;
         tracing::info!(
@@ -886,6 +856,53 @@ impl Core {
             plan_ms = started.elapsed().as_millis() as u64,
             "leader resumed from the fire state"
         );
+    }
+
+    /// Plans the fires of slot `idx` between its last handled fire (or its origin) and `now`
+    /// under its misfire policy, queues the dispatches, reports skips and misses, and moves
+    /// its cursor to `now`. Returns (dispatched, skipped, missed).
+    fn catch_up_task(&mut self, idx: u32, now: i64) -> (usize, u64, u64) {
+        let Some(slot) = self.tasks.get_mut(idx) else { return (0, 0, 0) };
+        let info = &slot.info;
+        let floor = slot.done_ms.unwrap_or(info.created_ms).max(info.created_ms);
+        let plan = if info.paused {
+            catchup::Plan::default()
+        } else {
+            catchup::plan(
+                &info.schedule,
+                info.misfire,
+                info.catchup_window,
+                from_ms(floor),
+                from_ms(now),
+                self.limits,
+            )
+        };
+        let term = self.lease.map(|l| l.term);
+        report_plan(&self.metrics, &self.events, &self.instance, term, info, &plan);
+        let counts = (plan.dispatch.len(), plan.skipped.len() as u64 + plan.skipped_more, plan.missed);
+        let generation = slot.generation;
+        if plan.dispatch.is_empty() {
+            if let Some(last) = plan.last {
+                slot.done_ms = Some(slot.done_ms.map_or(last, |d| d.max(last)));
+                self.mark_dirty_slot(idx);
+            }
+        } else {
+            // Every examined fire counts as done once the dispatches are acknowledged.
+            slot.pending_ms = plan.last;
+            for &(nominal, trigger) in &plan.dispatch {
+                slot.inflight += 1;
+                let fire = Fire { idx, generation, nominal_ms: nominal, trigger };
+                match trigger {
+                    Trigger::Catchup => self.catchup.push_back(fire),
+                    _ => self.ready.push_back(fire),
+                }
+            }
+        }
+        if let Some(slot) = self.tasks.get_mut(idx) {
+            slot.cursor_ms = now;
+        }
+        self.schedule_next(idx);
+        counts
     }
 
     fn step_down(&mut self, reason: &str) {
@@ -1193,7 +1210,17 @@ impl Core {
             }
         }
         let store = self.state_store.clone();
+        // A fire state says "handled up to here": it is written only after the events of the
+        // fires it covers (skipped, missed) are stored, so a leader dying in between leaves
+        // them to its successor instead of skipping them silently.
+        let events = self.events.barrier();
+        let valid_until = lease.valid_until;
         self.flush_task = Some(tokio::spawn(async move {
+            events.wait().await;
+            if Instant::now() >= valid_until {
+                // The lease may be gone: write nothing (the slots stay dirty while leader).
+                return batch.into_iter().map(|(_, _, idx, generation)| (idx, generation, false)).collect();
+            }
             futures::stream::iter(batch)
                 .map(|(key, body, idx, generation)| {
                     let store = store.clone();

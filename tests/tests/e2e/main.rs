@@ -7,6 +7,7 @@ mod chaos;
 mod cli;
 mod deploy;
 mod docs;
+mod events;
 mod local;
 mod registry;
 mod scheduler;

@@ -1,0 +1,50 @@
+//! The shared event pump against a real server: a barrier resolves only after every event
+//! queued before it is stored (the scheduler writes fire state behind such a barrier).
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use jetsched_shared::events::{EventPublisher, EventSink};
+use jetsched_shared::names::Names;
+use jetsched_shared::topology::{self, TopologyArgs};
+use jetsched_shared::wire::{Event, EventKind};
+use jetsched_tests::{NatsServer, init_test_logging};
+
+async fn stored(js: &jetstream::Context, names: &Names) -> u64 {
+    let mut stream = js.get_stream(names.events_stream()).await.expect("events stream");
+    stream.info().await.expect("stream info").state.messages
+}
+
+#[tokio::test]
+async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let js = jetstream::new(server.client().await);
+    let names = Names::default();
+    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+    let (sink, pump) = EventSink::new(EventPublisher::new(js.clone(), names.clone()), 10_000, 64, None);
+    let pump = tokio::spawn(pump.run());
+
+    // Idle pump: the barrier resolves at once.
+    tokio::time::timeout(Duration::from_secs(5), sink.barrier().wait()).await.expect("idle barrier");
+    assert_eq!(stored(&js, &names).await, 0);
+
+    for round in 1..=3u64 {
+        for i in 0..2_000 {
+            let event = Event::new(EventKind::FireSkipped, "barrier", format!("t{i}"));
+            assert!(sink.try_emit(event), "queue has room");
+        }
+        let barrier = sink.barrier();
+        // Queued behind the barrier: not waited for, and never counted before it.
+        assert!(sink.try_emit(Event::new(EventKind::FireMissed, "barrier", "after")));
+        tokio::time::timeout(Duration::from_secs(30), barrier.wait()).await.expect("barrier resolves");
+        let count = stored(&js, &names).await;
+        assert!(
+            count >= round * 2_001 - 1,
+            "round {round}: {count} events stored when the barrier resolved, expected every earlier one"
+        );
+    }
+    drop(sink);
+    pump.await.expect("pump ends when every sink is dropped");
+    assert_eq!(stored(&js, &names).await, 3 * 2_001);
+}
