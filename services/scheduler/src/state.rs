@@ -44,6 +44,13 @@ impl TaskInfo {
         let ns_len = u16::try_from(spec.namespace.len()).unwrap_or(u16::MAX);
         let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
         let jitter_offset_ms = ms(spec.jitter_offset());
+        // Fires start after the revision was stored, except a one-shot stored after its time
+        // (admitted within its catch-up window): it starts just before that time, so that it
+        // is a misfire (caught up or skipped by policy, never dropped without a trace).
+        let created_ms = match &spec.schedule {
+            Schedule::At(at) => created_ms.min(at.timestamp_millis() - 1),
+            _ => created_ms,
+        };
         TaskInfo {
             key: key.into_boxed_str(),
             ns_len,

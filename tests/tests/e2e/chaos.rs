@@ -653,11 +653,11 @@ async fn chaos_cluster_node_kills_with_r3_lose_and_double_nothing() {
     init_test_logging();
     let plan = if long() {
         Plan {
-            leader_kills: 5,
-            worker_kills: 3,
-            registry_kills: 1,
-            alerter_kills: 1,
-            freezes: 1,
+            leader_kills: 20,
+            worker_kills: 5,
+            registry_kills: 2,
+            alerter_kills: 2,
+            freezes: 3,
             server_restarts: 0,
             node_kills: 3,
         }

@@ -810,3 +810,60 @@ async fn overlap_buffer_one_keeps_one_fire_and_dispatches_it_when_the_run_ends()
         assert_eq!(skipped_between as i64, due_between, "{pair:?} {skipped:?}");
     }
 }
+
+/// A one-shot stored after its time (the registry admits an `at` within the catch-up window,
+/// e.g. when the intake is applied late) is a misfire, handled by its policy by a running
+/// leader and by a leader that starts later: caught up once, or skipped with an event.
+#[tokio::test]
+async fn a_one_shot_stored_after_its_time_follows_its_misfire_policy() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let lease = Duration::from_secs(2);
+    let (js, topology) = setup(&server, lease).await;
+    let at = |ago_ms: i64| {
+        let t = chrono::DateTime::from_timestamp_millis((now_ms() - ago_ms) / 1000 * 1000).expect("time");
+        json!({"at": wire::format_time(t)})
+    };
+    let late_spec = |id: &str, ago_ms: i64, misfire: &str| {
+        serde_json::to_vec(&json!({
+            "id": id, "namespace": NS, "schedule": at(ago_ms),
+            "executor": {"kind": "nats", "subject": "jobs.run"},
+            "misfire": misfire, "catchup_window": "10m",
+        }))
+        .expect("json")
+    };
+    // Stored before any scheduler runs: the leader's first catch-up decides.
+    for (id, misfire) in [("before-all", "fire_all"), ("before-skip", "skip")] {
+        topology.tasks.put(task_key(NS, id), late_spec(id, 30_000, misfire).into()).await.expect("put");
+    }
+    let scheduler = RunningScheduler::start(&server.url(), "solo", lease).await;
+    eventually(WAIT, "a leader", || leader(&topology)).await;
+    // Stored while a leader runs, 30 s after their time (far beyond the misfire threshold).
+    for (id, misfire) in [("while-all", "fire_all"), ("while-once", "fire_once"), ("while-skip", "skip")] {
+        topology.tasks.put(task_key(NS, id), late_spec(id, 30_000, misfire).into()).await.expect("put");
+    }
+    let fired = |seen: &[Seen], id: &str| seen.iter().filter(|s| s.task == task_key(NS, id)).count();
+    eventually(WAIT, "the late one-shots are caught up", || async {
+        let seen = read_dispatches(&js).await;
+        (fired(&seen, "before-all") == 1 && fired(&seen, "while-all") == 1 && fired(&seen, "while-once") == 1)
+            .then_some(())
+    })
+    .await;
+    eventually(WAIT, "the skipped ones are recorded", || async {
+        let skipped = read_events(&js, "fire.skipped", NS).await;
+        let of = |id: &str| skipped.iter().filter(|e| e.task_id == id).count();
+        (of("before-skip") == 1 && of("while-skip") == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    scheduler.stop().await;
+    let seen = read_dispatches(&js).await;
+    for id in ["before-all", "while-all", "while-once"] {
+        assert_eq!(fired(&seen, id), 1, "{id} dispatched once: {seen:?}");
+        let s = seen.iter().find(|s| s.task == task_key(NS, id)).expect("dispatch");
+        assert_eq!(s.body.trigger, wire::Trigger::Catchup, "{id}");
+    }
+    for id in ["before-skip", "while-skip"] {
+        assert_eq!(fired(&seen, id), 0, "{id} never dispatched");
+    }
+}
