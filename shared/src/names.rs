@@ -155,9 +155,15 @@ impl Names {
     pub fn advisory_subjects(&self) -> Vec<String> {
         let stream = self.dispatch_stream();
         vec![
-            format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.*"),
+            self.max_deliveries_advisory_subject(),
             format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{stream}.*"),
         ]
+    }
+
+    /// The server's advisory for a dispatch that reached its consumer's `max_deliver` without
+    /// a verdict (any consumer of the dispatch stream).
+    pub fn max_deliveries_advisory_subject(&self) -> String {
+        format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.*", self.dispatch_stream())
     }
 
     // ---- the request/reply API ---------------------------------------------------------
@@ -203,6 +209,11 @@ impl Names {
     /// The queue a `workers-<queue>` consumer serves, or `None` for other consumers.
     pub fn queue_of_worker_consumer<'a>(&self, consumer: &'a str) -> Option<&'a str> {
         consumer.strip_prefix("workers-").filter(|q| !q.is_empty())
+    }
+    /// The workers' durable consumer of the max-deliveries advisories (advisories stream),
+    /// shared by every worker replica: it moves crash-looping runs to the DLQ.
+    pub fn worker_advisory_consumer(&self) -> &'static str {
+        "workers-max-deliveries"
     }
     /// The alerter's durable consumer on the events stream, shared by every replica.
     pub fn alerter_consumer(&self) -> &'static str {

@@ -21,9 +21,6 @@ use crate::metrics::Metrics;
 use crate::runs::{AttemptOutcome, RunRecord, RunStatus, RunStore};
 pub use jetsched_shared::wire::{DeadLetter, DeadLetterSource};
 
-/// Durable consumer of the max-deliveries advisories, shared by every worker replica.
-pub(crate) const ADVISORY_CONSUMER: &str = "workers-max-deliveries";
-
 /// Publishes dead letters and reads the DLQ depth.
 #[derive(Clone)]
 pub(crate) struct DeadLetters {
@@ -80,19 +77,18 @@ pub(crate) async fn advisory_consumer(
 ) -> anyhow::Result<PullConsumer> {
     let name = names.advisories_stream();
     let stream = js.get_stream(&name).await.with_context(|| format!("look up stream {name}"))?;
-    let filter =
-        names.advisory_subjects().into_iter().next().context("the names module lists no advisory subject")?;
+    let consumer = names.worker_advisory_consumer();
     stream
         .create_consumer(jetstream::consumer::pull::Config {
-            durable_name: Some(ADVISORY_CONSUMER.to_string()),
+            durable_name: Some(consumer.to_string()),
             description: Some("jetsched workers: moves runs that hit max_deliver to the DLQ".to_string()),
-            filter_subject: filter,
+            filter_subject: names.max_deliveries_advisory_subject(),
             ack_policy: jetstream::consumer::AckPolicy::Explicit,
             ack_wait: Duration::from_secs(30),
             ..Default::default()
         })
         .await
-        .with_context(|| format!("ensure consumer {ADVISORY_CONSUMER} on {name}"))
+        .with_context(|| format!("ensure consumer {consumer} on {name}"))
 }
 
 /// What the advisory mover needs.
