@@ -123,7 +123,16 @@ async fn cluster_r3_stream_survives_a_node_kill() {
     let js = jetstream::new(cluster.client().await);
 
     js.create_stream(stream_config("REPLICATED", 3)).await.expect("create R3 stream");
-    let first = publish(&js, "replicated.a", "one").await;
+    // The create returns once the meta layer placed the stream; its own group may still be
+    // electing a leader, and until then a publish finds no stream (no responders).
+    let first = eventually(TIMEOUT, "first publish to the new R3 stream", || async {
+        js.publish("replicated.a", "one".into())
+            .await?
+            .await
+            .map(|ack| ack.sequence)
+            .map_err(anyhow::Error::from)
+    })
+    .await;
 
     // Kill the meta leader: the worst node to lose.
     let victim = cluster.meta_leader().await.expect("a meta leader");
