@@ -10,6 +10,7 @@ pub mod events;
 pub mod names;
 pub mod presence;
 pub mod schedule;
+pub mod service;
 pub mod shutdown;
 pub mod spec;
 pub mod telemetry;

@@ -13,8 +13,10 @@ use async_nats::jetstream::{
 };
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use jetsched_shared::admin::{AdminServer, Readiness};
+use jetsched_shared::admin::Readiness;
+use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::names::Names;
+use jetsched_shared::service::{Base, Role};
 use jetsched_shared::topology;
 use jetsched_shared::wire::{Event, EventKind, LeaderRecord};
 use prometheus::Registry as MetricsRegistry;
@@ -66,18 +68,16 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
         config.dedup_window <= MAX_DEDUP_WINDOW,
         "invalid configuration: --dedup-window is at most {MAX_DEDUP_WINDOW:?}"
     );
-    let names = config.common.names()?;
-    let instance = config.common.instance_id();
     let registry = MetricsRegistry::new();
     let metrics = Metrics::register(&registry)?;
-    let readiness = Readiness::new();
-    readiness.set("topology", false);
-    readiness.set("consumer", false);
-    readiness.set("lease_watch", false);
-    readiness.set("leader_events", false);
-    let admin =
-        AdminServer::bind(config.common.admin_addr_or(DEFAULT_ADMIN_ADDR), registry, readiness.clone())
-            .await?;
+    let role = Role {
+        name: "alerter",
+        default_admin: DEFAULT_ADMIN_ADDR,
+        checks: &["consumer", "lease_watch", "leader_events"],
+        subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
+    };
+    let Base { names, instance, readiness, admin, client, js } =
+        Base::start(role, &config.common, &config.nats, registry).await?;
     let admin_addr = admin.local_addr();
     let admin_stop = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -85,9 +85,7 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     // Stops the admin server if start-up fails below.
     let guard = admin_stop.clone().drop_guard();
 
-    let client = config.nats.connect(&format!("jetsched-alerter {instance}")).await?;
-    readiness.watch_connection(client.clone());
-    let js = jetstream::new(client.clone());
+    // Retried: the alerter may start before the other services' streams can be created.
     let started = tokio::time::Instant::now();
     let topology = loop {
         match topology::ensure(&js, &names, &config.topology).await {

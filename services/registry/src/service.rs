@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use async_nats::jetstream::{self, consumer::PullConsumer};
+use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::service::{Request, ServiceExt};
 use futures::{StreamExt, stream::SelectAll};
-use jetsched_shared::admin::{AdminServer, Readiness};
+use jetsched_shared::admin::AdminServer;
+use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::events::{EventPublisher, EventPump, EventSink};
 use jetsched_shared::names::Names;
-use jetsched_shared::topology;
+use jetsched_shared::service::{Base, Role};
 use prometheus::Registry as MetricsRegistry;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -46,24 +47,17 @@ pub struct Registry {
 /// Connects, ensures the topology, registers the API endpoints and the intake consumer and
 /// binds the admin listener.
 pub async fn build(config: Config) -> anyhow::Result<Registry> {
-    let names = config.common.names()?;
-    let instance = config.common.instance_id();
     let registry = MetricsRegistry::new();
     let metrics = Metrics::register(&registry)?;
-    let readiness = Readiness::new();
-    readiness.set("topology", false);
-    readiness.set("api", false);
-    readiness.set("intake", false);
-    let admin =
-        AdminServer::bind(config.common.admin_addr_or(DEFAULT_ADMIN_ADDR), registry, readiness.clone())
-            .await?;
-
-    let client = config.nats.connect(&format!("jetsched-registry {instance}")).await?;
-    readiness.watch_connection(client.clone());
-    let js = jetstream::new(client.clone());
-    let topology =
-        topology::ensure(&js, &names, &config.topology).await.context("ensure JetStream topology")?;
-    readiness.set("topology", true);
+    let role = Role {
+        name: "registry",
+        default_admin: DEFAULT_ADMIN_ADDR,
+        checks: &["api", "intake"],
+        subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
+    };
+    let base = Base::start(role, &config.common, &config.nats, registry).await?;
+    let topology = base.ensure_topology(&config.topology).await?;
+    let Base { names, instance, readiness, admin, client, js } = base;
 
     let max_payload = client.server_info().max_payload;
     let limits = Limits { max_spec_bytes: config.max_spec_bytes.min(max_payload) };

@@ -27,8 +27,9 @@ use futures::{FutureExt, StreamExt};
 use jetsched_shared::admin::{AdminServer, Readiness};
 use jetsched_shared::events::{EventPublisher, EventPump};
 use jetsched_shared::names::{Names, SYSTEM_NAMESPACE, task_key};
+use jetsched_shared::service::{Base, Role};
 use jetsched_shared::spec::OverlapPolicy;
-use jetsched_shared::topology::{self, Topology};
+use jetsched_shared::topology::Topology;
 use jetsched_shared::wire::{Event as WireEvent, EventKind, FireState, Trigger, scheduled_execution_id};
 use prometheus::Registry as MetricsRegistry;
 use tokio::sync::mpsc;
@@ -84,26 +85,19 @@ pub struct Scheduler {
 const WATCH_BUFFER: usize = 256 * 1024;
 
 pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
-    let names = config.common.names()?;
-    let instance = config.common.instance_id();
     let registry = MetricsRegistry::new();
     let metrics = Metrics::register(&registry)?;
-    let readiness = Readiness::new();
-    readiness.set("topology", false);
-    readiness.set("tasks_loaded", false);
-    let admin =
-        AdminServer::bind(config.common.admin_addr_or(DEFAULT_ADMIN_ADDR), registry, readiness.clone())
-            .await?;
-
-    // The tasks watch of a large bucket arrives faster than specs are decoded: room for a
-    // quarter million entries keeps the ordered consumer from dropping and restarting.
-    let client =
-        config.nats.connect_buffered(&format!("jetsched-scheduler {instance}"), WATCH_BUFFER).await?;
-    readiness.watch_connection(client.clone());
-    let js = jetstream::new(client.clone());
-    let Topology { tasks, leader, state, runs, .. } =
-        topology::ensure(&js, &names, &config.topology).await.context("ensure JetStream topology")?;
-    readiness.set("topology", true);
+    let role = Role {
+        name: "scheduler",
+        default_admin: DEFAULT_ADMIN_ADDR,
+        checks: &["tasks_loaded"],
+        // The tasks watch of a large bucket arrives faster than specs are decoded: room for
+        // a quarter million entries keeps the ordered consumer from dropping and restarting.
+        subscription_capacity: WATCH_BUFFER,
+    };
+    let base = Base::start(role, &config.common, &config.nats, registry).await?;
+    let Topology { tasks, leader, state, runs, .. } = base.ensure_topology(&config.topology).await?;
+    let Base { names, instance, readiness, admin, client, js } = base;
     let (watch, messages) = discovery::open_tasks(&tasks).await?;
     let empty = messages == 0;
     // The bucket's message count bounds the number of tasks (history adds more): pre-size.

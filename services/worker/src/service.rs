@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer::PullConsumer};
-use jetsched_shared::admin::{AdminServer, Readiness};
+use jetsched_shared::admin::AdminServer;
+use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::Names;
-use jetsched_shared::{presence, topology};
+use jetsched_shared::presence;
+use jetsched_shared::service::{Base, Role};
 use prometheus::Registry as MetricsRegistry;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -68,23 +70,17 @@ pub async fn ensure_queue_consumer(
 /// `handlers`) and binds the admin listener.
 pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker> {
     config.validate()?;
-    let names = config.common.names()?;
-    let instance = config.common.instance_id();
     let registry = MetricsRegistry::new();
     let metrics = Metrics::register(&registry)?;
-    let readiness = Readiness::new();
-    readiness.set("topology", false);
-    readiness.set("consumers", false);
-    let admin =
-        AdminServer::bind(config.common.admin_addr_or(DEFAULT_ADMIN_ADDR), registry, readiness.clone())
-            .await?;
-
-    let client = config.nats.connect(&format!("jetsched-worker {instance}")).await?;
-    readiness.watch_connection(client.clone());
-    let js = jetstream::new(client.clone());
-    let topology =
-        topology::ensure(&js, &names, &config.topology).await.context("ensure JetStream topology")?;
-    readiness.set("topology", true);
+    let role = Role {
+        name: "worker",
+        default_admin: DEFAULT_ADMIN_ADDR,
+        checks: &["consumers"],
+        subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
+    };
+    let base = Base::start(role, &config.common, &config.nats, registry).await?;
+    let topology = base.ensure_topology(&config.topology).await?;
+    let Base { names, instance, readiness, admin, client, js } = base;
 
     let mut queues = Vec::new();
     for queue in &config.queues {
