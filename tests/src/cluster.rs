@@ -215,6 +215,29 @@ impl NatsCluster {
         if current + 1 < running {
             bail!("the meta leader sees {current} current peers of {}", running - 1);
         }
+        if running == CLUSTER_SIZE {
+            self.probe_placement(leader).await?;
+        }
+        Ok(())
+    }
+
+    /// The proof that R3 streams can be created now: place one (in memory) and remove it.
+    /// The monitoring endpoints can call a peer current a moment before placement agrees
+    /// ("no suitable peers for placement, peer offline").
+    async fn probe_placement(&self, node: usize) -> anyhow::Result<()> {
+        let client = async_nats::connect(self.url(node)).await.context("connect for the placement probe")?;
+        let js = async_nats::jetstream::new(client);
+        let name = "HARNESS_PLACEMENT_PROBE";
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: name.to_string(),
+            subjects: vec!["harness.placement.probe".to_string()],
+            num_replicas: CLUSTER_SIZE,
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .context("place an R3 probe stream")?;
+        js.delete_stream(name).await.context("remove the R3 probe stream")?;
         Ok(())
     }
 

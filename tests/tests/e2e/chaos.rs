@@ -276,7 +276,9 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
     let js = jetstream::new(client.clone());
     let names = Names::default();
     let args = TopologyArgs { replicas: nats.replicas(), lease: LEASE, ..TopologyArgs::default() };
-    let topology = topology::ensure(&js, &names, &args).await.expect("topology");
+    // Right after a cluster starts, R3 placement can still fail for a moment ("peer offline").
+    let topology =
+        eventually(WAIT, "the topology", || async { topology::ensure(&js, &names, &args).await.ok() }).await;
     let sub = client.subscribe("chaos.*").await.expect("responder subscription");
     let calls = responder(client.clone(), sub);
     let mut services = Services::start(urls, nats.replicas(), workers);
@@ -613,9 +615,12 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
         }
     }
     assert!(violations.is_empty(), "chaos invariants violated:\n{}", violations.join("\n"));
+    // One failover skips a fire only when it lasts over a fire's lateness threshold, which
+    // a short plan's one or three kills may not; twenty always do.
     assert!(
-        plan.leader_kills == 0 || skipped_by_policy > 0,
-        "leaders were killed, yet no fire of a `skip` task was skipped: the policy went untested"
+        plan.leader_kills < 10 || skipped_by_policy > 0,
+        "{} leaders were killed, yet no fire of a `skip` task was skipped: the policy went untested",
+        plan.leader_kills
     );
     assert!(expected > 0 && succeeded > 0 && dead_lettered > 0, "the workload did not run");
 }
