@@ -272,8 +272,11 @@ struct StateLoad {
     target: Option<u64>,
     /// The watch was opened after acquisition: an entry with `delta == 0` also ends the wait.
     fresh: bool,
-    /// Retry reading the target (when `target` is `None`), else give up on the warm watch.
+    /// Retry reading the target (when `target` is `None`), else check the watch's progress.
     wake_at: Option<Instant>,
+    /// `StateFollow::seen` at the last check: a watch that delivered nothing since is
+    /// re-opened (an ordered consumer can stall while its stream moves between nodes).
+    seen_at_check: u64,
     started: Instant,
 }
 
@@ -680,8 +683,13 @@ impl Core {
                 });
                 // The fire state is warm (followed while follower); wait until the watch has
                 // caught up with what the previous leader wrote, then plan the catch-up.
-                self.state_load =
-                    Some(StateLoad { target: None, fresh: false, wake_at: None, started: Instant::now() });
+                self.state_load = Some(StateLoad {
+                    target: None,
+                    fresh: false,
+                    wake_at: None,
+                    seen_at_check: self.state.seen,
+                    started: Instant::now(),
+                });
                 if self.state.watch.is_none() {
                     self.open_state_watch().await;
                 }
@@ -737,7 +745,8 @@ impl Core {
             Ok(info) if info.state.messages == 0 => self.finish_acquisition(),
             Ok(info) => {
                 load.target = Some(info.state.last_sequence);
-                load.wake_at = (!load.fresh).then(|| Instant::now() + STATE_CATCHUP_TIMEOUT);
+                load.seen_at_check = self.state.seen;
+                load.wake_at = Some(Instant::now() + STATE_CATCHUP_TIMEOUT);
                 if self.state.seen >= info.state.last_sequence {
                     self.finish_acquisition();
                 }
@@ -752,6 +761,12 @@ impl Core {
     async fn on_state_load_wake(&mut self) {
         let Some(load) = &mut self.state_load else { return };
         load.wake_at = None;
+        if load.target.is_some() && load.fresh && self.state.seen > load.seen_at_check {
+            // A fresh watch still delivering (a large fire state): keep waiting.
+            load.seen_at_check = self.state.seen;
+            load.wake_at = Some(Instant::now() + STATE_CATCHUP_TIMEOUT);
+            return;
+        }
         if load.target.is_some() {
             // The warm watch did not reach the target (e.g. the last message was removed
             // meanwhile): read the whole fire state again through a fresh watch.
