@@ -366,6 +366,7 @@ async fn deliver(
         let error = "interrupted: the worker shut down".to_string();
         finish(
             shared,
+            message,
             record,
             revision,
             attempt,
@@ -392,6 +393,7 @@ async fn deliver(
         Verdict::Ack => {
             finish(
                 shared,
+                message,
                 record,
                 revision,
                 attempt,
@@ -410,6 +412,7 @@ async fn deliver(
         Verdict::Retry { delay } => {
             finish(
                 shared,
+                message,
                 record,
                 revision,
                 attempt,
@@ -434,8 +437,18 @@ async fn deliver(
                 Outcome::Permanent { .. } => AttemptOutcome::Permanent,
                 _ => AttemptOutcome::Failed,
             };
-            let saved =
-                finish(shared, record, revision, attempt, kind, error.clone(), None, RunStatus::Failed).await;
+            let saved = finish(
+                shared,
+                message,
+                record,
+                revision,
+                attempt,
+                kind,
+                error.clone(),
+                None,
+                RunStatus::Failed,
+            )
+            .await;
             shared.metrics.runs.with_label_values(&[queue, "failed"]).inc();
             tracing::warn!(%reason, "run failed for good: dead-lettering it");
             let mut event = run_event(EventKind::RunFailed, dispatch, attempt, &shared.worker);
@@ -455,10 +468,31 @@ async fn deliver(
     emitter.flush().await;
 }
 
+/// Runs `work` while telling the server the delivery is still being handled (progress acks
+/// every `progress_interval`), so a record write retried through a node failure does not
+/// outlive `ack_wait` and hand the run to another worker.
+async fn keeping_alive<T>(
+    shared: &Shared,
+    message: &jetstream::Message,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(work);
+    let period = shared.progress_interval;
+    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return out,
+            _ = progress.tick() => settle(shared, message, AckKind::Progress).await,
+        }
+    }
+}
+
 /// Closes the attempt in the record. Logs (and counts) a failed write: the verdict stands.
 #[allow(clippy::too_many_arguments)] // one call per verdict; a struct would only rename them
 async fn finish(
     shared: &Shared,
+    message: &jetstream::Message,
     mut record: RunRecord,
     revision: u64,
     attempt: u32,
@@ -471,7 +505,7 @@ async fn finish(
     record.end_attempt(attempt, outcome, error.clone(), detail.clone(), status, now);
     let change =
         |r: &mut RunRecord| r.end_attempt(attempt, outcome, error.clone(), detail.clone(), status, now);
-    match shared.runs.save(record, revision, change).await {
+    match keeping_alive(shared, message, shared.runs.save(record, revision, change)).await {
         Ok(saved) => Some(saved),
         Err(error) => {
             shared.metrics.errors.with_label_values(&["run_record"]).inc();
@@ -523,7 +557,8 @@ async fn dead_letter(
     let attempt = record.attempt;
     let mut record = record;
     record.status = RunStatus::Dead;
-    if let Err(error) = shared.runs.save(record, revision, |r| r.status = RunStatus::Dead).await {
+    let marked = shared.runs.save(record, revision, |r| r.status = RunStatus::Dead);
+    if let Err(error) = keeping_alive(shared, message, marked).await {
         shared.metrics.errors.with_label_values(&["run_record"]).inc();
         tracing::warn!(error = format!("{error:#}"), "cannot mark the run record dead");
     }

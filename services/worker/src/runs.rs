@@ -16,6 +16,10 @@ pub use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, RunRecord, RunSta
 /// Compare-and-set rounds before giving up on a write.
 const CAS_ROUNDS: usize = 8;
 
+/// How long a verdict's record write is retried through transport errors (a replicated
+/// bucket refuses writes while it elects a new leader, e.g. after a node died).
+const WRITE_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// What a delivery should do, according to the run record.
 #[derive(Debug)]
 pub(crate) enum Begin {
@@ -124,7 +128,7 @@ impl RunStore {
     ) -> anyhow::Result<(RunRecord, u64)> {
         let key = record.execution_id.clone();
         for _ in 0..CAS_ROUNDS {
-            match self.kv.update(&key, encode(&record)?, revision).await {
+            match self.update_retrying(&key, encode(&record)?, revision).await {
                 Ok(new_revision) => return Ok((record, new_revision)),
                 Err(error) if is_revision_mismatch(&error) => {
                     let Some((fresh, fresh_revision)) = self.get(&key).await? else {
@@ -138,6 +142,31 @@ impl RunStore {
             }
         }
         anyhow::bail!("run record {key}: compare-and-set kept failing")
+    }
+}
+
+impl RunStore {
+    /// `kv.update`, retried with backoff through errors other than a revision mismatch for
+    /// up to [`WRITE_RETRY_FOR`]. A retry after a write that was stored but not acknowledged
+    /// meets a revision mismatch, which the caller resolves like any other.
+    async fn update_retrying(
+        &self,
+        key: &str,
+        value: bytes::Bytes,
+        revision: u64,
+    ) -> Result<u64, kv::UpdateError> {
+        let deadline = tokio::time::Instant::now() + WRITE_RETRY_FOR;
+        let mut backoff = std::time::Duration::from_millis(100);
+        loop {
+            match self.kv.update(key, value.clone(), revision).await {
+                Err(error) if !is_revision_mismatch(&error) && tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(%error, key, "run record write failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(1));
+                }
+                result => return result,
+            }
+        }
     }
 }
 
