@@ -35,6 +35,15 @@ pub enum Schedule {
 
 const KINDS: &[&str] = &["cron", "every", "at", "after"];
 
+/// An `every` interval is a whole number of milliseconds.
+pub(crate) fn check_interval(interval: Duration) -> Result<(), ApiError> {
+    if interval.subsec_nanos().is_multiple_of(1_000_000) {
+        Ok(())
+    } else {
+        Err(err(ErrorCode::InvalidDuration, "schedule.every", "must be a whole number of milliseconds"))
+    }
+}
+
 impl Schedule {
     /// Parses and validates the `schedule` object of a spec; errors name `schedule.*` fields.
     pub fn parse_value(value: &Value) -> Result<Schedule, ApiError> {
@@ -66,13 +75,7 @@ impl Schedule {
             }
             "every" => {
                 let interval = obj.duration("every")?.unwrap_or_default();
-                if !interval.subsec_nanos().is_multiple_of(1_000_000) {
-                    return Err(err(
-                        ErrorCode::InvalidDuration,
-                        "schedule.every",
-                        "must be a whole number of milliseconds",
-                    ));
-                }
+                check_interval(interval)?;
                 let anchor = obj.instant("anchor")?.unwrap_or(DateTime::UNIX_EPOCH);
                 Ok(Schedule::Every { interval, anchor })
             }

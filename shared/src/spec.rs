@@ -6,6 +6,7 @@
 //! (no clock); [`TaskSpec::admit`] adds the checks that need the registration time.
 
 mod executor;
+mod fast;
 pub(crate) mod json;
 mod retry;
 #[cfg(test)]
@@ -159,11 +160,28 @@ fn check_label(path: &str, key: &str, value: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The spellings of [`MisfirePolicy`] and [`OverlapPolicy`] in a spec.
+const MISFIRE: &[(&str, MisfirePolicy)] = &[
+    ("skip", MisfirePolicy::Skip),
+    ("fire_once", MisfirePolicy::FireOnce),
+    ("fire_all", MisfirePolicy::FireAll),
+];
+const OVERLAP: &[(&str, OverlapPolicy)] = &[
+    ("allow", OverlapPolicy::Allow),
+    ("skip", OverlapPolicy::Skip),
+    ("buffer_one", OverlapPolicy::BufferOne),
+];
+
+/// The value `text` names among `choices`.
+fn lookup<T: Copy>(text: &str, choices: &[(&str, T)]) -> Option<T> {
+    choices.iter().find(|(name, _)| *name == text).map(|(_, value)| *value)
+}
+
 /// Reads an enum-like string field: `None` when absent, `invalid_value` when not one of `choices`.
 fn choice<T: Copy>(obj: &Obj<'_>, key: &str, choices: &[(&str, T)]) -> Result<Option<T>, ApiError> {
     let Some(text) = obj.string(key)? else { return Ok(None) };
-    match choices.iter().find(|(name, _)| *name == text) {
-        Some((_, value)) => Ok(Some(*value)),
+    match lookup(text, choices) {
+        Some(value) => Ok(Some(value)),
         None => {
             let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
             Err(err(
@@ -175,9 +193,33 @@ fn choice<T: Copy>(obj: &Obj<'_>, key: &str, choices: &[(&str, T)]) -> Result<Op
     }
 }
 
+/// The `jitter` object: `spread`, `max_random` or both.
+fn parse_jitter(j: &Obj<'_>) -> Result<Jitter, ApiError> {
+    j.deny_unknown(&["spread", "max_random"])?;
+    let jitter = Jitter { spread: j.duration("spread")?, max_random: j.duration("max_random")? };
+    if jitter.spread.is_none() && jitter.max_random.is_none() {
+        return Err(err(ErrorCode::InvalidValue, "jitter", "give spread, max_random or both"));
+    }
+    Ok(jitter)
+}
+
 impl TaskSpec {
     /// Parses and validates a JSON spec (structure only: no clock is consulted).
+    ///
+    /// A typed fast path handles well-formed specs without building a `Value` tree; anything it
+    /// does not accept goes through the field-by-field reader, which names the error.
     pub fn parse(bytes: &[u8]) -> Result<TaskSpec, ApiError> {
+        if let Some(spec) = fast::parse(bytes) {
+            return Ok(spec);
+        }
+        TaskSpec::parse_reference(bytes)
+    }
+
+    /// The reference reader behind [`parse`](Self::parse): a `Value` first, then field by field
+    /// with a code and path per error. Public for differential tests and fuzzing: it accepts
+    /// exactly what `parse` accepts, only slower.
+    #[doc(hidden)]
+    pub fn parse_reference(bytes: &[u8]) -> Result<TaskSpec, ApiError> {
         let value: Value = serde_json::from_slice(bytes)
             .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("the spec is not valid JSON: {e}")))?;
         TaskSpec::from_value(&value)
@@ -217,38 +259,10 @@ impl TaskSpec {
             Some(retry) => RetryPolicy::from_obj(&retry)?,
             None => RetryPolicy::default(),
         };
-        let misfire = choice(
-            &obj,
-            "misfire",
-            &[
-                ("skip", MisfirePolicy::Skip),
-                ("fire_once", MisfirePolicy::FireOnce),
-                ("fire_all", MisfirePolicy::FireAll),
-            ],
-        )?
-        .unwrap_or_default();
+        let misfire = choice(&obj, "misfire", MISFIRE)?.unwrap_or_default();
         let catchup_window = obj.duration("catchup_window")?.unwrap_or(DEFAULT_CATCHUP_WINDOW);
-        let overlap = choice(
-            &obj,
-            "overlap",
-            &[
-                ("allow", OverlapPolicy::Allow),
-                ("skip", OverlapPolicy::Skip),
-                ("buffer_one", OverlapPolicy::BufferOne),
-            ],
-        )?
-        .unwrap_or_default();
-        let jitter = match obj.object("jitter")? {
-            None => None,
-            Some(j) => {
-                j.deny_unknown(&["spread", "max_random"])?;
-                let jitter = Jitter { spread: j.duration("spread")?, max_random: j.duration("max_random")? };
-                if jitter.spread.is_none() && jitter.max_random.is_none() {
-                    return Err(err(ErrorCode::InvalidValue, "jitter", "give spread, max_random or both"));
-                }
-                Some(jitter)
-            }
-        };
+        let overlap = choice(&obj, "overlap", OVERLAP)?.unwrap_or_default();
+        let jitter = obj.object("jitter")?.map(|j| parse_jitter(&j)).transpose()?;
         let paused = obj.bool("paused")?.unwrap_or(false);
         let labels = obj.string_map("labels", check_label)?;
         if labels.len() > MAX_LABELS {

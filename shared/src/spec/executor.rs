@@ -47,23 +47,7 @@ impl Executor {
         match kind {
             "http" => {
                 obj.deny_unknown(&["kind", "method", "url", "headers", "body"])?;
-                let method = match obj.string("method")? {
-                    None => "POST".to_owned(),
-                    Some(m) => {
-                        let upper = m.to_ascii_uppercase();
-                        if !HTTP_METHODS.contains(&upper.as_str()) {
-                            return Err(err(
-                                ErrorCode::InvalidValue,
-                                &obj.path("method"),
-                                format!(
-                                    "unsupported method {m:?}; expected one of {}",
-                                    HTTP_METHODS.join(", ")
-                                ),
-                            ));
-                        }
-                        upper
-                    }
-                };
+                let method = parse_method(&obj.path("method"), obj.string("method")?)?;
                 let url = obj.required_string("url")?;
                 validate_url(&obj.path("url"), url)?;
                 let headers = obj.string_map("headers", check_header)?;
@@ -133,15 +117,7 @@ impl Executor {
             "handler" => {
                 obj.deny_unknown(&["kind", "name", "payload"])?;
                 let name = obj.required_string("name")?;
-                let ok = (1..=128).contains(&name.len())
-                    && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-                if !ok {
-                    return Err(err(
-                        ErrorCode::InvalidId,
-                        &obj.path("name"),
-                        "handler names match [A-Za-z0-9_.-]{1,128}",
-                    ));
-                }
+                validate_handler_name(&obj.path("name"), name)?;
                 let payload = obj.get("payload").cloned();
                 Ok(Executor::Handler { name: name.to_owned(), payload })
             }
@@ -188,8 +164,33 @@ impl Executor {
     }
 }
 
+/// An HTTP method, upper-cased; `POST` when absent.
+pub(super) fn parse_method(path: &str, method: Option<&str>) -> Result<String, ApiError> {
+    let Some(m) = method else { return Ok("POST".to_owned()) };
+    let upper = m.to_ascii_uppercase();
+    if !HTTP_METHODS.contains(&upper.as_str()) {
+        return Err(err(
+            ErrorCode::InvalidValue,
+            path,
+            format!("unsupported method {m:?}; expected one of {}", HTTP_METHODS.join(", ")),
+        ));
+    }
+    Ok(upper)
+}
+
+/// Handler names match `[A-Za-z0-9_.-]{1,128}`.
+pub(super) fn validate_handler_name(path: &str, name: &str) -> Result<(), ApiError> {
+    let ok = (1..=128).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(err(ErrorCode::InvalidId, path, "handler names match [A-Za-z0-9_.-]{1,128}"))
+    }
+}
+
 /// Header names are HTTP tokens (which NATS accepts too); values hold no line breaks.
-fn check_header(path: &str, name: &str, value: &str) -> Result<(), ApiError> {
+pub(super) fn check_header(path: &str, name: &str, value: &str) -> Result<(), ApiError> {
     let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
     if name.is_empty() || !name.bytes().all(token) {
         return Err(err(ErrorCode::InvalidValue, path, format!("{name:?} is not a valid header name")));
@@ -201,7 +202,7 @@ fn check_header(path: &str, name: &str, value: &str) -> Result<(), ApiError> {
 }
 
 /// `http://` or `https://`, a non-empty host, an optional numeric port, no whitespace.
-fn validate_url(path: &str, url: &str) -> Result<(), ApiError> {
+pub(super) fn validate_url(path: &str, url: &str) -> Result<(), ApiError> {
     let bad = |why: &str| err(ErrorCode::InvalidValue, path, format!("{url:?} is not a valid URL: {why}"));
     let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
     let rest = if lower.starts_with("https://") {
@@ -237,7 +238,7 @@ fn validate_url(path: &str, url: &str) -> Result<(), ApiError> {
 }
 
 /// A publishable NATS subject: dot-separated non-empty tokens, no wildcards, no whitespace.
-fn validate_subject(path: &str, subject: &str) -> Result<(), ApiError> {
+pub(super) fn validate_subject(path: &str, subject: &str) -> Result<(), ApiError> {
     let bad =
         |why: &str| err(ErrorCode::InvalidValue, path, format!("{subject:?} is not a valid subject: {why}"));
     if subject.is_empty() || subject.len() > 255 {

@@ -57,6 +57,18 @@ pub(crate) fn parse_duration(path: &str, text: &str) -> Result<Duration, ApiErro
     Ok(duration)
 }
 
+/// An RFC 3339 instant, truncated to milliseconds.
+pub(crate) fn parse_instant(path: &str, text: &str) -> Result<DateTime<Utc>, ApiError> {
+    let parsed = DateTime::parse_from_rfc3339(text).map_err(|e| {
+        err(
+            ErrorCode::InvalidValue,
+            path,
+            format!("{text:?} is not an RFC 3339 instant ({e}); use e.g. \"2026-01-31T09:00:00Z\""),
+        )
+    })?;
+    Ok(truncate_ms(parsed.with_timezone(&Utc)))
+}
+
 /// A duration in its canonical humantime form ("5m", "1h 30m").
 pub(crate) fn format_duration(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()
@@ -191,16 +203,8 @@ impl<'a> Obj<'a> {
 
     /// An RFC 3339 instant, truncated to milliseconds.
     pub(crate) fn instant(&self, key: &str) -> Result<Option<DateTime<Utc>>, ApiError> {
-        let path = self.path(key);
         let Some(text) = self.string(key)? else { return Ok(None) };
-        let parsed = DateTime::parse_from_rfc3339(text).map_err(|e| {
-            err(
-                ErrorCode::InvalidValue,
-                &path,
-                format!("{text:?} is not an RFC 3339 instant ({e}); use e.g. \"2026-01-31T09:00:00Z\""),
-            )
-        })?;
-        Ok(Some(truncate_ms(parsed.with_timezone(&Utc))))
+        parse_instant(&self.path(key), text).map(Some)
     }
 
     /// An object of string values; `check` validates each entry and gets its path.

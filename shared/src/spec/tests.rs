@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
@@ -514,6 +515,7 @@ fn invalid_specs_report_code_and_field() {
     assert!(cases.len() >= 45, "{} cases", cases.len());
     let mut failures = Vec::new();
     for (name, bytes, code, field) in &cases {
+        assert_fast_path_agrees(bytes);
         match parse_and_admit(bytes) {
             Ok(_) => failures.push(format!("{name}: accepted")),
             Err(e) if e.code != *code || e.field.as_deref() != *field => {
@@ -655,6 +657,161 @@ fn valid_specs() -> Vec<Value> {
             "executor": {"kind": "http", "method": "HEAD", "url": "http://h:80"}
         }),
     ]
+}
+
+/// The fast path accepts only what the reference reader accepts, and builds the same spec.
+fn assert_fast_path_agrees(bytes: &[u8]) -> Option<TaskSpec> {
+    let fast = fast::parse(bytes);
+    let reference = TaskSpec::parse_reference(bytes);
+    match (&fast, &reference) {
+        (Some(fast), Ok(reference)) => assert_eq!(fast, reference, "{}", String::from_utf8_lossy(bytes)),
+        (Some(_), Err(e)) => panic!("fast path accepted {} ({e})", String::from_utf8_lossy(bytes)),
+        (None, _) => {}
+    }
+    fast
+}
+
+#[test]
+fn the_fast_path_takes_every_valid_spec_and_agrees_with_the_reference() {
+    for value in valid_specs() {
+        // Shell executors are left to the reference reader.
+        let taken = value["executor"]["kind"] != "shell";
+        let bytes = serde_json::to_vec(&value).unwrap();
+        assert_eq!(assert_fast_path_agrees(&bytes).is_some(), taken, "{value}");
+        let canonical = serde_json::to_vec(&TaskSpec::parse(&bytes).unwrap().to_json()).unwrap();
+        assert_eq!(assert_fast_path_agrees(&canonical).is_some(), taken, "the canonical form of {value}");
+    }
+    // Inputs a typed reader might take differently: arrays, duplicate keys, escapes, nulls.
+    let tricky: &[&[u8]] = &[
+        br#"[1, "t", "ns", {"every": "1m"}, "q", {"kind": "nats", "subject": "s"}]"#,
+        br#" {"id": "t", "id": "u", "schedule": {"every": "1m"}, "executor": {"kind": "nats", "subject": "s"}}"#,
+        br#"{"id": "t", "schedule": {"every": "1m"}, "executor": {"kind": "nats", "subject": "s"}}"#,
+        br#"{"id": "t ", "schedule": {"every": "1m"}, "executor": {"kind": "nats", "subject": "s"}}"#,
+        br#"{"id": "t", "schedule": null, "executor": {"kind": "nats", "subject": "s"}}"#,
+        br#"{"id": "t", "version": 1.0, "schedule": {"every": "1m"}, "executor": {"kind": "nats", "subject": "s"}}"#,
+        br#"{"id": "t", "labels": {"a": "1", "a": "2"}, "schedule": {"every": "1m"}, "executor": {"kind": "nats", "subject": "s"}}"#,
+        br#"{"id": "t", "schedule": {"every": "1m"}, "executor": {"kind": "nats", "subject": "s"}} x"#,
+        b"\x0c{\"id\": \"t\", \"schedule\": {\"every\": \"1m\"}, \"executor\": {\"kind\": \"nats\", \"subject\": \"s\"}}",
+    ];
+    for bytes in tricky {
+        assert_fast_path_agrees(bytes);
+    }
+}
+
+/// The fields of generated documents: JSON texts that are valid (`""`: absent) and texts that
+/// are invalid, null where a value is required, or of the wrong type.
+const FIELDS_FOR_TESTS: &[(&str, &[&str], &[&str])] = &[
+    ("version", &["", "1", "null"], &["2", "1.0", "-1", "\"1\""]),
+    ("id", &["\"t-1\"", "\"t\\u002d2\""], &["\"a b\"", "\"\"", "null", "7"]),
+    ("namespace", &["", "\"ns\"", "null"], &["\"n.s\"", "[]"]),
+    (
+        "schedule",
+        &[
+            r#"{"every": "1m"}"#,
+            r#"{"every": "1m", "anchor": "2026-01-01T00:00:00.5Z"}"#,
+            r#"{"cron": "0 * * * * *", "timezone": "Europe/Paris"}"#,
+            r#"{"at": "2030-01-01T00:00:00Z"}"#,
+            r#"{"after": "5m"}"#,
+        ],
+        &[
+            r#"{"cron": "* * * * *"}"#,
+            r#"{"every": "1m", "at": "2030-01-01T00:00:00Z"}"#,
+            r#"{"every": 60}"#,
+            r#"{"every": "1m", "timezone": "UTC"}"#,
+            r#"{"at": "2030-01-01T00:00:00Z", "anchor": "2030-01-01T00:00:00Z"}"#,
+            r#"{"every": "1500us"}"#,
+            r#"{"cron": "0 * * * * *", "timezone": "Mars/Base"}"#,
+            r#"["0 * * * * *"]"#,
+            r#"{"at": "tomorrow"}"#,
+            r#"{}"#,
+            "null",
+            "\"1m\"",
+        ],
+    ),
+    ("queue", &["", "\"q\"", "null"], &["\"q.x\"", "true", "\"\""]),
+    (
+        "executor",
+        &[
+            r#"{"kind": "nats", "subject": "jobs.run"}"#,
+            r#"{"kind": "http", "url": "http://h/x", "method": "get"}"#,
+            r#"{"kind": "handler", "name": "h", "payload": {"a": [1, null]}}"#,
+            r#"{"kind": "nats", "subject": "s", "payload": null, "headers": {"X-A": "1"}}"#,
+            r#"{"kind": "http", "url": "https://h:8443/x?y", "headers": null, "body": {"k": "v"}}"#,
+        ],
+        &[
+            r#"{"kind": "nats", "subject": "jobs.*"}"#,
+            r#"{"kind": "nats", "subject": "s", "url": null}"#,
+            r#"{"kind": "handler", "name": "h", "headers": null}"#,
+            r#"{"kind": "http", "url": "http://h/", "method": "TRACE"}"#,
+            r#"{"kind": "http", "url": "ftp://h/"}"#,
+            r#"{"kind": "http", "url": "http://h/", "headers": {"bad name": "v"}}"#,
+            r#"{"kind": "nats", "subject": "s", "headers": {"X": 1}}"#,
+            r#"{"kind": "handler", "name": "a b"}"#,
+            r#"{"kind": "shell", "command": ["true"]}"#,
+            r#"{"kind": "cron", "subject": "s"}"#,
+            r#"{"subject": "s"}"#,
+            r#"["nats", null, null, null, null, "s"]"#,
+            "null",
+            "[]",
+        ],
+    ),
+    ("timeout", &["", "\"90s\"", "null"], &["\"25h\"", "\"0s\"", "\"soon\"", "90"]),
+    ("retry", &["", r#"{"max_attempts": 5}"#, "null"], &[r#"{"max_attempts": 0}"#, r#"{"bogus": 1}"#, "1"]),
+    ("misfire", &["", "\"skip\"", "\"fire_all\"", "null"], &["\"never\"", "0"]),
+    ("catchup_window", &["", "\"10m\"", "null"], &["\"-1m\"", "{}"]),
+    ("overlap", &["", "\"buffer_one\"", "null"], &["\"queue\"", "\"Allow\""]),
+    ("jitter", &["", r#"{"spread": "10s"}"#, "null"], &["{}", r#"{"max_random": "x"}"#, "\"1s\""]),
+    ("paused", &["", "true", "null"], &["\"yes\"", "0"]),
+    (
+        "labels",
+        &["", r#"{"team": "ops"}"#, "null"],
+        &[r#"{"bad key": "x"}"#, r#"{"team": 1}"#, r#"{"team": null}"#, "[]"],
+    ),
+    ("owner", &[""], &["\"me\"", "null"]),
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// Valid documents with up to two fields replaced by invalid, null, mistyped or other valid
+    /// values, in any order, sometimes with a repeated key: the fast path never disagrees with
+    /// the reference reader, and it takes every valid document without repeated keys.
+    #[test]
+    fn the_fast_path_never_disagrees_with_the_reference(
+        good in proptest::collection::vec(any::<proptest::sample::Index>(), FIELDS_FOR_TESTS.len()),
+        changes in proptest::collection::vec(
+            (0..FIELDS_FOR_TESTS.len(), any::<proptest::sample::Index>(), any::<bool>()),
+            0..=2,
+        ),
+        repeat in proptest::option::of(any::<proptest::sample::Index>()),
+        seed in any::<u64>(),
+    ) {
+        let mut texts: Vec<&str> =
+            FIELDS_FOR_TESTS.iter().zip(&good).map(|((_, valid, _), pick)| *pick.get(valid)).collect();
+        for (field, pick, bad) in changes {
+            let (_, valid, invalid) = FIELDS_FOR_TESTS[field];
+            texts[field] = if bad { *pick.get(invalid) } else { *pick.get(valid) };
+        }
+        let mut present: Vec<String> = FIELDS_FOR_TESTS
+            .iter()
+            .zip(texts)
+            .filter(|(_, text)| !text.is_empty())
+            .map(|((name, _, _), text)| format!("\"{name}\": {text}"))
+            .collect();
+        let repeated = repeat.map(|pick| pick.get(&present).clone());
+        present.extend(repeated.clone());
+        // A deterministic shuffle from the generated seed.
+        let mut state = seed;
+        for index in (1..present.len()).rev() {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            present.swap(index, (state >> 33) as usize % (index + 1));
+        }
+        let text = format!("{{{}}}", present.join(", "));
+        let fast = assert_fast_path_agrees(text.as_bytes());
+        if repeated.is_none() && TaskSpec::parse_reference(text.as_bytes()).is_ok() {
+            prop_assert!(fast.is_some(), "the fast path declined a valid spec: {}", text);
+        }
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Fuzz target: any bytes through spec parsing and validation. A spec that parses must
 //! round-trip through its canonical JSON, admit or refuse without panicking, and yield
-//! strictly increasing fire times.
+//! strictly increasing fire times; and `parse` (with its typed fast path) must agree with the
+//! reference reader on every input.
 #![no_main]
 
 use chrono::{DateTime, Utc};
@@ -8,7 +9,14 @@ use jetsched_shared::spec::TaskSpec;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(spec) = TaskSpec::parse(data) else { return };
+    let parsed = TaskSpec::parse(data);
+    let reference = TaskSpec::parse_reference(data);
+    match (&parsed, &reference) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "fast path and reference build different specs"),
+        (Err(a), Err(b)) => assert_eq!(a, b, "fast path and reference report different errors"),
+        _ => panic!("fast path and reference disagree: {parsed:?} vs {reference:?}"),
+    }
+    let Ok(spec) = parsed else { return };
     let canonical = serde_json::to_vec(&spec.to_json()).expect("a spec serializes");
     let again = TaskSpec::parse(&canonical).expect("the canonical form of a valid spec parses");
     assert_eq!(spec, again, "round trip through to_json");
