@@ -27,6 +27,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::system::cpu_seconds;
+
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Args {
     /// Runs per measurement.
@@ -294,8 +296,7 @@ async fn workers(
     Ok(messages.len() as f64 / elapsed.as_secs_f64())
 }
 
-/// CPU seconds (user + system) used so far by this process and by the server, from
-/// `/proc/<pid>/stat` (clock ticks of 10 ms).
+/// CPU seconds used so far by this process and by the server ([`cpu_seconds`]).
 struct Cpu {
     bench: Option<f64>,
     server: Option<f64>,
@@ -309,13 +310,7 @@ struct CpuPer {
 
 impl Cpu {
     fn now(server_pid: Option<u32>) -> Cpu {
-        let read = |pid: &str| -> Option<f64> {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-            let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-            Some(ticks as f64 / 100.0)
-        };
-        Cpu { bench: read("self"), server: server_pid.and_then(|pid| read(&pid.to_string())) }
+        Cpu { bench: cpu_seconds("self"), server: server_pid.and_then(|pid| cpu_seconds(&pid.to_string())) }
     }
 
     fn since(&self, before: &Cpu, messages: usize) -> CpuPer {

@@ -101,7 +101,8 @@ async fn all(size: Size) -> anyhow::Result<Value> {
         "handover".into(),
         scheduler::handover(scheduler::HandoverArgs { tasks, rate, seconds }).await?,
     );
-    report.insert("scale".into(), scheduler::scale(scheduler::ScaleArgs { tasks: scale }).await?);
+    let rounds = if matches!(size, Size::Full) { 3 } else { 1 };
+    report.insert("scale".into(), scheduler::scale(scheduler::ScaleArgs { tasks: scale, rounds }).await?);
     print_summary(&report);
     Ok(json!({"size": format!("{size:?}").to_lowercase(), "scenarios": report}))
 }

@@ -20,8 +20,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::system::{
-    Lag, NS, dispatch_count, free_port, http_get, raw_publish_with_ids, read_dispatch_times, rss_mib,
-    service_bin, spec, spread_schedules, wait_leader, write_tasks,
+    Lag, NS, cpu_seconds, dispatch_count, free_port, http_get, raw_publish_with_ids, read_dispatch_times,
+    rss_mib, service_bin, spec, spread_schedules, wait_leader, write_tasks,
 };
 
 #[derive(Debug, Clone, clap::Args)]
@@ -63,6 +63,9 @@ pub(crate) struct ScaleArgs {
     /// Registered tasks the scheduler loads.
     #[arg(long, default_value_t = 1_000_000)]
     pub(crate) tasks: usize,
+    /// Rounds of raw watch then scheduler load over the same bucket; the report gives medians.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) rounds: usize,
 }
 
 async fn start(url: &str) -> anyhow::Result<(Names, Topology, jetstream::Context)> {
@@ -256,6 +259,8 @@ pub(crate) async fn handover(args: HandoverArgs) -> anyhow::Result<serde_json::V
 pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> {
     let n = args.tasks;
     let server = NatsServer::start().await;
+    let server_pid = server.pid().map(|pid| pid.to_string());
+    let server_cpu = || server_pid.as_deref().and_then(cpu_seconds).unwrap_or(0.0);
     let (_names, topology, _js) = start(&server.url()).await?;
     let specs = (0..n)
         .map(|i| {
@@ -266,27 +271,93 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
         })
         .collect();
     let wrote = write_tasks(&topology, specs).await?;
+    eprintln!("scale: {n} tasks written in {:.1} s", wrote.as_secs_f64());
 
-    // Raw: one ordered watch delivering the last value of every key.
-    let started = Instant::now();
-    let mut watch = topology.tasks.watch_with_history(">").await?;
-    let mut count = 0usize;
-    while let Some(entry) = watch.next().await {
-        let entry = entry?;
-        count += 1;
-        if entry.delta == 0 {
-            break;
+    // Rounds alternate the raw watch and the scheduler, so both see the same machine state.
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds.max(1) {
+        // Raw: one ordered watch delivering the last value of every key.
+        let (cpu, started) = (server_cpu(), Instant::now());
+        let mut watch = topology.tasks.watch_with_history(">").await?;
+        let mut count = 0usize;
+        while let Some(entry) = watch.next().await {
+            let entry = entry?;
+            count += 1;
+            if entry.delta == 0 {
+                break;
+            }
         }
-    }
-    let raw = started.elapsed();
-    drop(watch);
+        let raw = started.elapsed();
+        let raw_server_cpu = server_cpu() - cpu;
+        drop(watch);
+        tokio::time::sleep(Duration::from_millis(500)).await;
 
-    // A real scheduler process: load time until ready, and its resident memory.
+        let (cpu, loaded) = (server_cpu(), load_scheduler(&server.url()).await?);
+        let ratio = loaded.ready.as_secs_f64() / raw.as_secs_f64();
+        eprintln!(
+            "scale round {round}: raw watch_with_history {count} keys in {:.0} ms (server CPU {raw_server_cpu:.1} s); \
+             scheduler ready in {:.0} ms ({ratio:.2}x raw; its CPU {:.1} s, server CPU {:.1} s); RSS {:.0} MiB, \
+             {:.0} MiB 2 s later",
+            raw.as_secs_f64() * 1000.0,
+            loaded.ready.as_secs_f64() * 1000.0,
+            loaded.cpu_s,
+            server_cpu() - cpu,
+            loaded.rss_mib,
+            loaded.rss_settled_mib,
+        );
+        rounds.push(json!({
+            "raw_watch_ms": raw.as_secs_f64() * 1000.0,
+            "raw_watch_keys": count,
+            "raw_server_cpu_s": raw_server_cpu,
+            "load_ms": loaded.ready.as_secs_f64() * 1000.0,
+            "ratio_to_raw": ratio,
+            "scheduler_cpu_s": loaded.cpu_s,
+            "rss_mib": loaded.rss_mib,
+            "rss_mib_settled": loaded.rss_settled_mib,
+        }));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let median = |key: &str| {
+        let mut values: Vec<f64> = rounds.iter().filter_map(|r| r[key].as_f64()).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let (raw_ms, load_ms, rss) = (median("raw_watch_ms"), median("load_ms"), median("rss_mib"));
+    let ratio = median("ratio_to_raw");
+    if rounds.len() > 1 {
+        eprintln!(
+            "scale: median of {} rounds: raw {raw_ms:.0} ms, scheduler {load_ms:.0} ms, ratio {ratio:.2}x; RSS {rss:.0} MiB",
+            rounds.len()
+        );
+    }
+    Ok(json!({
+        "scenario": "scale",
+        "tasks": n,
+        "raw_watch_ms": raw_ms,
+        "load_ms": load_ms,
+        "ratio_to_raw": ratio,
+        "rss_mib": rss,
+        "rounds": rounds,
+    }))
+}
+
+/// What one scheduler process took to load the tasks bucket.
+struct Loaded {
+    /// From spawn until `/readyz` reports the tasks loaded.
+    ready: Duration,
+    /// CPU seconds the process used until then.
+    cpu_s: f64,
+    rss_mib: f64,
+    rss_settled_mib: f64,
+}
+
+/// Starts a real scheduler process, waits until it is ready, samples its memory and kills it.
+async fn load_scheduler(url: &str) -> anyhow::Result<Loaded> {
     let port = free_port()?;
     let admin: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     let started = Instant::now();
     let mut child = Command::new(service_bin("jetsched-scheduler")?)
-        .env("NATS_URL", server.url())
+        .env("NATS_URL", url)
         .env("RUST_LOG", "warn")
         .args(["--instance-id", "bench-scale", "--admin-addr", &admin.to_string(), "--fire-events", "false"])
         .stdin(Stdio::null())
@@ -294,7 +365,7 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
         .stderr(Stdio::null())
         .spawn()
         .context("spawn jetsched-scheduler")?;
-    let loaded = loop {
+    let ready = loop {
         if http_get(admin, "/readyz").await.is_ok_and(|r| r.contains("\"ready\":true")) {
             break started.elapsed();
         }
@@ -307,26 +378,11 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    let cpu_s = cpu_seconds(&child.id().to_string()).unwrap_or(0.0);
     let rss_loaded = rss_mib(child.id());
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_settled = rss_mib(child.id());
+    let rss_settled_mib = rss_mib(child.id());
     let _ = child.kill();
     let _ = child.wait();
-    let ratio = loaded.as_secs_f64() / raw.as_secs_f64();
-    eprintln!(
-        "scale: {n} tasks (written in {:.1} s); raw watch_with_history {count} keys in {:.0} ms; scheduler process ready in {:.0} ms ({ratio:.2}x raw); RSS {rss_loaded:.0} MiB, {rss_settled:.0} MiB 2 s later",
-        wrote.as_secs_f64(),
-        raw.as_secs_f64() * 1000.0,
-        loaded.as_secs_f64() * 1000.0,
-    );
-    Ok(json!({
-        "scenario": "scale",
-        "tasks": n,
-        "raw_watch_ms": raw.as_secs_f64() * 1000.0,
-        "raw_watch_keys": count,
-        "load_ms": loaded.as_secs_f64() * 1000.0,
-        "ratio_to_raw": ratio,
-        "rss_mib": rss_loaded,
-        "rss_mib_settled": rss_settled,
-    }))
+    Ok(Loaded { ready, cpu_s, rss_mib: rss_loaded, rss_settled_mib })
 }

@@ -199,6 +199,15 @@ pub(crate) fn service_bin(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// Resident memory of process `pid` in MiB (Linux; 0 when unknown).
+/// CPU seconds (user + system) used so far by process `pid` (or `self`), from
+/// `/proc/<pid>/stat` (clock ticks of 10 ms).
+pub(crate) fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 pub(crate) fn rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kb: f64 = status
