@@ -22,8 +22,9 @@ use crate::spec::json::{Obj, err, format_duration, format_instant};
 /// A validated schedule.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Schedule {
-    /// A cron expression evaluated on a zone's wall clock.
-    Cron(CronSchedule),
+    /// A cron expression evaluated on a zone's wall clock (boxed: the other kinds are small,
+    /// and a scheduler keeps a million of them).
+    Cron(Box<CronSchedule>),
     /// Fires at `anchor + k * interval` for every integer `k >= 0`. `interval` is a whole number
     /// of milliseconds; `anchor` defaults to the Unix epoch, so replicas agree on the phase.
     Every { interval: Duration, anchor: DateTime<Utc> },
@@ -71,7 +72,7 @@ impl Schedule {
             "cron" => {
                 let expr = obj.required_string("cron")?;
                 let tz = obj.string("timezone")?.unwrap_or("UTC");
-                Ok(Schedule::Cron(CronSchedule::parse(expr, tz)?))
+                Ok(Schedule::Cron(Box::new(CronSchedule::parse(expr, tz)?)))
             }
             "every" => {
                 let interval = obj.duration("every")?.unwrap_or_default();

@@ -627,7 +627,7 @@ impl Core {
                     };
                     let orphan = match self.state.orphans.is_empty() {
                         true => None,
-                        false => self.state.orphans.remove(&info.key),
+                        false => self.state.orphans.remove(&*info.key),
                     };
                     // A one-shot registered after its time (the registry admits it within its
                     // catch-up window; e.g. an intake applied late) begins before that time:

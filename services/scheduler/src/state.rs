@@ -5,7 +5,8 @@
 //! the queue) plus the stored spec bytes, which go verbatim into every dispatch message, so a
 //! million tasks fit in well under a GiB.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,11 +17,12 @@ use jetsched_shared::spec::{MisfirePolicy, OverlapPolicy, TaskSpec};
 /// What the scheduler keeps of one spec revision.
 #[derive(Debug)]
 pub(crate) struct TaskInfo {
-    /// `<namespace>.<task_id>`.
-    pub(crate) key: Box<str>,
+    /// `<namespace>.<task_id>`, shared with the key index.
+    pub(crate) key: Arc<str>,
     /// Length of the namespace part of `key`.
     pub(crate) ns_len: u16,
-    pub(crate) queue: Box<str>,
+    /// Interned by [`Tasks::insert`]: a million tasks usually name a handful of queues.
+    pub(crate) queue: Arc<str>,
     pub(crate) schedule: Schedule,
     pub(crate) misfire: MisfirePolicy,
     pub(crate) catchup_window: Duration,
@@ -52,9 +54,9 @@ impl TaskInfo {
             _ => created_ms,
         };
         TaskInfo {
-            key: key.into_boxed_str(),
+            key: Arc::from(key),
             ns_len,
-            queue: spec.queue.into_boxed_str(),
+            queue: Arc::from(spec.queue),
             jitter_offset_ms,
             jitter_random_ms: spec.jitter.and_then(|j| j.max_random).map(ms).unwrap_or(0),
             schedule: spec.schedule,
@@ -122,7 +124,9 @@ pub(crate) struct Slot {
 pub(crate) struct Tasks {
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
-    index: HashMap<Box<str>, u32>,
+    index: HashMap<Arc<str>, u32>,
+    /// Every queue name in use (see [`TaskInfo::queue`]).
+    queues: HashSet<Arc<str>>,
     generation: u32,
 }
 
@@ -155,8 +159,14 @@ impl Tasks {
     }
 
     /// Adds a task whose fires start after `cursor_ms`; returns its index.
-    pub(crate) fn insert(&mut self, info: TaskInfo, cursor_ms: i64) -> u32 {
+    pub(crate) fn insert(&mut self, mut info: TaskInfo, cursor_ms: i64) -> u32 {
         self.generation = self.generation.wrapping_add(1);
+        match self.queues.get(&info.queue) {
+            Some(queue) => info.queue = queue.clone(),
+            None => {
+                self.queues.insert(info.queue.clone());
+            }
+        }
         let key = info.key.clone();
         let slot = Slot {
             info,
@@ -233,6 +243,23 @@ mod tests {
         assert!(tasks.get_live(b, gen_a.unwrap_or_default()).is_none());
         assert_eq!(tasks.lookup("ns.b"), Some(b));
         assert_eq!(tasks.len(), 1);
+    }
+
+    #[test]
+    fn tasks_share_one_copy_of_a_queue_name_and_slots_stay_compact() {
+        let mut tasks = Tasks::default();
+        let ids: Vec<u32> = ["a", "b"]
+            .iter()
+            .map(|id| {
+                let (s, j) = spec(id, r#"{"every":"1s"}"#);
+                tasks.insert(TaskInfo::new(s, &j, 1, 0), 0)
+            })
+            .collect();
+        let queue = |idx: u32| tasks.get(idx).map(|s| s.info.queue.clone()).expect("slot");
+        assert_eq!(&*queue(ids[0]), "default");
+        assert!(Arc::ptr_eq(&queue(ids[0]), &queue(ids[1])));
+        // A million slots are resident: keep each one small (the cron schedule is boxed).
+        assert!(std::mem::size_of::<Option<Slot>>() <= 232, "{}", std::mem::size_of::<Option<Slot>>());
     }
 
     #[test]

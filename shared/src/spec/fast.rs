@@ -143,7 +143,8 @@ fn schedule(doc: ScheduleDoc<'_>) -> Option<Schedule> {
         return None;
     }
     if let Some(expr) = doc.cron {
-        return CronSchedule::parse(&expr, doc.timezone.as_deref().unwrap_or("UTC")).ok().map(Schedule::Cron);
+        let cron = CronSchedule::parse(&expr, doc.timezone.as_deref().unwrap_or("UTC")).ok()?;
+        return Some(Schedule::Cron(Box::new(cron)));
     }
     if let Some(every) = doc.every {
         let interval = parse_duration("schedule.every", &every).ok()?;
