@@ -22,7 +22,7 @@ pub struct Config {
     #[arg(long, env = "JETSCHED_SCHEDULER_PUBLISH_WINDOW", default_value_t = 512)]
     pub publish_window: usize,
     /// How often dirty fire state is written to the state bucket (writes are coalesced).
-    #[arg(long, env = "JETSCHED_SCHEDULER_STATE_FLUSH", default_value = "200ms", value_parser = parse_duration)]
+    #[arg(long, env = "JETSCHED_SCHEDULER_STATE_FLUSH", default_value = "50ms", value_parser = parse_duration)]
     pub state_flush: Duration,
     /// Safety margin: the leader stops dispatching this long before its lease could expire.
     #[arg(long, env = "JETSCHED_SCHEDULER_LEASE_MARGIN", default_value = "500ms", value_parser = parse_duration)]
@@ -55,7 +55,7 @@ impl Config {
             common: CommonArgs::for_tests("scheduler-test"),
             topology: TopologyArgs::default(),
             publish_window: 512,
-            state_flush: Duration::from_millis(200),
+            state_flush: Duration::from_millis(50),
             lease_margin: Duration::from_millis(500),
             misfire_threshold: Duration::from_secs(10),
             catchup_max: 100,
