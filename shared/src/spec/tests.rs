@@ -775,7 +775,8 @@ proptest! {
 
     /// Valid documents with up to two fields replaced by invalid, null, mistyped or other valid
     /// values, in any order, sometimes with a repeated key: the fast path never disagrees with
-    /// the reference reader, and it takes every valid document without repeated keys.
+    /// the reference reader, and it takes every valid document without repeated keys or a
+    /// shell executor.
     #[test]
     fn the_fast_path_never_disagrees_with_the_reference(
         good in proptest::collection::vec(any::<proptest::sample::Index>(), FIELDS_FOR_TESTS.len()),
@@ -808,7 +809,9 @@ proptest! {
         }
         let text = format!("{{{}}}", present.join(", "));
         let fast = assert_fast_path_agrees(text.as_bytes());
-        if repeated.is_none() && TaskSpec::parse_reference(text.as_bytes()).is_ok() {
+        // Shell executors (and repeated keys) are left to the reference reader.
+        let shell = text.contains(r#""kind": "shell""#);
+        if repeated.is_none() && !shell && TaskSpec::parse_reference(text.as_bytes()).is_ok() {
             prop_assert!(fast.is_some(), "the fast path declined a valid spec: {}", text);
         }
     }
