@@ -10,6 +10,7 @@ mod cluster;
 mod monitor;
 mod process;
 mod server;
+mod streams;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -18,6 +19,7 @@ use std::time::Duration;
 pub use cluster::{CLUSTER_SIZE, NatsCluster};
 pub use process::{ChildProcess, workspace_bin};
 pub use server::{NatsServer, ServerOpts};
+pub use streams::read_stream;
 
 /// How often [`eventually`] re-runs its check.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);

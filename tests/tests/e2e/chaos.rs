@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, consumer::AckPolicy, consumer::pull};
+use async_nats::jetstream;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
@@ -212,32 +212,7 @@ fn responder(
 /// until the count the stream reported is reached (a fetch may come back empty while a
 /// cluster node catches up).
 async fn read_stream(js: &jetstream::Context, stream: &str) -> Vec<async_nats::jetstream::Message> {
-    let mut stream = js.get_stream(stream).await.expect("stream");
-    let total = stream.info().await.expect("stream info").state.messages as usize;
-    let consumer = stream
-        .create_consumer(pull::Config {
-            ack_policy: AckPolicy::None,
-            inactive_threshold: Duration::from_secs(60),
-            ..Default::default()
-        })
-        .await
-        .expect("reader consumer");
-    let deadline = Instant::now() + WAIT;
-    let mut out = Vec::new();
-    while out.len() < total {
-        assert!(Instant::now() < deadline, "read only {} of {total} messages", out.len());
-        let mut batch = consumer
-            .fetch()
-            .max_messages(5000)
-            .expires(Duration::from_millis(500))
-            .messages()
-            .await
-            .expect("fetch");
-        while let Some(message) = batch.next().await {
-            out.push(message.expect("message"));
-        }
-    }
-    out
+    jetsched_tests::read_stream(js, stream, WAIT).await.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Every run record, read key by key (an ordered watch can stall while a cluster node

@@ -16,7 +16,7 @@ use jetsched_scheduler::{Config, build};
 use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
 use jetsched_shared::wire::{self, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, LeaderRecord};
-use jetsched_tests::{ChildProcess, NatsServer, eventually, init_test_logging};
+use jetsched_tests::{ChildProcess, NatsServer, eventually, init_test_logging, read_stream};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -109,52 +109,28 @@ async fn put_every_second(topology: &Topology, ids: impl IntoIterator<Item = Str
 /// Reads the whole dispatch stream (nothing consumes it in these tests) without removing anything.
 async fn read_dispatches(js: &jetstream::Context) -> Vec<Seen> {
     let names = Names::default();
-    let stream = js.get_stream(names.dispatch_stream()).await.expect("dispatch stream");
-    let consumer = stream
-        .create_consumer(pull::Config {
-            ack_policy: AckPolicy::Explicit,
-            max_ack_pending: 1_000_000,
-            ack_wait: Duration::from_secs(600),
-            inactive_threshold: Duration::from_secs(60),
-            ..Default::default()
-        })
+    let messages = read_stream(js, &names.dispatch_stream(), Duration::from_secs(60))
         .await
-        .expect("reader consumer");
-    let mut seen = Vec::new();
-    loop {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(2000)
-            .expires(Duration::from_millis(500))
-            .messages()
-            .await
-            .expect("fetch");
-        let mut got = 0;
-        while let Some(message) = batch.next().await {
-            let message = message.expect("message");
-            got += 1;
-            let headers = message.headers.clone().expect("dispatch headers");
-            let header = |name: &str| headers.get(name).map(|v| v.to_string()).unwrap_or_default();
-            let body: wire::Dispatch = serde_json::from_slice(&message.payload).expect("dispatch body");
-            let nominal =
-                chrono::DateTime::parse_from_rfc3339(&header(HDR_NOMINAL_TIME)).expect("nominal header");
-            let published = message.info().expect("info").published;
-            let published = SystemTime::UNIX_EPOCH
-                + Duration::from_nanos(u64::try_from(published.unix_timestamp_nanos()).expect("after epoch"));
-            seen.push(Seen {
-                msg_id: header("Nats-Msg-Id"),
-                task: header(HDR_TASK),
-                nominal_ms: nominal.timestamp_millis(),
-                term: header(HDR_LEADER_TERM).parse().expect("term header"),
-                published,
-                body,
-            });
-        }
-        if got == 0 {
-            break;
-        }
+        .expect("read the dispatch stream");
+    let mut seen = Vec::with_capacity(messages.len());
+    for message in messages {
+        let headers = message.headers.clone().expect("dispatch headers");
+        let header = |name: &str| headers.get(name).map(|v| v.to_string()).unwrap_or_default();
+        let body: wire::Dispatch = serde_json::from_slice(&message.payload).expect("dispatch body");
+        let nominal =
+            chrono::DateTime::parse_from_rfc3339(&header(HDR_NOMINAL_TIME)).expect("nominal header");
+        let published = message.info().expect("info").published;
+        let published = SystemTime::UNIX_EPOCH
+            + Duration::from_nanos(u64::try_from(published.unix_timestamp_nanos()).expect("after epoch"));
+        seen.push(Seen {
+            msg_id: header("Nats-Msg-Id"),
+            task: header(HDR_TASK),
+            nominal_ms: nominal.timestamp_millis(),
+            term: header(HDR_LEADER_TERM).parse().expect("term header"),
+            published,
+            body,
+        });
     }
-    let _ = stream.delete_consumer(&consumer.cached_info().name).await;
     seen
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use async_nats::jetstream::{self, consumer::AckPolicy, consumer::pull};
+use async_nats::jetstream;
 use bytes::Bytes;
 use chrono::DateTime;
 use futures::StreamExt;
@@ -71,24 +71,11 @@ pub(crate) async fn read_dispatch_times(
     js: &jetstream::Context,
     names: &Names,
 ) -> anyhow::Result<Vec<(i64, i64)>> {
-    let stream = js.get_stream(names.dispatch_stream()).await?;
-    let consumer = stream
-        .create_consumer(pull::Config {
-            ack_policy: AckPolicy::Explicit,
-            max_ack_pending: 10_000_000,
-            ack_wait: Duration::from_secs(600),
-            inactive_threshold: Duration::from_secs(60),
-            ..Default::default()
-        })
-        .await?;
-    let mut out = Vec::new();
-    loop {
-        let mut batch =
-            consumer.fetch().max_messages(5000).expires(Duration::from_millis(500)).messages().await?;
-        let mut got = 0;
-        while let Some(message) = batch.next().await {
-            let message = message.map_err(|e| anyhow::anyhow!("{e}"))?;
-            got += 1;
+    let messages =
+        jetsched_tests::read_stream(js, &names.dispatch_stream(), Duration::from_secs(120)).await?;
+    messages
+        .iter()
+        .map(|message| {
             let nominal = message
                 .headers
                 .as_ref()
@@ -97,14 +84,9 @@ pub(crate) async fn read_dispatch_times(
                 .context("nominal header")?;
             let nominal = DateTime::parse_from_rfc3339(&nominal)?.timestamp_millis();
             let stored = message.info().map_err(|e| anyhow::anyhow!("{e}"))?.published.unix_timestamp_nanos();
-            out.push((nominal, (stored / 1000) as i64));
-        }
-        if got == 0 {
-            break;
-        }
-    }
-    let _ = stream.delete_consumer(&consumer.cached_info().name).await;
-    Ok(out)
+            Ok((nominal, (stored / 1000) as i64))
+        })
+        .collect()
 }
 
 /// Pipelined publishes with message ids (`window` in flight) of `n` dispatch-sized messages
