@@ -340,17 +340,15 @@ async fn deliver(
     let outcome = {
         let run = Attempt { dispatch, attempt, cancel: shared.hard_stop.child_token() };
         let execution = shared.executors.execute(&run);
-        tokio::pin!(execution);
-        let period = shared.progress_interval;
-        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        loop {
+        let stopped = shared.hard_stop.cancelled();
+        keeping_alive(shared, message, async {
             tokio::select! {
                 biased;
-                outcome = &mut execution => break Some(outcome),
-                _ = shared.hard_stop.cancelled() => break None,
-                _ = progress.tick() => settle(shared, message, AckKind::Progress).await,
+                outcome = execution => Some(outcome),
+                _ = stopped => None,
             }
-        }
+        })
+        .await
     };
     let elapsed = started.elapsed();
     shared.metrics.in_flight.dec();
@@ -469,8 +467,8 @@ async fn deliver(
 }
 
 /// Runs `work` while telling the server the delivery is still being handled (progress acks
-/// every `progress_interval`), so a record write retried through a node failure does not
-/// outlive `ack_wait` and hand the run to another worker.
+/// every `progress_interval`), so neither a long execution nor a record write retried through
+/// a node failure outlives `ack_wait` and hands the run to another worker.
 async fn keeping_alive<T>(
     shared: &Shared,
     message: &jetstream::Message,
