@@ -338,6 +338,12 @@ impl TaskSpec {
         format!("{}.{}", self.namespace, self.id)
     }
 
+    /// Whether `key` is this task's [`key`](Self::key), without building it (neither part
+    /// contains a dot).
+    pub fn has_key(&self, key: &str) -> bool {
+        key.split_once('.') == Some((self.namespace.as_str(), self.id.as_str()))
+    }
+
     /// The canonical JSON form: every default filled in, durations as humantime strings,
     /// instants as RFC 3339 UTC. `TaskSpec::parse_value(spec.to_json()) == Ok(spec)`.
     pub fn to_json(&self) -> Value {

@@ -101,7 +101,7 @@ pub(crate) fn decode(entry: &Entry) -> Change {
     match entry.operation {
         Operation::Delete | Operation::Purge => Change::Remove { key: entry.key.clone() },
         Operation::Put => match TaskSpec::parse(&entry.value) {
-            Ok(spec) if spec.key() == entry.key => {
+            Ok(spec) if spec.has_key(&entry.key) => {
                 let created_ms = entry.created.unix_timestamp_nanos() / 1_000_000;
                 let created_ms = i64::try_from(created_ms).unwrap_or(i64::MAX);
                 Change::Put(Box::new(TaskInfo::new(spec, &entry.value, entry.revision, created_ms)))

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use chrono::DateTime;
 use serde::Deserialize;
 use serde::de::value::MapAccessDeserializer;
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
 use super::executor::{check_header, parse_method, validate_handler_name, validate_subject, validate_url};
@@ -95,12 +95,13 @@ struct ExecutorDoc<'a> {
     payload: Option<Option<Value>>,
     #[serde(default, borrow, deserialize_with = "present")]
     name: Option<Option<Cow<'a, str>>>,
+    // The shell fields: only their presence matters here (shell goes to the reference reader).
     #[serde(default, deserialize_with = "present")]
-    command: Option<Option<Value>>,
+    command: Option<Option<IgnoredAny>>,
     #[serde(default, deserialize_with = "present")]
-    env: Option<Option<Value>>,
+    env: Option<Option<IgnoredAny>>,
     #[serde(default, deserialize_with = "present")]
-    cwd: Option<Option<Value>>,
+    cwd: Option<Option<IgnoredAny>>,
 }
 
 /// A present key (`Some`), whatever its value; `#[serde(default)]` gives `None` when absent.
@@ -252,8 +253,9 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
     if labels.len() > MAX_LABELS {
         return None;
     }
-    for (key, value) in &labels {
-        check_label(&format!("labels.{key}"), key, value).ok()?;
+    // The error (and so its path) is the reference reader's to produce.
+    if !labels.iter().all(|(key, value)| check_label("labels", key, value).is_ok()) {
+        return None;
     }
     Some(TaskSpec {
         version,

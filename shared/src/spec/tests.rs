@@ -900,6 +900,17 @@ fn admit_turns_after_into_at_and_keeps_recent_at() {
 }
 
 #[test]
+fn has_key_matches_exactly_the_built_key() {
+    let spec = TaskSpec::parse(&serde_json::to_vec(&base()).unwrap()).unwrap();
+    assert!(spec.has_key(&spec.key()));
+    for other in
+        ["billing.nightly-repor", "billing.nightly-report.x", "billing", "default.nightly-report", ""]
+    {
+        assert!(!spec.has_key(other), "{other}");
+    }
+}
+
+#[test]
 fn jitter_offset_is_a_stable_hash_of_the_key() {
     let mut v = base();
     v["jitter"] = json!({"spread": "10s"});
