@@ -832,6 +832,31 @@ fn valid_specs_round_trip_through_canonical_json() {
     }
 }
 
+/// A spec nested in another wire type (as in a dispatch) goes through `TaskSpec::parse`, from
+/// text and from a `Value`, with the same structured error as on its own.
+#[test]
+fn a_nested_spec_deserializes_through_parse() {
+    #[derive(serde::Deserialize)]
+    struct Outer {
+        spec: TaskSpec,
+        after: u32,
+    }
+    for value in valid_specs() {
+        let spec = TaskSpec::parse_value(value.clone()).unwrap();
+        let outer = json!({"spec": value, "after": 7});
+        let from_text: Outer = serde_json::from_slice(&serde_json::to_vec(&outer).unwrap()).unwrap();
+        assert_eq!((from_text.spec, from_text.after), (spec.clone(), 7));
+        let from_value: Outer = serde_json::from_value(outer).unwrap();
+        assert_eq!(from_value.spec, spec);
+    }
+    let mut invalid = base();
+    invalid["timeout"] = json!("-1s");
+    let expected = TaskSpec::parse_value(invalid.clone()).unwrap_err().to_string();
+    let text = serde_json::to_vec(&json!({"spec": invalid, "after": 1})).unwrap();
+    let error = serde_json::from_slice::<Outer>(&text).err().expect("an invalid nested spec is refused");
+    assert!(error.to_string().starts_with(&expected), "{error} / {expected}");
+}
+
 #[test]
 fn canonical_forms_of_schedules_and_executors() {
     let specs: Vec<Value> =
