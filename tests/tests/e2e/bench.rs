@@ -57,6 +57,7 @@ async fn bench_all_tiny_reports_every_scenario() {
     assert!(p99 > 0.0 && p99 < lease + 10_000.0, "failover p99 {p99} ms");
     assert!(number(&report, "/scenarios/handover/lag/samples") > 0.0);
     assert!(number(&report, "/scenarios/e2e/floor_per_second") > 10.0);
+    assert!(number(&report, "/scenarios/e2e/ceiling_per_second") > 10.0);
     assert!(number(&report, "/scenarios/scale/load_ms") > 0.0);
     assert!(number(&report, "/scenarios/scale/rss_mib") > 0.0);
     let rounds = report.pointer("/scenarios/scale/rounds").and_then(Value::as_array).expect("scale rounds");

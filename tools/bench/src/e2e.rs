@@ -3,6 +3,8 @@
 //!
 //! - raw: publish + pull + ack of the same dispatch messages (same bytes, same `Nats-Msg-Id`s,
 //!   same publish window);
+//! - ceiling: raw plus one run-record create per message before the ack, with the workers'
+//!   concurrency: what any worker that stores a record per run can at most reach;
 //! - floor: raw plus the two run-record operations the redelivery guarantee needs per message
 //!   (read the key, create it) before the ack, with the workers' concurrency.
 //!
@@ -68,12 +70,20 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let pid = server.pid();
 
     let cpu = Cpu::now(pid);
-    let raw = queue(&js, &messages, None).await?;
+    let raw = queue(&js, &messages, Records::None).await?;
     let raw_cpu = Cpu::now(pid).since(&cpu, args.runs);
     eprintln!("e2e: raw publish + pull + ack: {raw:.0} msg/s{raw_cpu}");
 
     let cpu = Cpu::now(pid);
-    let floor = queue(&js, &messages, Some(args.concurrency)).await?;
+    let ceiling = queue(&js, &messages, Records::Create(args.concurrency)).await?;
+    let ceiling_cpu = Cpu::now(pid).since(&cpu, args.runs);
+    eprintln!(
+        "e2e: ceiling (raw + run record create): {ceiling:.0} msg/s = {:.1}% of raw{ceiling_cpu}",
+        100.0 * ceiling / raw
+    );
+
+    let cpu = Cpu::now(pid);
+    let floor = queue(&js, &messages, Records::ReadCreate(args.concurrency)).await?;
     let floor_cpu = Cpu::now(pid).since(&cpu, args.runs);
     eprintln!(
         "e2e: floor (raw + run record read and create): {floor:.0} msg/s = {:.1}% of raw{floor_cpu}",
@@ -87,14 +97,16 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         let used = Cpu::now(pid).since(&cpu, args.runs);
         let overhead_us = 1e6 / rate - 1e6 / raw;
         eprintln!(
-            "e2e: {n} worker(s): {rate:.0} runs/s = {:.1}% of raw, {:.1}% of the floor (overhead {overhead_us:.1} µs/run){used}",
+            "e2e: {n} worker(s): {rate:.0} runs/s = {:.1}% of raw, {:.1}% of the ceiling, {:.1}% of the floor (overhead {overhead_us:.1} µs/run){used}",
             100.0 * rate / raw,
+            100.0 * rate / ceiling,
             100.0 * rate / floor,
         );
         rows.push(json!({
             "workers": n,
             "runs_per_second": rate,
             "ratio_to_raw": rate / raw,
+            "ratio_to_ceiling": rate / ceiling,
             "ratio_to_floor": rate / floor,
             "overhead_us_per_run": overhead_us,
             "cpu_us_per_run": used.json(),
@@ -108,6 +120,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         "run_records": format!("{:?}", args.run_records).to_lowercase(),
         "raw_per_second": raw,
         "raw_cpu_us_per_message": raw_cpu.json(),
+        "ceiling_per_second": ceiling,
+        "ceiling_ratio_to_raw": ceiling / raw,
+        "ceiling_cpu_us_per_message": ceiling_cpu.json(),
         "floor_per_second": floor,
         "floor_ratio_to_raw": floor / raw,
         "floor_cpu_us_per_message": floor_cpu.json(),
@@ -162,15 +177,37 @@ async fn publish_all(js: &jetstream::Context, subject: &str, messages: &[Prepare
     Ok(())
 }
 
-/// Raw JetStream: a work-queue stream, one pull consumer acking every message. With
-/// `records = Some(concurrency)`, each message first reads and creates its run-record key
-/// (`concurrency` messages at a time), as the floor of what a worker must do.
-async fn queue(
-    js: &jetstream::Context,
-    messages: &[Prepared],
-    records: Option<usize>,
-) -> anyhow::Result<f64> {
-    let name = if records.is_some() { "BENCHFLOOR" } else { "BENCHRAW" };
+/// What the raw pipeline does with each message's run-record key before the ack.
+#[derive(Clone, Copy)]
+enum Records {
+    /// Nothing: publish + pull + ack.
+    None,
+    /// Create it, `concurrency` messages at a time: the ceiling of a worker storing records.
+    Create(usize),
+    /// Read it, then create it, `concurrency` messages at a time: the floor of what a worker
+    /// must do to recognise a redelivery.
+    ReadCreate(usize),
+}
+
+impl Records {
+    fn concurrency(self) -> Option<usize> {
+        match self {
+            Records::None => None,
+            Records::Create(n) | Records::ReadCreate(n) => Some(n),
+        }
+    }
+}
+
+/// Raw JetStream: a work-queue stream, one pull consumer acking every message, with
+/// `records` done per message before its ack.
+async fn queue(js: &jetstream::Context, messages: &[Prepared], records: Records) -> anyhow::Result<f64> {
+    let read = matches!(records, Records::ReadCreate(_));
+    let name = match records {
+        Records::None => "BENCHRAW",
+        Records::Create(_) => "BENCHCEILING",
+        Records::ReadCreate(_) => "BENCHFLOOR",
+    };
+    let records = records.concurrency();
     let bucket = format!("{name}_RUNS");
     let _ = js.delete_stream(name).await;
     let _ = js.delete_key_value(&bucket).await;
@@ -223,14 +260,16 @@ async fn queue(
                 let _permit = permit;
                 let result = async {
                     let key = format!("run{n}");
-                    let found = kv.entry(key.as_str()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-                    anyhow::ensure!(found.is_none(), "fresh key");
+                    if read {
+                        let found = kv.entry(key.as_str()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                        anyhow::ensure!(found.is_none(), "fresh key");
+                    }
                     kv.create(key.as_str(), record).await.map_err(|e| anyhow::anyhow!("{e}"))?;
                     message.ack_with(AckKind::Ack).await.map_err(|e| anyhow::anyhow!("{e}"))
                 }
                 .await;
                 if let Err(error) = result {
-                    eprintln!("e2e floor: {error:#}");
+                    eprintln!("e2e {name}: {error:#}");
                 }
             });
         }
