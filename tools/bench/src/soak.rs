@@ -4,7 +4,9 @@
 //! worker's `nats` executor. Every S seconds: resident memory of every process, the
 //! scheduler's fire lag within the window (from its `jetsched_fire_lag_seconds` histogram),
 //! fires and runs per second, and the dispatch backlog. Verdicts after a warm-up of 20%: memory
-//! flat, fire lag not growing, rate sustained.
+//! flat, fire lag not growing (each judged by the median of the last third of the samples
+//! against the median of the first third, so a trend counts and a single swing does not), rate
+//! sustained.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -29,9 +31,10 @@ use crate::system::{
 
 /// Subject the runs request; answered by this process.
 const SUBJECT: &str = "soak.noop";
-/// RSS growth after warm-up (percent) still counted as flat.
+/// RSS growth after warm-up (percent, [`thirds`]) still counted as flat.
 const RSS_GROWTH_MAX_PCT: f64 = 10.0;
-/// The last window's p99 fire lag may be this many times the first post-warm-up window's...
+/// The p99 fire lag of the last third of the windows after warm-up (median, [`thirds`]) may be
+/// this many times that of the first third...
 const LAG_GROWTH_MAX: f64 = 2.0;
 /// ...or under this, whatever the ratio.
 const LAG_FLOOR_MS: f64 = 50.0;
@@ -396,8 +399,10 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     let mut rss_flat = true;
     for (name, series) in &rss_series {
         let at_warm = series[warm - 1];
-        let max_after = series[warm.min(n - 1)..].iter().copied().fold(f64::NAN, f64::max);
-        let growth = 100.0 * (max_after - at_warm) / at_warm;
+        let after = &series[warm.min(n - 1)..];
+        let max_after = after.iter().copied().fold(f64::NAN, f64::max);
+        let (first_third, last_third) = thirds(after);
+        let growth = 100.0 * (last_third - first_third) / first_third;
         let flat = growth < RSS_GROWTH_MAX_PCT;
         // nats-server keeps the stored streams' indexes in memory: reported, not judged.
         if name != "nats-server" {
@@ -408,6 +413,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
             json!({
                 "rss_end_of_warmup_mib": round2(at_warm),
                 "rss_max_after_warmup_mib": round2(max_after),
+                "rss_first_third_median_mib": round2(first_third),
+                "rss_last_third_median_mib": round2(last_third),
                 "growth_pct": round2(growth),
                 "flat": flat,
                 "judged": name != "nats-server",
@@ -418,7 +425,10 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     let first_p99 = num(&post[0], "lag_p99_ms");
     let last_p50 = num(&post[post.len() - 1], "lag_p50_ms");
     let last_p99 = num(&post[post.len() - 1], "lag_p99_ms");
-    let lag_flat = last_p99 < LAG_FLOOR_MS || last_p99 <= LAG_GROWTH_MAX * first_p99;
+    let p99s: Vec<f64> = post.iter().map(|s| num(s, "lag_p99_ms")).filter(|v| v.is_finite()).collect();
+    let (p99_first_third, p99_last_third) = thirds(&p99s);
+    let lag_flat = p99_last_third < LAG_FLOOR_MS || p99_last_third <= LAG_GROWTH_MAX * p99_first_third;
+    let worst_p99 = p99s.iter().copied().fold(f64::NAN, f64::max);
     let achieved = post.iter().map(|s| num(s, "runs_per_second")).sum::<f64>() / post.len() as f64;
     let fires = post.iter().map(|s| num(s, "fires_per_second")).sum::<f64>() / post.len() as f64;
     let rate_ok = achieved >= RATE_MIN_SHARE * rate as f64;
@@ -437,17 +447,22 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     eprintln!(
         "  fire lag first post-warm-up window p50 {first_p50:.2} / p99 {first_p99:.2} ms; last window p50 {last_p50:.2} / p99 {last_p99:.2} ms"
     );
+    eprintln!(
+        "  fire lag p99, median of the first third of the windows after warm-up {p99_first_third:.2} ms, of the last third {p99_last_third:.2} ms; worst window {worst_p99:.2} ms"
+    );
     for (name, m) in &memory {
         eprintln!(
-            "  RSS {name:<12} {:>8} MiB at end of warm-up, max after {:>8} MiB, growth {:>6}%{}",
+            "  RSS {name:<12} {:>8} MiB at end of warm-up, max after {:>8} MiB; median first third {:>8}, last third {:>8} MiB: growth {:>6}%{}",
             m["rss_end_of_warmup_mib"],
             m["rss_max_after_warmup_mib"],
+            m["rss_first_third_median_mib"],
+            m["rss_last_third_median_mib"],
             m["growth_pct"],
             if m["judged"] == true { "" } else { " (not judged)" }
         );
     }
     eprintln!(
-        "  verdicts: memory flat (< {RSS_GROWTH_MAX_PCT}% growth): {rss_flat}; fire lag not growing (last p99 <= {LAG_GROWTH_MAX}x first or < {LAG_FLOOR_MS} ms): {lag_flat}; \
+        "  verdicts: memory flat (last third < {RSS_GROWTH_MAX_PCT}% over first): {rss_flat}; fire lag not growing (p99 last third <= {LAG_GROWTH_MAX}x first or < {LAG_FLOOR_MS} ms): {lag_flat}; \
          rate sustained (>= {:.0}% of target): {rate_ok}",
         RATE_MIN_SHARE * 100.0
     );
@@ -468,6 +483,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         "lag": {
             "first_after_warmup": {"p50_ms": round2(first_p50), "p99_ms": round2(first_p99)},
             "last": {"p50_ms": round2(last_p50), "p99_ms": round2(last_p99)},
+            "p99_first_third_median_ms": round2(p99_first_third),
+            "p99_last_third_median_ms": round2(p99_last_third),
+            "p99_worst_ms": round2(worst_p99),
         },
         "memory": memory,
         "thresholds": {
@@ -487,9 +505,39 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     }))
 }
 
+/// Medians of the first and the last third (at least one sample each) of `series`: a trend
+/// moves them apart, a swing that comes back does not.
+fn thirds(series: &[f64]) -> (f64, f64) {
+    let k = (series.len() / 3).max(1).min(series.len());
+    let median = |part: &[f64]| {
+        let mut sorted = part.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        match sorted.len() {
+            0 => f64::NAN,
+            len if len % 2 == 1 => sorted[len / 2],
+            len => (sorted[len / 2 - 1] + sorted[len / 2]) / 2.0,
+        }
+    };
+    (median(&series[..k]), median(&series[series.len() - k..]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thirds_see_a_trend_and_not_a_swing() {
+        // A leak: +1 MiB a sample from 36 MiB over 48 samples.
+        let leak: Vec<f64> = (0..48).map(|i| 36.0 + f64::from(i)).collect();
+        let (first, last) = thirds(&leak);
+        assert!((last - first) / first > 0.5, "{first} {last}");
+        // A bounded buffer swinging between 36 and 44 MiB, ending on a peak.
+        let swing: Vec<f64> = (0..48).map(|i| if i % 5 == 4 || i == 47 { 44.0 } else { 36.0 }).collect();
+        assert_eq!(thirds(&swing), (36.0, 36.0));
+        assert_eq!(thirds(&[5.0]), (5.0, 5.0));
+        assert_eq!(thirds(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), (1.5, 5.5));
+        assert!(thirds(&[]).0.is_nan());
+    }
 
     const TEXT: &str = "# HELP x\n\
         jetsched_fire_lag_seconds_bucket{trigger=\"scheduled\",le=\"0.001\"} 50\n\
