@@ -69,26 +69,16 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let messages = dispatches(args.runs)?;
     let pid = server.pid();
 
-    let cpu = Cpu::now(pid);
-    let raw = queue(&js, &messages, Records::None).await?;
-    let raw_cpu = Cpu::now(pid).since(&cpu, args.runs);
-    eprintln!("e2e: raw publish + pull + ack: {raw:.0} msg/s{raw_cpu}");
-
-    let cpu = Cpu::now(pid);
-    let ceiling = queue(&js, &messages, Records::Create(args.concurrency)).await?;
-    let ceiling_cpu = Cpu::now(pid).since(&cpu, args.runs);
-    eprintln!(
-        "e2e: ceiling (raw + run record create): {ceiling:.0} msg/s = {:.1}% of raw{ceiling_cpu}",
-        100.0 * ceiling / raw
-    );
-
-    let cpu = Cpu::now(pid);
-    let floor = queue(&js, &messages, Records::ReadCreate(args.concurrency)).await?;
-    let floor_cpu = Cpu::now(pid).since(&cpu, args.runs);
-    eprintln!(
-        "e2e: floor (raw + run record read and create): {floor:.0} msg/s = {:.1}% of raw{floor_cpu}",
-        100.0 * floor / raw
-    );
+    let (raw, raw_cpu) = phase(&js, &messages, Records::None, pid).await?;
+    eprintln!("e2e: {}: {raw:.0} msg/s{raw_cpu}", Records::None.label());
+    let (ceiling_records, floor_records) =
+        (Records::Create(args.concurrency), Records::ReadCreate(args.concurrency));
+    let (ceiling, ceiling_cpu) = phase(&js, &messages, ceiling_records, pid).await?;
+    let (floor, floor_cpu) = phase(&js, &messages, floor_records, pid).await?;
+    for (records, rate, cpu) in [(ceiling_records, ceiling, &ceiling_cpu), (floor_records, floor, &floor_cpu)]
+    {
+        eprintln!("e2e: {}: {rate:.0} msg/s = {:.1}% of raw{cpu}", records.label(), 100.0 * rate / raw);
+    }
 
     let mut rows = Vec::new();
     for &n in &args.workers {
@@ -196,17 +186,42 @@ impl Records {
             Records::Create(n) | Records::ReadCreate(n) => Some(n),
         }
     }
+
+    /// The phase's stream name.
+    fn stream(self) -> &'static str {
+        match self {
+            Records::None => "BENCHRAW",
+            Records::Create(_) => "BENCHCEILING",
+            Records::ReadCreate(_) => "BENCHFLOOR",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Records::None => "raw publish + pull + ack",
+            Records::Create(_) => "ceiling (raw + run record create)",
+            Records::ReadCreate(_) => "floor (raw + run record read and create)",
+        }
+    }
+}
+
+/// One raw phase ([`queue`]): its rate and the CPU per message it took.
+async fn phase(
+    js: &jetstream::Context,
+    messages: &[Prepared],
+    records: Records,
+    server_pid: Option<u32>,
+) -> anyhow::Result<(f64, CpuPer)> {
+    let cpu = Cpu::now(server_pid);
+    let rate = queue(js, messages, records).await?;
+    Ok((rate, Cpu::now(server_pid).since(&cpu, messages.len())))
 }
 
 /// Raw JetStream: a work-queue stream, one pull consumer acking every message, with
 /// `records` done per message before its ack.
 async fn queue(js: &jetstream::Context, messages: &[Prepared], records: Records) -> anyhow::Result<f64> {
     let read = matches!(records, Records::ReadCreate(_));
-    let name = match records {
-        Records::None => "BENCHRAW",
-        Records::Create(_) => "BENCHCEILING",
-        Records::ReadCreate(_) => "BENCHFLOOR",
-    };
+    let name = records.stream();
     let records = records.concurrency();
     let bucket = format!("{name}_RUNS");
     let _ = js.delete_stream(name).await;
