@@ -69,6 +69,10 @@ pub struct TopologyArgs {
     /// How long unprocessed intake submissions are kept.
     #[arg(long, env = "JETSCHED_INTAKE_MAX_AGE", default_value = "7d", value_parser = parse_duration)]
     pub intake_max_age: Duration,
+    /// How long start-up keeps retrying while JetStream cannot answer (server starting, cluster
+    /// electing its meta leader, requests timing out); conflicting or invalid settings fail at once.
+    #[arg(long, env = "JETSCHED_TOPOLOGY_WAIT", default_value = "60s", value_parser = parse_duration)]
+    pub topology_wait: Duration,
 }
 
 impl Default for TopologyArgs {
@@ -84,6 +88,7 @@ impl Default for TopologyArgs {
             events_max_bytes: 1 << 30,
             dlq_max_bytes: 1 << 30,
             intake_max_age: Duration::from_secs(7 * 24 * 3600),
+            topology_wait: Duration::from_secs(60),
         }
     }
 }
@@ -123,6 +128,13 @@ pub enum TopologyError {
     },
     #[error("invalid topology setting `{setting}`: {message}")]
     Invalid { setting: &'static str, message: String },
+    #[error("JetStream could not set up the topology within {waited:?} ({attempts} attempts)")]
+    Unavailable {
+        waited: Duration,
+        attempts: u32,
+        #[source]
+        last: Box<TopologyError>,
+    },
 }
 
 fn nats_error(
@@ -212,7 +224,42 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
 }
 
 /// Creates or converges every bucket and stream; returns handles to the buckets.
+///
+/// A request JetStream cannot answer yet (no meta leader, placement not possible, timeout) is
+/// retried with backoff for up to `args.topology_wait`, then reported as
+/// [`TopologyError::Unavailable`] with the last error. Every step is idempotent, so a retry
+/// after a create that timed out but happened compares against what it made.
 pub async fn ensure(
+    js: &jetstream::Context,
+    names: &Names,
+    args: &TopologyArgs,
+) -> Result<Topology, TopologyError> {
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(250);
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match ensure_once(js, names, args).await {
+            Err(error @ TopologyError::Nats { .. }) => {
+                let waited = started.elapsed();
+                if waited + pause > args.topology_wait {
+                    return Err(TopologyError::Unavailable { waited, attempts, last: Box::new(error) });
+                }
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    attempt = attempts,
+                    retry_in = ?pause,
+                    "JetStream cannot set up the topology yet; retrying"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            done => return done,
+        }
+    }
+}
+
+async fn ensure_once(
     js: &jetstream::Context,
     names: &Names,
     args: &TopologyArgs,

@@ -524,6 +524,50 @@ async fn topology_converges_and_names_conflicting_settings() {
 }
 
 #[tokio::test]
+async fn topology_waits_for_a_cluster_without_quorum_and_gives_up_with_a_clear_error() {
+    init_test_logging();
+    let mut cluster = NatsCluster::start().await;
+    // Two of three nodes gone: no meta leader, so JetStream cannot answer.
+    cluster.kill_node(1);
+    cluster.kill_node(2);
+    let js = jetstream::new(cluster.client_to(0).await);
+    let names = Names::default();
+    let args = TopologyArgs { replicas: 3, ..TopologyArgs::default() };
+
+    let impatient = TopologyArgs { topology_wait: Duration::from_secs(1), ..args.clone() };
+    let error = topology::ensure(&js, &names, &impatient).await.err().expect("no quorum, no topology");
+    match &error {
+        TopologyError::Unavailable { attempts, last, .. } => {
+            assert!(*attempts >= 1);
+            assert!(matches!(**last, TopologyError::Nats { .. }), "{last}");
+        }
+        other => panic!("expected Unavailable, got {other}"),
+    }
+    let message = format!("{:#}", anyhow::Error::from(error));
+    assert!(message.contains("could not set up the topology within"), "{message}");
+
+    // A service started now waits for the quorum to come back instead of failing.
+    let waiting = tokio::spawn({
+        let js = js.clone();
+        async move { topology::ensure(&js, &Names::default(), &args).await }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!waiting.is_finished(), "ensure must still be waiting for the quorum");
+    cluster.restart_node(1).await;
+    cluster.restart_node(2).await;
+    let topology = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("ensure finishes once the cluster is back")
+        .expect("no panic")
+        .expect("topology ensured");
+    assert_eq!(topology.tasks.status().await.expect("tasks bucket").info.config.num_replicas, 3);
+    for config in topology::stream_configs(&names, &TopologyArgs::default()) {
+        let info = js.get_stream(&config.name).await.unwrap().info().await.unwrap().clone();
+        assert_eq!(info.config.num_replicas, 3, "{}", config.name);
+    }
+}
+
+#[tokio::test]
 async fn several_registry_replicas_share_the_api_and_the_intake() {
     init_test_logging();
     let server = NatsServer::start().await;
