@@ -48,9 +48,11 @@ impl EventPublisher {
     }
 }
 
-/// How many times the pump publishes an event before it counts it as failed (a replicated
-/// stream refuses writes for a moment while it elects a new leader).
-const PUBLISH_ATTEMPTS: u32 = 6;
+/// How long the pump keeps retrying an event before it counts it as failed. A replicated
+/// stream refuses writes while it elects a new leader (after a node died: seconds), and the
+/// scheduler's fire state waits behind these events, so a skipped fire is only recorded as
+/// handled once its event is stored.
+pub const DEFAULT_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Events handed to a background publisher: `emit` returns once the event is queued (waiting
 /// only when the bounded queue is full; `try_emit` never waits), and the pump pipelines the
@@ -101,6 +103,7 @@ pub struct EventPump {
     window: usize,
     failures: Option<prometheus::IntCounter>,
     dedup_ids: bool,
+    retry_for: std::time::Duration,
 }
 
 impl EventSink {
@@ -115,7 +118,14 @@ impl EventSink {
         let (queue, receiver) = tokio::sync::mpsc::channel(capacity.max(1));
         (
             EventSink { queue },
-            EventPump { queue: receiver, publisher, window: window.max(1), failures, dedup_ids: true },
+            EventPump {
+                queue: receiver,
+                publisher,
+                window: window.max(1),
+                failures,
+                dedup_ids: true,
+                retry_for: DEFAULT_RETRY_FOR,
+            },
         )
     }
 
@@ -159,6 +169,13 @@ impl EventPump {
         self
     }
 
+    /// How long a publish is retried before the event counts as failed (default
+    /// [`DEFAULT_RETRY_FOR`]).
+    pub fn retry_for(mut self, retry_for: std::time::Duration) -> EventPump {
+        self.retry_for = retry_for;
+        self
+    }
+
     /// Publishes queued events until every [`EventSink`] is dropped.
     pub async fn run(mut self) {
         use futures::StreamExt;
@@ -182,7 +199,7 @@ impl EventPump {
                             let seq = next_seq;
                             next_seq += 1;
                             outstanding.insert(seq);
-                            let store = store(self.publisher.clone(), *event, self.dedup_ids);
+                            let store = store(self.publisher.clone(), *event, self.dedup_ids, self.retry_for);
                             in_flight.push(async move {
                                 let (kind, result) = store.await;
                                 (seq, kind, result)
@@ -219,31 +236,43 @@ impl EventPump {
     }
 }
 
-/// Publishes one event until the stream stores it or the attempts run out.
+/// Publishes one event until the stream stores it or `retry_for` has passed.
 async fn store(
     publisher: EventPublisher,
     event: Event,
     dedup_id: bool,
+    retry_for: std::time::Duration,
 ) -> (crate::wire::EventKind, anyhow::Result<()>) {
     let id = dedup_id.then(|| uuid::Uuid::now_v7().to_string());
+    let started = tokio::time::Instant::now();
     let mut backoff = std::time::Duration::from_millis(50);
-    let mut last = None;
-    for attempt in 1..=PUBLISH_ATTEMPTS {
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
         let sent = match &id {
             Some(id) => publisher.send_with_id(&event, id).await,
             None => publisher.send(&event).await,
         };
-        match sent {
+        let error = match sent {
             Ok(ack) => match ack.await {
                 Ok(_) => return (event.kind, Ok(())),
-                Err(error) => last = Some(anyhow::Error::from(error)),
+                Err(error) => anyhow::Error::from(error),
             },
-            Err(error) => last = Some(error),
+            Err(error) => error,
+        };
+        if started.elapsed() + backoff > retry_for {
+            let error =
+                error.context(format!("gave up after {attempts} attempts in {:?}", started.elapsed()));
+            return (event.kind, Err(error));
         }
-        if attempt < PUBLISH_ATTEMPTS {
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+        if attempts == 1 {
+            tracing::debug!(
+                error = format!("{error:#}"),
+                kind = event.kind.as_str(),
+                "event not stored yet; retrying"
+            );
         }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
     }
-    (event.kind, Err(last.unwrap_or_else(|| anyhow::anyhow!("no attempt made"))))
 }

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use async_nats::jetstream::consumer::PullConsumer;
@@ -25,6 +25,9 @@ use crate::dlq::{DlqApi, DlqEndpoint};
 use crate::intake;
 use crate::metrics::Metrics;
 use crate::tasks::TaskStore;
+
+/// How long a stopping registry waits for its queued events to be stored.
+const EVENTS_GRACE: Duration = Duration::from_secs(10);
 
 type Requests = SelectAll<futures::stream::BoxStream<'static, (Endpoint, Request)>>;
 
@@ -213,9 +216,12 @@ impl Registry {
             Ok(Ok(())) => {}
         }
         // The last sink goes with the store: the pump then stores what is queued and ends.
+        // Bounded: the pump retries an event for up to a minute while JetStream cannot store it.
         drop(store);
-        if let Err(error) = pump.await {
-            tracing::warn!(%error, "event pump panicked");
+        match tokio::time::timeout(EVENTS_GRACE, pump).await {
+            Err(_) => tracing::warn!("events not all published before shutdown"),
+            Ok(Err(error)) => tracing::warn!(%error, "event pump panicked"),
+            Ok(Ok(())) => {}
         }
         client.drain().await.context("drain NATS connection")?;
         tracing::info!("registry stopped");

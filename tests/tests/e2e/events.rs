@@ -48,3 +48,45 @@ async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
     pump.await.expect("pump ends when every sink is dropped");
     assert_eq!(stored(&js, &names).await, 3 * 2_001);
 }
+
+/// The events stream is gone for a while (as when a replicated stream elects a new leader after
+/// a node died): events queued meanwhile are stored once it is back, and the barrier behind
+/// them waits for that. An outage longer than the pump's retry budget is counted, not hidden.
+#[tokio::test]
+async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let js = jetstream::new(server.client().await);
+    let names = Names::default();
+    let args = TopologyArgs::default();
+    topology::ensure(&js, &names, &args).await.expect("topology");
+    let failures = prometheus::IntCounter::new("failures", "events not stored").unwrap();
+    let (sink, pump) =
+        EventSink::new(EventPublisher::new(js.clone(), names.clone()), 1_000, 16, Some(failures.clone()));
+    let pump = tokio::spawn(pump.retry_for(Duration::from_secs(20)).run());
+
+    js.delete_stream(names.events_stream()).await.expect("delete events stream");
+    for i in 0..50 {
+        assert!(sink.try_emit(Event::new(EventKind::FireSkipped, "outage", format!("t{i}"))));
+    }
+    let barrier = tokio::spawn(sink.barrier().wait());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!barrier.is_finished(), "the barrier waits while the events cannot be stored");
+    topology::ensure(&js, &names, &args).await.expect("events stream back");
+    tokio::time::timeout(Duration::from_secs(20), barrier).await.expect("barrier resolves").unwrap();
+    assert_eq!(stored(&js, &names).await, 50, "every event queued during the outage is stored once");
+    assert_eq!(failures.get(), 0);
+    drop(sink);
+    pump.await.unwrap();
+
+    // Longer than the budget: the event fails for good, is counted, and the barrier resolves.
+    let (sink, pump) =
+        EventSink::new(EventPublisher::new(js.clone(), names.clone()), 1_000, 16, Some(failures.clone()));
+    let pump = tokio::spawn(pump.retry_for(Duration::from_millis(500)).run());
+    js.delete_stream(names.events_stream()).await.expect("delete events stream");
+    assert!(sink.try_emit(Event::new(EventKind::FireSkipped, "outage", "lost")));
+    tokio::time::timeout(Duration::from_secs(10), sink.barrier().wait()).await.expect("barrier resolves");
+    assert_eq!(failures.get(), 1, "the event that could not be stored is counted");
+    drop(sink);
+    pump.await.unwrap();
+}
