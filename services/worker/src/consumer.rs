@@ -59,6 +59,11 @@ pub(crate) struct Pull {
 /// and the server spent a sixth of its CPU on pull requests (2: 13 per pull, 17% more runs/s).
 const MAX_OUTSTANDING_PULLS: usize = 2;
 
+/// How long a run event that JetStream did not store is published again (a replicated events
+/// stream refuses writes while it elects a new leader, e.g. after a node died) before it is
+/// counted in `jetsched_worker_errors_total{what="event"}` and logged.
+const EVENT_RETRY_FOR: Duration = Duration::from_secs(15);
+
 /// Pulls and starts runs until `shutdown`; runs are spawned on `tracker`.
 pub(crate) async fn run_queue(
     shared: Arc<Shared>,
@@ -172,12 +177,16 @@ impl BatchReader {
     }
 }
 
-/// Event acks awaited together at the end of a delivery (publishing is pipelined).
+/// Event acks awaited together at the end of a delivery (publishing is pipelined); an event
+/// that was not stored is published again for up to [`EVENT_RETRY_FOR`].
 struct Emitter<'a> {
     events: &'a EventPublisher,
     wanted: RunEvents,
     metrics: &'a Metrics,
-    pending: Vec<PublishAckFuture>,
+    pending: Vec<(Event, PublishAckFuture)>,
+    unsent: Vec<Event>,
+    /// The worker's hard stop: retrying ends with it.
+    stop: &'a CancellationToken,
 }
 
 impl Emitter<'_> {
@@ -186,22 +195,52 @@ impl Emitter<'_> {
             return;
         }
         match self.events.send(&event).await {
-            Ok(ack) => self.pending.push(ack),
+            Ok(ack) => self.pending.push((event, ack)),
             Err(error) => {
-                self.metrics.errors.with_label_values(&["event"]).inc();
-                tracing::warn!(error = format!("{error:#}"), kind = event.kind.as_str(), "publish event");
+                tracing::debug!(
+                    error = format!("{error:#}"),
+                    kind = event.kind.as_str(),
+                    "event not sent yet"
+                );
+                self.unsent.push(event);
             }
         }
     }
 
     async fn flush(self) {
-        for result in
-            futures::future::join_all(self.pending.into_iter().map(std::future::IntoFuture::into_future))
-                .await
-        {
-            if let Err(error) = result {
-                self.metrics.errors.with_label_values(&["event"]).inc();
-                tracing::warn!(%error, "store event");
+        let mut unsent = self.unsent;
+        for (event, ack) in self.pending {
+            if let Err(error) = ack.await {
+                tracing::debug!(%error, kind = event.kind.as_str(), "event not stored yet");
+                unsent.push(event);
+            }
+        }
+        if unsent.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        for event in unsent {
+            loop {
+                let error = match self.events.publish(&event).await {
+                    Ok(()) => break,
+                    Err(error) => error,
+                };
+                if started.elapsed() + backoff > EVENT_RETRY_FOR || self.stop.is_cancelled() {
+                    self.metrics.errors.with_label_values(&["event"]).inc();
+                    tracing::warn!(
+                        error = format!("{error:#}"),
+                        kind = event.kind.as_str(),
+                        "event not stored: gave up after {:?}",
+                        started.elapsed()
+                    );
+                    break;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = self.stop.cancelled() => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
     }
@@ -296,6 +335,8 @@ async fn deliver(
         wanted: shared.run_events,
         metrics: &shared.metrics,
         pending: Vec::new(),
+        unsent: Vec::new(),
+        stop: &shared.hard_stop,
     };
     let eager = shared.run_records == RunRecords::Eager || dispatch.spec.overlap != OverlapPolicy::Allow;
     let begin = match shared.runs.begin(dispatch, attempt, &shared.worker, eager).await {

@@ -940,6 +940,50 @@ async fn a_redelivered_succeeded_run_is_acked_without_running_with_eager_and_laz
 }
 
 #[tokio::test]
+async fn run_events_published_while_the_events_stream_is_gone_are_stored_once_it_is_back() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let handlers = Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() });
+    let worker = RunningWorker::start(config(&server, "w-events"), handlers).await;
+    let js = jetstream::new(server.client().await);
+    let names = Names::default();
+    // As when a replicated events stream elects a new leader after a node died.
+    js.delete_stream(names.events_stream()).await.expect("delete the events stream");
+    let task = spec("outage", "default", json!({"kind": "handler", "name": "noop"}), fast_retry(3), "5s");
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(dispatch(&js, &task, n).await);
+    }
+    for id in &ids {
+        wait_status(&js, id, RunStatus::Succeeded, WAIT).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    jetsched_shared::topology::ensure(&js, &names, &Default::default()).await.expect("events stream back");
+    let events = eventually(WAIT, "every run's events stored", || async {
+        let events: Vec<jetsched_shared::wire::Event> =
+            jetsched_tests::read_stream(&js, &names.events_stream(), Duration::from_millis(500))
+                .await
+                .ok()?
+                .iter()
+                .filter_map(|m| serde_json::from_slice(&m.payload).ok())
+                .collect();
+        (events.len() >= 2 * ids.len()).then_some(events)
+    })
+    .await;
+    for id in &ids {
+        let kinds: Vec<&str> = events
+            .iter()
+            .filter(|e| e.execution_id.as_deref() == Some(id.as_str()))
+            .map(|e| e.kind.as_str())
+            .collect();
+        assert!(kinds.contains(&"run.started") && kinds.contains(&"run.succeeded"), "{id}: {kinds:?}");
+    }
+    let metrics = worker.metrics().await;
+    assert!(!metrics.contains(r#"what="event""#), "no event counted as lost: {metrics}");
+    worker.stop().await;
+}
+
+#[tokio::test]
 async fn workers_on_a_three_node_cluster_with_r3_retry_and_recognise_duplicates() {
     init_test_logging();
     let cluster = jetsched_tests::NatsCluster::start().await;
