@@ -46,6 +46,48 @@ impl EventPublisher {
         self.send(event).await?.await.with_context(|| format!("store {} event", event.kind.as_str()))?;
         Ok(())
     }
+
+    /// Publishes an event (with `id` as its `Nats-Msg-Id`, if given, so a retry is stored once)
+    /// until the stream stores it, retrying with backoff; fails with the last error once the
+    /// next attempt would start after `deadline`.
+    pub async fn store_until(
+        &self,
+        event: &Event,
+        id: Option<&str>,
+        deadline: tokio::time::Instant,
+    ) -> anyhow::Result<()> {
+        let started = tokio::time::Instant::now();
+        let mut backoff = std::time::Duration::from_millis(50);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let sent = match id {
+                Some(id) => self.send_with_id(event, id).await,
+                None => self.send(event).await,
+            };
+            let error = match sent {
+                Ok(ack) => match ack.await {
+                    Ok(_) => return Ok(()),
+                    Err(error) => anyhow::Error::from(error),
+                },
+                Err(error) => error,
+            };
+            if tokio::time::Instant::now() + backoff > deadline {
+                return Err(
+                    error.context(format!("gave up after {attempts} attempts in {:?}", started.elapsed()))
+                );
+            }
+            if attempts == 1 {
+                tracing::debug!(
+                    error = format!("{error:#}"),
+                    kind = event.kind.as_str(),
+                    "event not stored yet; retrying"
+                );
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+        }
+    }
 }
 
 /// How long the pump keeps retrying an event before it counts it as failed. A replicated
@@ -244,35 +286,6 @@ async fn store(
     retry_for: std::time::Duration,
 ) -> (crate::wire::EventKind, anyhow::Result<()>) {
     let id = dedup_id.then(|| uuid::Uuid::now_v7().to_string());
-    let started = tokio::time::Instant::now();
-    let mut backoff = std::time::Duration::from_millis(50);
-    let mut attempts = 0u32;
-    loop {
-        attempts += 1;
-        let sent = match &id {
-            Some(id) => publisher.send_with_id(&event, id).await,
-            None => publisher.send(&event).await,
-        };
-        let error = match sent {
-            Ok(ack) => match ack.await {
-                Ok(_) => return (event.kind, Ok(())),
-                Err(error) => anyhow::Error::from(error),
-            },
-            Err(error) => error,
-        };
-        if started.elapsed() + backoff > retry_for {
-            let error =
-                error.context(format!("gave up after {attempts} attempts in {:?}", started.elapsed()));
-            return (event.kind, Err(error));
-        }
-        if attempts == 1 {
-            tracing::debug!(
-                error = format!("{error:#}"),
-                kind = event.kind.as_str(),
-                "event not stored yet; retrying"
-            );
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
-    }
+    let deadline = tokio::time::Instant::now() + retry_for;
+    (event.kind, publisher.store_until(&event, id.as_deref(), deadline).await)
 }

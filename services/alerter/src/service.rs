@@ -85,7 +85,8 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     // Stops the admin server if start-up fails below.
     let guard = admin_stop.clone().drop_guard();
 
-    // Retried: the alerter may start before the other services' streams can be created.
+    // Retried on top of `ensure`'s own wait for JetStream: the alerter may start while another
+    // deployment's stream with conflicting settings is being replaced, and waits that out too.
     let started = tokio::time::Instant::now();
     let topology = loop {
         match topology::ensure(&js, &names, &config.topology).await {

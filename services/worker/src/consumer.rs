@@ -218,29 +218,15 @@ impl Emitter<'_> {
         if unsent.is_empty() {
             return;
         }
-        let started = Instant::now();
-        let mut backoff = Duration::from_millis(100);
+        let deadline = tokio::time::Instant::now() + EVENT_RETRY_FOR;
         for event in unsent {
-            loop {
-                let error = match self.events.publish(&event).await {
-                    Ok(()) => break,
-                    Err(error) => error,
-                };
-                if started.elapsed() + backoff > EVENT_RETRY_FOR || self.stop.is_cancelled() {
-                    self.metrics.errors.with_label_values(&["event"]).inc();
-                    tracing::warn!(
-                        error = format!("{error:#}"),
-                        kind = event.kind.as_str(),
-                        "event not stored: gave up after {:?}",
-                        started.elapsed()
-                    );
-                    break;
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = self.stop.cancelled() => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+            let stored = tokio::select! {
+                stored = self.events.store_until(&event, None, deadline) => stored,
+                _ = self.stop.cancelled() => Err(anyhow::anyhow!("the worker is stopping")),
+            };
+            if let Err(error) = stored {
+                self.metrics.errors.with_label_values(&["event"]).inc();
+                tracing::warn!(error = format!("{error:#}"), kind = event.kind.as_str(), "event not stored");
             }
         }
     }

@@ -10,6 +10,16 @@ use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_shared::wire::{Event, EventKind};
 use jetsched_tests::{NatsServer, init_test_logging};
 
+/// A server with the jetsched topology, a JetStream context on it and the default names.
+async fn server_with_topology() -> (NatsServer, jetstream::Context, Names) {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let js = jetstream::new(server.client().await);
+    let names = Names::default();
+    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+    (server, js, names)
+}
+
 async fn stored(js: &jetstream::Context, names: &Names) -> u64 {
     let mut stream = js.get_stream(names.events_stream()).await.expect("events stream");
     stream.info().await.expect("stream info").state.messages
@@ -17,11 +27,7 @@ async fn stored(js: &jetstream::Context, names: &Names) -> u64 {
 
 #[tokio::test]
 async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let js = jetstream::new(server.client().await);
-    let names = Names::default();
-    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+    let (_server, js, names) = server_with_topology().await;
     let (sink, pump) = EventSink::new(EventPublisher::new(js.clone(), names.clone()), 10_000, 64, None);
     let pump = tokio::spawn(pump.run());
 
@@ -54,16 +60,14 @@ async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
 /// them waits for that. An outage longer than the pump's retry budget is counted, not hidden.
 #[tokio::test]
 async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let js = jetstream::new(server.client().await);
-    let names = Names::default();
-    let args = TopologyArgs::default();
-    topology::ensure(&js, &names, &args).await.expect("topology");
+    let (_server, js, names) = server_with_topology().await;
     let failures = prometheus::IntCounter::new("failures", "events not stored").unwrap();
-    let (sink, pump) =
-        EventSink::new(EventPublisher::new(js.clone(), names.clone()), 1_000, 16, Some(failures.clone()));
-    let pump = tokio::spawn(pump.retry_for(Duration::from_secs(20)).run());
+    let start_pump = |retry_for: Duration| {
+        let publisher = EventPublisher::new(js.clone(), names.clone());
+        let (sink, pump) = EventSink::new(publisher, 1_000, 16, Some(failures.clone()));
+        (sink, tokio::spawn(pump.retry_for(retry_for).run()))
+    };
+    let (sink, pump) = start_pump(Duration::from_secs(20));
 
     js.delete_stream(names.events_stream()).await.expect("delete events stream");
     for i in 0..50 {
@@ -72,7 +76,7 @@ async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
     let barrier = tokio::spawn(sink.barrier().wait());
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!barrier.is_finished(), "the barrier waits while the events cannot be stored");
-    topology::ensure(&js, &names, &args).await.expect("events stream back");
+    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("events stream back");
     tokio::time::timeout(Duration::from_secs(20), barrier).await.expect("barrier resolves").unwrap();
     assert_eq!(stored(&js, &names).await, 50, "every event queued during the outage is stored once");
     assert_eq!(failures.get(), 0);
@@ -80,9 +84,7 @@ async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
     pump.await.unwrap();
 
     // Longer than the budget: the event fails for good, is counted, and the barrier resolves.
-    let (sink, pump) =
-        EventSink::new(EventPublisher::new(js.clone(), names.clone()), 1_000, 16, Some(failures.clone()));
-    let pump = tokio::spawn(pump.retry_for(Duration::from_millis(500)).run());
+    let (sink, pump) = start_pump(Duration::from_millis(500));
     js.delete_stream(names.events_stream()).await.expect("delete events stream");
     assert!(sink.try_emit(Event::new(EventKind::FireSkipped, "outage", "lost")));
     tokio::time::timeout(Duration::from_secs(10), sink.barrier().wait()).await.expect("barrier resolves");
