@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{
     self,
-    context::{CreateStreamErrorKind, GetStreamErrorKind},
+    context::{CreateStreamError, CreateStreamErrorKind, GetStreamErrorKind},
     kv,
     stream::{self, DiscardPolicy, RetentionPolicy, StorageType},
 };
@@ -128,6 +128,19 @@ pub enum TopologyError {
     },
     #[error("invalid topology setting `{setting}`: {message}")]
     Invalid { setting: &'static str, message: String },
+    /// The server refused to reserve a stream's `max_bytes`: its JetStream storage limit is
+    /// smaller than what the streams reserve. Not retried: only an operator can change that.
+    #[error(
+        "{resource}: the server has no room to reserve max_bytes = {max_bytes} ({source}); raise \
+         the server's jetstream max_file_store / max_memory_store (when unset, 75% of the disk \
+         space free at its start), or lower --dlq-max-bytes / --events-max-bytes"
+    )]
+    NoRoom {
+        resource: String,
+        max_bytes: i64,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("JetStream could not set up the topology within {waited:?} ({attempts} attempts)")]
     Unavailable {
         waited: Duration,
@@ -386,7 +399,7 @@ async fn ensure_stream(
             Err(e) if matches!(e.kind(), CreateStreamErrorKind::JetStream(ref j) if j.error_code() == jetstream::ErrorCode::STREAM_NAME_EXIST) => {
                 existing_stream(js, &name).await?.ok_or_else(|| nats_error(&name, "create stream", e))?
             }
-            Err(e) => return Err(nats_error(&name, "create stream", e)),
+            Err(e) => return Err(stream_error(&desired, "create stream", e)),
         },
     };
     let diffs = differences(&existing, &desired);
@@ -409,10 +422,28 @@ async fn ensure_stream(
     if !desired.duplicate_window.is_zero() {
         updated.duplicate_window = desired.duplicate_window;
     }
-    js.update_stream(updated).await.map_err(|e| nats_error(&name, "update stream", e))?;
+    js.update_stream(&updated).await.map_err(|e| stream_error(&updated, "update stream", e))?;
     changes
         .extend(diffs.into_iter().map(|difference| Change::Converged { resource: name.clone(), difference }));
     Ok(())
+}
+
+/// A failed create or update of `config`: [`TopologyError::NoRoom`] when the server cannot
+/// reserve its `max_bytes`, otherwise [`TopologyError::Nats`] (retried by [`ensure`]).
+fn stream_error(config: &stream::Config, what: &'static str, error: CreateStreamError) -> TopologyError {
+    let no_room = matches!(
+        error.kind(),
+        CreateStreamErrorKind::JetStream(ref j) if j.error_code() == jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED
+    );
+    if no_room {
+        TopologyError::NoRoom {
+            resource: config.name.clone(),
+            max_bytes: config.max_bytes,
+            source: Box::new(error),
+        }
+    } else {
+        nats_error(&config.name, what, error)
+    }
 }
 
 /// The stream settings a KV config implies, for comparison with the existing `KV_<bucket>`.

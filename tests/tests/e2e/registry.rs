@@ -11,7 +11,7 @@ use jetsched_registry::{Config, build};
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Storage, TopologyArgs, TopologyError};
 use jetsched_shared::wire::{HDR_CREATE_ONLY, HDR_EXPECTED_REVISION};
-use jetsched_tests::{NatsCluster, NatsServer, eventually, init_test_logging};
+use jetsched_tests::{NatsCluster, NatsServer, ServerOpts, eventually, init_test_logging};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -521,6 +521,50 @@ async fn topology_converges_and_names_conflicting_settings() {
     let error =
         topology::ensure(&js, &names, &TopologyArgs { replicas: 0, ..args }).await.err().expect("invalid");
     assert!(error.to_string().contains("replicas"), "{error}");
+}
+
+#[tokio::test]
+async fn topology_on_a_server_without_room_for_the_stream_reservations_fails_at_once_and_says_what_to_change()
+{
+    init_test_logging();
+    // 1.5 GiB of file store: the 1 GiB DLQ reservation fits, the 1 GiB events one does not.
+    let opts = ServerOpts::default().jetstream_config("  max_file_store: 1536MB");
+    let server = NatsServer::start_with(opts).await;
+    let js = jetstream::new(server.client().await);
+    let names = Names::default();
+    let args = TopologyArgs::default();
+
+    let started = std::time::Instant::now();
+    let error = topology::ensure(&js, &names, &args).await.err().expect("no room for the events stream");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "not retried for the topology wait: {:?}",
+        started.elapsed()
+    );
+    match &error {
+        TopologyError::NoRoom { resource, max_bytes, .. } => {
+            assert_eq!(resource, &names.events_stream());
+            assert_eq!(*max_bytes, 1 << 30);
+        }
+        other => panic!("expected NoRoom, got {other}"),
+    }
+    let message = format!("{:#}", anyhow::Error::from(error));
+    for hint in ["max_file_store", "--events-max-bytes", "insufficient storage"] {
+        assert!(message.contains(hint), "{hint} missing from: {message}");
+    }
+
+    // A smaller limit fits; growing the DLQ past the store afterwards is refused the same way
+    // and leaves the stream as it was.
+    let fitting = TopologyArgs { events_max_bytes: 256 << 20, ..args.clone() };
+    topology::ensure(&js, &names, &fitting).await.expect("fits in 1.5 GiB");
+    let grown = TopologyArgs { dlq_max_bytes: 2 << 30, ..fitting.clone() };
+    let error = topology::ensure(&js, &names, &grown).await.err().expect("no room to grow the DLQ");
+    assert!(
+        matches!(&error, TopologyError::NoRoom { resource, .. } if *resource == names.dlq_stream()),
+        "{error}"
+    );
+    let dlq = js.get_stream(names.dlq_stream()).await.unwrap().info().await.unwrap().config.max_bytes;
+    assert_eq!(dlq, 1 << 30, "the DLQ keeps its limit");
 }
 
 #[tokio::test]
