@@ -17,7 +17,9 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
-use jetsched_shared::wire::{self, EventKind, HDR_EXECUTION_ID, HDR_STATUS, LeaderRecord, format_time};
+use jetsched_shared::wire::{
+    self, AttemptOutcome, EventKind, HDR_EXECUTION_ID, HDR_STATUS, LeaderRecord, format_time,
+};
 use jetsched_tests::{ChildProcess, NatsCluster, NatsServer, eventually, init_test_logging};
 use jetsched_worker::dlq::DeadLetter;
 use jetsched_worker::runs::{RunRecord, RunStatus};
@@ -324,6 +326,7 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
     }
     let mut one_shots: Vec<(String, i64)> = Vec::new();
     let mut server_restarts: Vec<(i64, i64)> = Vec::new();
+    let mut killed_workers: HashSet<String> = HashSet::new();
     let mut done: BTreeMap<&str, usize> = BTreeMap::new();
     for (step, action) in actions.iter().enumerate() {
         let at = (now_ms() / 1000 + 3) * 1000;
@@ -366,6 +369,7 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
             "kill-worker" => {
                 let i = step % services.workers.len();
                 services.workers[i].process.kill9();
+                killed_workers.insert(services.workers[i].instance.clone());
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 services.workers[i] = services.spawn("jetsched-worker", "worker");
             }
@@ -538,6 +542,9 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
     }
     // Outcomes: every run finished or dead-lettered; executions twice only when recorded.
     let (mut succeeded, mut dead_lettered, mut reruns, mut retried) = (0, 0, 0, 0);
+    // Why a run was re-run: its abandoned attempt's worker was killed, or it was alive (its
+    // acks, progress or verdict did not reach the server in time, e.g. during a node kill).
+    let (mut abandoned_by_killed, mut abandoned_by_live) = (0, Vec::new());
     for record in records.values().filter(|r| r.namespace == NS) {
         let failing = record.task_id.starts_with("fail-");
         match record.status {
@@ -555,6 +562,19 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
         let ran = calls.get(&record.execution_id).copied().unwrap_or(0);
         if record.reruns > 0 {
             reruns += 1;
+        }
+        for attempt in record.attempts.iter().filter(|a| a.outcome == Some(AttemptOutcome::Abandoned)) {
+            if killed_workers.contains(&attempt.worker) {
+                abandoned_by_killed += 1;
+            } else {
+                abandoned_by_live.push(format!(
+                    "{} attempt {} on {} at {}",
+                    record.execution_id,
+                    attempt.attempt,
+                    attempt.worker,
+                    attempt.started.timestamp_millis()
+                ));
+            }
         }
         if record.attempts.len() > 1 {
             retried += 1;
@@ -575,15 +595,23 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
         .count();
     eprintln!(
         "chaos ({:?}, {} s): faults {done:?}; expected fires {expected}, dispatched {}, skipped by policy {skipped_by_policy}, \
-         succeeded {succeeded}, dead-lettered {dead_lettered} (DLQ {}), retried {retried}, re-run after a worker death {reruns}, \
+         succeeded {succeeded}, dead-lettered {dead_lettered} (DLQ {}), retried {retried}, re-run after a worker death {reruns} \
+         (abandoned attempts: {abandoned_by_killed} on a killed worker, {} on a live one), \
          successful executions run more than once {executed_twice} (each with a worker death or failed attempt recorded), re-dispatched after a server restart {redispatched_after_restart}, \
          fire.dispatched events missing (dispatch proven by its run record) {events_lost}, violations {}",
         plan,
         started.elapsed().as_secs(),
         dispatched.len(),
         dead.len(),
+        abandoned_by_live.len(),
         violations.len()
     );
+    if !abandoned_by_live.is_empty() {
+        eprintln!("chaos: server outages (from, to ms): {server_restarts:?}");
+    }
+    for example in abandoned_by_live.iter().take(20) {
+        eprintln!("chaos: abandoned on a live worker: {example}");
+    }
     for (task, nominal) in &skipped {
         if !task.starts_with("skip-") {
             violations.push(format!("{task}: fire {nominal} skipped, but its misfire policy is fire_all"));
