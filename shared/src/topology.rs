@@ -131,7 +131,7 @@ pub enum TopologyError {
     /// The server refused to reserve a stream's `max_bytes`: its JetStream storage limit is
     /// smaller than what the streams reserve. Not retried: only an operator can change that.
     #[error(
-        "{resource}: the server has no room to reserve max_bytes = {max_bytes} ({source}); raise \
+        "{resource}: the server has no room to reserve max_bytes = {max_bytes}; raise \
          the server's jetstream max_file_store / max_memory_store (when unset, 75% of the disk \
          space free at its start), or lower --dlq-max-bytes / --events-max-bytes"
     )]

@@ -108,7 +108,9 @@ pub struct Config {
     #[arg(long, env = "JETSCHED_ALERTER_WEBHOOK_QUEUE", default_value_t = 256, help_heading = "Channels")]
     pub webhook_queue: usize,
 
-    /// Give up starting when the JetStream topology cannot be ensured for this long.
+    /// Give up starting when a stream or bucket with conflicting settings (e.g. another
+    /// deployment's) is not replaced within this long; an unavailable JetStream is waited for
+    /// by --topology-wait, and other topology errors stop start-up at once.
     #[arg(long, env = "JETSCHED_ALERTER_STARTUP_TIMEOUT", default_value = "60s", value_parser = parse_duration, help_heading = "Alerter")]
     pub startup_timeout: Duration,
 }

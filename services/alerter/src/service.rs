@@ -17,7 +17,7 @@ use jetsched_shared::admin::Readiness;
 use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::names::Names;
 use jetsched_shared::service::{Base, Role};
-use jetsched_shared::topology;
+use jetsched_shared::topology::{self, TopologyError};
 use jetsched_shared::wire::{Event, EventKind, LeaderRecord};
 use prometheus::Registry as MetricsRegistry;
 use tokio_util::sync::CancellationToken;
@@ -60,8 +60,9 @@ pub struct Alerter {
 }
 
 /// Binds and serves the admin listener (so `/readyz` answers during start-up), connects,
-/// ensures the topology (retrying up to `--startup-timeout`), the alerter's bucket and durable
-/// consumer, and restores the open de-duplication windows.
+/// ensures the topology (waiting up to `--startup-timeout` for a conflicting resource to be
+/// replaced), the alerter's bucket and durable consumer, and restores the open de-duplication
+/// windows.
 pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     config.validate()?;
     anyhow::ensure!(
@@ -85,25 +86,27 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     // Stops the admin server if start-up fails below.
     let guard = admin_stop.clone().drop_guard();
 
-    // Retried on top of `ensure`'s own wait for JetStream: the alerter may start while another
-    // deployment's stream with conflicting settings is being replaced, and waits that out too.
+    // `ensure` itself waits for a JetStream that cannot answer yet (`--topology-wait`). The
+    // alerter also waits out a stream or bucket with conflicting settings, which other
+    // services refuse at once: it may start while another deployment's resource is replaced.
     let started = tokio::time::Instant::now();
     let topology = loop {
         match topology::ensure(&js, &names, &config.topology).await {
             Ok(topology) => break topology,
-            Err(error) if started.elapsed() < config.startup_timeout => {
+            Err(error @ TopologyError::Conflict { .. }) if started.elapsed() < config.startup_timeout => {
                 tracing::warn!(
                     error = format!("{error:#}"),
-                    "cannot ensure the JetStream topology yet; retrying"
+                    "a JetStream resource has conflicting settings; retrying until it is replaced"
                 );
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            Err(error) => {
+            Err(error @ TopologyError::Conflict { .. }) => {
                 return Err(error).context(format!(
-                    "ensure JetStream topology (gave up after {:?})",
+                    "ensure JetStream topology (the conflicting resource was not replaced within {:?})",
                     config.startup_timeout
                 ));
             }
+            Err(error) => return Err(error).context("ensure JetStream topology"),
         }
     };
     let mut store = DedupStore::open(&js, &names, &config.topology, &instance).await?;

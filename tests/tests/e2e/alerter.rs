@@ -16,7 +16,7 @@ use jetsched_shared::alert::{AlertMessage, RATE_LIMIT_SUMMARY, Severity};
 use jetsched_shared::names::{Names, SYSTEM_NAMESPACE};
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_shared::wire::{Event, EventKind, LeaderRecord};
-use jetsched_tests::{ChildProcess, NatsServer, eventually, init_test_logging};
+use jetsched_tests::{ChildProcess, NatsServer, ServerOpts, eventually, init_test_logging};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -605,6 +605,24 @@ async fn readyz_is_false_until_the_topology_is_ensured() {
     let running = tokio::spawn(alerter.run(shutdown.clone()));
     shutdown.cancel();
     running.await.unwrap().unwrap();
+}
+
+/// Only a conflicting resource is waited out: a server without room for the streams'
+/// `max_bytes` stops the process at once, saying what to change.
+#[tokio::test]
+async fn a_server_without_room_for_the_streams_stops_the_alerter_at_once_saying_what_to_change() {
+    init_test_logging();
+    let server =
+        NatsServer::start_with(ServerOpts::default().jetstream_config("  max_file_store: 1536MB")).await;
+    let mut command = ChildProcess::command("jetsched-alerter");
+    command.env("NATS_URL", server.url()).args(["--admin-addr", "127.0.0.1:0"]);
+    let mut process = ChildProcess::spawn_command("alerter", command);
+    let status = process.wait_exit(Duration::from_secs(20)).await.expect("exits instead of retrying");
+    assert!(!status.success());
+    let output = process.output();
+    for hint in ["JETSCHED_EVENTS", "max_file_store", "--events-max-bytes"] {
+        assert!(output.contains(hint), "{hint} missing from:\n{output}");
+    }
 }
 
 #[tokio::test]
