@@ -1,6 +1,9 @@
 //! Timer wheel vs a lazy-deletion binary heap at 1M timers: insert, cancel, advance with re-insert.
 //!
-//! `cargo bench -p jetsched-scheduler --bench timer` (about 2 minutes on 2 cores).
+//! Three variants: `wheel` is the scheduler's (dense task-slot keys, `Vec` index), `wheel_hashed`
+//! the same wheel with any `u32` key through a hash map, `heap` the baseline.
+//!
+//! `cargo bench -p jetsched-scheduler --bench timer` (about 3 minutes on 2 cores).
 
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
@@ -10,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group};
-use jetsched_scheduler::timer::TimerWheel;
+use jetsched_scheduler::timer::{DenseKey, TimerKey, TimerWheel};
 
 const N: u32 = 1_000_000;
 const CANCELS: usize = 100_000;
@@ -18,30 +21,58 @@ const START: u64 = 1_735_689_600_000;
 const HOUR: u64 = 3_600_000;
 const DAY: u64 = 24 * HOUR;
 
-/// The timer API both structures offer, as the scheduler loop uses it.
+/// The timer API the structures offer, as the scheduler loop uses it.
 trait Timers {
+    type Key: Copy;
+    /// The key of task `i` (keys `0..N`).
+    fn key(i: u32) -> Self::Key;
     fn new(now: u64) -> Self;
-    fn insert(&mut self, key: u32, due: u64);
-    fn cancel(&mut self, key: &u32) -> Option<u64>;
+    fn insert(&mut self, key: Self::Key, due: u64);
+    fn cancel(&mut self, key: &Self::Key) -> Option<u64>;
     fn next_deadline(&self) -> Option<u64>;
-    fn advance(&mut self, now: u64, out: &mut Vec<(u32, u64)>);
+    fn advance(&mut self, now: u64, out: &mut Vec<(Self::Key, u64)>);
+    fn approx_memory_bytes(&self) -> usize;
 }
 
-impl Timers for TimerWheel<u32> {
+/// A wheel key made from a task number.
+trait WheelKey: TimerKey + Copy {
+    fn from_index(i: u32) -> Self;
+}
+
+impl WheelKey for DenseKey {
+    fn from_index(i: u32) -> Self {
+        DenseKey(i)
+    }
+}
+
+impl WheelKey for u32 {
+    fn from_index(i: u32) -> Self {
+        i
+    }
+}
+
+impl<K: WheelKey> Timers for TimerWheel<K> {
+    type Key = K;
+    fn key(i: u32) -> K {
+        K::from_index(i)
+    }
     fn new(now: u64) -> Self {
         TimerWheel::new(now)
     }
-    fn insert(&mut self, key: u32, due: u64) {
+    fn insert(&mut self, key: K, due: u64) {
         TimerWheel::insert(self, key, due);
     }
-    fn cancel(&mut self, key: &u32) -> Option<u64> {
+    fn cancel(&mut self, key: &K) -> Option<u64> {
         TimerWheel::cancel(self, key)
     }
     fn next_deadline(&self) -> Option<u64> {
         TimerWheel::next_deadline(self)
     }
-    fn advance(&mut self, now: u64, out: &mut Vec<(u32, u64)>) {
+    fn advance(&mut self, now: u64, out: &mut Vec<(K, u64)>) {
         TimerWheel::advance(self, now, out);
+    }
+    fn approx_memory_bytes(&self) -> usize {
+        TimerWheel::approx_memory_bytes(self)
     }
 }
 
@@ -71,15 +102,13 @@ impl HeapTimers {
             self.heap.retain(|Reverse((due, seq, key))| live.get(key) == Some(&(*due, *seq)));
         }
     }
-
-    fn approx_memory_bytes(&self) -> usize {
-        let buckets = (self.live.capacity() * 8 / 7).next_power_of_two();
-        self.heap.capacity() * size_of::<Reverse<(u64, u64, u32)>>()
-            + buckets * (size_of::<(u32, (u64, u64))>() + 1)
-    }
 }
 
 impl Timers for HeapTimers {
+    type Key = u32;
+    fn key(i: u32) -> u32 {
+        i
+    }
     fn new(_now: u64) -> Self {
         Self { heap: BinaryHeap::new(), live: HashMap::new(), seq: 0 }
     }
@@ -121,6 +150,11 @@ impl Timers for HeapTimers {
         }
         self.pop_stale();
     }
+    fn approx_memory_bytes(&self) -> usize {
+        let buckets = (self.live.capacity() * 8 / 7).next_power_of_two();
+        self.heap.capacity() * size_of::<Reverse<(u64, u64, u32)>>()
+            + buckets * (size_of::<(u32, (u64, u64))>() + 1)
+    }
 }
 
 /// Deterministic pseudo-random stream (splitmix64).
@@ -142,20 +176,21 @@ fn spread_dues(span: u64) -> Vec<u64> {
 
 fn filled<T: Timers>(dues: &[u64]) -> T {
     let mut timers = T::new(START);
-    for (key, &due) in (0u32..).zip(dues) {
-        timers.insert(key, due);
+    for (i, &due) in (0u32..).zip(dues) {
+        timers.insert(T::key(i), due);
     }
     timers
 }
 
 /// The scheduler loop: sleep until the next deadline, fire, re-insert each at due + period.
-fn run_until<T: Timers>(timers: &mut T, end: u64, period: u64, out: &mut Vec<(u32, u64)>) -> usize {
+fn run_until<T: Timers>(timers: &mut T, end: u64, period: u64) -> usize {
+    let mut out = Vec::new();
     let mut fired = 0;
     while let Some(deadline) = timers.next_deadline() {
         if deadline > end {
             break;
         }
-        timers.advance(deadline, out);
+        timers.advance(deadline, &mut out);
         fired += out.len();
         for (key, due) in out.drain(..) {
             timers.insert(key, due + period);
@@ -187,80 +222,84 @@ fn configure<'c>(c: &'c mut Criterion, name: &str) -> BenchmarkGroup<'c, WallTim
     group
 }
 
+/// Runs `$bench::<T>(group, variant name, args...)` for every variant.
+macro_rules! each_variant {
+    ($bench:ident($group:expr $(, $arg:expr)*)) => {
+        $bench::<TimerWheel<DenseKey>>($group, "wheel" $(, $arg)*);
+        $bench::<TimerWheel<u32>>($group, "wheel_hashed" $(, $arg)*);
+        $bench::<HeapTimers>($group, "heap" $(, $arg)*);
+    };
+}
+
 fn bench_insert(c: &mut Criterion) {
+    fn one<T: Timers>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, label: &str, dues: &[u64]) {
+        group.bench_function(BenchmarkId::new(name, label), |b| {
+            b.iter_custom(|iters| timed(iters, || (), |_| drop(black_box(filled::<T>(dues)))))
+        });
+    }
     let mut group = configure(c, "insert_1m");
     group.throughput(Throughput::Elements(u64::from(N)));
     for (label, span) in [("1h", HOUR), ("1d", DAY)] {
         let dues = spread_dues(span);
-        group.bench_function(BenchmarkId::new("wheel", label), |b| {
-            b.iter_custom(|iters| timed(iters, || (), |_| drop(black_box(filled::<TimerWheel<u32>>(&dues)))))
-        });
-        group.bench_function(BenchmarkId::new("heap", label), |b| {
-            b.iter_custom(|iters| timed(iters, || (), |_| drop(black_box(filled::<HeapTimers>(&dues)))))
-        });
+        each_variant!(one(&mut group, label, &dues));
     }
     group.finish();
 }
 
 fn bench_cancel(c: &mut Criterion) {
+    fn one<T: Timers>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, dues: &[u64], picks: &[u32]) {
+        let keys: Vec<T::Key> = picks.iter().map(|&i| T::key(i)).collect();
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                timed(
+                    iters,
+                    || filled::<T>(dues),
+                    |t| {
+                        for key in &keys {
+                            black_box(t.cancel(key));
+                        }
+                    },
+                )
+            })
+        });
+    }
     let mut group = configure(c, "cancel_100k_of_1m");
     group.throughput(Throughput::Elements(CANCELS as u64));
     let dues = spread_dues(HOUR);
-    let keys: Vec<u32> = random(7).take(CANCELS).map(|r| (r % u64::from(N)) as u32).collect();
-    fn cancel_all<T: Timers>(timers: &mut T, keys: &[u32]) {
-        for key in keys {
-            black_box(timers.cancel(key));
-        }
-    }
-    group.bench_function("wheel", |b| {
-        b.iter_custom(|iters| timed(iters, || filled::<TimerWheel<u32>>(&dues), |t| cancel_all(t, &keys)))
-    });
-    group.bench_function("heap", |b| {
-        b.iter_custom(|iters| timed(iters, || filled::<HeapTimers>(&dues), |t| cancel_all(t, &keys)))
-    });
+    let picks: Vec<u32> = random(7).take(CANCELS).map(|r| (r % u64::from(N)) as u32).collect();
+    each_variant!(one(&mut group, &dues, &picks));
     group.finish();
 }
 
 fn bench_advance(c: &mut Criterion) {
-    let mut group = configure(c, "advance_window_periodic_1m");
-    for (label, span) in [("1h", HOUR), ("1d", DAY)] {
-        let dues = spread_dues(span);
+    fn one<T: Timers>(
+        group: &mut BenchmarkGroup<'_, WallTime>,
+        name: &str,
+        label: &str,
+        dues: &[u64],
+        span: u64,
+    ) {
         // A tenth of the period: about 100k fires, each re-inserted one period later.
         let end = START + span / 10;
         let fires = dues.iter().filter(|&&due| due <= end).count();
         group.throughput(Throughput::Elements(fires as u64));
-        group.bench_function(BenchmarkId::new("wheel", label), |b| {
+        group.bench_function(BenchmarkId::new(name, label), |b| {
             b.iter_custom(|iters| {
-                timed(
-                    iters,
-                    || filled::<TimerWheel<u32>>(&dues),
-                    |t| {
-                        assert_eq!(run_until(t, end, span, &mut Vec::new()), fires);
-                    },
-                )
+                timed(iters, || filled::<T>(dues), |t| assert_eq!(run_until(t, end, span), fires))
             })
         });
-        group.bench_function(BenchmarkId::new("heap", label), |b| {
-            b.iter_custom(|iters| {
-                timed(
-                    iters,
-                    || filled::<HeapTimers>(&dues),
-                    |t| {
-                        assert_eq!(run_until(t, end, span, &mut Vec::new()), fires);
-                    },
-                )
-            })
-        });
+    }
+    let mut group = configure(c, "advance_window_periodic_1m");
+    for (label, span) in [("1h", HOUR), ("1d", DAY)] {
+        let dues = spread_dues(span);
+        each_variant!(one(&mut group, label, &dues, span));
     }
     group.finish();
 }
 
 fn bench_steady(c: &mut Criterion) {
     // 1M timers with a 1 s period: 1,000 due every ms, advanced one ms at a time for 1 s.
-    let mut group = configure(c, "steady_1000_due_per_ms");
-    group.throughput(Throughput::Elements(u64::from(N)));
     const PERIOD: u64 = 1_000;
-    let dues: Vec<u64> = (0..u64::from(N)).map(|i| START + 1 + i % PERIOD).collect();
     fn step_each_ms<T: Timers>(timers: &mut T) {
         let mut out = Vec::with_capacity(1_000);
         let mut fired = 0;
@@ -273,30 +312,32 @@ fn bench_steady(c: &mut Criterion) {
         }
         assert_eq!(fired, N as usize);
     }
-    group.bench_function("wheel", |b| {
-        b.iter_custom(|iters| timed(iters, || filled::<TimerWheel<u32>>(&dues), step_each_ms))
-    });
-    group.bench_function("heap", |b| {
-        b.iter_custom(|iters| timed(iters, || filled::<HeapTimers>(&dues), step_each_ms))
-    });
+    fn one<T: Timers>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, dues: &[u64]) {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| timed(iters, || filled::<T>(dues), step_each_ms))
+        });
+    }
+    let mut group = configure(c, "steady_1000_due_per_ms");
+    group.throughput(Throughput::Elements(u64::from(N)));
+    let dues: Vec<u64> = (0..u64::from(N)).map(|i| START + 1 + i % PERIOD).collect();
+    each_variant!(one(&mut group, &dues));
     group.finish();
 }
 
-/// Bytes per timer at 1M timers (allocated capacity, keys are `u32`).
+/// Bytes per timer at 1M timers (allocated capacity).
 fn report_memory() {
     let dues = spread_dues(DAY);
-    let wheel = filled::<TimerWheel<u32>>(&dues);
-    let mut presized = TimerWheel::with_capacity(START, N as usize);
-    for (key, &due) in (0u32..).zip(&dues) {
-        presized.insert(key, due);
-    }
-    let heap = filled::<HeapTimers>(&dues);
     let per = |bytes: usize| bytes as f64 / f64::from(N);
+    let mut presized = TimerWheel::with_capacity(START, N as usize);
+    for (i, &due) in (0u32..).zip(&dues) {
+        presized.insert(DenseKey(i), due);
+    }
     println!(
-        "memory at 1M timers: wheel {:.1} B/timer (with_capacity {:.1}), heap {:.1} B/timer",
-        per(wheel.approx_memory_bytes()),
+        "memory at 1M timers, B/timer: wheel {:.1} (with_capacity {:.1}), wheel_hashed {:.1}, heap {:.1}",
+        per(filled::<TimerWheel<DenseKey>>(&dues).approx_memory_bytes()),
         per(presized.approx_memory_bytes()),
-        per(heap.approx_memory_bytes()),
+        per(filled::<TimerWheel<u32>>(&dues).approx_memory_bytes()),
+        per(filled::<HeapTimers>(&dues).approx_memory_bytes()),
     );
 }
 

@@ -45,7 +45,7 @@ use crate::lease::{Lease, LeaseEvent, Timing};
 use crate::metrics::Metrics;
 use crate::overlap::{self, Arrival, Previous, Prior, Verdict};
 use crate::state::{TaskInfo, Tasks, from_ms, now_ms};
-use crate::timer::TimerWheel;
+use crate::timer::{DenseKey, TimerWheel};
 
 /// How long shutdown waits for pending publish acks.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -305,7 +305,7 @@ struct Core {
     fire_events: bool,
     readiness: Readiness,
     tasks: Tasks,
-    wheel: TimerWheel<u32>,
+    wheel: TimerWheel<DenseKey>,
     watch: Option<discovery::Feed>,
     watch_retry_at: Option<Instant>,
     loaded: bool,
@@ -335,7 +335,7 @@ struct Core {
     limits: Limits,
     timer: Fuse<BoxFuture<'static, ()>>,
     timer_due: Option<u64>,
-    due: Vec<(u32, u64)>,
+    due: Vec<(DenseKey, u64)>,
 }
 
 /// Sleeps until `deadline` with microsecond precision, never returning before it: the tokio
@@ -522,7 +522,7 @@ impl Core {
         let mut due = std::mem::take(&mut self.due);
         self.wheel.advance(now, &mut due);
         let leading = self.leading();
-        for &(idx, _) in &due {
+        for &(DenseKey(idx), _) in &due {
             let Some(slot) = self.tasks.get_mut(idx) else { continue };
             let Some(nominal) = slot.next_ms.take() else { continue };
             slot.cursor_ms = nominal;
@@ -551,10 +551,10 @@ impl Core {
                     0 => 0,
                     max => rand::random_range(0..=max),
                 };
-                self.wheel.insert(idx, slot.info.wheel_due(nominal, random));
+                self.wheel.insert(DenseKey(idx), slot.info.wheel_due(nominal, random));
             }
             None => {
-                self.wheel.cancel(&idx);
+                self.wheel.cancel(&DenseKey(idx));
             }
         }
     }
@@ -658,7 +658,7 @@ impl Core {
 
     fn remove(&mut self, key: &str) {
         if let Some((idx, _)) = self.tasks.remove(key) {
-            self.wheel.cancel(&idx);
+            self.wheel.cancel(&DenseKey(idx));
             if let Some(Gate { waiting: Some((_, check)), .. }) = self.gates.remove(&idx) {
                 check.abort();
             }

@@ -25,8 +25,9 @@
 //! - Entries due in a later 2^36 block (one-shots years ahead) and entries inserted with a due in
 //!   the past go to an overflow `BTreeMap<(due, seq), index>`: precise and sorted, used rarely.
 //! - Entries live in a slab (`Vec` + free stack) with intrusive doubly linked slot lists, and a
-//!   `HashMap<K, u32>` maps keys to slab indices: insert, cancel and reschedule are O(1) for wheel
-//!   entries (O(log n) for overflow entries).
+//!   key index maps keys to slab indices ([`TimerKey::Index`]): a `Vec` for the scheduler's
+//!   dense task-slot keys ([`DenseKey`]), a `HashMap` for any other key. Insert, cancel and
+//!   reschedule are O(1) for wheel entries (O(log n) for overflow entries).
 //! - Per-level `u64` occupancy bitmaps find the earliest occupied slot in O(levels). Each slot
 //!   above level 0 keeps its exact minimum due and how many entries share it; the earliest slot's
 //!   minimum is kept exact after every mutation (a rescan of that one slot only when all entries
@@ -37,31 +38,32 @@
 //!
 //! # Memory and speed
 //!
-//! For `K = u32`: a slab entry is 24 bytes and a hash map bucket 8 bytes plus one control byte;
-//! with the `Vec` and hash table growth slack, [`TimerWheel::approx_memory_bytes`] measured
-//! 44.0 bytes/timer at 1M timers (42.9 with [`TimerWheel::with_capacity`]) against 77.6 for the
-//! heap baseline below. Keys other than `u32` are stored twice (slab and map), so a `String` key
-//! costs its heap allocation twice.
+//! A slab entry is 24 bytes for a 4-byte key; the dense index adds 4 bytes per key, a hash map
+//! index 8 bytes plus one control byte per bucket and its growth slack.
+//! [`TimerWheel::approx_memory_bytes`] at 1M timers: 29.4 bytes/timer with [`DenseKey`] (28.0
+//! with [`TimerWheel::with_capacity`]), 44.0 with hashed `u32` keys, 77.6 for the heap baseline
+//! below. Hashed keys other than `u32` are stored twice (slab and map), so a `String` key costs
+//! its heap allocation twice.
 //!
-//! Measured once with `cargo bench -p jetsched-scheduler --bench timer` (1M `u32` keys, default
-//! SipHash, release, a 2-core machine busy with other builds, so ±15%). The baseline is a
-//! lazy-deletion `BinaryHeap` + `HashMap` with the same semantics. ns per timer:
+//! `cargo bench -p jetsched-scheduler --bench timer` (1M keys, release, a quiet 2-core machine,
+//! 2026-11-29). The baseline is a lazy-deletion `BinaryHeap` + `HashMap` with the same
+//! semantics. ns per timer:
 //!
-//! | operation at 1M timers                                           | wheel | heap  |
-//! |------------------------------------------------------------------|-------|-------|
-//! | insert 1M, dues over 1 hour                                      | 129   | 250   |
-//! | insert 1M, dues over 1 day                                       | 162   | 213   |
-//! | cancel 100k random keys                                          | 326   | 180   |
-//! | advance a tenth of the period, re-insert at due + period, 1 h    | 778   | 1,960 |
-//! | same, 1 day period                                               | 878   | 2,385 |
-//! | steady 1,000 due per ms (1 s period), advance 1 ms at a time     | 238   | 801   |
+//! | operation at 1M timers                                           | dense | hashed | heap  |
+//! |------------------------------------------------------------------|-------|--------|-------|
+//! | insert 1M, dues over 1 hour                                      | 16    | 123    | 184   |
+//! | insert 1M, dues over 1 day                                       | 16    | 128    | 184   |
+//! | cancel 100k random keys                                          | 70    | 302    | 143   |
+//! | advance a tenth of the period, re-insert at due + period, 1 h    | 305   | 609    | 1,431 |
+//! | same, 1 day period                                               | 298   | 593    | 1,596 |
+//! | steady 1,000 due per ms (1 s period), advance 1 ms at a time     | 55    | 182    | 810   |
 //!
-//! Advance figures are per fired timer and include `next_deadline`, the hash map removal and the
-//! re-insert; at 1M timers they are dominated by cache misses (slab, hash map, list neighbours).
-//! The heap cancels faster because it only removes the key and pays for the stale entry later.
+//! Advance figures are per fired timer and include `next_deadline`, the index removal and the
+//! re-insert; at 1M timers they are dominated by cache misses (slab, index, list neighbours).
+//! The dense index avoids the hashing and most of the index's cache misses (4 MB instead of
+//! 16 MB); keys inserted in order also write it sequentially, hence the fast insert.
 
-use std::collections::{BTreeMap, HashMap, hash_map};
-use std::hash::Hash;
+use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU16;
 
 /// Bits of time per level: 64 slots per level.
@@ -75,15 +77,124 @@ const NIL: u32 = u32::MAX;
 /// `Entry::loc` for an entry in the overflow map (wheel locations are `level * 64 + slot + 1`).
 const OVERFLOW: u16 = u16::MAX;
 
+/// A timer key, and the index the wheel finds its entry with.
+pub trait TimerKey: Clone + Eq {
+    type Index: KeyIndex<Self>;
+}
+
+/// Key to slab index: the one lookup of insert, cancel, reschedule and every fired timer.
+pub trait KeyIndex<K>: std::fmt::Debug {
+    fn with_capacity(capacity: usize) -> Self;
+    fn get(&self, key: &K) -> Option<u32>;
+    /// Adds `key`, which has no index yet.
+    fn insert(&mut self, key: K, idx: u32);
+    fn remove(&mut self, key: &K) -> Option<u32>;
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Approximate heap bytes held.
+    fn approx_memory_bytes(&self) -> usize;
+}
+
+/// A key that is a small index, such as the scheduler's task slots (reused when a task is
+/// removed). A `Vec` indexed by key replaces the hash map: 4 bytes per key up to the largest
+/// one, and no hashing. Its memory follows the largest key, so use it only for dense keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DenseKey(pub u32);
+
+impl TimerKey for DenseKey {
+    type Index = DenseIndex;
+}
+
+/// Any `u32` (sparse keys too), through a hash map.
+impl TimerKey for u32 {
+    type Index = HashMap<u32, u32>;
+}
+
+impl TimerKey for String {
+    type Index = HashMap<String, u32>;
+}
+
+/// A `Vec` from key to slab index, `NIL` where a key has no timer.
+#[derive(Debug, Default)]
+pub struct DenseIndex {
+    slots: Vec<u32>,
+    len: usize,
+}
+
+impl KeyIndex<DenseKey> for DenseIndex {
+    fn with_capacity(capacity: usize) -> Self {
+        DenseIndex { slots: Vec::with_capacity(capacity), len: 0 }
+    }
+
+    fn get(&self, key: &DenseKey) -> Option<u32> {
+        self.slots.get(key.0 as usize).copied().filter(|&idx| idx != NIL)
+    }
+
+    fn insert(&mut self, key: DenseKey, idx: u32) {
+        let at = key.0 as usize;
+        if at >= self.slots.len() {
+            self.slots.resize(at + 1, NIL);
+        }
+        debug_assert_eq!(self.slots[at], NIL, "{key:?} already has a timer");
+        self.slots[at] = idx;
+        self.len += 1;
+    }
+
+    fn remove(&mut self, key: &DenseKey) -> Option<u32> {
+        let slot = self.slots.get_mut(key.0 as usize).filter(|idx| **idx != NIL)?;
+        self.len -= 1;
+        Some(std::mem::replace(slot, NIL))
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn approx_memory_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<u32>()
+    }
+}
+
+impl<K: Clone + Eq + std::hash::Hash + std::fmt::Debug> KeyIndex<K> for HashMap<K, u32> {
+    fn with_capacity(capacity: usize) -> Self {
+        HashMap::with_capacity(capacity)
+    }
+
+    fn get(&self, key: &K) -> Option<u32> {
+        HashMap::get(self, key).copied()
+    }
+
+    fn insert(&mut self, key: K, idx: u32) {
+        HashMap::insert(self, key, idx);
+    }
+
+    fn remove(&mut self, key: &K) -> Option<u32> {
+        HashMap::remove(self, key)
+    }
+
+    fn len(&self) -> usize {
+        HashMap::len(self)
+    }
+
+    fn approx_memory_bytes(&self) -> usize {
+        // hashbrown: one bucket of (K, u32) and one control byte per bucket, buckets a power of
+        // two at most 7/8 full.
+        let buckets = if self.capacity() == 0 { 0 } else { (self.capacity() * 8 / 7).next_power_of_two() };
+        buckets * (std::mem::size_of::<(K, u32)>() + 1)
+    }
+}
+
 /// A set of timers keyed by `K`, each with an exact due time in milliseconds.
 #[derive(Debug)]
-pub struct TimerWheel<K> {
+pub struct TimerWheel<K: TimerKey> {
     /// The wheel's current time: every wheel entry has `due >= current`.
     current: u64,
     /// Slab of entries; `None` marks a free index (listed in `free`).
     slab: Vec<Option<Entry<K>>>,
     free: Vec<u32>,
-    index: HashMap<K, u32>,
+    index: K::Index,
     /// `LEVELS * SLOTS` slot lists, level-major.
     slots: Vec<Slot>,
     /// Per level, bit `s` set when slot `s` is non-empty.
@@ -147,7 +258,7 @@ fn overflow_loc() -> NonZeroU16 {
     NonZeroU16::new(OVERFLOW).expect("OVERFLOW is non-zero")
 }
 
-impl<K: Clone + Eq + Hash> TimerWheel<K> {
+impl<K: TimerKey> TimerWheel<K> {
     /// An empty wheel whose current time is `now_ms`.
     pub fn new(now_ms: u64) -> Self {
         Self::with_capacity(now_ms, 0)
@@ -159,7 +270,7 @@ impl<K: Clone + Eq + Hash> TimerWheel<K> {
             current: now_ms,
             slab: Vec::with_capacity(capacity),
             free: Vec::new(),
-            index: HashMap::with_capacity(capacity),
+            index: K::Index::with_capacity(capacity),
             slots: vec![EMPTY_SLOT; LEVELS * SLOTS],
             occupied: [0; LEVELS],
             overflow: BTreeMap::new(),
@@ -170,16 +281,11 @@ impl<K: Clone + Eq + Hash> TimerWheel<K> {
     /// Sets the timer of `key` to `due_ms`, replacing any timer it had. A due time at or before
     /// the wheel's current time fires on the next advance.
     pub fn insert(&mut self, key: K, due_ms: u64) {
-        let vacant = match self.index.entry(key) {
-            hash_map::Entry::Occupied(occupied) => {
-                let idx = *occupied.get();
-                self.move_entry(idx, due_ms);
-                return;
-            }
-            hash_map::Entry::Vacant(vacant) => vacant,
-        };
-        let entry =
-            Entry { key: vacant.key().clone(), due: due_ms, prev: NIL, next: NIL, loc: overflow_loc() };
+        if let Some(idx) = self.index.get(&key) {
+            self.move_entry(idx, due_ms);
+            return;
+        }
+        let entry = Entry { key: key.clone(), due: due_ms, prev: NIL, next: NIL, loc: overflow_loc() };
         let idx = match self.free.pop() {
             Some(idx) => {
                 self.slab[idx as usize] = Some(entry);
@@ -194,7 +300,7 @@ impl<K: Clone + Eq + Hash> TimerWheel<K> {
                 idx
             }
         };
-        vacant.insert(idx);
+        self.index.insert(key, idx);
         // A new entry never makes the earliest slot's minimum inexact: no `fix_earliest`.
         self.place(idx, due_ms);
     }
@@ -202,7 +308,7 @@ impl<K: Clone + Eq + Hash> TimerWheel<K> {
     /// Moves the timer of `key` to `due_ms`; `false` if `key` has no timer.
     pub fn reschedule(&mut self, key: &K, due_ms: u64) -> bool {
         match self.index.get(key) {
-            Some(&idx) => {
+            Some(idx) => {
                 self.move_entry(idx, due_ms);
                 true
             }
@@ -221,7 +327,7 @@ impl<K: Clone + Eq + Hash> TimerWheel<K> {
 
     /// The due time of `key`'s timer.
     pub fn due_of(&self, key: &K) -> Option<u64> {
-        self.index.get(key).map(|&idx| self.entry(idx).due)
+        self.index.get(key).map(|idx| self.entry(idx).due)
     }
 
     /// The exact earliest due time of any pending timer (possibly in the past).
@@ -300,11 +406,7 @@ impl<K: Clone + Eq + Hash> TimerWheel<K> {
         use std::mem::size_of;
         let slab = self.slab.capacity() * size_of::<Option<Entry<K>>>();
         let free = self.free.capacity() * size_of::<u32>();
-        // hashbrown: one bucket of (K, u32) and one control byte per bucket, buckets a power of
-        // two at most 7/8 full.
-        let buckets =
-            if self.index.capacity() == 0 { 0 } else { (self.index.capacity() * 8 / 7).next_power_of_two() };
-        let index = buckets * (size_of::<(K, u32)>() + 1);
+        let index = self.index.approx_memory_bytes();
         let slots = self.slots.capacity() * size_of::<Slot>();
         // B-tree leaves hold up to 11 entries; count about two thirds full.
         let overflow = self.overflow.len() * (size_of::<(u64, u64)>() + size_of::<u32>()) * 3 / 2;

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use super::*;
 
 /// Checks the wheel's internal invariants (positions, links, bitmaps, exact earliest minimum).
-fn check_invariants<K: Clone + Eq + Hash + std::fmt::Debug>(wheel: &TimerWheel<K>) {
+fn check_invariants<K: TimerKey + std::fmt::Debug>(wheel: &TimerWheel<K>) {
     let mut seen = 0;
     for level in 0..LEVELS {
         for slot in 0..SLOTS {
@@ -22,7 +22,7 @@ fn check_invariants<K: Clone + Eq + Hash + std::fmt::Debug>(wheel: &TimerWheel<K
                 assert_eq!(entry.loc, loc_of(level, slot));
                 assert!(entry.due >= wheel.current);
                 assert_eq!(wheel_position(wheel.current, entry.due), Some((level, slot)));
-                assert_eq!(wheel.index.get(&entry.key), Some(&idx));
+                assert_eq!(wheel.index.get(&entry.key), Some(idx));
                 if entry.due < min {
                     (min, count) = (entry.due, 1);
                 } else if entry.due == min {
@@ -244,12 +244,17 @@ fn reschedule_and_cancel_of_absent_keys() {
 #[test]
 fn memory_per_timer_is_small() {
     let n = 200_000u32;
-    let mut wheel = TimerWheel::with_capacity(0, n as usize);
+    let due = |key: u32| u64::from(key.wrapping_mul(2_654_435_761)) % 86_400_000;
+    let mut dense = TimerWheel::with_capacity(0, n as usize);
+    let mut hashed = TimerWheel::with_capacity(0, n as usize);
     for key in 0..n {
-        wheel.insert(key, u64::from(key.wrapping_mul(2_654_435_761)) % 86_400_000);
+        dense.insert(DenseKey(key), due(key));
+        hashed.insert(key, due(key));
     }
-    let per_timer = wheel.approx_memory_bytes() as f64 / f64::from(n);
-    assert!(per_timer < 64.0, "{per_timer} bytes per timer");
+    let per_timer = |bytes: usize| bytes as f64 / f64::from(n);
+    let (dense, hashed) = (per_timer(dense.approx_memory_bytes()), per_timer(hashed.approx_memory_bytes()));
+    assert!(dense < 32.0, "{dense} bytes per timer with dense keys");
+    assert!(hashed < 64.0, "{hashed} bytes per timer with hashed keys");
 }
 
 /// Reference model: a sorted map of (due, seq) plus a key map.
@@ -373,65 +378,88 @@ fn start_strategy() -> impl Strategy<Value = u64> {
     ]
 }
 
+/// Runs `ops` on a wheel with keys `K` and on the reference model, comparing after every step.
+fn check_against_model<K: TimerKey + std::fmt::Debug>(
+    start: u64,
+    ops: Vec<Op>,
+    key_of: impl Fn(u32) -> K,
+) -> Result<(), TestCaseError> {
+    let mut wheel = TimerWheel::<K>::new(start);
+    let mut model = Model::default();
+    let mut clock = start;
+    let mut out = Vec::new();
+    let expect = |model_out: Vec<(u32, u64)>| -> Vec<(K, u64)> {
+        model_out.into_iter().map(|(k, due)| (key_of(k), due)).collect()
+    };
+    for op in ops {
+        match op {
+            Op::Insert(key, due) => {
+                let due = due.resolve(clock);
+                wheel.insert(key_of(key), due);
+                model.insert(key, due);
+            }
+            Op::Reschedule(key, due) => {
+                let due = due.resolve(clock);
+                let present = model.keys.contains_key(&key);
+                if present {
+                    model.insert(key, due);
+                }
+                prop_assert_eq!(wheel.reschedule(&key_of(key), due), present);
+            }
+            Op::Cancel(key) => {
+                prop_assert_eq!(wheel.cancel(&key_of(key)), model.cancel(key));
+            }
+            Op::Advance(step) => {
+                let now = match step {
+                    Step::Forward(d) => clock.saturating_add(d),
+                    Step::Back(d) => clock.saturating_sub(d),
+                    Step::ToNextDeadline => model.next_deadline().unwrap_or(clock),
+                    Step::JustBeforeNextDeadline => {
+                        model.next_deadline().map_or(clock, |d| d.saturating_sub(1))
+                    }
+                };
+                clock = now;
+                out.clear();
+                wheel.advance(now, &mut out);
+                let expected = expect(model.advance(now));
+                prop_assert!(out.iter().all(|&(_, due)| due <= now));
+                prop_assert_eq!(&out, &expected);
+            }
+        }
+        check_invariants(&wheel);
+        prop_assert_eq!(wheel.len(), model.keys.len());
+        prop_assert_eq!(wheel.is_empty(), model.keys.is_empty());
+        prop_assert_eq!(wheel.next_deadline(), model.next_deadline());
+        for key in 0..KEYS {
+            prop_assert_eq!(wheel.due_of(&key_of(key)), model.keys.get(&key).map(|&(due, _)| due));
+        }
+    }
+    // Nothing lost: everything left fires by the end of time, in order.
+    out.clear();
+    wheel.advance(u64::MAX, &mut out);
+    prop_assert_eq!(out, expect(model.advance(u64::MAX)));
+    prop_assert!(wheel.is_empty());
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
+    /// The scheduler's configuration: dense keys in a `Vec` index.
     #[test]
-    fn wheel_matches_reference_model(
+    fn wheel_with_dense_keys_matches_reference_model(
         start in start_strategy(),
         ops in prop::collection::vec(op_strategy(), 1..200),
     ) {
-        let mut wheel = TimerWheel::new(start);
-        let mut model = Model::default();
-        let mut clock = start;
-        let mut out = Vec::new();
-        for op in ops {
-            match op {
-                Op::Insert(key, due) => {
-                    let due = due.resolve(clock);
-                    wheel.insert(key, due);
-                    model.insert(key, due);
-                }
-                Op::Reschedule(key, due) => {
-                    let due = due.resolve(clock);
-                    let present = model.keys.contains_key(&key);
-                    if present {
-                        model.insert(key, due);
-                    }
-                    prop_assert_eq!(wheel.reschedule(&key, due), present);
-                }
-                Op::Cancel(key) => {
-                    prop_assert_eq!(wheel.cancel(&key), model.cancel(key));
-                }
-                Op::Advance(step) => {
-                    let now = match step {
-                        Step::Forward(d) => clock.saturating_add(d),
-                        Step::Back(d) => clock.saturating_sub(d),
-                        Step::ToNextDeadline => model.next_deadline().unwrap_or(clock),
-                        Step::JustBeforeNextDeadline => model
-                            .next_deadline()
-                            .map_or(clock, |d| d.saturating_sub(1)),
-                    };
-                    clock = now;
-                    out.clear();
-                    wheel.advance(now, &mut out);
-                    let expected = model.advance(now);
-                    prop_assert!(out.iter().all(|&(_, due)| due <= now));
-                    prop_assert_eq!(&out, &expected);
-                }
-            }
-            check_invariants(&wheel);
-            prop_assert_eq!(wheel.len(), model.keys.len());
-            prop_assert_eq!(wheel.is_empty(), model.keys.is_empty());
-            prop_assert_eq!(wheel.next_deadline(), model.next_deadline());
-            for key in 0..KEYS {
-                prop_assert_eq!(wheel.due_of(&key), model.keys.get(&key).map(|&(due, _)| due));
-            }
-        }
-        // Nothing lost: everything left fires by the end of time, in order.
-        out.clear();
-        wheel.advance(u64::MAX, &mut out);
-        prop_assert_eq!(out, model.advance(u64::MAX));
-        prop_assert!(wheel.is_empty());
+        check_against_model(start, ops, DenseKey)?;
+    }
+
+    /// Any key through a hash map index (sparse keys spread over the whole `u32` range).
+    #[test]
+    fn wheel_with_hashed_keys_matches_reference_model(
+        start in start_strategy(),
+        ops in prop::collection::vec(op_strategy(), 1..200),
+    ) {
+        check_against_model(start, ops, |k: u32| k.wrapping_mul(2_654_435_761))?;
     }
 }
