@@ -396,7 +396,7 @@ async fn ensure_stream(
                 return Ok(());
             }
             // Another service created it between our look-up and create: compare with theirs.
-            Err(e) if matches!(e.kind(), CreateStreamErrorKind::JetStream(ref j) if j.error_code() == jetstream::ErrorCode::STREAM_NAME_EXIST) => {
+            Err(e) if has_code(&e, jetstream::ErrorCode::STREAM_NAME_EXIST) => {
                 existing_stream(js, &name).await?.ok_or_else(|| nats_error(&name, "create stream", e))?
             }
             Err(e) => return Err(stream_error(&desired, "create stream", e)),
@@ -431,11 +431,7 @@ async fn ensure_stream(
 /// A failed create or update of `config`: [`TopologyError::NoRoom`] when the server cannot
 /// reserve its `max_bytes`, otherwise [`TopologyError::Nats`] (retried by [`ensure`]).
 fn stream_error(config: &stream::Config, what: &'static str, error: CreateStreamError) -> TopologyError {
-    let no_room = matches!(
-        error.kind(),
-        CreateStreamErrorKind::JetStream(ref j) if j.error_code() == jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED
-    );
-    if no_room {
+    if has_code(&error, jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED) {
         TopologyError::NoRoom {
             resource: config.name.clone(),
             max_bytes: config.max_bytes,
@@ -444,6 +440,11 @@ fn stream_error(config: &stream::Config, what: &'static str, error: CreateStream
     } else {
         nats_error(&config.name, what, error)
     }
+}
+
+/// Whether JetStream answered a stream create or update with error `code`.
+fn has_code(error: &CreateStreamError, code: jetstream::ErrorCode) -> bool {
+    matches!(error.kind(), CreateStreamErrorKind::JetStream(ref j) if j.error_code() == code)
 }
 
 /// The stream settings a KV config implies, for comparison with the existing `KV_<bucket>`.

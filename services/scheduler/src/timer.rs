@@ -89,10 +89,6 @@ pub trait KeyIndex<K>: std::fmt::Debug {
     /// Adds `key`, which has no index yet.
     fn insert(&mut self, key: K, idx: u32);
     fn remove(&mut self, key: &K) -> Option<u32>;
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
     /// Approximate heap bytes held.
     fn approx_memory_bytes(&self) -> usize;
 }
@@ -103,6 +99,12 @@ pub trait KeyIndex<K>: std::fmt::Debug {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DenseKey(pub u32);
 
+impl From<u32> for DenseKey {
+    fn from(index: u32) -> Self {
+        DenseKey(index)
+    }
+}
+
 impl TimerKey for DenseKey {
     type Index = DenseIndex;
 }
@@ -112,20 +114,15 @@ impl TimerKey for u32 {
     type Index = HashMap<u32, u32>;
 }
 
-impl TimerKey for String {
-    type Index = HashMap<String, u32>;
-}
-
 /// A `Vec` from key to slab index, `NIL` where a key has no timer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DenseIndex {
     slots: Vec<u32>,
-    len: usize,
 }
 
 impl KeyIndex<DenseKey> for DenseIndex {
     fn with_capacity(capacity: usize) -> Self {
-        DenseIndex { slots: Vec::with_capacity(capacity), len: 0 }
+        DenseIndex { slots: Vec::with_capacity(capacity) }
     }
 
     fn get(&self, key: &DenseKey) -> Option<u32> {
@@ -139,17 +136,11 @@ impl KeyIndex<DenseKey> for DenseIndex {
         }
         debug_assert_eq!(self.slots[at], NIL, "{key:?} already has a timer");
         self.slots[at] = idx;
-        self.len += 1;
     }
 
     fn remove(&mut self, key: &DenseKey) -> Option<u32> {
         let slot = self.slots.get_mut(key.0 as usize).filter(|idx| **idx != NIL)?;
-        self.len -= 1;
         Some(std::mem::replace(slot, NIL))
-    }
-
-    fn len(&self) -> usize {
-        self.len
     }
 
     fn approx_memory_bytes(&self) -> usize {
@@ -172,10 +163,6 @@ impl<K: Clone + Eq + std::hash::Hash + std::fmt::Debug> KeyIndex<K> for HashMap<
 
     fn remove(&mut self, key: &K) -> Option<u32> {
         HashMap::remove(self, key)
-    }
-
-    fn len(&self) -> usize {
-        HashMap::len(self)
     }
 
     fn approx_memory_bytes(&self) -> usize {
@@ -392,12 +379,12 @@ impl<K: TimerKey> TimerWheel<K> {
 
     /// Number of pending timers.
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.slab.len() - self.free.len()
     }
 
     /// Whether no timer is pending.
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len() == 0
     }
 
     /// Approximate heap bytes held (slab, free stack, key index, slots, overflow), not counting

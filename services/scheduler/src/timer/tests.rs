@@ -6,6 +6,11 @@ use proptest::prelude::*;
 
 use super::*;
 
+/// `String` keys (hash map index), for the test of non-`Copy` keys.
+impl TimerKey for String {
+    type Index = HashMap<String, u32>;
+}
+
 /// Checks the wheel's internal invariants (positions, links, bitmaps, exact earliest minimum).
 fn check_invariants<K: TimerKey + std::fmt::Debug>(wheel: &TimerWheel<K>) {
     let mut seen = 0;
