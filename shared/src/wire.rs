@@ -347,6 +347,12 @@ impl Event {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LeaderRecord {
     pub instance: String,
+    /// The leader's term: the revision of the `create` that won the lease. It stays the same
+    /// while one leader holds the lease (renewals rewrite it unchanged) and grows with every
+    /// new leadership. 0 in records written before the term was stored.
+    #[serde(default)]
+    pub term: u64,
+    /// When this leader acquired the lease (renewals keep it).
     #[serde(with = "millis")]
     pub acquired_at: DateTime<Utc>,
     /// Lease length in milliseconds, so followers and tools know when it lapses.

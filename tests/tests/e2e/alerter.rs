@@ -340,7 +340,7 @@ async fn condition_rules_fire_from_the_lease_queues_and_dlq() {
     eventually(WAIT, "dlq_growing alert", || async { count(&hook.messages(), "dlq_growing") == 1 }).await;
 
     // A leader appears: the gauge follows the lease.
-    let record = LeaderRecord { instance: "s1".into(), acquired_at: Utc::now(), lease_ms: 3000 };
+    let record = LeaderRecord { instance: "s1".into(), term: 1, acquired_at: Utc::now(), lease_ms: 3000 };
     topology.leader.put(names.leader_key(), serde_json::to_vec(&record).unwrap().into()).await.unwrap();
     eventually(WAIT, "leader_present 1", || async {
         metric(&alerter.metrics().await, "jetsched_leader_present") == Some(1.0)
