@@ -3,8 +3,10 @@
 
 pub mod admin;
 pub mod alert;
+pub mod backoff;
 pub mod cas;
 pub mod config;
+pub mod dispatch;
 pub mod error;
 pub mod events;
 pub mod names;

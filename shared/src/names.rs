@@ -245,6 +245,31 @@ pub fn dispatch_msg_id(namespace: &str, task_id: &str, nominal_unix_ms: i64) -> 
     format!("{namespace}.{task_id}:{nominal_unix_ms}")
 }
 
+// ---- message ids (`Nats-Msg-Id`) -------------------------------------------------------------
+
+/// The de-duplication id of a manual run: `<namespace>.<task_id>:manual:<execution_id>`
+/// (each trigger is a run of its own; a retried publish of the same one is absorbed).
+pub fn manual_msg_id(namespace: &str, task_id: &str, execution_id: &str) -> String {
+    format!("{namespace}.{task_id}:manual:{execution_id}")
+}
+
+/// The de-duplication id of a replayed dead letter: `replay:<execution id of the dead run>`, so
+/// a replay request retried before the entry is removed dispatches it once.
+pub fn replay_msg_id(dead_execution_id: &str) -> String {
+    format!("replay:{dead_execution_id}")
+}
+
+/// The de-duplication id of a dead letter: `dlq:<execution_id>` (one entry per run).
+pub fn dead_letter_msg_id(execution_id: &str) -> String {
+    format!("dlq:{execution_id}")
+}
+
+/// The de-duplication id of one event: random and time-ordered, the same for every retry of
+/// that event's publish.
+pub fn event_msg_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +286,10 @@ mod tests {
         assert_eq!(names.parse_submit_subject("acme.submit.ns"), None);
         assert_eq!(names.parse_submit_subject("other.submit.ns.t"), None);
         assert_eq!(dispatch_msg_id("ns", "t", 1_700_000_000_000), "ns.t:1700000000000");
+        assert_eq!(manual_msg_id("ns", "t", "e1"), "ns.t:manual:e1");
+        assert_eq!(replay_msg_id("e1"), "replay:e1");
+        assert_eq!(dead_letter_msg_id("e1"), "dlq:e1");
+        assert_ne!(event_msg_id(), event_msg_id());
     }
 
     #[test]

@@ -210,8 +210,13 @@ pub struct Dispatch {
 /// every leader derives the same id for the same fire and a worker's run record recognises a
 /// duplicate that stream de-duplication could not.
 pub fn scheduled_execution_id(namespace: &str, task_id: &str, nominal_unix_ms: i64) -> String {
-    let name = crate::names::dispatch_msg_id(namespace, task_id, nominal_unix_ms);
-    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
+    execution_id_of_fire(&crate::names::dispatch_msg_id(namespace, task_id, nominal_unix_ms))
+}
+
+/// [`scheduled_execution_id`] from the fire's message id ([`crate::names::dispatch_msg_id`]),
+/// for a caller that has built it already.
+pub fn execution_id_of_fire(dispatch_msg_id: &str) -> String {
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, dispatch_msg_id.as_bytes()).to_string()
 }
 
 /// The execution id of a manual trigger or replay: random, time-ordered.

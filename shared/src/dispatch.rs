@@ -1,0 +1,255 @@
+//! The one builder of a dispatch message (subject, `Nats-Msg-Id`, headers, body) for every
+//! trigger: a scheduled or caught-up fire, a manual run, a replayed dead letter.
+//!
+//! The body is [`wire::Dispatch`]. A spec already held as JSON (the stored bytes of the tasks
+//! bucket) is spliced into the body as it is rather than re-serialised for every fire.
+
+use async_nats::HeaderMap;
+use async_nats::header::{HeaderName, NATS_MESSAGE_ID};
+use async_nats::jetstream::message::PublishMessage;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::names::{self, Names};
+use crate::spec::TaskSpec;
+use crate::wire::{self, Trigger};
+
+const TASK: HeaderName = HeaderName::from_static(wire::HDR_TASK);
+const NOMINAL_TIME: HeaderName = HeaderName::from_static(wire::HDR_NOMINAL_TIME);
+const EXECUTION_ID: HeaderName = HeaderName::from_static(wire::HDR_EXECUTION_ID);
+const LEADER_TERM: HeaderName = HeaderName::from_static(wire::HDR_LEADER_TERM);
+const TRIGGER: HeaderName = HeaderName::from_static(wire::HDR_TRIGGER);
+
+/// The task a dispatch runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub namespace: &'a str,
+    pub task_id: &'a str,
+    /// The queue of the spec (part of the subject).
+    pub queue: &'a str,
+    /// Revision of the spec in the tasks bucket.
+    pub revision: u64,
+}
+
+impl<'a> Target<'a> {
+    /// The target of a spec stored at `revision`.
+    pub fn of(spec: &'a TaskSpec, revision: u64) -> Target<'a> {
+        Target { namespace: &spec.namespace, task_id: &spec.id, queue: &spec.queue, revision }
+    }
+}
+
+/// How the run came about: decides the trigger, the execution id and the message id.
+#[derive(Debug, Clone, Copy)]
+pub enum Origin<'a> {
+    /// A fire of the schedule by leader `term` (`catchup` when dispatched late, after a
+    /// failover): execution and message ids derive from the nominal time, so every leader
+    /// produces the same ones for the same fire.
+    Scheduled { nominal_ms: i64, term: u64, catchup: bool },
+    /// A run asked for through the API `at` that instant (term 0, fresh execution id).
+    Manual { at: DateTime<Utc> },
+    /// A dead letter dispatched again: its nominal time, a fresh execution id, and a message id
+    /// derived from the dead run's execution id.
+    Replay { nominal_time: DateTime<Utc>, dead_execution_id: &'a str },
+}
+
+impl Origin<'_> {
+    pub fn trigger(&self) -> Trigger {
+        match self {
+            Origin::Scheduled { catchup: false, .. } => Trigger::Schedule,
+            Origin::Scheduled { catchup: true, .. } => Trigger::Catchup,
+            Origin::Manual { .. } => Trigger::Manual,
+            Origin::Replay { .. } => Trigger::Replay,
+        }
+    }
+}
+
+/// The spec snapshot a dispatch carries.
+#[derive(Debug, Clone, Copy)]
+pub enum SpecBody<'a> {
+    /// The spec's canonical JSON (as stored in the tasks bucket), copied in as it is.
+    Json(&'a [u8]),
+    /// A parsed spec, serialised into the body.
+    Spec(&'a TaskSpec),
+}
+
+/// A dispatch ready to publish: `js.send_publish(subject, message)`.
+#[derive(Debug, Clone)]
+pub struct DispatchMessage {
+    /// `jetsched.dispatch.<queue>.<namespace>.<task_id>`.
+    pub subject: String,
+    pub execution_id: String,
+    pub nominal_time: DateTime<Utc>,
+    pub message: PublishMessage,
+}
+
+/// The body's fields before the spec, in [`wire::Dispatch`]'s order.
+#[derive(Serialize)]
+struct Head<'a> {
+    execution_id: &'a str,
+    namespace: &'a str,
+    task_id: &'a str,
+    #[serde(serialize_with = "wire::millis::serialize")]
+    nominal_time: DateTime<Utc>,
+    trigger: Trigger,
+    term: u64,
+    revision: u64,
+}
+
+/// Room for the head of a body and the `"spec"` key: ids, times and numbers.
+const HEAD_BYTES: usize = 320;
+
+/// Builds the dispatch of one run of `target` with `spec` as its snapshot.
+pub fn build(
+    names: &Names,
+    target: Target<'_>,
+    origin: Origin<'_>,
+    spec: SpecBody<'_>,
+) -> Result<DispatchMessage, serde_json::Error> {
+    let Target { namespace, task_id, queue, revision } = target;
+    let (nominal_time, term, execution_id, msg_id) = match origin {
+        Origin::Scheduled { nominal_ms, term, .. } => {
+            let msg_id = names::dispatch_msg_id(namespace, task_id, nominal_ms);
+            let execution_id = wire::execution_id_of_fire(&msg_id);
+            (from_ms(nominal_ms), term, execution_id, msg_id)
+        }
+        Origin::Manual { at } => {
+            let execution_id = wire::fresh_execution_id();
+            let msg_id = names::manual_msg_id(namespace, task_id, &execution_id);
+            (at, 0, execution_id, msg_id)
+        }
+        Origin::Replay { nominal_time, dead_execution_id } => {
+            (nominal_time, 0, wire::fresh_execution_id(), names::replay_msg_id(dead_execution_id))
+        }
+    };
+    let trigger = origin.trigger();
+    let head =
+        Head { execution_id: &execution_id, namespace, task_id, nominal_time, trigger, term, revision };
+    let spec_len = match spec {
+        SpecBody::Json(json) => json.len(),
+        SpecBody::Spec(_) => 512,
+    };
+    let mut body = Vec::with_capacity(HEAD_BYTES + spec_len);
+    serde_json::to_writer(&mut body, &head)?;
+    body.pop(); // the closing brace
+    body.extend_from_slice(b",\"spec\":");
+    match spec {
+        SpecBody::Json(json) => body.extend_from_slice(json),
+        SpecBody::Spec(spec) => serde_json::to_writer(&mut body, spec)?,
+    }
+    body.push(b'}');
+
+    let mut headers = HeaderMap::new();
+    headers.insert(NATS_MESSAGE_ID, msg_id);
+    headers.insert(TASK, names::task_key(namespace, task_id));
+    headers.insert(NOMINAL_TIME, wire::format_time(nominal_time));
+    headers.insert(EXECUTION_ID, execution_id.as_str());
+    headers.insert(LEADER_TERM, term.to_string());
+    headers.insert(TRIGGER, trigger.as_str());
+    Ok(DispatchMessage {
+        subject: names.dispatch_subject(queue, namespace, task_id),
+        execution_id,
+        nominal_time,
+        message: PublishMessage::build().headers(headers).payload(Bytes::from(body)),
+    })
+}
+
+/// An instant from Unix milliseconds (out-of-range values clamp to the representable range).
+fn from_ms(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or(if ms < 0 {
+        DateTime::<Utc>::MIN_UTC
+    } else {
+        DateTime::<Utc>::MAX_UTC
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: &[u8] = br#"{"id":"report","namespace":"billing","queue":"q1","schedule":{"every":"1m"},"executor":{"kind":"nats","subject":"work.x"}}"#;
+    const NOMINAL: i64 = 1_700_000_040_000;
+
+    fn header(message: &DispatchMessage, name: &str) -> Option<String> {
+        let outbound = message.message.clone().outbound_message(message.subject.clone());
+        outbound.headers.expect("headers").get(name).map(|v| v.to_string())
+    }
+
+    fn body(message: &DispatchMessage) -> wire::Dispatch {
+        let outbound = message.message.clone().outbound_message(message.subject.clone());
+        serde_json::from_slice(&outbound.payload).expect("the body decodes as a dispatch")
+    }
+
+    #[test]
+    fn every_trigger_builds_a_dispatch_with_its_ids_and_headers() {
+        let names = Names::default();
+        let spec = TaskSpec::parse(SPEC).expect("valid spec");
+        let at = from_ms(NOMINAL + 5);
+        let cases: [(Origin<'_>, Trigger, u64, i64); 4] = [
+            (
+                Origin::Scheduled { nominal_ms: NOMINAL, term: 42, catchup: false },
+                Trigger::Schedule,
+                42,
+                NOMINAL,
+            ),
+            (
+                Origin::Scheduled { nominal_ms: NOMINAL, term: 43, catchup: true },
+                Trigger::Catchup,
+                43,
+                NOMINAL,
+            ),
+            (Origin::Manual { at }, Trigger::Manual, 0, NOMINAL + 5),
+            (
+                Origin::Replay { nominal_time: from_ms(NOMINAL), dead_execution_id: "dead-1" },
+                Trigger::Replay,
+                0,
+                NOMINAL,
+            ),
+        ];
+        for (origin, trigger, term, nominal_ms) in cases {
+            for spec_body in [SpecBody::Json(SPEC), SpecBody::Spec(&spec)] {
+                let message = build(&names, Target::of(&spec, 7), origin, spec_body).expect("builds");
+                assert_eq!(message.subject, names.dispatch_subject("q1", "billing", "report"));
+                let decoded = body(&message);
+                assert_eq!(decoded.execution_id, message.execution_id);
+                assert_eq!((decoded.namespace.as_str(), decoded.task_id.as_str()), ("billing", "report"));
+                assert_eq!(decoded.nominal_time.timestamp_millis(), nominal_ms);
+                assert_eq!((decoded.trigger, decoded.term, decoded.revision), (trigger, term, 7));
+                assert_eq!(decoded.spec, spec);
+                let expected_id = match origin {
+                    Origin::Scheduled { .. } => {
+                        assert_eq!(
+                            message.execution_id,
+                            wire::scheduled_execution_id("billing", "report", NOMINAL)
+                        );
+                        names::dispatch_msg_id("billing", "report", NOMINAL)
+                    }
+                    Origin::Manual { .. } => names::manual_msg_id("billing", "report", &message.execution_id),
+                    Origin::Replay { .. } => names::replay_msg_id("dead-1"),
+                };
+                assert_eq!(header(&message, "Nats-Msg-Id"), Some(expected_id));
+                assert_eq!(header(&message, wire::HDR_TASK).as_deref(), Some("billing.report"));
+                assert_eq!(header(&message, wire::HDR_EXECUTION_ID), Some(message.execution_id.clone()));
+                assert_eq!(header(&message, wire::HDR_LEADER_TERM), Some(term.to_string()));
+                assert_eq!(header(&message, wire::HDR_TRIGGER).as_deref(), Some(trigger.as_str()));
+                assert_eq!(
+                    header(&message, wire::HDR_NOMINAL_TIME),
+                    Some(wire::format_time(from_ms(nominal_ms)))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn manual_runs_and_replays_get_fresh_execution_ids() {
+        let names = Names::default();
+        let spec = TaskSpec::parse(SPEC).expect("valid spec");
+        let build = |origin| build(&names, Target::of(&spec, 1), origin, SpecBody::Json(SPEC)).unwrap();
+        let at = Utc::now();
+        assert_ne!(build(Origin::Manual { at }).execution_id, build(Origin::Manual { at }).execution_id);
+        let replay = Origin::Replay { nominal_time: at, dead_execution_id: "dead" };
+        let (first, second) = (build(replay), build(replay));
+        assert_ne!(first.execution_id, second.execution_id);
+        assert_eq!(header(&first, "Nats-Msg-Id"), header(&second, "Nats-Msg-Id"));
+    }
+}
