@@ -6,14 +6,21 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer::DeliverPolicy};
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::presence;
 use jetsched_shared::wire::{Event, EventKind, LeaderRecord, format_time};
+use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::commands::{Failure, split_task};
+use crate::api::{Failure, task_ref};
 use crate::output;
+
+/// The roles `status` looks for, in the order it shows them.
+const ROLES: [&str; 4] = ["registry", "scheduler", "worker", "alerter"];
+/// Width of the labels of `status`'s summary lines.
+const LABEL: usize = 13;
 
 /// Reads up to `last` events matching `filter`, oldest first, without waiting for new ones.
 async fn recent_events(
@@ -71,9 +78,10 @@ pub(crate) async fn runs(
     last: u64,
     json_out: bool,
 ) -> Result<(), Failure> {
-    let (namespace, id) = split_task(task);
+    let task = task_ref(task);
     let js = jetstream::new(client.clone());
-    let events = recent_events(&js, names, names.event_subject("*.*", namespace, id), last).await?;
+    let subject = names.event_subject("*.*", &task.namespace, &task.id);
+    let events = recent_events(&js, names, subject, last).await?;
     let mut runs: BTreeMap<String, RunView> = BTreeMap::new();
     let mut order = Vec::new();
     for event in events {
@@ -165,6 +173,84 @@ pub(crate) async fn runs(
     Ok(())
 }
 
+/// The lease holder as `status` reports it.
+#[derive(Serialize)]
+struct Leader {
+    instance: String,
+    /// Revision of the `create` that won the lease: the same for as long as one leader holds.
+    /// An older scheduler's record has none: then the key's latest revision, as before.
+    term: u64,
+    acquired_at: String,
+    /// When the lease was last written (acquired or renewed): the entry's timestamp.
+    renewed_at: String,
+    lease_ms: u64,
+    /// The lease key's latest revision (grows with every renewal).
+    revision: u64,
+    #[serde(skip)]
+    term_recorded: bool,
+}
+
+#[derive(Serialize)]
+struct Queue {
+    consumer: String,
+    pending: u64,
+    ack_pending: usize,
+    redelivered: usize,
+    waiting_pulls: usize,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum StreamView {
+    Found { stream: String, messages: u64, bytes: u64, consumers: usize, replicas: usize },
+    Missing { stream: String, error: String },
+}
+
+#[derive(Serialize)]
+struct Status {
+    leader: Option<Leader>,
+    /// Instances per role that answered the presence ping.
+    replicas: BTreeMap<&'static str, Vec<String>>,
+    queues: Vec<Queue>,
+    dead_letters: Option<u64>,
+    streams: Vec<StreamView>,
+}
+
+async fn leader(js: &jetstream::Context, names: &Names) -> anyhow::Result<Option<Leader>> {
+    let Ok(kv) = js.get_key_value(names.leader_bucket()).await else { return Ok(None) };
+    let Some(entry) = kv.entry(names.leader_key()).await.context("read the leader lease")? else {
+        return Ok(None);
+    };
+    if entry.operation != jetstream::kv::Operation::Put {
+        return Ok(None);
+    }
+    let Ok(record) = serde_json::from_slice::<LeaderRecord>(&entry.value) else { return Ok(None) };
+    let nanos = entry.created.unix_timestamp_nanos();
+    let renewed = DateTime::from_timestamp_nanos(i64::try_from(nanos).unwrap_or(i64::MAX));
+    Ok(Some(Leader {
+        instance: record.instance,
+        term: if record.term == 0 { entry.revision } else { record.term },
+        acquired_at: format_time(record.acquired_at),
+        renewed_at: format_time(renewed),
+        lease_ms: record.lease_ms,
+        revision: entry.revision,
+        term_recorded: record.term != 0,
+    }))
+}
+
+/// `12.3s`, `4m 05s`, `2h 10m`, `3d 4h` before `now`.
+fn ago(then: &str, now: DateTime<Utc>) -> String {
+    let Ok(then) = DateTime::parse_from_rfc3339(then) else { return "?".into() };
+    let ms = (now - then.with_timezone(&Utc)).num_milliseconds().max(0);
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{:.1}s ago", ms as f64 / 1000.0),
+        60..3600 => format!("{}m {:02}s ago", s / 60, s % 60),
+        3600..86_400 => format!("{}h {:02}m ago", s / 3600, s / 60 % 60),
+        _ => format!("{}d {}h ago", s / 86_400, s / 3600 % 24),
+    }
+}
+
 pub(crate) async fn status(
     client: &async_nats::Client,
     names: &Names,
@@ -172,29 +258,17 @@ pub(crate) async fn status(
 ) -> Result<(), Failure> {
     let js = jetstream::new(client.clone());
     let wait = Duration::from_millis(500);
+    let leader = leader(&js, names).await?;
 
-    let leader = match js.get_key_value(names.leader_bucket()).await {
-        Ok(kv) => match kv.entry(names.leader_key()).await.context("read the leader lease")? {
-            Some(entry) if entry.operation == jetstream::kv::Operation::Put => {
-                serde_json::from_slice::<LeaderRecord>(&entry.value).ok().map(|record| {
-                    json!({"instance": record.instance, "term": entry.revision,
-                           "acquired_at": format_time(record.acquired_at), "lease_ms": record.lease_ms})
-                })
-            }
-            _ => None,
-        },
-        Err(_) => None,
-    };
-
-    let mut replicas = serde_json::Map::new();
-    for role in ["registry", "scheduler", "worker", "alerter"] {
+    let mut replicas = BTreeMap::new();
+    for role in ROLES {
         let found = presence::ping(client, &names.presence_service(role), wait).await?;
         let mut instances: Vec<String> = found
             .iter()
             .map(|r| r.metadata.get("instance").cloned().unwrap_or_else(|| r.id.clone()))
             .collect();
         instances.sort();
-        replicas.insert(role.to_string(), json!(instances));
+        replicas.insert(role, instances);
     }
 
     let mut queues = Vec::new();
@@ -212,7 +286,7 @@ pub(crate) async fn status(
         let mut stream = match js.get_stream(&name).await {
             Ok(stream) => stream,
             Err(error) => {
-                streams.push(json!({"stream": name, "error": error.to_string()}));
+                streams.push(StreamView::Missing { stream: name, error: error.to_string() });
                 continue;
             }
         };
@@ -220,65 +294,95 @@ pub(crate) async fn status(
         if name == names.dlq_stream() {
             dead_letters = Some(info.state.messages);
         }
-        streams.push(json!({"stream": name, "messages": info.state.messages, "bytes": info.state.bytes,
-                            "consumers": info.state.consumer_count, "replicas": info.config.num_replicas}));
         if name == names.dispatch_stream() {
             let mut consumers = stream.consumers();
             while let Some(consumer) = consumers.next().await {
                 let consumer = consumer.context("list dispatch consumers")?;
-                queues.push(json!({"consumer": consumer.name, "pending": consumer.num_pending,
-                                   "ack_pending": consumer.num_ack_pending, "redelivered": consumer.num_redelivered,
-                                   "waiting_pulls": consumer.num_waiting}));
+                queues.push(Queue {
+                    consumer: consumer.name,
+                    pending: consumer.num_pending,
+                    ack_pending: consumer.num_ack_pending,
+                    redelivered: consumer.num_redelivered,
+                    waiting_pulls: consumer.num_waiting,
+                });
             }
         }
+        streams.push(StreamView::Found {
+            stream: name,
+            messages: info.state.messages,
+            bytes: info.state.bytes,
+            consumers: info.state.consumer_count,
+            replicas: info.config.num_replicas,
+        });
     }
-    let report = json!({"leader": leader, "replicas": replicas, "queues": queues,
-                        "dead_letters": dead_letters, "streams": streams});
+    let report = Status { leader, replicas, queues, dead_letters, streams };
     if json_out {
-        output::pretty(&report);
-        return Ok(());
+        output::pretty(&serde_json::to_value(&report).context("encode the status")?);
+    } else {
+        print_status(&report, Utc::now());
     }
-    match &report["leader"] {
-        Value::Null => println!("leader:      NONE (no scheduler holds the lease)"),
-        l => println!(
-            "leader:      {} (term {}, since {}, lease {} ms)",
-            l["instance"].as_str().unwrap_or("?"),
-            l["term"],
-            l["acquired_at"].as_str().unwrap_or("?"),
-            l["lease_ms"]
+    Ok(())
+}
+
+fn print_status(report: &Status, now: DateTime<Utc>) {
+    let line = |label: &str, text: String| println!("{:<LABEL$}{text}", format!("{label}:"));
+    match &report.leader {
+        None => line("leader", "NONE (no scheduler holds the lease)".into()),
+        Some(l) if !l.term_recorded => line(
+            "leader",
+            format!("{} (term {}, since {}, lease {} ms)", l.instance, l.term, l.acquired_at, l.lease_ms),
         ),
+        Some(l) => {
+            line("leader", format!("{} (term {}, lease {} ms)", l.instance, l.term, l.lease_ms));
+            line("acquired", format!("{} ({})", l.acquired_at, ago(&l.acquired_at, now)));
+            line("renewed", format!("{} ({})", l.renewed_at, ago(&l.renewed_at, now)));
+        }
     }
-    for (role, instances) in report["replicas"].as_object().into_iter().flatten() {
-        let list: Vec<&str> = instances.as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-        println!(
-            "{:<12} {} {}",
-            format!("{role}s:"),
-            list.len(),
-            if list.is_empty() { String::new() } else { format!("({})", list.join(", ")) }
-        );
+    for role in ROLES {
+        let instances = report.replicas.get(role).map(Vec::as_slice).unwrap_or_default();
+        let list = if instances.is_empty() { String::new() } else { format!(" ({})", instances.join(", ")) };
+        line(&output::plural(role), format!("{}{list}", instances.len()));
     }
-    println!("dead letters: {}", report["dead_letters"]);
+    line("dead letters", report.dead_letters.map_or("?".into(), |n| n.to_string()));
     println!();
-    let rows: Vec<Vec<String>> = queues
+    let rows: Vec<Vec<String>> = report
+        .queues
         .iter()
         .map(|q| {
-            ["consumer", "pending", "ack_pending", "redelivered", "waiting_pulls"]
-                .iter()
-                .map(|k| q[*k].as_str().map(str::to_string).unwrap_or_else(|| q[*k].to_string()))
-                .collect()
+            let numbers = [q.pending, q.ack_pending as u64, q.redelivered as u64, q.waiting_pulls as u64];
+            std::iter::once(q.consumer.clone()).chain(numbers.map(|n| n.to_string())).collect()
         })
         .collect();
     output::table(&["QUEUE CONSUMER", "PENDING", "ACK PENDING", "REDELIVERED", "WAITING PULLS"], &rows);
     println!();
-    let rows: Vec<Vec<String>> = streams
+    let rows: Vec<Vec<String>> = report
+        .streams
         .iter()
-        .map(|s| {
-            ["stream", "messages", "bytes", "consumers", "replicas"]
-                .iter()
-                .map(|k| s[*k].as_str().map(str::to_string).unwrap_or_else(|| s[*k].to_string()))
-                .collect()
+        .map(|s| match s {
+            StreamView::Found { stream, messages, bytes, consumers, replicas } => vec![
+                stream.clone(),
+                messages.to_string(),
+                bytes.to_string(),
+                consumers.to_string(),
+                replicas.to_string(),
+            ],
+            StreamView::Missing { stream, error } => vec![stream.clone(), format!("({error})")],
         })
         .collect();
     output::table(&["STREAM", "MESSAGES", "BYTES", "CONSUMERS", "REPLICAS"], &rows);
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_at_a_glance() {
+        let now = DateTime::parse_from_rfc3339("2026-01-01T12:00:00Z").unwrap().with_timezone(&Utc);
+        assert_eq!(ago("2026-01-01T11:59:58.700Z", now), "1.3s ago");
+        assert_eq!(ago("2026-01-01T11:55:55.000Z", now), "4m 05s ago");
+        assert_eq!(ago("2026-01-01T09:50:00.000Z", now), "2h 10m ago");
+        assert_eq!(ago("2025-12-29T08:00:00.000Z", now), "3d 4h ago");
+        assert_eq!(ago("not a time", now), "?");
+    }
 }

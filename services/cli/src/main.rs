@@ -2,7 +2,10 @@
 //! stream). Exit codes: 0 success, 1 the API answered with an error, 2 usage or connection
 //! problems.
 
+mod api;
 mod commands;
+mod dlq;
+mod files;
 mod inspect;
 mod output;
 
@@ -10,15 +13,22 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::commands::{Cli, Failure};
+use crate::api::Failure;
+use crate::commands::Cli;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match commands::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Api(error)) => {
-            eprintln!("error: {error}");
+        Err(Failure::Api(problems)) => {
+            for problem in &problems {
+                eprintln!("error: {problem}");
+            }
+            ExitCode::from(1)
+        }
+        Err(Failure::Reported(summary)) => {
+            eprintln!("error: {summary}");
             ExitCode::from(1)
         }
         Err(Failure::Other(error)) => {

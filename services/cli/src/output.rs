@@ -38,3 +38,29 @@ pub(crate) fn schedule(schedule: &Value) -> String {
 pub(crate) fn pretty(value: &Value) {
     println!("{}", serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string()));
 }
+
+/// `1 dead letter`, `3 dead letters`.
+pub(crate) fn count(n: u64, singular: &str, plural: &str) -> String {
+    format!("{n} {}", if n == 1 { singular } else { plural })
+}
+
+/// The plural of a role name: `registry` -> `registries`, `worker` -> `workers`.
+pub(crate) fn plural(noun: &str) -> String {
+    match noun.strip_suffix('y') {
+        Some(stem) if !stem.ends_with(['a', 'e', 'i', 'o', 'u']) => format!("{stem}ies"),
+        _ => format!("{noun}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plurals_of_role_names_and_counts() {
+        let roles: Vec<String> = ["registry", "scheduler", "worker", "alerter", "key"].map(plural).into();
+        assert_eq!(roles, ["registries", "schedulers", "workers", "alerters", "keys"]);
+        assert_eq!(count(1, "dead letter", "dead letters"), "1 dead letter");
+        assert_eq!(count(0, "dead letter", "dead letters"), "0 dead letters");
+    }
+}
