@@ -39,13 +39,6 @@ impl Outcome {
     pub fn permanent(error: impl Into<String>) -> Outcome {
         Outcome::Permanent { error: error.into() }
     }
-
-    pub(crate) fn error(&self) -> Option<&str> {
-        match self {
-            Outcome::Ok { .. } => None,
-            Outcome::Retry { error, .. } | Outcome::Permanent { error } => Some(error),
-        }
-    }
 }
 
 /// One attempt handed to an executor.

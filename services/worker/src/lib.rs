@@ -18,7 +18,9 @@
 
 mod config;
 mod consumer;
+mod delivery;
 pub mod dlq;
+mod ending;
 mod executor;
 mod metrics;
 mod retry;

@@ -21,13 +21,14 @@ pub(crate) struct Metrics {
     pub(crate) dead_letters: IntCounterVec,
     /// `jetsched_worker_dlq_rejected_total`: dead letters the DLQ stream refused (full).
     pub(crate) dlq_rejected: prometheus::IntCounter,
-    /// `jetsched_worker_dlq_depth`: messages in the DLQ stream, as last seen by this worker.
+    /// `jetsched_dlq_depth`: messages in the DLQ stream, as last seen by this worker.
     pub(crate) dlq_depth: IntGauge,
-    /// `jetsched_worker_queue_pending{queue}`: messages waiting for the queue's consumer, as
+    /// `jetsched_queue_depth{queue}`: dispatches waiting for the queue's consumer, as
     /// reported with the latest delivery (no polling).
-    pub(crate) queue_pending: prometheus::IntGaugeVec,
+    pub(crate) queue_depth: prometheus::IntGaugeVec,
     /// `jetsched_worker_errors_total{what}`: NATS errors handled without a verdict (pull,
-    /// ack, run record, event).
+    /// ack, run record, advisory). Events given up are counted by the event publisher
+    /// (`jetsched_events_failed_total`).
     pub(crate) errors: IntCounterVec,
 }
 
@@ -58,19 +59,16 @@ impl Metrics {
             "jetsched_worker_dlq_rejected_total",
             "Dead letters refused by the DLQ",
         )?;
-        let dlq_depth = IntGauge::new("jetsched_worker_dlq_depth", "Messages in the dead-letter stream")?;
+        let dlq_depth = IntGauge::new("jetsched_dlq_depth", "Messages in the dead-letter stream")?;
         let errors = IntCounterVec::new(
             Opts::new("jetsched_worker_errors_total", "NATS errors handled by the worker"),
             &["what"],
         )?;
-        let queue_pending = prometheus::IntGaugeVec::new(
-            Opts::new(
-                "jetsched_worker_queue_pending",
-                "Runs waiting in the queue, as of the latest delivery",
-            ),
+        let queue_depth = prometheus::IntGaugeVec::new(
+            Opts::new("jetsched_queue_depth", "Dispatches waiting in the queue, as of the latest delivery"),
             &["queue"],
         )?;
-        registry.register(Box::new(queue_pending.clone()))?;
+        registry.register(Box::new(queue_depth.clone()))?;
         registry.register(Box::new(runs.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(retries.clone()))?;
@@ -89,7 +87,7 @@ impl Metrics {
             dead_letters,
             dlq_rejected,
             dlq_depth,
-            queue_pending,
+            queue_depth,
             errors,
         })
     }

@@ -245,7 +245,7 @@ async fn worker_retries_with_backoff_and_jitter_then_succeeds() {
         r#"jetsched_worker_runs_total{outcome="succeeded",queue="default"} 1"#,
         r#"jetsched_worker_retries_total{queue="default"} 2"#,
         "jetsched_worker_runs_in_flight 0",
-        r#"jetsched_worker_queue_pending{queue="default"} 0"#,
+        r#"jetsched_queue_depth{queue="default"} 0"#,
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }

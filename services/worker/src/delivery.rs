@@ -1,0 +1,306 @@
+//! The life of one delivery up to its [`Ending`]: JetStream metadata and body, what the run
+//! record says (run it, or a redelivery already decided), the attempt with progress acks, and
+//! the retry policy's decision. [`crate::ending`] takes it from there.
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, AckKind, context::PublishAckFuture};
+use chrono::Utc;
+use jetsched_shared::events::EventPublisher;
+use jetsched_shared::spec::OverlapPolicy;
+use jetsched_shared::wire::{Dispatch, Event, EventKind};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::config::{RunEvents, RunRecords};
+use crate::consumer::Shared;
+use crate::dlq::{DeadLetter, undecodable};
+use crate::ending::{Ending, Stored};
+use crate::executor::Attempt;
+use crate::metrics::Metrics;
+use crate::retry::decide;
+use crate::runs::Begin;
+
+/// How long a run event that JetStream did not store is published again (a replicated events
+/// stream refuses writes while it elects a new leader, e.g. after a node died) before it is
+/// counted in `jetsched_worker_errors_total{what="event"}` and logged.
+const EVENT_RETRY_FOR: Duration = Duration::from_secs(15);
+
+/// Handles one delivery from its metadata to its ending.
+pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Message) {
+    let (attempt, sequence) = match message.info() {
+        Ok(info) => {
+            shared
+                .metrics
+                .queue_depth
+                .with_label_values(&[queue])
+                .set(i64::try_from(info.pending).unwrap_or(i64::MAX));
+            (u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1), info.stream_sequence)
+        }
+        Err(error) => {
+            shared.metrics.errors.with_label_values(&["message_info"]).inc();
+            tracing::warn!(%error, "dispatch without JetStream metadata; ignored");
+            return;
+        }
+    };
+    let dispatch: Dispatch = match serde_json::from_slice(&message.payload) {
+        Ok(dispatch) => dispatch,
+        Err(error) => {
+            tracing::error!(%error, subject = %message.subject, "undecodable dispatch: dead-lettering it");
+            let entry = undecodable(
+                &shared.names,
+                &message.subject,
+                &message.payload,
+                &error,
+                &shared.worker,
+                sequence,
+            );
+            let answer = match Box::pin(shared.store_dead_letter(&entry)).await {
+                Ok(()) => AckKind::Term,
+                Err(_) => AckKind::Nak(Some(shared.dlq_retry_delay)),
+            };
+            acknowledge(shared, &message, answer).await;
+            return;
+        }
+    };
+    let span = tracing::info_span!(
+        "run",
+        namespace = %dispatch.namespace,
+        task = %dispatch.task_id,
+        execution = %dispatch.execution_id,
+        attempt
+    );
+    let delivery = Delivery {
+        shared,
+        queue,
+        message: &message,
+        dispatch: &dispatch,
+        attempt,
+        sequence,
+        stored: None,
+        elapsed: None,
+        events: Emitter::new(shared),
+    };
+    delivery.deliver().instrument(span).await;
+}
+
+/// One delivery being handled: the message, what it carries, the run record as last stored,
+/// and the events told about it.
+pub(crate) struct Delivery<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) queue: &'a str,
+    pub(crate) message: &'a jetstream::Message,
+    pub(crate) dispatch: &'a Dispatch,
+    /// The delivery count (1-based).
+    pub(crate) attempt: u32,
+    /// The dispatch message's stream sequence.
+    pub(crate) sequence: u64,
+    /// The run record as last stored, once the record store has answered.
+    pub(crate) stored: Option<Stored>,
+    /// How long the attempt ran, if it ran.
+    pub(crate) elapsed: Option<Duration>,
+    pub(crate) events: Emitter<'a>,
+}
+
+impl Delivery<'_> {
+    async fn deliver(mut self) {
+        let ending = self.run().await;
+        self.conclude(ending).await;
+    }
+
+    /// Everything before the ending: the run record's say, then the attempt.
+    async fn run(&mut self) -> Ending {
+        let (shared, dispatch, attempt) = (self.shared, self.dispatch, self.attempt);
+        let eager = shared.run_records == RunRecords::Eager || dispatch.spec.overlap != OverlapPolicy::Allow;
+        let (stored, rerun) = match shared.runs.begin(dispatch, attempt, &shared.worker, eager).await {
+            Ok(Begin::Run { record, revision, rerun }) => (Stored { record: *record, revision }, rerun),
+            Ok(Begin::AlreadySucceeded) => return Ending::Duplicate,
+            Ok(Begin::AlreadyDead) => return Ending::AlreadyDead,
+            Ok(Begin::DeadLetterPending { record, revision }) => {
+                let error = record.error.as_deref().unwrap_or_default();
+                let reason = format!("failed for good after {} attempts: {error}", record.attempt);
+                self.stored = Some(Stored { record: *record, revision });
+                return Ending::DeadLetterPending { reason };
+            }
+            Err(error) => {
+                // Without a record the run cannot be recognised later: do not run, retry soon.
+                shared.metrics.errors.with_label_values(&["run_record"]).inc();
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "cannot write the run record; handing the run back"
+                );
+                return Ending::Unrecorded;
+            }
+        };
+        let first_started = stored.record.first_started;
+        self.stored = Some(stored);
+        if rerun {
+            shared.metrics.reruns.with_label_values(&[self.queue]).inc();
+            tracing::warn!("the previous attempt never reached a verdict (worker lost): running again");
+            let mut event = self.event(EventKind::RunRetrying, attempt);
+            event.reason = Some("worker_lost".to_string());
+            self.events.emit(event).await;
+        }
+        let event = self.event(EventKind::RunStarted, attempt);
+        self.events.emit(event).await;
+
+        shared.metrics.in_flight.inc();
+        let started = Instant::now();
+        let outcome = {
+            let run = Attempt { dispatch, attempt, cancel: shared.hard_stop.child_token() };
+            let execution = shared.executors.execute(&run);
+            let stopped = shared.hard_stop.cancelled();
+            keeping_alive(shared, self.message, async {
+                tokio::select! {
+                    biased;
+                    outcome = execution => Some(outcome),
+                    _ = stopped => None,
+                }
+            })
+            .await
+        };
+        let elapsed = started.elapsed();
+        self.elapsed = Some(elapsed);
+        shared.metrics.in_flight.dec();
+        shared
+            .metrics
+            .duration
+            .with_label_values(&[self.queue, dispatch.spec.executor.kind()])
+            .observe(elapsed.as_secs_f64());
+        let Some(outcome) = outcome else {
+            return Ending::Interrupted;
+        };
+        let since_first = (Utc::now() - first_started).to_std().unwrap_or_default();
+        decide(&dispatch.spec.retry, outcome, attempt, since_first, rand::random::<f64>())
+    }
+
+    /// A run event of `kind` about this delivery (attempt `attempt`).
+    pub(crate) fn event(&self, kind: EventKind, attempt: u32) -> Event {
+        let dispatch = self.dispatch;
+        Event {
+            execution_id: Some(dispatch.execution_id.clone()),
+            nominal_time: Some(dispatch.nominal_time),
+            trigger: Some(dispatch.trigger),
+            attempt: Some(attempt),
+            worker: Some(self.shared.worker.clone()),
+            revision: Some(dispatch.revision),
+            ..Event::new(kind, &dispatch.namespace, &dispatch.task_id)
+        }
+    }
+}
+
+impl Shared {
+    /// Stores a dead letter (awaiting the stream's ack) and counts it by source. A refusal is
+    /// counted and logged here, and returned: then the caller must not `Term`.
+    pub(crate) async fn store_dead_letter(&self, entry: &DeadLetter) -> anyhow::Result<()> {
+        match self.dlq.publish(entry).await {
+            Ok(()) => {
+                self.metrics.dead_letters.with_label_values(&[entry.source.as_str()]).inc();
+                Ok(())
+            }
+            Err(error) => {
+                self.metrics.dlq_rejected.inc();
+                tracing::error!(
+                    error = format!("{error:#}"),
+                    "the dead-letter stream refused the entry; retrying later"
+                );
+                Err(error)
+            }
+        }
+    }
+}
+
+/// Acknowledges the dispatch message (`Ack`, `Nak`, `Term` or `Progress`); a failure is logged
+/// and counted (the server redelivers after ack_wait).
+pub(crate) async fn acknowledge(shared: &Shared, message: &jetstream::Message, kind: AckKind) {
+    if let Err(error) = message.ack_with(kind).await {
+        shared.metrics.errors.with_label_values(&["ack"]).inc();
+        tracing::warn!(%error, "acknowledge dispatch");
+    }
+}
+
+/// Runs `work` while telling the server the delivery is still being handled (progress acks
+/// every `progress_interval`), so neither a long execution nor a record write retried through
+/// a node failure outlives `ack_wait` and hands the run to another worker.
+pub(crate) async fn keeping_alive<T>(
+    shared: &Shared,
+    message: &jetstream::Message,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(work);
+    let period = shared.progress_interval;
+    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return out,
+            _ = progress.tick() => acknowledge(shared, message, AckKind::Progress).await,
+        }
+    }
+}
+
+/// Event acks awaited together at the end of a delivery (publishing is pipelined); an event
+/// that was not stored is published again for up to [`EVENT_RETRY_FOR`].
+pub(crate) struct Emitter<'a> {
+    events: &'a EventPublisher,
+    wanted: RunEvents,
+    metrics: &'a Metrics,
+    pending: Vec<(Event, PublishAckFuture)>,
+    unsent: Vec<Event>,
+    /// The worker's hard stop: retrying ends with it.
+    stop: &'a CancellationToken,
+}
+
+impl Emitter<'_> {
+    fn new(shared: &Shared) -> Emitter<'_> {
+        Emitter {
+            events: &shared.events,
+            wanted: shared.run_events,
+            metrics: &shared.metrics,
+            pending: Vec::new(),
+            unsent: Vec::new(),
+            stop: &shared.hard_stop,
+        }
+    }
+
+    pub(crate) async fn emit(&mut self, event: Event) {
+        if !self.wanted.wants(event.kind) {
+            return;
+        }
+        match self.events.send(&event).await {
+            Ok(ack) => self.pending.push((event, ack)),
+            Err(error) => {
+                tracing::debug!(
+                    error = format!("{error:#}"),
+                    kind = event.kind.as_str(),
+                    "event not sent yet"
+                );
+                self.unsent.push(event);
+            }
+        }
+    }
+
+    pub(crate) async fn flush(self) {
+        let mut unsent = self.unsent;
+        for (event, ack) in self.pending {
+            if let Err(error) = ack.await {
+                tracing::debug!(%error, kind = event.kind.as_str(), "event not stored yet");
+                unsent.push(event);
+            }
+        }
+        if unsent.is_empty() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + EVENT_RETRY_FOR;
+        for event in unsent {
+            let stored = tokio::select! {
+                stored = self.events.store_until(&event, None, deadline) => stored,
+                _ = self.stop.cancelled() => Err(anyhow::anyhow!("the worker is stopping")),
+            };
+            if let Err(error) = stored {
+                self.metrics.errors.with_label_values(&["event"]).inc();
+                tracing::warn!(error = format!("{error:#}"), kind = event.kind.as_str(), "event not stored");
+            }
+        }
+    }
+}
