@@ -1,14 +1,22 @@
-//! Configuration pieces every binary flattens into its clap `Config`: NATS connection and
-//! credentials, the admin listener, logging, prefix and instance id.
+//! Configuration pieces every binary flattens into its clap `Config` (NATS connection and
+//! credentials, the admin listener, logging, prefix and instance id), and the validation
+//! every binary runs after parsing: [`Problems`] collects every invalid setting, and
+//! [`validate_shared`] checks the settings all services share.
 
+use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::{Args, CommandFactory, ValueEnum};
 
 use crate::names::{DEFAULT_PREFIX, Names};
+use crate::topology::TopologyArgs;
+
+/// Exit status of a binary started with an invalid configuration (clap's own usage errors
+/// exit with the same status). A failure after a valid configuration exits with 1.
+pub const EXIT_INVALID_CONFIG: u8 = 2;
 
 /// How to reach NATS. The variable names are the ones the `nats` CLI and official clients use.
 #[derive(Debug, Clone, Args)]
@@ -26,7 +34,7 @@ pub struct NatsArgs {
     #[arg(long = "nats-user", env = "NATS_USER")]
     pub user: Option<String>,
     /// Password (with --nats-user).
-    #[arg(long = "nats-password", env = "NATS_PASSWORD", hide_env_values = true, requires = "user")]
+    #[arg(long = "nats-password", env = "NATS_PASSWORD", hide_env_values = true)]
     pub password: Option<String>,
     /// Authentication token.
     #[arg(long = "nats-token", env = "NATS_TOKEN", hide_env_values = true)]
@@ -41,10 +49,10 @@ pub struct NatsArgs {
     #[arg(long = "tls-ca", env = "NATS_CA")]
     pub tls_ca: Option<PathBuf>,
     /// Client certificate (PEM) for mutual TLS (with --tls-key).
-    #[arg(long = "tls-cert", env = "NATS_CERT", requires = "tls_key")]
+    #[arg(long = "tls-cert", env = "NATS_CERT")]
     pub tls_cert: Option<PathBuf>,
     /// Client private key (PEM) for mutual TLS (with --tls-cert).
-    #[arg(long = "tls-key", env = "NATS_KEY", requires = "tls_cert")]
+    #[arg(long = "tls-key", env = "NATS_KEY")]
     pub tls_key: Option<PathBuf>,
     /// Timeout of the first connection attempt.
     #[arg(long = "nats-connect-timeout", env = "JETSCHED_NATS_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -187,12 +195,348 @@ pub fn default_instance_id() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// Parses a human duration (`90s`, `5m`, `1h 30m`) for clap.
+/// Parses a human duration (`90s`, `5m`, `1h 30m`, `0s`) for clap. Only the syntax is
+/// checked here; whether a setting may be zero is a rule of its validation.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(text)
-        .map_err(|e| format!("{text:?} is not a duration ({e}); use e.g. 90s, 5m, 1h"))?;
-    if d.is_zero() {
-        return Err(format!("{text:?}: must be greater than zero"));
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{text:?} is not a duration ({e}); use e.g. 90s, 5m, 1h"))
+}
+
+// ---- validation ---------------------------------------------------------------------------
+
+/// One invalid setting: its flag (long name), the value given and the rule it breaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Long flag name without dashes (`publish-window`); the report adds its variable.
+    pub flag: String,
+    /// The value as given (secrets are never shown).
+    pub value: String,
+    /// The rule the value breaks (`must be at least 1`).
+    pub rule: String,
+}
+
+/// Every problem found in a configuration, in the order checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Problems(Vec<Problem>);
+
+impl Problems {
+    pub fn new() -> Problems {
+        Problems::default()
     }
-    Ok(d)
+
+    /// Records that `flag`'s `value` breaks `rule`.
+    pub fn push(&mut self, flag: &str, value: impl fmt::Display, rule: impl Into<String>) {
+        self.0.push(Problem { flag: flag.to_string(), value: value.to_string(), rule: rule.into() });
+    }
+
+    /// Records a problem unless `ok`.
+    pub fn check(&mut self, ok: bool, flag: &str, value: impl fmt::Display, rule: impl Into<String>) {
+        if !ok {
+            self.push(flag, value, rule);
+        }
+    }
+
+    /// `flag` must be at least `min`.
+    pub fn at_least<T: PartialOrd + fmt::Display>(&mut self, flag: &str, value: T, min: T) {
+        let rule = format!("must be at least {min}");
+        self.check(value >= min, flag, value, rule);
+    }
+
+    /// `flag` must be a duration longer than zero.
+    pub fn positive(&mut self, flag: &str, value: Duration) {
+        self.check(!value.is_zero(), flag, humantime::format_duration(value), "must be longer than 0s");
+    }
+
+    /// `flag` (a duration) must be at least `min`.
+    pub fn at_least_duration(&mut self, flag: &str, value: Duration, min: Duration) {
+        let rule = format!("must be at least {}", humantime::format_duration(min));
+        self.check(value >= min, flag, humantime::format_duration(value), rule);
+    }
+
+    /// `flag` (a duration) must be at most `max`.
+    pub fn at_most_duration(&mut self, flag: &str, value: Duration, max: Duration) {
+        let rule = format!("must be at most {}", humantime::format_duration(max));
+        self.check(value <= max, flag, humantime::format_duration(value), rule);
+    }
+
+    /// `flag` (a duration) must be shorter than `other_flag`'s value.
+    pub fn shorter(&mut self, flag: &str, value: Duration, other_flag: &str, other: Duration) {
+        let rule = format!("must be shorter than --{other_flag} ({})", humantime::format_duration(other));
+        self.check(value < other, flag, humantime::format_duration(value), rule);
+    }
+
+    /// Adds the problems of another check (the shared settings, a group of flags).
+    pub fn extend(&mut self, other: Problems) {
+        self.0.extend(other.0);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Problem> {
+        self.0.iter()
+    }
+
+    /// `Ok` when there is no problem; otherwise every problem, each named by its flag and
+    /// environment variable as `C`'s `--help` shows them.
+    pub fn finish<C: CommandFactory>(self) -> Result<(), InvalidConfig> {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        let command = C::command();
+        let problems = self
+            .0
+            .into_iter()
+            .map(|problem| {
+                let env = command
+                    .get_arguments()
+                    .find(|arg| arg.get_long() == Some(problem.flag.as_str()))
+                    .and_then(|arg| arg.get_env())
+                    .map(|env| env.to_string_lossy().into_owned());
+                Named { problem, env }
+            })
+            .collect();
+        Err(InvalidConfig { program: command.get_name().to_string(), problems })
+    }
+}
+
+/// A problem with the environment variable of its flag, for the report.
+#[derive(Debug, Clone)]
+struct Named {
+    problem: Problem,
+    env: Option<String>,
+}
+
+/// An invalid configuration: every problem, reported at once (one line each: flag, variable,
+/// value, rule). A binary prints it and exits with [`EXIT_INVALID_CONFIG`].
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct InvalidConfig {
+    program: String,
+    problems: Vec<Named>,
+}
+
+impl InvalidConfig {
+    /// The problems, in the order found.
+    pub fn problems(&self) -> impl Iterator<Item = &Problem> {
+        self.problems.iter().map(|named| &named.problem)
+    }
+}
+
+impl fmt::Display for InvalidConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = self.problems.len();
+        let plural = if count == 1 { "" } else { "s" };
+        write!(f, "{}: invalid configuration ({count} problem{plural}):", self.program)?;
+        for Named { problem, env } in &self.problems {
+            write!(f, "\n  --{}", problem.flag)?;
+            if let Some(env) = env {
+                write!(f, " ({env})")?;
+            }
+            write!(f, " = {}: {}", problem.value, problem.rule)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks the settings every service shares: NATS connection and credentials, prefix,
+/// instance id and topology sizes and durations. Each service's validation extends this.
+pub fn validate_shared(nats: &NatsArgs, common: &CommonArgs, topology: &TopologyArgs) -> Problems {
+    let mut problems = Problems::new();
+    nats_problems(nats, &mut problems);
+    common_problems(common, &mut problems);
+    topology_problems(topology, &mut problems);
+    problems
+}
+
+fn nats_problems(nats: &NatsArgs, problems: &mut Problems) {
+    let urls = nats.urls.join(",");
+    if nats.urls.iter().all(|url| url.trim().is_empty()) {
+        problems.push("nats-url", format!("{urls:?}"), "give at least one server URL");
+    }
+    for url in nats.urls.iter().filter(|url| !url.trim().is_empty()) {
+        if let Err(error) = url.trim().parse::<async_nats::ServerAddr>() {
+            problems.push("nats-url", format!("{url:?}"), format!("not a NATS URL ({error})"));
+        }
+    }
+    let set = |value: &Option<String>| if value.is_some() { "(set)" } else { "(not set)" };
+    if nats.user.is_some() != nats.password.is_some() {
+        let (flag, other, value) = match &nats.user {
+            Some(user) => ("nats-user", "--nats-password", format!("{user:?}")),
+            None => ("nats-password", "--nats-user", set(&nats.password).to_string()),
+        };
+        problems.push(flag, value, format!("needs {other} as well"));
+    }
+    let methods: Vec<&str> = [
+        (nats.user.is_some() || nats.password.is_some(), "--nats-user/--nats-password"),
+        (nats.token.is_some(), "--nats-token"),
+        (nats.creds.is_some(), "--nats-creds"),
+        (nats.nkey.is_some(), "--nats-nkey"),
+    ]
+    .into_iter()
+    .filter_map(|(given, name)| given.then_some(name))
+    .collect();
+    if methods.len() > 1 {
+        let flag = if nats.token.is_some() { "nats-token" } else { "nats-creds" };
+        let value = if flag == "nats-token" { set(&nats.token).to_string() } else { path_value(&nats.creds) };
+        problems.push(flag, value, format!("give one way to authenticate, not {}", methods.join(" and ")));
+    }
+    if nats.tls_cert.is_some() != nats.tls_key.is_some() {
+        let (flag, other, value) = match &nats.tls_cert {
+            Some(_) => ("tls-cert", "--tls-key", path_value(&nats.tls_cert)),
+            None => ("tls-key", "--tls-cert", path_value(&nats.tls_key)),
+        };
+        problems.push(flag, value, format!("needs {other} as well"));
+    }
+    for (flag, path) in [
+        ("nats-creds", &nats.creds),
+        ("nats-nkey", &nats.nkey),
+        ("tls-ca", &nats.tls_ca),
+        ("tls-cert", &nats.tls_cert),
+        ("tls-key", &nats.tls_key),
+    ] {
+        if let Some(path) = path {
+            file_problem(problems, flag, path);
+        }
+    }
+    problems.positive("nats-connect-timeout", nats.connect_timeout);
+}
+
+fn path_value(path: &Option<PathBuf>) -> String {
+    path.as_ref().map_or_else(|| "(not set)".to_string(), |path| format!("{:?}", path.display().to_string()))
+}
+
+fn file_problem(problems: &mut Problems, flag: &str, path: &Path) {
+    let value = format!("{:?}", path.display().to_string());
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(_) => problems.push(flag, value, "must be a file"),
+        Err(error) => problems.push(flag, value, format!("must be a readable file ({error})")),
+    }
+}
+
+fn common_problems(common: &CommonArgs, problems: &mut Problems) {
+    if Names::new(&common.prefix).is_err() {
+        problems.push(
+            "prefix",
+            format!("{:?}", common.prefix),
+            "must match [a-z][a-z0-9_]{0,31} (it becomes a subject token and part of stream names)",
+        );
+    }
+    if let Some(id) = &common.instance_id {
+        let ok = !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_graphic());
+        problems.check(
+            ok,
+            "instance-id",
+            format!("{id:?}"),
+            "must be 1-128 printable characters without spaces",
+        );
+    }
+}
+
+fn topology_problems(topology: &TopologyArgs, problems: &mut Problems) {
+    let replicas = topology.replicas;
+    problems.check((1..=5).contains(&replicas), "replicas", replicas, "must be between 1 and 5");
+    let history = topology.tasks_history;
+    problems.check((1..=64).contains(&history), "tasks-history", history, "must be between 1 and 64");
+    problems.at_least("events-max-bytes", topology.events_max_bytes, 1);
+    problems.at_least("dlq-max-bytes", topology.dlq_max_bytes, 1);
+    for (flag, value) in [
+        ("lease", topology.lease),
+        ("runs-ttl", topology.runs_ttl),
+        ("duplicate-window", topology.duplicate_window),
+        ("events-max-age", topology.events_max_age),
+        ("intake-max-age", topology.intake_max_age),
+        ("topology-wait", topology.topology_wait),
+    ] {
+        problems.positive(flag, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shared pieces as a binary of their own, for the report's variable names.
+    #[derive(Debug, clap::Parser)]
+    #[command(name = "jetsched-test")]
+    struct Shared {
+        #[command(flatten)]
+        nats: NatsArgs,
+        #[command(flatten)]
+        common: CommonArgs,
+        #[command(flatten)]
+        topology: TopologyArgs,
+    }
+
+    fn problems(args: &[&str]) -> Result<(), InvalidConfig> {
+        let parsed = <Shared as clap::Parser>::try_parse_from(
+            std::iter::once("jetsched-test").chain(args.iter().copied()),
+        )
+        .expect("syntax is valid");
+        validate_shared(&parsed.nats, &parsed.common, &parsed.topology).finish::<Shared>()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        problems(&[]).unwrap();
+        let nats = NatsArgs::plain("nats://127.0.0.1:4222");
+        assert!(validate_shared(&nats, &CommonArgs::for_tests("x"), &TopologyArgs::default()).is_empty());
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_flag_variable_value_and_rule() {
+        let error = problems(&[
+            "--prefix",
+            "bad prefix",
+            "--nats-url",
+            "nats://ok:4222,http://[::1",
+            "--nats-user",
+            "alice",
+            "--nats-token",
+            "secret-token",
+            "--tls-cert",
+            "/nonexistent/cert.pem",
+            "--replicas",
+            "0",
+            "--lease",
+            "0s",
+            "--instance-id",
+            "has space",
+        ])
+        .unwrap_err();
+        let text = error.to_string();
+        let flags: Vec<&str> = error.problems().map(|p| p.flag.as_str()).collect();
+        assert_eq!(
+            flags,
+            [
+                "nats-url",
+                "nats-user",
+                "nats-token",
+                "tls-cert",
+                "tls-cert",
+                "prefix",
+                "instance-id",
+                "replicas",
+                "lease"
+            ],
+            "{text}"
+        );
+        assert!(text.starts_with("jetsched-test: invalid configuration (9 problems):"), "{text}");
+        assert!(text.contains("--prefix (JETSCHED_PREFIX) = \"bad prefix\": must match"), "{text}");
+        assert!(text.contains("--lease (JETSCHED_LEASE) = 0s: must be longer than 0s"), "{text}");
+        assert!(text.contains("--nats-user (NATS_USER) = \"alice\": needs --nats-password"), "{text}");
+        assert!(!text.contains("secret-token"), "secrets are never shown: {text}");
+    }
+
+    #[test]
+    fn durations_parse_zero_and_reject_nonsense() {
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration(" 1m 30s "), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("soon").unwrap_err().contains("soon"));
+    }
 }

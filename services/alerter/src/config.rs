@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, Parser};
-use jetsched_shared::config::{CommonArgs, NatsArgs, parse_duration};
+use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, parse_duration, validate_shared};
 use jetsched_shared::topology::TopologyArgs;
 
-use crate::rules::gate::GateConfig;
+use crate::rules::throttle::ThrottleConfig;
 use crate::rules::{Rule, Thresholds};
+use crate::state::MAX_DEDUP_WINDOW;
 
 /// The jetsched alerter: turns run failures, dead letters, queue backlogs, leader changes,
 /// missing leaders, late fires and a growing dead-letter stream into de-duplicated,
@@ -74,7 +75,7 @@ pub struct Config {
     #[arg(long, env = "JETSCHED_ALERTER_SUMMARY_INTERVAL", default_value = "1m", value_parser = parse_duration, help_heading = "Noise control")]
     pub summary_interval: Duration,
     /// How long alerts of one rule are collected into one message (0s: no grouping).
-    #[arg(long, env = "JETSCHED_ALERTER_GROUP_WAIT", default_value = "2s", value_parser = parse_duration_or_zero, help_heading = "Noise control")]
+    #[arg(long, env = "JETSCHED_ALERTER_GROUP_WAIT", default_value = "2s", value_parser = parse_duration, help_heading = "Noise control")]
     pub group_wait: Duration,
 
     /// Write alerts to the log.
@@ -118,13 +119,6 @@ pub struct Config {
 /// Default admin listener of the alerter.
 pub const DEFAULT_ADMIN_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9104);
-
-fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
-    if text.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()) == "0" {
-        return Ok(Duration::ZERO);
-    }
-    parse_duration(text)
-}
 
 impl Config {
     /// Parses the process arguments and environment, then the `--config` file.
@@ -238,52 +232,60 @@ impl Config {
         }
     }
 
-    /// Checks what clap cannot, reporting every problem at once.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        let mut problems = Vec::new();
-        if let Err(error) = self.common.names() {
-            problems.push(format!("{error:#}"));
+    /// Checks every setting (the shared ones too) and reports every problem at once.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
+        problems.check(!self.rules.is_empty(), "rules", "(none)", "at least one rule must be on");
+        for (flag, value) in [
+            ("backlog-for", self.backlog_for),
+            ("no-leader-after", self.no_leader_after),
+            ("fire-lag", self.fire_lag),
+            ("flap-window", self.flap_window),
+            ("check-interval", self.check_interval),
+            ("dedup-window", self.dedup_window),
+            ("summary-interval", self.summary_interval),
+            ("webhook-timeout", self.webhook_timeout),
+            ("webhook-backoff", self.webhook_backoff),
+            ("startup-timeout", self.startup_timeout),
+        ] {
+            problems.positive(flag, value);
         }
-        if self.rate_limit == 0 {
-            problems.push("--rate-limit must be at least 1 message per minute".to_string());
+        problems.at_most_duration("dedup-window", self.dedup_window, MAX_DEDUP_WINDOW);
+        problems.at_least("flap-changes", self.flap_changes, 1);
+        let ratio = self.dlq_full_ratio;
+        problems.check(ratio > 0.0 && ratio <= 1.0, "dlq-full-ratio", ratio, "must be in (0, 1]");
+        problems.check(
+            self.rate_limit >= 1,
+            "rate-limit",
+            self.rate_limit,
+            "must be at least 1 message per minute",
+        );
+        if let Some(burst) = self.rate_burst {
+            problems.at_least("rate-burst", burst, 1);
         }
-        if self.rate_burst == Some(0) {
-            problems.push("--rate-burst must be at least 1".to_string());
-        }
-        if self.flap_changes == 0 {
-            problems.push("--flap-changes must be at least 1".to_string());
-        }
-        if !(self.dlq_full_ratio > 0.0 && self.dlq_full_ratio <= 1.0) {
-            problems.push(format!("--dlq-full-ratio {} must be in (0, 1]", self.dlq_full_ratio));
-        }
-        if self.webhook_attempts == 0 {
-            problems.push("--webhook-attempts must be at least 1".to_string());
-        }
-        if self.channel_queue == 0 || self.webhook_queue == 0 {
-            problems.push("--channel-queue and --webhook-queue must be at least 1".to_string());
-        }
-        if self.rules.is_empty() {
-            problems.push("--rules: at least one rule must be on".to_string());
-        }
+        problems.at_least("webhook-attempts", self.webhook_attempts, 1);
+        problems.at_least("channel-queue", self.channel_queue, 1);
+        problems.at_least("webhook-queue", self.webhook_queue, 1);
         for url in &self.webhook_urls {
             match reqwest::Url::parse(url.trim()) {
                 Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
-                Ok(parsed) => {
-                    problems.push(format!("--webhook-url {url:?}: scheme {} is not http(s)", parsed.scheme()))
+                Ok(parsed) => problems.push(
+                    "webhook-url",
+                    format!("{url:?}"),
+                    format!("scheme {} is not http(s)", parsed.scheme()),
+                ),
+                Err(error) => {
+                    problems.push("webhook-url", format!("{url:?}"), format!("not a URL ({error})"))
                 }
-                Err(error) => problems.push(format!("--webhook-url {url:?}: {error}")),
             }
         }
-        if !self.log_alerts && !self.nats_alerts && self.webhook_urls.is_empty() {
-            problems.push(
-                "no alert channel: enable --log-alerts or --nats-alerts, or give --webhook-url".to_string(),
-            );
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            anyhow::bail!("invalid configuration:\n  - {}", problems.join("\n  - "))
-        }
+        problems.check(
+            self.log_alerts || self.nats_alerts || !self.webhook_urls.is_empty(),
+            "log-alerts",
+            self.log_alerts,
+            "no alert channel: enable --log-alerts or --nats-alerts, or give --webhook-url",
+        );
+        problems.finish::<Config>()
     }
 
     pub(crate) fn thresholds(&self) -> Thresholds {
@@ -299,8 +301,8 @@ impl Config {
         }
     }
 
-    pub(crate) fn gate(&self) -> GateConfig {
-        GateConfig {
+    pub(crate) fn throttle(&self) -> ThrottleConfig {
+        ThrottleConfig {
             dedup_window: self.dedup_window,
             rate_per_minute: self.rate_limit,
             burst: self.rate_burst.unwrap_or(self.rate_limit),
@@ -394,10 +396,12 @@ mod tests {
         let mut config = Config::for_tests("nats://x:1");
         config.rate_limit = 0;
         config.webhook_urls = vec!["ftp://x".into(), "not a url".into()];
-        let error = format!("{:#}", config.validate().unwrap_err());
-        assert!(
-            error.contains("--rate-limit") && error.contains("ftp") && error.contains("not a url"),
-            "{error}"
-        );
+        config.dedup_window = Duration::ZERO;
+        let error = config.validate().unwrap_err();
+        let flags: Vec<&str> = error.problems().map(|p| p.flag.as_str()).collect();
+        assert_eq!(flags, ["dedup-window", "rate-limit", "webhook-url", "webhook-url"], "{error}");
+        let text = error.to_string();
+        assert!(text.contains("--rate-limit (JETSCHED_ALERTER_RATE_LIMIT) = 0"), "{text}");
+        assert!(text.contains("ftp") && text.contains("not a url"), "{text}");
     }
 }

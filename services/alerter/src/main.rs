@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use jetsched_alerter::{Config, build};
+use jetsched_shared::config::EXIT_INVALID_CONFIG;
 use jetsched_shared::{shutdown, telemetry};
 
 /// mimalloc: fewer allocator lock waits and less CPU than glibc malloc on the hot paths.
@@ -12,11 +13,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::load().unwrap_or_else(|error| error.exit());
-    telemetry::init(config.common.log_format);
-    if let Err(error) = config.validate() {
-        tracing::error!(error = format!("{error:#}"), "invalid alerter configuration");
-        return ExitCode::from(2);
+    if let Err(invalid) = config.validate() {
+        eprintln!("{invalid}");
+        return ExitCode::from(EXIT_INVALID_CONFIG);
     }
+    telemetry::init(config.common.log_format);
     let token = shutdown::on_signals();
     let service = match build(config).await {
         Ok(service) => service,

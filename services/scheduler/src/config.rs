@@ -1,10 +1,11 @@
-//! Scheduler configuration: every setting is a flag and an environment variable.
+//! Scheduler configuration: every setting is a flag and an environment variable; `validate`
+//! reports every problem at once.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use jetsched_shared::config::{CommonArgs, NatsArgs, parse_duration};
+use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, parse_duration, validate_shared};
 use jetsched_shared::topology::TopologyArgs;
 
 /// The jetsched scheduler: follows the tasks bucket, holds the leader lease and, while leader,
@@ -62,5 +63,45 @@ impl Config {
             catchup_rate: 5000,
             fire_events: true,
         }
+    }
+
+    /// Checks every setting (the shared ones too) and reports every problem at once.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
+        problems.at_least("publish-window", self.publish_window, 1);
+        problems.positive("state-flush", self.state_flush);
+        problems.positive("lease-margin", self.lease_margin);
+        problems.shorter("lease-margin", self.lease_margin, "lease", self.topology.lease);
+        problems.positive("misfire-threshold", self.misfire_threshold);
+        problems.at_least("catchup-max", self.catchup_max, 1);
+        problems.at_least("catchup-rate", self.catchup_rate, 1);
+        problems.finish::<Config>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_problems_are_reported_together() {
+        Config::parse_from(["jetsched-scheduler"]).validate().unwrap();
+        Config::for_tests("nats://127.0.0.1:4222").validate().unwrap();
+        let config = Config::parse_from([
+            "jetsched-scheduler",
+            "--publish-window",
+            "0",
+            "--catchup-rate",
+            "0",
+            "--lease",
+            "2s",
+            "--lease-margin",
+            "2s",
+        ]);
+        let error = config.validate().unwrap_err();
+        let flags: Vec<&str> = error.problems().map(|p| p.flag.as_str()).collect();
+        assert_eq!(flags, ["publish-window", "lease-margin", "catchup-rate"], "{error}");
+        let text = error.to_string();
+        assert!(text.contains("--publish-window (JETSCHED_SCHEDULER_PUBLISH_WINDOW) = 0"), "{text}");
     }
 }

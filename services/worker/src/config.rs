@@ -1,10 +1,11 @@
-//! Worker configuration: every setting is a flag and an environment variable.
+//! Worker configuration: every setting is a flag and an environment variable; `validate`
+//! reports every problem at once.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use jetsched_shared::config::{CommonArgs, NatsArgs, parse_duration};
+use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, parse_duration, validate_shared};
 use jetsched_shared::topology::TopologyArgs;
 
 /// The jetsched worker: pulls dispatched runs from the shared durable consumer of each queue
@@ -137,43 +138,27 @@ impl Config {
         self.progress_interval.unwrap_or(self.ack_wait / 3)
     }
 
-    /// Every problem of the configuration at once.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        let mut problems = Vec::new();
-        if self.queues.is_empty() {
-            problems.push("--queue: give at least one queue".to_string());
-        }
+    /// Checks every setting (the shared ones too) and reports every problem at once.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
+        problems.check(!self.queues.is_empty(), "queue", "(none)", "give at least one queue");
         for queue in &self.queues {
             let ok = (1..=64).contains(&queue.len())
                 && queue.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-            if !ok {
-                problems.push(format!("--queue: {queue:?} must match [A-Za-z0-9_-]{{1,64}}"));
-            }
+            problems.check(ok, "queue", format!("{queue:?}"), "must match [A-Za-z0-9_-]{1,64}");
         }
-        if self.concurrency == 0 {
-            problems.push("--concurrency: must be at least 1".to_string());
+        problems.at_least("concurrency", self.concurrency, 1);
+        problems.positive("ack-wait", self.ack_wait);
+        if let Some(interval) = self.progress_interval {
+            problems.positive("progress-interval", interval);
         }
-        if self.progress_interval() >= self.ack_wait {
-            problems.push(format!(
-                "--progress-interval ({:?}) must be shorter than --ack-wait ({:?})",
-                self.progress_interval(),
-                self.ack_wait
-            ));
-        }
-        if self.max_ack_pending < 1 {
-            problems.push("--max-ack-pending: must be at least 1".to_string());
-        }
-        if self.max_deliver < 2 {
-            problems.push("--max-deliver: must be at least 2".to_string());
-        }
-        if self.pull_expires < Duration::from_millis(100) {
-            problems.push("--pull-expires: must be at least 100ms".to_string());
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            anyhow::bail!("invalid configuration:\n  {}", problems.join("\n  "))
-        }
+        problems.shorter("progress-interval", self.progress_interval(), "ack-wait", self.ack_wait);
+        problems.at_least("max-ack-pending", self.max_ack_pending, 1);
+        problems.at_least("max-deliver", self.max_deliver, 2);
+        problems.positive("shutdown-grace", self.shutdown_grace);
+        problems.at_least_duration("pull-expires", self.pull_expires, Duration::from_millis(100));
+        problems.positive("dlq-retry-delay", self.dlq_retry_delay);
+        problems.finish::<Config>()
     }
 }
 
@@ -202,11 +187,12 @@ mod tests {
             "--progress-interval",
             "5s",
         ]);
-        let text = config.validate().unwrap_err().to_string();
-        assert!(
-            text.contains("a.b") && text.contains("--concurrency") && text.contains("--progress-interval"),
-            "{text}"
-        );
+        let error = config.validate().unwrap_err();
+        let flags: Vec<&str> = error.problems().map(|p| p.flag.as_str()).collect();
+        assert_eq!(flags, ["queue", "concurrency", "progress-interval"], "{error}");
+        let text = error.to_string();
+        assert!(text.contains("--queue (JETSCHED_WORKER_QUEUES) = \"a.b\""), "{text}");
+        assert!(text.contains("--progress-interval (JETSCHED_WORKER_PROGRESS_INTERVAL) = 5s"), "{text}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use jetsched_shared::config::EXIT_INVALID_CONFIG;
 use jetsched_shared::{shutdown, telemetry};
 use jetsched_worker::{Config, Handlers, build};
 
@@ -13,6 +14,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
+    if let Err(invalid) = config.validate() {
+        eprintln!("{invalid}");
+        return ExitCode::from(EXIT_INVALID_CONFIG);
+    }
     telemetry::init(config.common.log_format);
     let token = shutdown::on_signals();
     let worker = match build(config, Handlers::new()).await {
