@@ -1,8 +1,8 @@
 //! Alert rules as pure code: which events and observations raise which alert. No I/O and no
 //! clock: every function takes `now`. What happens to a raised alert (de-duplication, rate
-//! limit, grouping) is [`gate`].
+//! limit, grouping) is [`throttle`].
 
-pub mod gate;
+pub mod throttle;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;

@@ -27,7 +27,7 @@ use crate::channels::{Channels, log::LogChannel, nats::NatsChannel, webhook::Web
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::metrics::Metrics;
 use crate::probes;
-use crate::rules::gate::{Admission, DedupKey, Gate};
+use crate::rules::throttle::{Admission, DedupKey, Throttle};
 use crate::rules::{Candidate, Detector, Rule};
 use crate::state::{Claim, DedupStore, MAX_DEDUP_WINDOW};
 
@@ -47,7 +47,7 @@ pub struct Alerter {
     leader_events_seen: DateTime<Utc>,
     store: DedupStore,
     detector: Detector,
-    gate: Gate,
+    throttle: Throttle,
     channels: Channels,
     tracker: TaskTracker,
     admin_addr: SocketAddr,
@@ -118,8 +118,8 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     readiness.set("consumer", true);
     readiness.set("leader_events", true);
 
-    let mut gate = Gate::new(config.gate(), instance.clone());
-    let restored = store.load(&mut gate, Utc::now()).await?;
+    let mut throttle = Throttle::new(config.throttle(), instance.clone());
+    let restored = store.load(&mut throttle, Utc::now()).await?;
 
     let mut channels = Channels::new(metrics.clone());
     if config.log_alerts {
@@ -153,7 +153,7 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
         leader_events_seen: history_start,
         store,
         detector: Detector::new(config.thresholds()),
-        gate,
+        throttle,
         channels,
         tracker,
         admin_addr,
@@ -255,7 +255,7 @@ impl Alerter {
         loop {
             let now = Utc::now();
             let deadline =
-                [self.gate.next_deadline(), self.detector.next_deadline()].into_iter().flatten().min();
+                [self.throttle.next_deadline(), self.detector.next_deadline()].into_iter().flatten().min();
             // Work made due by the last wake-up (an alert to send now) runs at once: a zero
             // sleep would lose the race against an event stream that is always ready.
             if deadline.is_some_and(|deadline| deadline <= now) {
@@ -329,7 +329,7 @@ impl Alerter {
             }
         }
         self.admin_stop.cancel();
-        for message in self.gate.drain(Utc::now()) {
+        for message in self.throttle.drain(Utc::now()) {
             self.channels.send(message);
         }
         // Dropping the senders lets each channel deliver its queue, then end.
@@ -423,7 +423,7 @@ impl Alerter {
         };
         self.metrics.events.with_label_values(&[event.kind.as_str()]).inc();
         self.leader_events_seen = self.leader_events_seen.max(event.time);
-        if Utc::now() - event.time > crate::rules::chrono_duration(self.gate.dedup_window()) {
+        if Utc::now() - event.time > crate::rules::chrono_duration(self.throttle.dedup_window()) {
             self.detector.record_leader_change(event.time);
         } else {
             let candidates = self.detector.on_event(&event);
@@ -469,13 +469,13 @@ impl Alerter {
         let now = Utc::now();
         let candidates = self.detector.tick(now);
         self.raise(candidates).await;
-        for (candidate, repeats) in self.gate.due_followups(now) {
+        for (candidate, repeats) in self.throttle.due_followups(now) {
             self.claim_and_record(now, &candidate, repeats).await;
         }
-        for message in self.gate.flush(now) {
+        for message in self.throttle.flush(now) {
             self.channels.send(message);
         }
-        for (rule, count) in self.gate.take_rate_limited() {
+        for (rule, count) in self.throttle.take_rate_limited() {
             self.metrics.suppressed.with_label_values(&[rule.name(), "rate_limit"]).inc_by(count);
         }
     }
@@ -484,7 +484,7 @@ impl Alerter {
         let now = Utc::now();
         for candidate in candidates {
             self.metrics.raised.with_label_values(&[candidate.rule.name()]).inc();
-            match self.gate.admit(now, &candidate) {
+            match self.throttle.admit(now, &candidate) {
                 Admission::Repeat => {
                     self.metrics.suppressed.with_label_values(&[candidate.rule.name(), "dedup"]).inc();
                 }
@@ -494,12 +494,12 @@ impl Alerter {
     }
 
     async fn claim_and_record(&mut self, now: DateTime<Utc>, candidate: &Candidate, repeats: u64) {
-        let until = self.gate.window_until(now);
+        let until = self.throttle.window_until(now);
         match self.store.claim(&DedupKey::of(candidate), now, until).await {
-            Ok(Claim::Won) => self.gate.record_sent(now, candidate, repeats, until),
+            Ok(Claim::Won) => self.throttle.record_sent(now, candidate, repeats, until),
             Ok(Claim::Lost { until }) => {
                 self.metrics.suppressed.with_label_values(&[candidate.rule.name(), "dedup"]).inc();
-                self.gate.adopt(candidate, until);
+                self.throttle.adopt(candidate, until);
             }
             Err(error) => {
                 // Better a possible duplicate than a lost alert.
@@ -509,7 +509,7 @@ impl Alerter {
                     rule = candidate.rule.name(),
                     "cannot record the alert window; sending anyway"
                 );
-                self.gate.record_sent(now, candidate, repeats, until);
+                self.throttle.record_sent(now, candidate, repeats, until);
             }
         }
     }

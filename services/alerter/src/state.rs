@@ -16,7 +16,7 @@ use jetsched_shared::topology::TopologyArgs;
 use jetsched_shared::wire::millis;
 use serde::{Deserialize, Serialize};
 
-use crate::rules::gate::{DedupKey, Gate};
+use crate::rules::throttle::{DedupKey, Throttle};
 
 /// Longest de-duplication window (and the age after which the bucket forgets a window).
 pub const MAX_DEDUP_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -72,8 +72,12 @@ impl DedupStore {
         Ok(DedupStore { kv, instance: instance.to_string(), revisions: HashMap::new() })
     }
 
-    /// Restores every window still open at `now` into `gate`; returns how many.
-    pub(crate) async fn load(&mut self, gate: &mut Gate, now: DateTime<Utc>) -> anyhow::Result<usize> {
+    /// Restores every window still open at `now` into `throttle`; returns how many.
+    pub(crate) async fn load(
+        &mut self,
+        throttle: &mut Throttle,
+        now: DateTime<Utc>,
+    ) -> anyhow::Result<usize> {
         let keys: Vec<String> = self
             .kv
             .keys()
@@ -97,7 +101,7 @@ impl DedupStore {
                 continue;
             };
             if stored.until > now {
-                gate.restore(dedup, stored.until);
+                throttle.restore(dedup, stored.until);
                 restored += 1;
             }
         }

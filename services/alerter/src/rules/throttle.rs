@@ -2,9 +2,9 @@
 //! (rule, subject) window with repeat counts, grouping of one rule's alerts into one message,
 //! and a global token bucket whose suppressed alerts are reported in a summary.
 //!
-//! Order: a candidate passes de-duplication ([`Gate::admit`]); the caller claims it (the
+//! Order: a candidate passes de-duplication ([`Throttle::admit`]); the caller claims it (the
 //! service records the window in its KV bucket, shared by replicas) and hands it back with
-//! [`Gate::record_sent`]; it waits in its rule's group for `group_wait`; [`Gate::flush`] turns
+//! [`Throttle::record_sent`]; it waits in its rule's group for `group_wait`; [`Throttle::flush`] turns
 //! due groups into messages, each taking a token or being counted as suppressed.
 
 use std::collections::{BTreeMap, HashMap};
@@ -16,9 +16,9 @@ use jetsched_shared::wire::format_time;
 
 use super::{Candidate, Rule, chrono_duration};
 
-/// Settings of the gate.
+/// Settings of the throttle: de-duplication window, rate limit, grouping.
 #[derive(Debug, Clone)]
-pub struct GateConfig {
+pub struct ThrottleConfig {
     /// One alert per (rule, subject) per window.
     pub dedup_window: Duration,
     /// Messages per minute (token refill rate).
@@ -33,9 +33,9 @@ pub struct GateConfig {
     pub max_listed: usize,
 }
 
-impl Default for GateConfig {
+impl Default for ThrottleConfig {
     fn default() -> Self {
-        GateConfig {
+        ThrottleConfig {
             dedup_window: Duration::from_secs(300),
             rate_per_minute: 10,
             burst: 10,
@@ -143,21 +143,21 @@ struct Suppression {
 
 /// De-duplication, grouping and rate limit.
 #[derive(Debug)]
-pub struct Gate {
-    config: GateConfig,
+pub struct Throttle {
+    config: ThrottleConfig,
     instance: String,
     windows: HashMap<DedupKey, Window>,
     groups: BTreeMap<Rule, Group>,
     bucket: TokenBucket,
     suppressed: Suppression,
-    /// Alerts held back by the rate limit since the last [`Gate::take_rate_limited`].
+    /// Alerts held back by the rate limit since the last [`Throttle::take_rate_limited`].
     rate_limited: Vec<(Rule, u64)>,
 }
 
-impl Gate {
-    pub fn new(config: GateConfig, instance: impl Into<String>) -> Gate {
+impl Throttle {
+    pub fn new(config: ThrottleConfig, instance: impl Into<String>) -> Throttle {
         let bucket = TokenBucket::new(config.rate_per_minute, config.burst);
-        Gate {
+        Throttle {
             config,
             instance: instance.into(),
             windows: HashMap::new(),
@@ -333,7 +333,7 @@ impl Gate {
         std::mem::take(&mut self.rate_limited)
     }
 
-    /// The next instant [`Gate::flush`] or [`Gate::due_followups`] has work.
+    /// The next instant [`Throttle::flush`] or [`Throttle::due_followups`] has work.
     pub fn next_deadline(&self) -> Option<DateTime<Utc>> {
         let groups = self.groups.values().map(|g| g.deadline);
         let followups = self.windows.values().filter(|w| w.repeats > 0 && w.last.is_some()).map(|w| w.until);
@@ -393,28 +393,28 @@ mod tests {
         }
     }
 
-    /// Runs `candidate` through the gate as the service does (claims always succeed).
-    fn offer(gate: &mut Gate, now: DateTime<Utc>, c: &Candidate) -> bool {
-        match gate.admit(now, c) {
+    /// Runs `candidate` through the throttle as the service does (claims always succeed).
+    fn offer(throttle: &mut Throttle, now: DateTime<Utc>, c: &Candidate) -> bool {
+        match throttle.admit(now, c) {
             Admission::Send { repeats } => {
-                let until = gate.window_until(now);
-                gate.record_sent(now, c, repeats, until);
+                let until = throttle.window_until(now);
+                throttle.record_sent(now, c, repeats, until);
                 true
             }
             Admission::Repeat => false,
         }
     }
 
-    fn drive(gate: &mut Gate, now: DateTime<Utc>) -> Vec<AlertMessage> {
-        for (c, repeats) in gate.due_followups(now) {
-            let until = gate.window_until(now);
-            gate.record_sent(now, &c, repeats, until);
+    fn drive(throttle: &mut Throttle, now: DateTime<Utc>) -> Vec<AlertMessage> {
+        for (c, repeats) in throttle.due_followups(now) {
+            let until = throttle.window_until(now);
+            throttle.record_sent(now, &c, repeats, until);
         }
-        gate.flush(now)
+        throttle.flush(now)
     }
 
-    fn config() -> GateConfig {
-        GateConfig {
+    fn config() -> ThrottleConfig {
+        ThrottleConfig {
             dedup_window: Duration::from_secs(300),
             rate_per_minute: 10,
             burst: 10,
@@ -426,35 +426,35 @@ mod tests {
 
     #[test]
     fn hundred_failures_make_one_alert_then_a_follow_up_with_the_count() {
-        let mut gate = Gate::new(config(), "a1");
+        let mut throttle = Throttle::new(config(), "a1");
         let mut sent = Vec::new();
         for i in 0..100 {
-            offer(&mut gate, at_ms(i * 100), &candidate(Rule::RunFailed, "t", at_ms(i * 100)));
-            sent.extend(drive(&mut gate, at_ms(i * 100)));
+            offer(&mut throttle, at_ms(i * 100), &candidate(Rule::RunFailed, "t", at_ms(i * 100)));
+            sent.extend(drive(&mut throttle, at_ms(i * 100)));
         }
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].alerts[0].repeats, 0);
-        assert_eq!(gate.next_deadline(), Some(at_ms(300_000)));
-        let later = drive(&mut gate, at_ms(300_000));
+        assert_eq!(throttle.next_deadline(), Some(at_ms(300_000)));
+        let later = drive(&mut throttle, at_ms(300_000));
         assert_eq!(later.len(), 1);
         assert_eq!(later[0].alerts[0].repeats, 99);
         assert!(later[0].text.contains("repeated 99"), "{}", later[0].text);
         // Nothing more to report: the follow-up's window closes quietly.
-        assert!(drive(&mut gate, at_ms(700_000)).is_empty());
-        assert_eq!(gate.next_deadline(), None);
+        assert!(drive(&mut throttle, at_ms(700_000)).is_empty());
+        assert_eq!(throttle.next_deadline(), None);
     }
 
     #[test]
     fn storm_sends_the_burst_then_one_summary() {
-        let mut gate = Gate::new(config(), "a1");
+        let mut throttle = Throttle::new(config(), "a1");
         let mut sent = Vec::new();
         for i in 0..50 {
-            offer(&mut gate, at_ms(i), &candidate(Rule::RunDead, &format!("t{i}"), at_ms(i)));
-            sent.extend(drive(&mut gate, at_ms(i)));
+            offer(&mut throttle, at_ms(i), &candidate(Rule::RunDead, &format!("t{i}"), at_ms(i)));
+            sent.extend(drive(&mut throttle, at_ms(i)));
         }
         assert_eq!(sent.len(), 10);
-        assert_eq!(gate.next_deadline(), Some(at_ms(10 + 60_000)));
-        let summary = drive(&mut gate, at_ms(10 + 60_000));
+        assert_eq!(throttle.next_deadline(), Some(at_ms(10 + 60_000)));
+        let summary = drive(&mut throttle, at_ms(10 + 60_000));
         assert_eq!(summary.len(), 1);
         assert_eq!(summary[0].rule, RATE_LIMIT_SUMMARY);
         assert_eq!(summary[0].suppressed.as_ref().unwrap().total, 40);
@@ -463,44 +463,45 @@ mod tests {
 
     #[test]
     fn one_rules_alerts_are_grouped_within_group_wait() {
-        let mut gate = Gate::new(GateConfig { group_wait: Duration::from_secs(2), ..config() }, "a1");
+        let mut throttle =
+            Throttle::new(ThrottleConfig { group_wait: Duration::from_secs(2), ..config() }, "a1");
         for i in 0..5 {
-            offer(&mut gate, at_ms(i * 100), &candidate(Rule::RunFailed, &format!("t{i}"), at_ms(0)));
+            offer(&mut throttle, at_ms(i * 100), &candidate(Rule::RunFailed, &format!("t{i}"), at_ms(0)));
         }
-        offer(&mut gate, at_ms(100), &candidate(Rule::RunDead, "x", at_ms(0)));
-        assert!(drive(&mut gate, at_ms(1_999)).is_empty());
-        let out = drive(&mut gate, at_ms(2_000));
+        offer(&mut throttle, at_ms(100), &candidate(Rule::RunDead, "x", at_ms(0)));
+        assert!(drive(&mut throttle, at_ms(1_999)).is_empty());
+        let out = drive(&mut throttle, at_ms(2_000));
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].alerts.len(), 5);
         assert!(out[0].text.contains("5 alerts") && out[0].text.contains("… and 2 more"), "{}", out[0].text);
-        let out = drive(&mut gate, at_ms(2_100));
+        let out = drive(&mut throttle, at_ms(2_100));
         assert_eq!(out[0].rule, "run_dead");
     }
 
     #[test]
     fn drain_sends_waiting_groups_and_the_summary() {
-        let mut gate = Gate::new(
-            GateConfig { group_wait: Duration::from_secs(60), burst: 1, rate_per_minute: 1, ..config() },
+        let mut throttle = Throttle::new(
+            ThrottleConfig { group_wait: Duration::from_secs(60), burst: 1, rate_per_minute: 1, ..config() },
             "a1",
         );
-        offer(&mut gate, at_ms(0), &candidate(Rule::RunFailed, "a", at_ms(0)));
-        offer(&mut gate, at_ms(0), &candidate(Rule::RunDead, "b", at_ms(0)));
-        assert!(drive(&mut gate, at_ms(1)).is_empty());
-        let out = gate.drain(at_ms(2));
+        offer(&mut throttle, at_ms(0), &candidate(Rule::RunFailed, "a", at_ms(0)));
+        offer(&mut throttle, at_ms(0), &candidate(Rule::RunDead, "b", at_ms(0)));
+        assert!(drive(&mut throttle, at_ms(1)).is_empty());
+        let out = throttle.drain(at_ms(2));
         let rules: Vec<&str> = out.iter().map(|m| m.rule.as_str()).collect();
         assert_eq!(rules, ["run_failed", RATE_LIMIT_SUMMARY]);
         assert_eq!(out[1].suppressed.as_ref().unwrap().by_rule["run_dead"], 1);
         assert_eq!(out[1].suppressed.as_ref().unwrap().since, at_ms(2));
-        assert_eq!(gate.next_deadline(), None);
+        assert_eq!(throttle.next_deadline(), None);
     }
 
     #[test]
     fn restored_windows_suppress_after_a_restart() {
-        let mut gate = Gate::new(config(), "a2");
+        let mut throttle = Throttle::new(config(), "a2");
         let c = candidate(Rule::NoLeader, "scheduler", at_ms(0));
-        gate.restore(DedupKey::of(&c), at_ms(60_000));
-        assert_eq!(gate.admit(at_ms(1), &c), Admission::Repeat);
-        assert_eq!(gate.admit(at_ms(60_000), &c), Admission::Send { repeats: 1 });
+        throttle.restore(DedupKey::of(&c), at_ms(60_000));
+        assert_eq!(throttle.admit(at_ms(1), &c), Admission::Repeat);
+        assert_eq!(throttle.admit(at_ms(60_000), &c), Admission::Send { repeats: 1 });
     }
 
     #[test]
@@ -533,17 +534,17 @@ mod tests {
         /// repeats, and alerts are at least a window apart.
         #[test]
         fn dedup_conserves_occurrences(gaps in proptest::collection::vec(0i64..200_000, 1..200)) {
-            let mut gate = Gate::new(GateConfig { rate_per_minute: 100_000, burst: 100_000, ..config() }, "p");
+            let mut throttle = Throttle::new(ThrottleConfig { rate_per_minute: 100_000, burst: 100_000, ..config() }, "p");
             let mut t = 0;
             let mut alerts = Vec::new();
             for gap in &gaps {
                 t += gap;
-                alerts.extend(drive(&mut gate, at_ms(t)));
-                offer(&mut gate, at_ms(t), &candidate(Rule::RunFailed, "t", at_ms(t)));
-                alerts.extend(drive(&mut gate, at_ms(t)));
+                alerts.extend(drive(&mut throttle, at_ms(t)));
+                offer(&mut throttle, at_ms(t), &candidate(Rule::RunFailed, "t", at_ms(t)));
+                alerts.extend(drive(&mut throttle, at_ms(t)));
             }
-            while let Some(deadline) = gate.next_deadline() {
-                alerts.extend(drive(&mut gate, deadline));
+            while let Some(deadline) = throttle.next_deadline() {
+                alerts.extend(drive(&mut throttle, deadline));
             }
             let reported: u64 = alerts.iter().flat_map(|m| &m.alerts).map(|a| 1 + a.repeats).sum();
             // A follow-up re-sends the latest occurrence, which was counted in its repeats.
