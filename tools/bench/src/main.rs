@@ -58,7 +58,7 @@ enum Size {
     Tiny,
     /// A few minutes in all.
     Small,
-    /// The sizes of issue 7 (100k burst, 100k steady at 1k/s, 1M tasks, 20 kills).
+    /// The published sizes (100k burst, 100k steady at 1k/s, 1M tasks, 20 kills).
     Full,
 }
 
