@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
 use futures::StreamExt;
+use jetsched_shared::backoff::Backoff;
 use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::Names;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -55,6 +56,10 @@ pub(crate) struct Pull {
 /// and the server spent a sixth of its CPU on pull requests (2: 13 per pull, 17% more runs/s).
 const MAX_OUTSTANDING_PULLS: usize = 2;
 
+/// The wait after a failed pull request, doubling with each failure in a row up to the second.
+const PULL_RETRY_FIRST: Duration = Duration::from_millis(200);
+const PULL_RETRY_MAX: Duration = Duration::from_millis(6400);
+
 /// Pulls and starts runs until `shutdown`; runs are spawned on `tracker`.
 pub(crate) async fn run_queue(
     shared: Arc<Shared>,
@@ -66,7 +71,7 @@ pub(crate) async fn run_queue(
     let queue: Arc<str> = Arc::from(pull.queue.as_str());
     let pulls = Arc::new(Semaphore::new(MAX_OUTSTANDING_PULLS));
     let batches = TaskTracker::new();
-    let mut failures = 0u32;
+    let mut backoff = Backoff::new(PULL_RETRY_FIRST, PULL_RETRY_MAX);
     loop {
         let slot = tokio::select! {
             biased;
@@ -94,15 +99,14 @@ pub(crate) async fn run_queue(
         let batch = pull.consumer.batch().max_messages(held.len()).expires(pull.expires).messages().await;
         let batch = match batch {
             Ok(batch) => {
-                failures = 0;
+                backoff.reset();
                 batch
             }
             Err(error) => {
-                failures += 1;
                 shared.metrics.errors.with_label_values(&["pull"]).inc();
                 tracing::warn!(%error, queue = %queue, "pull request failed");
                 drop(held);
-                let delay = Duration::from_millis(100 * 2u64.pow(failures.min(6)));
+                let delay = backoff.next_delay();
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(delay) => continue,

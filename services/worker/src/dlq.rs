@@ -9,8 +9,9 @@ use anyhow::Context;
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, message::PublishMessage};
 use chrono::Utc;
 use futures::StreamExt;
+use jetsched_shared::backoff::Backoff;
 use jetsched_shared::events::EventPublisher;
-use jetsched_shared::names::{Names, task_key};
+use jetsched_shared::names::{Names, dead_letter_msg_id, task_key};
 use jetsched_shared::wire::{
     Dispatch, Event, EventKind, HDR_EXECUTION_ID, HDR_NOMINAL_TIME, HDR_TASK, Trigger, format_time,
 };
@@ -40,7 +41,7 @@ impl DeadLetters {
         let body = serde_json::to_vec(entry).context("encode dead letter")?;
         let message = PublishMessage::build()
             .payload(body.into())
-            .message_id(format!("dlq:{}", entry.execution_id))
+            .message_id(dead_letter_msg_id(&entry.execution_id))
             .header(HDR_EXECUTION_ID, entry.execution_id.as_str())
             .header(HDR_TASK, task_key(&entry.namespace, &entry.task_id).as_str())
             .header(HDR_NOMINAL_TIME, format_time(entry.nominal_time).as_str());
@@ -105,7 +106,7 @@ pub(crate) struct Mover {
 impl Mover {
     /// Moves every run reported by a max-deliveries advisory to the DLQ until `shutdown`.
     pub(crate) async fn run(self, consumer: PullConsumer, shutdown: CancellationToken) {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         'outer: loop {
             let mut messages = match consumer.messages().await {
                 Ok(messages) => messages,
@@ -114,9 +115,8 @@ impl Mover {
                     self.metrics.errors.with_label_values(&["advisory_pull"]).inc();
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
             };
@@ -133,7 +133,7 @@ impl Mover {
                         self.metrics.errors.with_label_values(&["advisory_pull"]).inc();
                     }
                     Some(Ok(message)) => {
-                        backoff = Duration::from_millis(100);
+                        backoff.reset();
                         let ack = match self.handle(&message.payload).await {
                             Ok(()) => AckKind::Ack,
                             Err(error) => {

@@ -6,9 +6,12 @@
 //! (one holder at a time), the revision catches the rare overlap (an attempt outliving its
 //! ack_wait, the advisory mover).
 
+use std::time::Duration;
+
 use anyhow::Context;
 use async_nats::jetstream::kv;
 use chrono::Utc;
+use jetsched_shared::backoff::Backoff;
 use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, live};
 use jetsched_shared::wire::Dispatch;
 pub use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, RunRecord, RunStatus};
@@ -16,9 +19,9 @@ pub use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, RunRecord, RunSta
 /// Compare-and-set rounds before giving up on a write.
 const CAS_ROUNDS: usize = 8;
 
-/// How long a verdict's record write is retried through transport errors (a replicated
+/// How long an ending's record write is retried through transport errors (a replicated
 /// bucket refuses writes while it elects a new leader, e.g. after a node died).
-const WRITE_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(15);
+const WRITE_RETRY_FOR: Duration = Duration::from_secs(15);
 
 /// What a delivery should do, according to the run record.
 #[derive(Debug)]
@@ -156,17 +159,16 @@ impl RunStore {
         revision: u64,
     ) -> Result<u64, kv::UpdateError> {
         let deadline = tokio::time::Instant::now() + WRITE_RETRY_FOR;
-        let mut backoff = std::time::Duration::from_millis(100);
-        loop {
-            match self.kv.update(key, value.clone(), revision).await {
-                Err(error) if !is_revision_mismatch(&error) && tokio::time::Instant::now() < deadline => {
-                    tracing::debug!(%error, key, "run record write failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(std::time::Duration::from_secs(1));
-                }
-                result => return result,
+        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let update = |_| self.kv.update(key, value.clone(), revision);
+        let retryable = |error: &kv::UpdateError, _, _| {
+            let retry = !is_revision_mismatch(error);
+            if retry {
+                tracing::debug!(%error, key, "run record write failed; retrying");
             }
-        }
+            retry
+        };
+        backoff.retry_until(deadline, update, retryable).await.map_err(|gave_up| gave_up.error)
     }
 }
 
