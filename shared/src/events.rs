@@ -1,47 +1,99 @@
-//! Publishing events to `JETSCHED_EVENTS` (`jetsched.event.<kind>.<namespace>.<task_id>`).
+//! The one event publisher of every service: events to `JETSCHED_EVENTS`
+//! (`jetsched.event.<kind>.<namespace>.<task_id>`), awaited, batched or queued.
+
+use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::{self, context::PublishAckFuture};
+use tokio_util::sync::CancellationToken;
 
-use crate::names::Names;
+use crate::backoff::Backoff;
+use crate::names::{self, Names};
 use crate::wire::Event;
 
-/// Publishes events; cheap to clone.
+/// The name of the counter every publishing service has.
+pub const FAILED_METRIC: &str = "jetsched_events_failed_total";
+
+/// The one way services publish events; cheap to clone. Three ways to use it:
+/// - [`EventPublisher::queue`]: fire-and-forget through a bounded queue and a background pump
+///   that pipelines and retries, with barriers (scheduler, registry);
+/// - [`EventPublisher::batch`]: the events of one unit of work published as they come and
+///   their acknowledgements awaited together at its end (worker);
+/// - [`EventPublisher::publish`] / [`EventPublisher::store_until`]: one event, awaited.
+///
+/// An event given up for good (after its retries, or dropped from a full queue) is logged and
+/// counted in `jetsched_events_failed_total`, never silently lost.
 #[derive(Clone)]
 pub struct EventPublisher {
     js: jetstream::Context,
     names: Names,
+    failed: prometheus::IntCounter,
 }
 
 impl EventPublisher {
+    /// A publisher counting the events it gives up in `jetsched_events_failed_total`,
+    /// registered on `metrics`.
+    pub fn with_metrics(
+        js: jetstream::Context,
+        names: Names,
+        metrics: &prometheus::Registry,
+    ) -> prometheus::Result<EventPublisher> {
+        let failed = prometheus::IntCounter::new(FAILED_METRIC, "Events given up after retries")?;
+        metrics.register(Box::new(failed.clone()))?;
+        Ok(EventPublisher { js, names, failed })
+    }
+
+    /// A publisher whose failure counter is registered nowhere (read it with
+    /// [`EventPublisher::failed_total`]).
     pub fn new(js: jetstream::Context, names: Names) -> EventPublisher {
-        EventPublisher { js, names }
+        let failed = prometheus::IntCounter::new(FAILED_METRIC, "Events given up after retries")
+            .expect("a valid metric name");
+        EventPublisher { js, names, failed }
+    }
+
+    /// Events given up so far.
+    pub fn failed_total(&self) -> u64 {
+        self.failed.get()
+    }
+
+    /// Logs and counts an event given up for good: the one place that does.
+    pub fn give_up(&self, event: &Event, error: &anyhow::Error) {
+        self.failed.inc();
+        tracing::error!(
+            error = format!("{error:#}"),
+            kind = event.kind.as_str(),
+            namespace = %event.namespace,
+            task = %event.task_id,
+            "event not stored"
+        );
     }
 
     /// Sends an event without waiting for the stream's ack; await the returned future (possibly
     /// later, to pipeline) to know it is stored.
     pub async fn send(&self, event: &Event) -> anyhow::Result<PublishAckFuture> {
-        let subject = self.names.event_subject(event.kind.as_str(), &event.namespace, &event.task_id);
-        let body = serde_json::to_vec(event).context("encode event")?;
-        self.js
-            .publish(subject, body.into())
-            .await
-            .with_context(|| format!("publish {} event", event.kind.as_str()))
+        self.send_inner(event, None).await
     }
 
     /// Sends an event with a `Nats-Msg-Id`, so a retried publish is stored once.
     pub async fn send_with_id(&self, event: &Event, id: &str) -> anyhow::Result<PublishAckFuture> {
-        let subject = self.names.event_subject(event.kind.as_str(), &event.namespace, &event.task_id);
-        let body = serde_json::to_vec(event).context("encode event")?;
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
-        self.js
-            .publish_with_headers(subject, headers, body.into())
-            .await
-            .with_context(|| format!("publish {} event", event.kind.as_str()))
+        self.send_inner(event, Some(id)).await
     }
 
-    /// Publishes an event and waits until the stream stored it.
+    async fn send_inner(&self, event: &Event, id: Option<&str>) -> anyhow::Result<PublishAckFuture> {
+        let subject = self.names.event_subject(event.kind.as_str(), &event.namespace, &event.task_id);
+        let body = serde_json::to_vec(event).context("encode event")?;
+        let sent = match id {
+            Some(id) => {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+                self.js.publish_with_headers(subject, headers, body.into()).await
+            }
+            None => self.js.publish(subject, body.into()).await,
+        };
+        sent.with_context(|| format!("publish {} event", event.kind.as_str()))
+    }
+
+    /// Publishes an event and waits until the stream stored it (one attempt).
     pub async fn publish(&self, event: &Event) -> anyhow::Result<()> {
         self.send(event).await?.await.with_context(|| format!("store {} event", event.kind.as_str()))?;
         Ok(())
@@ -49,43 +101,108 @@ impl EventPublisher {
 
     /// Publishes an event (with `id` as its `Nats-Msg-Id`, if given, so a retry is stored once)
     /// until the stream stores it, retrying with backoff; fails with the last error once the
-    /// next attempt would start after `deadline`.
+    /// next attempt would start after `deadline`. The caller decides whether that is final
+    /// (then [`EventPublisher::give_up`]).
     pub async fn store_until(
         &self,
         event: &Event,
         id: Option<&str>,
         deadline: tokio::time::Instant,
     ) -> anyhow::Result<()> {
-        let started = tokio::time::Instant::now();
-        let mut backoff = std::time::Duration::from_millis(50);
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            let sent = match id {
-                Some(id) => self.send_with_id(event, id).await,
-                None => self.send(event).await,
-            };
-            let error = match sent {
-                Ok(ack) => match ack.await {
-                    Ok(_) => return Ok(()),
-                    Err(error) => anyhow::Error::from(error),
-                },
-                Err(error) => error,
-            };
-            if tokio::time::Instant::now() + backoff > deadline {
-                return Err(
-                    error.context(format!("gave up after {attempts} attempts in {:?}", started.elapsed()))
-                );
-            }
-            if attempts == 1 {
+        let attempt = |_| async move {
+            let ack = self.send_inner(event, id).await?;
+            ack.await.with_context(|| format!("store {} event", event.kind.as_str()))?;
+            anyhow::Ok(())
+        };
+        let retryable = |error: &anyhow::Error, attempt: u32, _| {
+            if attempt == 1 {
                 tracing::debug!(
                     error = format!("{error:#}"),
                     kind = event.kind.as_str(),
                     "event not stored yet; retrying"
                 );
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+            true
+        };
+        Backoff::new(Duration::from_millis(50), Duration::from_secs(2))
+            .retry_until(deadline, attempt, retryable)
+            .await
+            .map_err(|gave_up| {
+                let context = format!("gave up after {} attempts in {:?}", gave_up.attempts, gave_up.elapsed);
+                gave_up.error.context(context)
+            })
+    }
+
+    /// The events of one unit of work (see [`EventBatch`]).
+    pub fn batch(&self) -> EventBatch<'_> {
+        EventBatch { publisher: self, pending: Vec::new(), unsent: Vec::new() }
+    }
+
+    /// A background publisher: a queue of `capacity` events and a pump with at most `window`
+    /// publishes awaiting their ack. Run the pump ([`EventPump::run`]) on a task of its own.
+    pub fn queue(&self, capacity: usize, window: usize) -> (EventSink, EventPump) {
+        let (queue, receiver) = tokio::sync::mpsc::channel(capacity.max(1));
+        let sink = EventSink { queue, failed: self.failed.clone() };
+        let pump = EventPump {
+            queue: receiver,
+            publisher: self.clone(),
+            window: window.max(1),
+            extra_failures: None,
+            dedup_ids: true,
+            retry_for: DEFAULT_RETRY_FOR,
+        };
+        (sink, pump)
+    }
+}
+
+/// The events of one unit of work (a run's delivery): each is published as it comes, without
+/// waiting; [`EventBatch::flush`] then awaits every acknowledgement together and publishes again
+/// those not stored, until a deadline. Dropping a batch without flushing it leaves its events'
+/// fate unknown.
+pub struct EventBatch<'a> {
+    publisher: &'a EventPublisher,
+    pending: Vec<(Event, PublishAckFuture)>,
+    unsent: Vec<Event>,
+}
+
+impl EventBatch<'_> {
+    /// Publishes `event` without waiting for its acknowledgement.
+    pub async fn emit(&mut self, event: Event) {
+        match self.publisher.send(&event).await {
+            Ok(ack) => self.pending.push((event, ack)),
+            Err(error) => {
+                tracing::debug!(
+                    error = format!("{error:#}"),
+                    kind = event.kind.as_str(),
+                    "event not sent yet"
+                );
+                self.unsent.push(event);
+            }
+        }
+    }
+
+    /// Waits until every event emitted is stored; one that is not is published again for up
+    /// to `retry_for`, or until `stop` is cancelled, and then counted as failed.
+    pub async fn flush(self, retry_for: Duration, stop: &CancellationToken) {
+        let EventBatch { publisher, pending, mut unsent } = self;
+        for (event, ack) in pending {
+            if let Err(error) = ack.await {
+                tracing::debug!(%error, kind = event.kind.as_str(), "event not stored yet");
+                unsent.push(event);
+            }
+        }
+        if unsent.is_empty() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + retry_for;
+        for event in unsent {
+            let stored = tokio::select! {
+                stored = publisher.store_until(&event, None, deadline) => stored,
+                _ = stop.cancelled() => Err(anyhow::anyhow!("stopping")),
+            };
+            if let Err(error) = stored {
+                publisher.give_up(&event, &error);
+            }
         }
     }
 }
@@ -94,17 +211,19 @@ impl EventPublisher {
 /// stream refuses writes while it elects a new leader (after a node died: seconds), and the
 /// scheduler's fire state waits behind these events, so a skipped fire is only recorded as
 /// handled once its event is stored.
-pub const DEFAULT_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+pub const DEFAULT_RETRY_FOR: Duration = Duration::from_secs(60);
 
-/// Events handed to a background publisher: `emit` returns once the event is queued (waiting
-/// only when the bounded queue is full; `try_emit` never waits), and the pump pipelines the
-/// publishes with a bounded window of unacknowledged ones, retrying a failed publish with
-/// backoff under the same `Nats-Msg-Id`, so a retry never stores an event twice (see
-/// [`EventPump::without_dedup_ids`] for the cheaper variant). An event that
-/// still cannot be stored is logged and counted, never silently dropped.
+/// Events handed to a background publisher ([`EventPublisher::queue`]): `emit` returns once
+/// the event is queued (waiting only when the bounded queue is full; `try_emit` never waits),
+/// and the pump pipelines the publishes with a bounded window of unacknowledged ones, retrying
+/// a failed publish with backoff under the same `Nats-Msg-Id`, so a retry never stores an event
+/// twice (see [`EventPump::without_dedup_ids`] for the cheaper variant). An event that still
+/// cannot be stored, or finds the queue full, is logged or counted, never silently dropped.
 #[derive(Clone)]
 pub struct EventSink {
     queue: tokio::sync::mpsc::Sender<Item>,
+    /// The publisher's failure counter, for events that never reach the pump.
+    failed: prometheus::IntCounter,
 }
 
 /// What travels to the pump: an event, or a barrier answered once everything queued before it
@@ -143,46 +262,45 @@ pub struct EventPump {
     queue: tokio::sync::mpsc::Receiver<Item>,
     publisher: EventPublisher,
     window: usize,
-    failures: Option<prometheus::IntCounter>,
+    /// A second counter of failed events (the former per-service counters).
+    extra_failures: Option<prometheus::IntCounter>,
     dedup_ids: bool,
-    retry_for: std::time::Duration,
+    retry_for: Duration,
 }
 
 impl EventSink {
-    /// A sink with a queue of `capacity` events and at most `window` unacknowledged publishes.
-    /// `failures` counts events that could not be stored.
+    /// [`EventPublisher::queue`], with `failures` counting events that could not be stored
+    /// besides the publisher's own counter.
     pub fn new(
         publisher: EventPublisher,
         capacity: usize,
         window: usize,
         failures: Option<prometheus::IntCounter>,
     ) -> (EventSink, EventPump) {
-        let (queue, receiver) = tokio::sync::mpsc::channel(capacity.max(1));
-        (
-            EventSink { queue },
-            EventPump {
-                queue: receiver,
-                publisher,
-                window: window.max(1),
-                failures,
-                dedup_ids: true,
-                retry_for: DEFAULT_RETRY_FOR,
-            },
-        )
+        let (sink, mut pump) = publisher.queue(capacity, window);
+        pump.extra_failures = failures;
+        (sink, pump)
     }
 
-    /// Queues an event, waiting while the queue is full. Fails only when the pump has stopped.
+    /// Queues an event, waiting while the queue is full. Fails (logged and counted) only when
+    /// the pump has stopped.
     pub async fn emit(&self, event: Event) {
         if let Err(error) = self.queue.send(Item::Event(Box::new(event))).await
             && let Item::Event(event) = error.0
         {
+            self.failed.inc();
             tracing::error!(kind = event.kind.as_str(), namespace = %event.namespace, task = %event.task_id, "event pump stopped; event not published");
         }
     }
 
-    /// Queues an event without waiting; false when the queue is full (the caller counts it).
+    /// Queues an event without waiting. When the queue is full (or the pump stopped) the event
+    /// is dropped, counted as failed, and false returned.
     pub fn try_emit(&self, event: Event) -> bool {
-        self.queue.try_send(Item::Event(Box::new(event))).is_ok()
+        let queued = self.queue.try_send(Item::Event(Box::new(event))).is_ok();
+        if !queued {
+            self.failed.inc();
+        }
+        queued
     }
 
     /// A barrier behind every event queued so far: [`Barrier::wait`] returns once each of them
@@ -213,7 +331,7 @@ impl EventPump {
 
     /// How long a publish is retried before the event counts as failed (default
     /// [`DEFAULT_RETRY_FOR`]).
-    pub fn retry_for(mut self, retry_for: std::time::Duration) -> EventPump {
+    pub fn retry_for(mut self, retry_for: Duration) -> EventPump {
         self.retry_for = retry_for;
         self
     }
@@ -230,8 +348,8 @@ impl EventPump {
         loop {
             tokio::select! {
                 biased;
-                Some((seq, kind, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.settle(kind, result);
+                Some((seq, failed)) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.count(failed);
                     outstanding.remove(&seq);
                 }
                 item = self.queue.recv(), if in_flight.len() < self.window => {
@@ -242,10 +360,7 @@ impl EventPump {
                             next_seq += 1;
                             outstanding.insert(seq);
                             let store = store(self.publisher.clone(), *event, self.dedup_ids, self.retry_for);
-                            in_flight.push(async move {
-                                let (kind, result) = store.await;
-                                (seq, kind, result)
-                            });
+                            in_flight.push(async move { (seq, store.await) });
                         }
                         Some(Item::Barrier(tx)) => barriers.push_back((next_seq, tx)),
                     }
@@ -260,32 +375,31 @@ impl EventPump {
                 }
             }
         }
-        while let Some((_, kind, result)) = in_flight.next().await {
-            self.settle(kind, result);
+        while let Some((_, failed)) = in_flight.next().await {
+            self.count(failed);
         }
         for (_, tx) in barriers {
             let _ = tx.send(());
         }
     }
 
-    fn settle(&self, kind: crate::wire::EventKind, result: anyhow::Result<()>) {
-        if let Err(error) = result {
-            tracing::error!(error = format!("{error:#}"), kind = kind.as_str(), "event not stored");
-            if let Some(failures) = &self.failures {
-                failures.inc();
-            }
+    fn count(&self, failed: bool) {
+        if failed && let Some(failures) = &self.extra_failures {
+            failures.inc();
         }
     }
 }
 
-/// Publishes one event until the stream stores it or `retry_for` has passed.
-async fn store(
-    publisher: EventPublisher,
-    event: Event,
-    dedup_id: bool,
-    retry_for: std::time::Duration,
-) -> (crate::wire::EventKind, anyhow::Result<()>) {
-    let id = dedup_id.then(|| uuid::Uuid::now_v7().to_string());
+/// Publishes one event until the stream stores it or `retry_for` has passed; true when it was
+/// given up (logged and counted by the publisher).
+async fn store(publisher: EventPublisher, event: Event, dedup_id: bool, retry_for: Duration) -> bool {
+    let id = dedup_id.then(names::event_msg_id);
     let deadline = tokio::time::Instant::now() + retry_for;
-    (event.kind, publisher.store_until(&event, id.as_deref(), deadline).await)
+    match publisher.store_until(&event, id.as_deref(), deadline).await {
+        Ok(()) => false,
+        Err(error) => {
+            publisher.give_up(&event, &error);
+            true
+        }
+    }
 }
