@@ -2,7 +2,7 @@
 //! then every change (`watch_with_history`), so nothing is missed between load and follow.
 //!
 //! The initial load is over when the bucket's stream held no message when the watch was opened,
-//! or when an entry arrives with `delta == 0` (NATS-NOTES: there is no "load done" marker).
+//! or when an entry arrives with `delta == 0` (the KV watch has no "load done" marker).
 
 use anyhow::Context;
 use async_nats::jetstream::kv::{self, Entry, Operation, WatcherError};
@@ -11,7 +11,7 @@ use futures::stream::ReadyChunks;
 use jetsched_shared::spec::TaskSpec;
 use tokio::sync::mpsc;
 
-use crate::state::TaskInfo;
+use crate::tasks::TaskInfo;
 
 /// Entries handled per loop iteration at most (amortises the loop during a large load).
 pub(crate) const CHUNK: usize = 1024;

@@ -16,16 +16,8 @@ use jetsched_shared::wire::{
 use prometheus::IntCounter;
 use serde::Serialize;
 
-use crate::state::{TaskInfo, from_ms};
-
-/// One fire on its way to the dispatch stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fire {
-    pub(crate) idx: u32,
-    pub(crate) generation: u32,
-    pub(crate) nominal_ms: i64,
-    pub(crate) trigger: Trigger,
-}
+use crate::pipeline::Fire;
+use crate::tasks::{TaskInfo, from_ms};
 
 #[derive(Serialize)]
 struct Head<'a> {

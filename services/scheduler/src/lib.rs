@@ -3,15 +3,23 @@
 //! nominal time), records fire state and catches up after failovers.
 
 mod catchup;
+mod clock;
 mod config;
+mod core;
 mod discovery;
 mod dispatch;
+mod flush;
+mod follow;
 mod lease;
 mod metrics;
 mod overlap;
+mod pipeline;
 mod service;
-mod state;
+mod takeover;
+mod tasks;
 pub mod timer;
+mod wake;
 
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use config::{Config, DEFAULT_ADMIN_ADDR};
-pub use service::{Scheduler, build};
+pub use service::{Scheduler, build, build_with_clock};

@@ -25,7 +25,8 @@ pub(crate) struct Metrics {
     pub(crate) invalid_specs: IntCounter,
     pub(crate) timers: IntGauge,
     pub(crate) state_writes: IntCounterVec,
-    pub(crate) events_dropped: IntCounter,
+    /// `jetsched_events_failed_total`: events not stored (queue full or publish failed).
+    pub(crate) events_failed: IntCounter,
     pub(crate) load_seconds: Histogram,
 }
 
@@ -71,9 +72,9 @@ impl Metrics {
             Opts::new("jetsched_scheduler_state_writes_total", "Fire state writes, by outcome"),
             &["outcome"],
         )?;
-        let events_dropped = IntCounter::new(
-            "jetsched_scheduler_events_dropped_total",
-            "Events not published (queue full or error)",
+        let events_failed = IntCounter::new(
+            "jetsched_events_failed_total",
+            "Events not stored in the events stream (queue full or publish failed)",
         )?;
         let load_seconds = Histogram::with_opts(
             HistogramOpts::new("jetsched_scheduler_load_seconds", "Initial load of the tasks bucket")
@@ -92,7 +93,7 @@ impl Metrics {
         registry.register(Box::new(invalid_specs.clone()))?;
         registry.register(Box::new(timers.clone()))?;
         registry.register(Box::new(state_writes.clone()))?;
-        registry.register(Box::new(events_dropped.clone()))?;
+        registry.register(Box::new(events_failed.clone()))?;
         registry.register(Box::new(load_seconds.clone()))?;
         Ok(Metrics {
             is_leader,
@@ -108,7 +109,7 @@ impl Metrics {
             invalid_specs,
             timers,
             state_writes,
-            events_dropped,
+            events_failed,
             load_seconds,
         })
     }

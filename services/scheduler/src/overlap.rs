@@ -1,221 +1,252 @@
-//! The overlap policy (`allow`, `skip`, `buffer_one`): whether a task's previous scheduled run
-//! is still going, from its run record in `JETSCHED_RUNS`, and what happens to the new fire.
+//! The overlap part: tasks with overlap `skip` or `buffer_one` take turns. A fire whose task's
+//! previous scheduled run may still be going is held while that run's record is read (or, for
+//! `buffer_one`, watched) in a future of its own; the loop gets the decision back as an event.
+//! At most one fire per task waits; `allow` tasks never come here.
 //!
-//! The decisions are pure (record, absence, age and policy in; verdict out); the two reads
-//! ([`is_going`] and [`wait_idle`]) run outside the scheduler's loop, which gets their result
-//! back as an event. Tasks with `allow` never come here.
+//! The rules and the reads are in `overlap/rules.rs`; this part keeps each gated task's turn.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use anyhow::Context;
-use async_nats::jetstream::kv::{self, Entry, Operation};
-use futures::StreamExt;
+use async_nats::jetstream::kv;
+use futures::future::{AbortHandle, Aborted, BoxFuture};
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use jetsched_shared::spec::OverlapPolicy;
-use jetsched_shared::wire::RunStatus;
-use serde::Deserialize;
 
-/// How the scheduler knows the previous fire it asks about.
+use crate::pipeline::Fire;
+
+mod rules;
+
+pub(crate) use rules::{Decision, Previous, Prior};
+
+/// A held fire and the decision on it (`Err`: the check was cancelled).
+pub(crate) type Checked = (Fire, Result<anyhow::Result<Decision>, Aborted>);
+
+/// What happens to a fire now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Previous {
-    /// This leader dispatched it: a missing run record means "not started yet".
-    Dispatched,
-    /// Taken over from the fire state after a leader change: it may have been skipped, so a
-    /// missing record means nothing is going.
-    Inherited,
-}
-
-/// The previous scheduled execution of a task.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Prior {
-    pub(crate) execution_id: String,
-    pub(crate) previous: Previous,
-    /// Wall-clock age of its nominal fire.
-    pub(crate) age: Duration,
-    /// The runs bucket's TTL: an older record may be gone for that reason alone.
-    pub(crate) ttl: Duration,
-}
-
-/// What happens to a fire that arrives for a gated task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Arrival {
-    /// No previous scheduled run is known: dispatch without reading anything.
-    Dispatch,
-    /// Read the previous run's record first.
-    Check,
-    /// A fire of this task is already waiting (being checked or buffered): skip, reason overlap.
+pub(crate) enum Admission {
+    /// Publish it.
+    Publish,
+    /// Skip it (reason overlap): another fire of the task already waits.
     Skip,
+    /// Hold it and check the previous run (its nominal ms, and how it is known) first.
+    Check(i64, Previous),
 }
 
-/// The decision for a fire after the read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    Dispatch,
-    /// `skip` while the previous run is going.
-    Skip,
+/// The turn of one gated task while leader.
+struct Turn {
+    generation: u32,
+    /// The latest scheduled fire this leader let through (nominal ms).
+    last_ms: Option<i64>,
+    /// The one fire being checked or buffered, and the handle cancelling its read or watch.
+    waiting: Option<(i64, AbortHandle)>,
 }
 
-/// The part of a run record the scheduler reads (the worker owns the rest).
-#[derive(Debug, Deserialize)]
-struct RunView {
-    status: RunStatus,
+/// Every gated task's turn and the checks under way.
+#[derive(Default)]
+pub(crate) struct Overlap {
+    turns: HashMap<u32, Turn>,
+    checks: FuturesUnordered<BoxFuture<'static, Checked>>,
 }
 
-/// Whether a fire is gated at all.
-pub(crate) fn gated(policy: OverlapPolicy) -> bool {
-    policy != OverlapPolicy::Allow
-}
-
-/// A fire of a gated task arrives: `waiting` = another fire of the task is being checked or
-/// buffered, `known` = a previous scheduled execution is known.
-pub(crate) fn arrive(waiting: bool, known: bool) -> Arrival {
-    match (waiting, known) {
-        (true, _) => Arrival::Skip,
-        (false, false) => Arrival::Dispatch,
-        (false, true) => Arrival::Check,
-    }
-}
-
-/// Whether the previous run is still going, from its record (`None`: absent or deleted).
-pub(crate) fn going(record: Option<RunStatus>, previous: Previous, age: Duration, ttl: Duration) -> bool {
-    match record {
-        Some(status) => !status.is_final(),
-        // Dispatched but not started yet, unless the record may simply have expired.
-        None => previous == Previous::Dispatched && age <= ttl,
-    }
-}
-
-/// The verdict of a check under `policy` (`buffer_one` waits with [`wait_idle`] instead, so
-/// its check always ends in a dispatch).
-pub(crate) fn verdict(policy: OverlapPolicy, going: bool) -> Verdict {
-    match (policy, going) {
-        (OverlapPolicy::Skip, true) => Verdict::Skip,
-        _ => Verdict::Dispatch,
-    }
-}
-
-/// The status in a run record entry; `None` for a delete or purge marker.
-pub(crate) fn status_of(entry: &Entry) -> anyhow::Result<Option<RunStatus>> {
-    match entry.operation {
-        Operation::Put => {
-            let view: RunView = serde_json::from_slice(&entry.value).context("decode run record")?;
-            Ok(Some(view.status))
+impl Overlap {
+    /// Whether `fire` of a task with `policy` may be published now; `done_ms` is the task's
+    /// last handled fire as the fire state says.
+    pub(crate) fn admit(&mut self, fire: Fire, policy: OverlapPolicy, done_ms: Option<i64>) -> Admission {
+        if !rules::gated(policy) {
+            return Admission::Publish;
         }
-        Operation::Delete | Operation::Purge => Ok(None),
-    }
-}
-
-async fn read_status(runs: &kv::Store, execution_id: &str) -> anyhow::Result<Option<RunStatus>> {
-    match runs.entry(execution_id).await.context("read run record")? {
-        Some(entry) => status_of(&entry),
-        None => Ok(None),
-    }
-}
-
-/// One read: is the previous run still going?
-pub(crate) async fn is_going(runs: kv::Store, prior: Prior) -> anyhow::Result<bool> {
-    let record = read_status(&runs, &prior.execution_id).await?;
-    Ok(going(record, prior.previous, prior.age, prior.ttl))
-}
-
-/// Returns once the previous run is no longer going: the record's key is watched first (so a
-/// change between the read and the watch is not lost), then read; updates decide from there.
-/// No polling. A missing record of a dispatched fire waits for the worker to write one.
-pub(crate) async fn wait_idle(runs: kv::Store, prior: Prior) -> anyhow::Result<()> {
-    let mut watch = runs.watch(&prior.execution_id).await.context("watch run record")?;
-    let record = read_status(&runs, &prior.execution_id).await?;
-    if !going(record, prior.previous, prior.age, prior.ttl) {
-        return Ok(());
-    }
-    while let Some(entry) = watch.next().await {
-        let entry = match entry {
-            Ok(entry) => entry,
-            Err(error) => {
-                tracing::debug!(%error, execution = %prior.execution_id, "run record watch error");
-                continue;
-            }
+        let turn = self.turns.entry(fire.idx).or_insert(Turn {
+            generation: fire.generation,
+            last_ms: None,
+            waiting: None,
+        });
+        if turn.generation != fire.generation {
+            *turn = Turn { generation: fire.generation, last_ms: None, waiting: None };
+        }
+        // Let through already: a publish retry, or the decision's own re-queued fire.
+        if turn.last_ms.is_some_and(|last| last >= fire.nominal_ms) {
+            return Admission::Publish;
+        }
+        // The previous scheduled fire: the one this leader let through, else the fire state's.
+        let prior = match turn.last_ms {
+            Some(ms) => Some((ms, Previous::Dispatched)),
+            None => done_ms.map(|ms| (ms, Previous::Inherited)),
         };
-        match status_of(&entry) {
-            // A deleted record: nothing is going any more.
-            Ok(None) => return Ok(()),
-            Ok(Some(status)) if status.is_final() => return Ok(()),
-            Ok(Some(_)) => {}
-            Err(error) => {
-                tracing::debug!(error = format!("{error:#}"), execution = %prior.execution_id, "unreadable run record")
+        match (rules::arrive(turn.waiting.is_some(), prior.is_some()), prior) {
+            (rules::Arrival::Dispatch, _) | (rules::Arrival::Check, None) => {
+                turn.last_ms = Some(fire.nominal_ms);
+                Admission::Publish
             }
+            (rules::Arrival::Skip, _) => Admission::Skip,
+            (rules::Arrival::Check, Some((ms, previous))) => Admission::Check(ms, previous),
         }
     }
-    anyhow::bail!("run record watch ended")
+
+    /// Holds `fire` (after [`Admission::Check`]) while the previous run is read from `runs`.
+    pub(crate) fn check(&mut self, fire: Fire, policy: OverlapPolicy, prior: Prior, runs: kv::Store) {
+        let check = match policy {
+            OverlapPolicy::BufferOne => {
+                rules::wait_idle(runs, prior).map(|r| r.map(|()| Decision::Dispatch)).boxed()
+            }
+            _ => rules::is_going(runs, prior).map(move |r| r.map(|g| rules::decision(policy, g))).boxed(),
+        };
+        let (check, handle) = futures::future::abortable(check);
+        if let Some(turn) = self.turns.get_mut(&fire.idx) {
+            turn.waiting = Some((fire.nominal_ms, handle));
+        }
+        self.checks.push(check.map(move |result| (fire, result)).boxed());
+    }
+
+    /// The decision on a held fire; `None` when it no longer matters (the task went away or
+    /// changed, or leadership was lost meanwhile). A read that failed lets the fire through.
+    pub(crate) fn decided(&mut self, (fire, result): Checked) -> Option<Decision> {
+        let result = result.ok()?; // cancelled: the task went away
+        let turn = self.turns.get_mut(&fire.idx)?;
+        if turn.generation != fire.generation || turn.waiting.as_ref().map(|w| w.0) != Some(fire.nominal_ms) {
+            return None;
+        }
+        turn.waiting = None;
+        let decision = result.unwrap_or_else(|error| {
+            tracing::warn!(
+                error = format!("{error:#}"),
+                nominal = fire.nominal_ms,
+                "cannot read the previous run; dispatching"
+            );
+            Decision::Dispatch
+        });
+        if decision == Decision::Dispatch {
+            turn.last_ms = Some(fire.nominal_ms);
+        }
+        Some(decision)
+    }
+
+    /// The next decided check (pending while none is under way).
+    pub(crate) async fn next(&mut self) -> Checked {
+        match self.checks.next().await {
+            Some(checked) => checked,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A task went away: its held fire is dropped.
+    pub(crate) fn remove(&mut self, idx: u32) {
+        if let Some(Turn { waiting: Some((_, check)), .. }) = self.turns.remove(&idx) {
+            check.abort();
+        }
+    }
+
+    /// Leadership lost: held fires are dropped with their checks; the next leader re-evaluates.
+    pub(crate) fn clear(&mut self) {
+        self.turns.clear();
+        self.checks = FuturesUnordered::new();
+    }
+}
+
+/// The age of a previous fire at `now_ms` (zero if it lies ahead).
+pub(crate) fn age(prior_ms: i64, now_ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(now_ms - prior_ms).unwrap_or(0))
 }
 
 #[cfg(test)]
 mod tests {
+    use jetsched_shared::wire::Trigger;
+
     use super::*;
 
-    const TTL: Duration = Duration::from_secs(7 * 24 * 3600);
-    const SECOND: Duration = Duration::from_secs(1);
+    fn fire(nominal_ms: i64, generation: u32) -> Fire {
+        Fire { idx: 3, generation, nominal_ms, trigger: Trigger::Schedule }
+    }
+
+    /// Holds `fire` as `check` would, with a check that never ends.
+    fn hold(overlap: &mut Overlap, fire: Fire) {
+        let (check, handle) = futures::future::abortable(std::future::pending::<anyhow::Result<Decision>>());
+        overlap.turns.get_mut(&fire.idx).expect("turn").waiting = Some((fire.nominal_ms, handle));
+        overlap.checks.push(check.map(move |result| (fire, result)).boxed());
+    }
+
+    /// (fire nominal, generation, fire-state done) -> admission.
+    type Step = (i64, u32, Option<i64>, Admission);
 
     #[test]
-    fn a_run_is_going_until_its_status_is_final() {
-        use RunStatus::*;
-        let cases = [(Running, true), (Retrying, true), (Succeeded, false), (Failed, false), (Dead, false)];
-        for (status, expected) in cases {
-            for previous in [Previous::Dispatched, Previous::Inherited] {
-                assert_eq!(going(Some(status), previous, SECOND, TTL), expected, "{status:?} {previous:?}");
-                // Age does not matter once a record exists.
-                assert_eq!(going(Some(status), previous, TTL * 2, TTL), expected, "{status:?} old");
+    fn fires_take_turns() {
+        use Admission::*;
+        // Steps: (fire nominal, generation, fire-state done, hold it if checked) -> admission.
+        let cases: [(&str, OverlapPolicy, &[Step]); 5] = [
+            (
+                "allow is never gated",
+                OverlapPolicy::Allow,
+                &[(1000, 1, Some(0), Publish), (2000, 1, None, Publish)],
+            ),
+            (
+                "the first fire of a leader without fire state goes, the next is checked",
+                OverlapPolicy::Skip,
+                &[(1000, 1, None, Publish), (2000, 1, None, Check(1000, Previous::Dispatched))],
+            ),
+            (
+                "a fire-state fire is checked as inherited; one waiting fire skips the next",
+                OverlapPolicy::BufferOne,
+                &[(1000, 1, Some(0), Check(0, Previous::Inherited)), (2000, 1, Some(0), Skip)],
+            ),
+            (
+                "a retried publish of a fire let through goes again",
+                OverlapPolicy::Skip,
+                &[(1000, 1, None, Publish), (1000, 1, None, Publish)],
+            ),
+            (
+                "a new generation (the task re-created) starts over",
+                OverlapPolicy::Skip,
+                &[(1000, 1, Some(0), Check(0, Previous::Inherited)), (2000, 2, None, Publish)],
+            ),
+        ];
+        for (what, policy, steps) in cases {
+            let mut overlap = Overlap::default();
+            for &(nominal, generation, done, expected) in steps {
+                let fire = fire(nominal, generation);
+                let admission = overlap.admit(fire, policy, done);
+                assert_eq!(admission, expected, "{what}: fire {nominal}");
+                if let Check(..) = admission {
+                    hold(&mut overlap, fire);
+                }
             }
         }
     }
 
     #[test]
-    fn a_missing_record_is_a_dispatched_run_not_started_yet_unless_it_may_have_expired() {
-        let cases = [
-            (Previous::Dispatched, Duration::ZERO, true),
-            (Previous::Dispatched, SECOND, true),
-            (Previous::Dispatched, TTL, true),
-            (Previous::Dispatched, TTL + SECOND, false),
-            (Previous::Inherited, Duration::ZERO, false),
-            (Previous::Inherited, SECOND, false),
-            (Previous::Inherited, TTL + SECOND, false),
-        ];
-        for (previous, age, expected) in cases {
-            assert_eq!(going(None, previous, age, TTL), expected, "{previous:?} age {age:?}");
-        }
+    fn a_decision_applies_only_to_the_fire_still_held() {
+        let mut overlap = Overlap::default();
+        assert_eq!(
+            overlap.admit(fire(1000, 1), OverlapPolicy::Skip, Some(0)),
+            Admission::Check(0, Previous::Inherited)
+        );
+        hold(&mut overlap, fire(1000, 1));
+        // A stale decision (another nominal, or cancelled) changes nothing.
+        assert_eq!(overlap.decided((fire(5000, 1), Ok(Ok(Decision::Dispatch)))), None);
+        assert_eq!(overlap.decided((fire(1000, 1), Err(Aborted))), None);
+        // A failed read lets the fire through and makes it the previous fire.
+        let failed = Ok(Err(anyhow::anyhow!("no server")));
+        assert_eq!(overlap.decided((fire(1000, 1), failed)), Some(Decision::Dispatch));
+        assert_eq!(overlap.admit(fire(1000, 1), OverlapPolicy::Skip, Some(0)), Admission::Publish);
+        assert_eq!(
+            overlap.admit(fire(2000, 1), OverlapPolicy::Skip, Some(0)),
+            Admission::Check(1000, Previous::Dispatched)
+        );
+        hold(&mut overlap, fire(2000, 1));
+        assert_eq!(overlap.decided((fire(2000, 1), Ok(Ok(Decision::Skip)))), Some(Decision::Skip));
+        assert_eq!(
+            overlap.admit(fire(3000, 1), OverlapPolicy::Skip, Some(0)),
+            Admission::Check(1000, Previous::Dispatched),
+            "a skipped fire is not the previous run"
+        );
+        overlap.remove(3);
+        overlap.clear();
+        assert_eq!(overlap.admit(fire(4000, 1), OverlapPolicy::Skip, None), Admission::Publish);
     }
 
     #[test]
-    fn skip_drops_fires_while_going_and_buffer_one_always_ends_in_a_dispatch() {
-        let cases = [
-            (OverlapPolicy::Skip, true, Verdict::Skip),
-            (OverlapPolicy::Skip, false, Verdict::Dispatch),
-            (OverlapPolicy::BufferOne, true, Verdict::Dispatch),
-            (OverlapPolicy::BufferOne, false, Verdict::Dispatch),
-        ];
-        for (policy, is_going, expected) in cases {
-            assert_eq!(verdict(policy, is_going), expected, "{policy:?} going={is_going}");
-        }
-    }
-
-    #[test]
-    fn at_most_one_fire_waits_per_task() {
-        assert_eq!(arrive(true, true), Arrival::Skip);
-        assert_eq!(arrive(true, false), Arrival::Skip);
-        assert_eq!(arrive(false, false), Arrival::Dispatch);
-        assert_eq!(arrive(false, true), Arrival::Check);
-    }
-
-    #[test]
-    fn only_allow_is_ungated() {
-        assert!(!gated(OverlapPolicy::Allow));
-        assert!(gated(OverlapPolicy::Skip));
-        assert!(gated(OverlapPolicy::BufferOne));
-    }
-
-    #[test]
-    fn the_record_view_reads_the_status_and_ignores_the_rest() {
-        let record = br#"{"execution_id":"x","status":"retrying","attempt":2,"attempts":[],"future":1}"#;
-        let view: RunView = serde_json::from_slice(record).expect("decodes");
-        assert_eq!(view.status, RunStatus::Retrying);
-        assert!(serde_json::from_slice::<RunView>(br#"{"status":"sleeping"}"#).is_err());
+    fn the_age_of_a_previous_fire_is_never_negative() {
+        assert_eq!(age(1000, 3500), Duration::from_millis(2500));
+        assert_eq!(age(5000, 3500), Duration::ZERO);
     }
 }

@@ -200,6 +200,15 @@ impl Tasks {
         Some((idx, slot))
     }
 
+    /// Leadership lost: no dispatch is pending or waiting for its fire state any more.
+    pub(crate) fn forget_dispatches(&mut self) {
+        for (_, slot) in self.iter_mut() {
+            slot.inflight = 0;
+            slot.pending_ms = None;
+            slot.dirty = false;
+        }
+    }
+
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut Slot)> {
         self.slots.iter_mut().enumerate().filter_map(|(i, s)| s.as_mut().map(|s| (i as u32, s)))
     }
@@ -207,11 +216,6 @@ impl Tasks {
 
 pub(crate) fn from_ms(ms: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(ms).unwrap_or(DateTime::<Utc>::MAX_UTC)
-}
-
-/// Wall-clock now in Unix milliseconds.
-pub(crate) fn now_ms() -> i64 {
-    Utc::now().timestamp_millis()
 }
 
 #[cfg(test)]

@@ -1,0 +1,148 @@
+//! What the watches deliver: task changes (put, remove, invalid) into the task table and the
+//! wheel, and other leaders' fire state into the table (or kept for tasks not seen yet).
+
+use async_nats::jetstream::kv::Operation;
+use jetsched_shared::wire::FireState;
+
+use super::Core;
+use crate::discovery::Change;
+use crate::follow::{StateBatch, TaskBatch};
+
+impl Core {
+    pub(super) fn on_tasks(&mut self, batch: TaskBatch) {
+        let Some(entries) = batch else {
+            tracing::warn!("tasks watch ended; re-opening");
+            self.follow.feed_ended();
+            return;
+        };
+        for entry in entries {
+            match entry {
+                Ok(entry) => {
+                    self.apply(entry.change);
+                    if entry.delta == 0
+                        && let Some(took) = self.follow.finish_load()
+                    {
+                        self.mark_loaded();
+                        self.report.metrics.load_seconds.observe(took.as_secs_f64());
+                        tracing::info!(
+                            tasks = self.tasks.len(),
+                            elapsed_ms = took.as_millis() as u64,
+                            "tasks loaded"
+                        );
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "tasks watch error"),
+            }
+        }
+        self.report.metrics.tasks.set(self.tasks.len() as i64);
+    }
+
+    pub(super) async fn refollow(&mut self) {
+        if self.follow.reopen_feed(&self.nats.tasks).await && self.follow.finish_load().is_some() {
+            self.mark_loaded();
+        }
+    }
+
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::Put(info) => {
+                if let Some(idx) = self.tasks.lookup(&info.key) {
+                    let Some(slot) = self.tasks.get_mut(idx) else { return };
+                    if slot.info.revision >= info.revision {
+                        return; // re-delivered after a re-opened watch
+                    }
+                    slot.info = *info;
+                    self.wake.schedule_next(&mut self.tasks, idx);
+                    return;
+                }
+                // Fires start after the registration; during the initial load, after now
+                // (the fire state decides what a new leader catches up).
+                let now = self.time.now_ms();
+                let loaded = self.follow.loaded();
+                let cursor = if loaded { self.takeover.first_cursor(info.created_ms, now) } else { now };
+                let orphan = self.follow.adopt_orphan(&info.key);
+                // A one-shot registered after its time (the registry admits it within its
+                // catch-up window; e.g. an intake applied late) begins before that time:
+                // while leading, its misfire policy decides now, as after a failover.
+                let late = info.created_ms < cursor && loaded && self.takeover.leading();
+                let idx = self.tasks.insert(*info, cursor);
+                if let Some((done, fires)) = orphan
+                    && let Some(slot) = self.tasks.get_mut(idx)
+                {
+                    slot.done_ms = Some(done);
+                    slot.fires = fires;
+                }
+                if late {
+                    self.catch_up_task(idx, now);
+                } else {
+                    self.wake.schedule_next(&mut self.tasks, idx);
+                }
+            }
+            Change::Remove { key } => self.remove(&key),
+            Change::Invalid { key, error } => {
+                self.report.metrics.invalid_specs.inc();
+                tracing::warn!(task = %key, %error, "tasks bucket holds an invalid spec; ignoring the task");
+                self.remove(&key);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some((idx, _)) = self.tasks.remove(key) {
+            self.wake.cancel(idx);
+            self.overlap.remove(idx);
+        }
+    }
+
+    pub(super) fn on_state(&mut self, batch: StateBatch) {
+        let Some(entries) = batch else {
+            tracing::warn!("fire-state watch ended; re-opening");
+            self.follow.state_ended();
+            return;
+        };
+        // The leader is the only writer: its own echoes are older than what it holds.
+        let apply = !self.takeover.leading();
+        let mut current = false;
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(error) => {
+                    tracing::warn!(%error, "state watch error");
+                    continue;
+                }
+            };
+            self.follow.saw(entry.revision);
+            current |= entry.delta == 0;
+            if !apply {
+                if entry.operation != Operation::Put {
+                    self.follow.forget_orphan(&entry.key);
+                }
+                continue;
+            }
+            let state = match entry.operation {
+                Operation::Put => match serde_json::from_slice::<FireState>(&entry.value) {
+                    Ok(state) => Some((state.last_nominal_fire.timestamp_millis(), state.fires)),
+                    Err(error) => {
+                        tracing::warn!(task = %entry.key, %error, "unreadable fire state; ignored");
+                        continue;
+                    }
+                },
+                Operation::Delete | Operation::Purge => None,
+            };
+            match self.tasks.lookup(&entry.key).and_then(|idx| self.tasks.get_mut(idx)) {
+                Some(slot) => {
+                    slot.done_ms = state.map(|(done, _)| done);
+                    slot.fires = state.map_or(0, |(_, fires)| fires);
+                }
+                None => match state {
+                    Some(state) => self.follow.keep_orphan(entry.key, state),
+                    None => self.follow.forget_orphan(&entry.key),
+                },
+            }
+        }
+        let seen = self.follow.seen();
+        if self.takeover.load().is_some_and(|load| load.caught_up(seen, current)) {
+            self.finish_acquisition();
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Fires, from due to acknowledged: the wheel's due tasks into the pipeline, the pump that
+//! publishes within the window behind the lease fence and the overlap turns, acks into fire
+//! counts and fire state, and the coalesced fire-state writes.
+
+use futures::FutureExt;
+use jetsched_shared::wire::{Event as WireEvent, EventKind, Trigger, scheduled_execution_id};
+use tokio::task::JoinError;
+use tokio::time::Instant;
+
+use super::Core;
+use crate::catchup::SkipReason;
+use crate::dispatch;
+use crate::flush::{Flushed, Step};
+use crate::overlap::{self, Admission, Checked, Decision, Prior};
+use crate::pipeline::{Acked, Fire};
+use crate::tasks::from_ms;
+use crate::timer::DenseKey;
+
+impl Core {
+    /// The wheel's deadline passed: due tasks fire (queued while leading, passed otherwise)
+    /// and get their next fire.
+    pub(super) fn on_wake(&mut self) {
+        let due = self.wake.take_due(self.time.now_ms());
+        let leading = self.takeover.leading();
+        for &(DenseKey(idx), _) in &due {
+            let Some(slot) = self.tasks.get_mut(idx) else { continue };
+            let Some(nominal) = slot.next_ms.take() else { continue };
+            slot.cursor_ms = nominal;
+            if leading {
+                slot.inflight += 1;
+                let generation = slot.generation;
+                self.pipeline.push(Fire { idx, generation, nominal_ms: nominal, trigger: Trigger::Schedule });
+            }
+            self.wake.schedule_next(&mut self.tasks, idx);
+        }
+        self.wake.recycle(due);
+    }
+
+    /// Publishes queued fires while the window has room and the lease is valid.
+    pub(super) async fn pump(&mut self) {
+        if !self.takeover.leading() {
+            return;
+        }
+        while let Some(fire) = self.pipeline.next() {
+            // Fencing: never publish once the lease may have lapsed. The fire waits for the
+            // lease task's verdict: a late `Renewed` resumes, `Lost` steps down.
+            let term = match self.takeover.publish_term(Instant::now()) {
+                Ok(term) => term,
+                Err(just_fenced) => {
+                    self.pipeline.push_front(fire);
+                    if just_fenced {
+                        tracing::warn!(
+                            term = self.takeover.term(),
+                            "lease deadline passed; dispatch paused until renewed"
+                        );
+                    }
+                    break;
+                }
+            };
+            if !self.admit(fire) {
+                continue;
+            }
+            let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { continue };
+            let message = match dispatch::message(&self.nats.names, &slot.info, &fire, term) {
+                Ok(message) => message,
+                Err(error) => {
+                    tracing::error!(%error, task = %slot.info.key, "cannot encode dispatch; fire dropped");
+                    slot.inflight = slot.inflight.saturating_sub(1);
+                    continue;
+                }
+            };
+            match self.nats.js.send_publish(message.subject, message.publish).await {
+                Ok(ack) => self.pipeline.track(async move { (fire, ack.await) }.boxed()),
+                Err(error) => {
+                    self.report.metrics.publish_errors.inc();
+                    tracing::warn!(%error, task = %slot.info.key, nominal = fire.nominal_ms, "publish failed; retrying");
+                    self.pipeline.retry_later(fire, Instant::now());
+                }
+            }
+        }
+        self.pipeline.pace(Instant::now());
+        self.report.metrics.publish_inflight.set(self.pipeline.inflight() as i64);
+    }
+
+    pub(super) fn on_ack(&mut self, (fire, result): Acked) {
+        let metrics = &self.report.metrics;
+        metrics.publish_inflight.set(self.pipeline.inflight() as i64);
+        let ack = match result {
+            Ok(ack) => ack,
+            Err(error) => {
+                metrics.publish_errors.inc();
+                if self.takeover.holds() {
+                    tracing::warn!(%error, nominal = fire.nominal_ms, "dispatch not acknowledged; retrying");
+                    self.pipeline.retry_later(fire, Instant::now());
+                }
+                return;
+            }
+        };
+        let trigger = fire.trigger.as_str();
+        let lag_ms = self.time.now_ms() - fire.nominal_ms;
+        metrics.lag.with_label_values(&[trigger]).observe(lag_ms as f64 / 1000.0);
+        let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return };
+        if ack.duplicate {
+            metrics.duplicates.inc();
+        } else {
+            metrics.dispatched.with_label_values(&[trigger]).inc();
+            slot.fires += 1;
+            if self.report.fire_events {
+                let info = &slot.info;
+                self.report.events.emit(WireEvent {
+                    execution_id: Some(scheduled_execution_id(
+                        info.namespace(),
+                        info.task_id(),
+                        fire.nominal_ms,
+                    )),
+                    nominal_time: Some(from_ms(fire.nominal_ms)),
+                    trigger: Some(fire.trigger),
+                    instance: Some(self.report.instance.clone()),
+                    term: self.takeover.term(),
+                    ..WireEvent::new(EventKind::FireDispatched, info.namespace(), info.task_id())
+                });
+            }
+        }
+        self.handled(&fire);
+    }
+
+    /// A queued fire is handled (stored or skipped): once none of the task's is pending, the
+    /// fire state advances past the latest.
+    fn handled(&mut self, fire: &Fire) {
+        let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return };
+        slot.inflight = slot.inflight.saturating_sub(1);
+        slot.pending_ms = Some(slot.pending_ms.map_or(fire.nominal_ms, |p| p.max(fire.nominal_ms)));
+        if slot.inflight == 0 {
+            let pending = slot.pending_ms.take();
+            slot.done_ms = slot.done_ms.max(pending);
+            self.flush.mark(&mut self.tasks, fire.idx, Instant::now());
+        }
+    }
+
+    // ---- overlap -----------------------------------------------------------------------
+
+    /// Whether `fire` may be published now. A fire of a gated task whose previous scheduled
+    /// run may still be going is held for a check (its decision comes back as
+    /// an overlap event), or skipped when another fire of the task already waits.
+    fn admit(&mut self, fire: Fire) -> bool {
+        let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return true };
+        let policy = slot.info.overlap;
+        match self.overlap.admit(fire, policy, slot.done_ms) {
+            Admission::Publish => true,
+            Admission::Skip => {
+                self.skip_overlapping(&fire);
+                false
+            }
+            Admission::Check(prior_ms, previous) => {
+                let prior = Prior {
+                    execution_id: scheduled_execution_id(
+                        slot.info.namespace(),
+                        slot.info.task_id(),
+                        prior_ms,
+                    ),
+                    previous,
+                    age: overlap::age(prior_ms, self.time.now_ms()),
+                    ttl: self.nats.runs_ttl,
+                };
+                self.overlap.check(fire, policy, prior, self.nats.runs.clone());
+                false
+            }
+        }
+    }
+
+    pub(super) fn on_decided(&mut self, checked: Checked) {
+        let fire = checked.0;
+        match self.overlap.decided(checked) {
+            Some(Decision::Dispatch) => self.pipeline.push_front(fire),
+            Some(Decision::Skip) => self.skip_overlapping(&fire),
+            None => {}
+        }
+    }
+
+    /// `fire.skipped` (reason overlap) and the fire state advances past the fire.
+    fn skip_overlapping(&mut self, fire: &Fire) {
+        let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return };
+        let reason = SkipReason::Overlap.as_str();
+        self.report.metrics.skipped.with_label_values(&[reason]).inc();
+        let info = &slot.info;
+        self.report.events.emit(WireEvent {
+            nominal_time: Some(from_ms(fire.nominal_ms)),
+            trigger: Some(fire.trigger),
+            reason: Some(reason.to_string()),
+            instance: Some(self.report.instance.clone()),
+            term: self.takeover.term(),
+            ..WireEvent::new(EventKind::FireSkipped, info.namespace(), info.task_id())
+        });
+        self.handled(fire);
+    }
+
+    // ---- fire state --------------------------------------------------------------------
+
+    /// Writes the dirty fire states (coalesced since the last flush), unless dispatch goes
+    /// first; `force` writes regardless (shutdown).
+    pub(super) fn flush(&mut self, force: bool) {
+        let now = Instant::now();
+        if self.flush.step(self.pipeline.busy(), force, now) != Step::Write {
+            return;
+        }
+        let Some(valid_until) = self.takeover.valid_until(now) else { return };
+        // A fire state says "handled up to here": it is written only after the events of the
+        // fires it covers (skipped, missed) are stored, so a leader dying in between leaves
+        // them to its successor instead of skipping them silently.
+        let events = self.report.events.barrier();
+        self.flush.write(&mut self.tasks, &self.nats.state, events, valid_until);
+    }
+
+    pub(super) fn on_written(&mut self, result: Result<Flushed, JoinError>) {
+        let (stored, failed) = self.flush.ended(result);
+        let writes = &self.report.metrics.state_writes;
+        writes.with_label_values(&["stored"]).inc_by(stored);
+        writes.with_label_values(&["failed"]).inc_by(failed.len() as u64);
+        if self.takeover.holds() {
+            let now = Instant::now();
+            for (idx, generation) in failed {
+                if self.tasks.get_live(idx, generation).is_some() {
+                    self.flush.mark(&mut self.tasks, idx, now);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Leadership: acquiring the lease, waiting until the fire state is current, planning every
+//! task's missed fires, renewals lifting the fence, and stepping down (each part cleared).
+
+use jetsched_shared::names::SYSTEM_NAMESPACE;
+use jetsched_shared::wire::{Event as WireEvent, EventKind};
+use tokio::time::Instant;
+
+use super::{Core, Report};
+use crate::catchup;
+use crate::follow::STATE_RETRY_DELAY;
+use crate::lease::LeaseEvent;
+use crate::pipeline::Fire;
+use crate::takeover::Recheck;
+use crate::tasks::{TaskInfo, from_ms};
+
+impl Core {
+    pub(super) async fn on_lease(&mut self, event: LeaseEvent) {
+        match event {
+            LeaseEvent::Acquired { term, valid_until } => {
+                if self.takeover.holds() {
+                    self.step_down("re-acquired");
+                }
+                self.takeover.acquired(term, valid_until, self.follow.seen());
+                self.report.metrics.is_leader.set(1);
+                self.report.metrics.leader_changes.inc();
+                self.report.events.emit(WireEvent {
+                    instance: Some(self.report.instance.clone()),
+                    term: Some(term),
+                    ..WireEvent::new(EventKind::LeaderAcquired, SYSTEM_NAMESPACE, "scheduler")
+                });
+                // The fire state is warm (followed while follower); wait until the watch has
+                // caught up with what the previous leader wrote, then plan the catch-up.
+                if !self.follow.is_following_state() {
+                    self.open_state_watch().await;
+                }
+                self.read_state_target().await;
+            }
+            LeaseEvent::Renewed { valid_until } => {
+                if self.takeover.renewed(valid_until, Instant::now()) {
+                    tracing::info!(term = self.takeover.term(), "lease renewed; dispatch resumes");
+                }
+            }
+            LeaseEvent::Lost { reason } => {
+                if self.takeover.holds() {
+                    self.step_down(&reason);
+                }
+            }
+        }
+    }
+
+    /// Opens the fire-state watch (all keys, then updates). Opened during a leader's wait, it
+    /// is fresh: its first entry with `delta == 0` means the state is current.
+    pub(super) async fn open_state_watch(&mut self) {
+        let Some(messages) = self.follow.open_state(&self.nats.state).await else { return };
+        if let Some(load) = self.takeover.load() {
+            load.opened_fresh();
+            if messages == 0 {
+                self.finish_acquisition();
+            }
+        }
+    }
+
+    /// A new leader reads the state stream's last sequence: the watch must reach it.
+    async fn read_state_target(&mut self) {
+        if self.takeover.load().is_none() {
+            return;
+        }
+        let mut stream = self.nats.state.stream.clone();
+        let info = stream.info().await;
+        let seen = self.follow.seen();
+        let Some(load) = self.takeover.load() else { return };
+        match info {
+            Ok(info) => {
+                if load.target_read(info.state.messages, info.state.last_sequence, seen, Instant::now()) {
+                    self.finish_acquisition();
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the fire-state stream info; retrying");
+                load.retry_target(Instant::now(), STATE_RETRY_DELAY);
+            }
+        }
+    }
+
+    pub(super) async fn on_state_load_wake(&mut self) {
+        let seen = self.follow.seen();
+        let Some(load) = self.takeover.load() else { return };
+        let target = load.target();
+        match load.recheck(seen, Instant::now()) {
+            Recheck::KeepWaiting => return,
+            Recheck::Reread => {
+                // The warm watch did not reach the target (e.g. the last message was removed
+                // meanwhile): read the whole fire state again through a fresh watch.
+                tracing::warn!(
+                    target,
+                    seen,
+                    "the fire-state watch did not catch up; re-reading the fire state"
+                );
+                self.follow.close_state();
+                self.open_state_watch().await;
+            }
+            Recheck::ReadTarget => {}
+        }
+        self.read_state_target().await;
+    }
+
+    /// The fire state is loaded: plan every task's missed fires, then dispatch.
+    pub(super) fn finish_acquisition(&mut self) {
+        let state_wait_ms = self.takeover.loaded().as_millis() as u64;
+        let now = self.time.now_ms();
+        let started = Instant::now();
+        let (mut dispatch, mut skipped, mut missed) = (0usize, 0u64, 0u64);
+        let indices: Vec<u32> = self.tasks.iter_mut().map(|(idx, _)| idx).collect();
+        for idx in indices {
+            let (d, s, m) = self.catch_up_task(idx, now);
+            dispatch += d;
+            skipped += s;
+            missed += m;
+        }
+        self.pipeline.start_catchup();
+        tracing::info!(
+            term = self.takeover.term().unwrap_or_default(),
+            tasks = self.tasks.len(),
+            dispatch,
+            skipped,
+            missed,
+            state_wait_ms,
+            plan_ms = started.elapsed().as_millis() as u64,
+            "leader resumed from the fire state"
+        );
+    }
+
+    /// Plans the fires of slot `idx` between its last handled fire (or its origin) and `now`
+    /// under its misfire policy, queues the dispatches, reports skips and misses, and moves
+    /// its cursor to `now`. Returns (dispatched, skipped, missed).
+    pub(super) fn catch_up_task(&mut self, idx: u32, now: i64) -> (usize, u64, u64) {
+        let Some(slot) = self.tasks.get_mut(idx) else { return (0, 0, 0) };
+        let plan = self.takeover.plan(&slot.info, slot.done_ms, now);
+        report_plan(&self.report, self.takeover.term(), &slot.info, &plan);
+        let counts = (plan.dispatch.len(), plan.skipped.len() as u64 + plan.skipped_more, plan.missed);
+        let generation = slot.generation;
+        slot.cursor_ms = now;
+        if plan.dispatch.is_empty() {
+            if let Some(last) = plan.last {
+                slot.done_ms = Some(slot.done_ms.map_or(last, |d| d.max(last)));
+                self.flush.mark(&mut self.tasks, idx, Instant::now());
+            }
+        } else {
+            // Every examined fire counts as done once the dispatches are acknowledged.
+            slot.pending_ms = plan.last;
+            slot.inflight += plan.dispatch.len() as u32;
+            for &(nominal, trigger) in &plan.dispatch {
+                self.pipeline.push(Fire { idx, generation, nominal_ms: nominal, trigger });
+            }
+        }
+        self.wake.schedule_next(&mut self.tasks, idx);
+        counts
+    }
+
+    /// Leadership is lost (or given up): every part drops what only a leader keeps.
+    pub(super) fn step_down(&mut self, reason: &str) {
+        let term = self.takeover.clear();
+        tracing::warn!(reason, term = term.unwrap_or_default(), "leadership lost");
+        self.pipeline.clear();
+        self.overlap.clear();
+        self.flush.clear(&mut self.tasks);
+        self.tasks.forget_dispatches();
+        let metrics = &self.report.metrics;
+        metrics.publish_inflight.set(0);
+        metrics.is_leader.set(0);
+        metrics.leader_changes.inc();
+        self.report.events.emit(WireEvent {
+            instance: Some(self.report.instance.clone()),
+            term,
+            reason: Some(reason.to_string()),
+            ..WireEvent::new(EventKind::LeaderLost, SYSTEM_NAMESPACE, "scheduler")
+        });
+    }
+}
+
+/// Metrics and events of one task's catch-up: each skipped fire (up to the maximum), the count
+/// of further skips, and the missed fires.
+fn report_plan(report: &Report, term: Option<u64>, info: &TaskInfo, plan: &catchup::Plan) {
+    if plan.skipped.is_empty() && plan.skipped_more == 0 && plan.missed == 0 {
+        return;
+    }
+    let event = |kind: EventKind, reason: String, nominal: Option<i64>| WireEvent {
+        nominal_time: nominal.map(from_ms),
+        reason: Some(reason),
+        instance: Some(report.instance.clone()),
+        term,
+        ..WireEvent::new(kind, info.namespace(), info.task_id())
+    };
+    let (metrics, events) = (&report.metrics, &report.events);
+    for &(nominal, reason) in &plan.skipped {
+        metrics.skipped.with_label_values(&[reason.as_str()]).inc();
+        events.emit(event(EventKind::FireSkipped, reason.as_str().to_string(), Some(nominal)));
+    }
+    if plan.skipped_more > 0 {
+        let reason = plan.skipped.first().map(|(_, r)| r.as_str()).unwrap_or("misfire");
+        metrics.skipped.with_label_values(&[reason]).inc_by(plan.skipped_more);
+        events.emit(event(
+            EventKind::FireSkipped,
+            format!("{reason}: {} more skipped fires not listed", plan.skipped_more),
+            None,
+        ));
+    }
+    if plan.missed > 0 {
+        metrics.missed.inc_by(plan.missed);
+        events.emit(event(
+            EventKind::FireMissed,
+            format!("{} fires older than the catch-up window or beyond the catch-up maximum", plan.missed),
+            None,
+        ));
+    }
+}

@@ -1,0 +1,192 @@
+//! What every replica follows: the tasks feed (decoded entries of the tasks watch, see
+//! `discovery.rs`) until and after the initial load, and the fire-state watch once the tasks
+//! are loaded, so a new leader starts from a warm state instead of reading the bucket.
+//!
+//! Each watch is re-opened after it ends or fails to open; the part keeps when. While leading,
+//! the replica is the only writer of the fire state and ignores its own echoes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_nats::jetstream::kv::{self, Entry, WatcherError};
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use crate::discovery::{self, Decoded, Feed, Watch};
+
+/// Delay before the tasks watch is re-opened after it ended.
+const FEED_RETRY: Duration = Duration::from_millis(500);
+/// Delay before the tasks watch is re-opened after it failed to open.
+const FEED_REOPEN_RETRY: Duration = Duration::from_secs(1);
+/// Delay before the fire-state watch (or its stream info) is read again after an error.
+pub(crate) const STATE_RETRY_DELAY: Duration = Duration::from_millis(500);
+
+/// A batch of fire-state entries (`None`: the watch ended).
+pub(crate) type StateBatch = Option<Vec<Result<Entry, WatcherError>>>;
+/// A batch of decoded task changes (`None`: the feed ended).
+pub(crate) type TaskBatch = Option<Vec<Result<Decoded, WatcherError>>>;
+
+/// What one of the watches delivered.
+pub(crate) enum Followed {
+    Tasks(TaskBatch),
+    State(StateBatch),
+}
+
+/// When the watches are re-opened (`None`: open, or not followed yet).
+pub(crate) struct Retry {
+    pub(crate) tasks: Option<Instant>,
+    pub(crate) state: Option<Instant>,
+}
+
+/// The two watches and what the replica learnt from them.
+pub(crate) struct Follow {
+    feed: Option<Feed>,
+    feed_retry_at: Option<Instant>,
+    /// The initial load of the tasks bucket is complete.
+    loaded: bool,
+    load_started: Instant,
+    state: Option<Watch>,
+    state_retry_at: Option<Instant>,
+    /// Highest stream sequence (entry revision) the fire-state watch delivered.
+    seen: u64,
+    /// Fire states of keys not (yet) in the task table: last nominal fire (ms) and fire count.
+    orphans: HashMap<Box<str>, (i64, u64)>,
+}
+
+impl Follow {
+    /// Follows `feed`; `loaded` when the tasks bucket was empty when it was opened.
+    pub(crate) fn new(feed: Feed, loaded: bool) -> Follow {
+        Follow {
+            feed: Some(feed),
+            feed_retry_at: None,
+            loaded,
+            load_started: Instant::now(),
+            state: None,
+            state_retry_at: None,
+            seen: 0,
+            orphans: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn loaded(&self) -> bool {
+        self.loaded
+    }
+
+    /// Marks the initial load complete; returns how long it took the first time, else `None`.
+    pub(crate) fn finish_load(&mut self) -> Option<Duration> {
+        if self.loaded {
+            return None;
+        }
+        self.loaded = true;
+        Some(self.load_started.elapsed())
+    }
+
+    pub(crate) fn seen(&self) -> u64 {
+        self.seen
+    }
+
+    pub(crate) fn is_following_state(&self) -> bool {
+        self.state.is_some()
+    }
+
+    /// The next batch of either watch, the tasks first (pending while both are closed).
+    pub(crate) async fn next(&mut self) -> Followed {
+        let tasks = async {
+            match self.feed.as_mut() {
+                Some(feed) => feed.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let state = async {
+            match self.state.as_mut() {
+                Some(watch) => watch.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            batch = tasks => Followed::Tasks(batch),
+            batch = state => Followed::State(batch),
+        }
+    }
+
+    /// When each watch is re-opened.
+    pub(crate) fn retry_at(&self) -> Retry {
+        Retry { tasks: self.feed_retry_at, state: self.state_retry_at }
+    }
+
+    /// The tasks feed ended: re-open it after a pause.
+    pub(crate) fn feed_ended(&mut self) {
+        self.feed = None;
+        self.feed_retry_at = Some(Instant::now() + FEED_RETRY);
+    }
+
+    /// Re-opens the tasks feed; true when the load is complete by that alone (an empty bucket).
+    pub(crate) async fn reopen_feed(&mut self, tasks: &kv::Store) -> bool {
+        self.feed_retry_at = None;
+        match discovery::open_tasks(tasks).await {
+            Ok((feed, messages)) => {
+                self.feed = Some(feed);
+                messages == 0
+            }
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), "cannot re-open the tasks watch");
+                self.feed_retry_at = Some(Instant::now() + FEED_REOPEN_RETRY);
+                false
+            }
+        }
+    }
+
+    /// Opens the fire-state watch (all keys, then updates); returns how many messages the
+    /// bucket held (`None`: not opened, retried later).
+    pub(crate) async fn open_state(&mut self, state: &kv::Store) -> Option<u64> {
+        self.state_retry_at = None;
+        match discovery::open(state).await {
+            Ok((watch, messages)) => {
+                self.state = Some(watch);
+                Some(messages)
+            }
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), "cannot watch the fire state; retrying");
+                self.state_retry_at = Some(Instant::now() + STATE_RETRY_DELAY);
+                None
+            }
+        }
+    }
+
+    /// The fire-state watch ended: re-open it after a pause.
+    pub(crate) fn state_ended(&mut self) {
+        self.state = None;
+        self.state_retry_at = Some(Instant::now() + STATE_RETRY_DELAY);
+    }
+
+    /// Drops the fire-state watch (to read the whole state again through a fresh one).
+    pub(crate) fn close_state(&mut self) {
+        self.state = None;
+    }
+
+    /// An entry of the fire-state watch was delivered.
+    pub(crate) fn saw(&mut self, revision: u64) {
+        self.seen = self.seen.max(revision);
+    }
+
+    /// Keeps the fire state of a key that is not (yet) a task.
+    pub(crate) fn keep_orphan(&mut self, key: String, state: (i64, u64)) {
+        self.orphans.insert(key.into_boxed_str(), state);
+    }
+
+    /// Forgets the fire state of a key that is not a task (deleted).
+    pub(crate) fn forget_orphan(&mut self, key: &str) {
+        if !self.orphans.is_empty() {
+            self.orphans.remove(key);
+        }
+    }
+
+    /// The fire state kept for a key that just became a task.
+    pub(crate) fn adopt_orphan(&mut self, key: &str) -> Option<(i64, u64)> {
+        match self.orphans.is_empty() {
+            true => None,
+            false => self.orphans.remove(key),
+        }
+    }
+}
