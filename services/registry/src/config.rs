@@ -1,9 +1,10 @@
-//! Registry configuration: every setting is a flag and an environment variable.
+//! Registry configuration: every setting is a flag and an environment variable; `validate`
+//! reports every problem at once.
 
 use std::net::SocketAddr;
 
 use clap::Parser;
-use jetsched_shared::config::{CommonArgs, NatsArgs};
+use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, validate_shared};
 use jetsched_shared::topology::TopologyArgs;
 
 /// The jetsched task registry: validates specs, stores them in the tasks bucket with
@@ -39,5 +40,31 @@ impl Config {
             max_spec_bytes: 64 * 1024,
             concurrency: 256,
         }
+    }
+
+    /// Checks every setting (the shared ones too) and reports every problem at once.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
+        problems.at_least("max-spec-bytes", self.max_spec_bytes, 1);
+        problems.at_least("concurrency", self.concurrency, 1);
+        problems.finish::<Config>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_problems_are_reported_together() {
+        Config::parse_from(["jetsched-registry"]).validate().unwrap();
+        Config::for_tests("nats://127.0.0.1:4222").validate().unwrap();
+        let config = Config::parse_from(["jetsched-registry", "--prefix", "Bad", "--concurrency", "0"]);
+        let text = config.validate().unwrap_err().to_string();
+        assert!(text.contains("--prefix (JETSCHED_PREFIX)"), "{text}");
+        assert!(
+            text.contains("--concurrency (JETSCHED_REGISTRY_CONCURRENCY) = 0: must be at least 1"),
+            "{text}"
+        );
     }
 }

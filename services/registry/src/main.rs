@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use jetsched_registry::{Config, build};
+use jetsched_shared::config::EXIT_INVALID_CONFIG;
 use jetsched_shared::{shutdown, telemetry};
 
 /// mimalloc: fewer allocator lock waits and less CPU than glibc malloc on the hot paths.
@@ -13,6 +14,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
+    if let Err(invalid) = config.validate() {
+        eprintln!("{invalid}");
+        return ExitCode::from(EXIT_INVALID_CONFIG);
+    }
     telemetry::init(config.common.log_format);
     let token = shutdown::on_signals();
     let service = match build(config).await {
