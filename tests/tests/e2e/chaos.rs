@@ -20,7 +20,7 @@ use jetsched_shared::topology::{self, Topology, TopologyArgs};
 use jetsched_shared::wire::{
     self, AttemptOutcome, EventKind, HDR_EXECUTION_ID, HDR_STATUS, LeaderRecord, format_time,
 };
-use jetsched_tests::{ChildProcess, NatsCluster, NatsServer, eventually, init_test_logging};
+use jetsched_tests::{ChildProcess, NatsCluster, NatsServer, eventually, fixtures, init_test_logging};
 use jetsched_worker::dlq::DeadLetter;
 use jetsched_worker::runs::{RunRecord, RunStatus};
 use serde_json::json;
@@ -166,14 +166,14 @@ fn periodic_spec(
     attempts: u32,
     misfire: &str,
 ) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "id": id, "namespace": NS, "schedule": schedule,
-        "executor": {"kind": "nats", "subject": subject},
-        "timeout": "2s",
-        "retry": {"max_attempts": attempts, "initial": "200ms", "max_interval": "1s", "jitter": 0.0},
-        "misfire": misfire, "catchup_window": "10m",
-    }))
-    .expect("spec json")
+    jetsched_tests::spec(NS, id)
+        .schedule(schedule)
+        .nats(subject)
+        .timeout("2s")
+        .retry(json!({"max_attempts": attempts, "initial": "200ms", "max_interval": "1s", "jitter": 0.0}))
+        .misfire(misfire)
+        .field("catchup_window", "10m")
+        .bytes()
 }
 
 /// Answers `chaos.ok` (success) and `chaos.fail` (retryable failure), counting requests per
@@ -217,28 +217,9 @@ async fn read_stream(js: &jetstream::Context, stream: &str) -> Vec<async_nats::j
     jetsched_tests::read_stream(js, stream, WAIT).await.unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Every run record, read key by key (an ordered watch can stall while a cluster node
-/// restarts; a partial read must never pass for a complete one).
+/// Every run record (see [`fixtures::run_records`]).
 async fn run_records(topology: &Topology) -> Result<HashMap<String, RunRecord>, String> {
-    let keys: Vec<String> = topology
-        .runs
-        .keys()
-        .await
-        .map_err(|e| format!("list run keys: {e}"))?
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("list run keys: {e}"))?;
-    let mut records = HashMap::new();
-    for key in keys {
-        let Some(value) = topology.runs.get(&key).await.map_err(|e| format!("get run {key}: {e}"))? else {
-            continue;
-        };
-        let record: RunRecord = serde_json::from_slice(&value).map_err(|e| format!("run {key}: {e}"))?;
-        records.insert(record.execution_id.clone(), record);
-    }
-    Ok(records)
+    fixtures::run_records(&topology.runs).await
 }
 
 fn now_ms() -> i64 {

@@ -3,10 +3,10 @@
 
 use std::process::Output;
 
-use jetsched_tests::{NatsServer, init_test_logging, workspace_bin};
+use jetsched_tests::{App, NatsServer, init_test_logging, workspace_bin};
 use serde_json::{Value, json};
 
-use crate::registry::{RunningRegistry, config};
+use crate::registry::config;
 
 async fn jetsched(url: &str, args: &[&str]) -> Output {
     tokio::process::Command::new(workspace_bin("jetsched"))
@@ -35,7 +35,7 @@ fn json_out(output: &Output) -> Value {
 async fn every_subcommand_against_a_running_registry() {
     init_test_logging();
     let server = NatsServer::start().await;
-    let registry = RunningRegistry::start(config(&server.url(), 1)).await;
+    let registry = App::registry(config(&server.url(), 1)).await;
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
 
@@ -147,6 +147,94 @@ async fn every_subcommand_against_a_running_registry() {
     assert!(stderr(&rejected).contains("invalid_cron at schedule.cron"), "{}", stderr(&rejected));
     let missing = jetsched(&url, &["get", "default/broken"]).await;
     assert_eq!(missing.status.code(), Some(1));
+
+    // A directory with a good spec and one with three problems: the good one is stored, each
+    // problem is printed once with its file and field, then one summary line.
+    let mixed = tempfile::tempdir().unwrap();
+    std::fs::write(
+        mixed.path().join("a-good.json"),
+        json!({"id": "fine", "schedule": {"every": "1h"}, "executor": {"kind": "nats", "subject": "x"}})
+            .to_string(),
+    )
+    .unwrap();
+    let three = mixed.path().join("b-three.json");
+    std::fs::write(
+        &three,
+        json!({"id": "bad id!", "schedule": {"cron": "0 0 25 * * *"},
+               "executor": {"kind": "nats", "subject": "x"}, "colour": "blue"})
+        .to_string(),
+    )
+    .unwrap();
+    let rejected = jetsched(&url, &["apply", "-f", mixed.path().to_str().unwrap()]).await;
+    let (out, err) = (stdout(&rejected), stderr(&rejected));
+    assert_eq!(rejected.status.code(), Some(1), "{err}");
+    assert!(out.contains("default/fine applied"), "{out}");
+    let source = three.display().to_string();
+    for problem in ["invalid_id at id", "invalid_cron at schedule.cron", "unknown_field at colour"] {
+        let line = format!("{source}: {problem}");
+        assert_eq!(err.matches(&line).count(), 1, "`{line}` once in:\n{err}");
+    }
+    assert!(err.contains(&format!("error: 1 of 2 specs rejected: {source}")), "{err}");
+    assert_eq!(err.lines().count(), 4, "three problems and the summary:\n{err}");
+    registry.stop().await;
+}
+
+/// `status` reads the lease record: the term stored by the leader (not the key's revision,
+/// which grows with every renewal), when it was acquired and when it was last renewed (the
+/// entry's time); a record of an older scheduler without a term shows the revision as before.
+#[tokio::test]
+async fn status_shows_the_stored_term_acquisition_and_last_renewal() {
+    use async_nats::jetstream;
+    use jetsched_shared::names::Names;
+
+    init_test_logging();
+    let server = NatsServer::start().await;
+    // A lease bucket whose entries outlive the test (the records are written by hand).
+    let mut registry_config = config(&server.url(), 1);
+    registry_config.topology.lease = std::time::Duration::from_secs(120);
+    let registry = App::registry(registry_config).await;
+    let url = server.url();
+    let js = jetstream::new(server.client().await);
+    let names = Names::default();
+    let lease = js.get_key_value(names.leader_bucket()).await.expect("leader bucket");
+    let record = json!({"instance": "sched-a", "term": 42, "acquired_at": "2026-01-01T00:00:00.000Z",
+                        "lease_ms": 3000});
+    let first = lease.create(names.leader_key(), record.to_string().into()).await.expect("acquire");
+    // Renewals rewrite the same record: the revision grows, the term does not.
+    let mut latest = first;
+    for _ in 0..3 {
+        latest = lease.update(names.leader_key(), record.to_string().into(), latest).await.expect("renew");
+    }
+    let status = json_out(&jetsched(&url, &["status", "--json"]).await);
+    let leader = &status["leader"];
+    assert_eq!(leader["instance"], "sched-a", "{status}");
+    assert_eq!(leader["term"], 42, "{status}");
+    assert_eq!(leader["revision"], latest, "{status}");
+    assert_eq!(leader["acquired_at"], "2026-01-01T00:00:00.000Z");
+    let renewed = leader["renewed_at"].as_str().expect("renewed_at");
+    let renewed = chrono::DateTime::parse_from_rfc3339(renewed).expect("RFC 3339");
+    let age = chrono::Utc::now().signed_duration_since(renewed);
+    assert!(age < chrono::Duration::seconds(30), "renewed {age} ago: {status}");
+    assert_eq!(status["replicas"]["registry"].as_array().map(Vec::len), Some(1), "{status}");
+
+    let text = stdout(&jetsched(&url, &["status"]).await);
+    assert!(text.contains("leader:      sched-a (term 42, lease 3000 ms)"), "{text}");
+    assert!(text.contains("acquired:    2026-01-01T00:00:00.000Z ("), "{text}");
+    assert!(text.contains("renewed:     "), "{text}");
+    assert!(text.contains("registries:  1 ("), "{text}");
+    for role in ["schedulers:  0", "workers:     0", "alerters:    0"] {
+        assert!(text.contains(role), "{role} in:\n{text}");
+    }
+
+    // An older scheduler's record: no term stored, so the revision stands in for it.
+    let old = json!({"instance": "sched-old", "acquired_at": "2026-01-01T00:00:00.000Z", "lease_ms": 3000});
+    let revision = lease.put(names.leader_key(), old.to_string().into()).await.expect("old record");
+    let status = json_out(&jetsched(&url, &["status", "--json"]).await);
+    assert_eq!(status["leader"]["term"], revision, "{status}");
+    let text = stdout(&jetsched(&url, &["status"]).await);
+    let line =
+        format!("leader:      sched-old (term {revision}, since 2026-01-01T00:00:00.000Z, lease 3000 ms)");
+    assert!(text.contains(&line), "{text}");
     registry.stop().await;
 }
 
@@ -171,7 +259,7 @@ async fn dlq_subcommands_list_show_replay_and_purge() {
 
     init_test_logging();
     let server = NatsServer::start().await;
-    let registry = RunningRegistry::start(config(&server.url(), 1)).await;
+    let registry = App::registry(config(&server.url(), 1)).await;
     let url = server.url();
     let js = jetstream::new(server.client().await);
     let names = Names::default();
@@ -253,7 +341,7 @@ async fn dlq_subcommands_list_show_replay_and_purge() {
 
     // Purge by filter, then everything; a bare purge is refused with exit code 2.
     let purged = jetsched(&url, &["dlq", "purge", "--namespace", "ops"]).await;
-    assert!(stdout(&purged).contains("1 dead letter(s) purged"), "{}", stderr(&purged));
+    assert!(stdout(&purged).contains("1 dead letter purged"), "{}", stderr(&purged));
     let refused = jetsched(&url, &["dlq", "purge"]).await;
     assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
     let all = jetsched(&url, &["dlq", "purge", "--all"]).await;

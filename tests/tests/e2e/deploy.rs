@@ -4,7 +4,9 @@
 //! values) parses and has the promised shape; systemd units verify; the image's entry point
 //! dispatches and health-checks; and every environment variable the deployment files set is
 //! documented by the `--help` of the binary it is given to, so the files cannot drift from the
-//! flags. (That every `*.conf` passes `nats-server -t` is `harness.rs`'s
+//! flags; every metric the alert rules and the dashboard use is one a service registers. A
+//! check that needs a tool this machine lacks (docker compose, kubectl, systemd-analyze) says
+//! `SKIPPED: ... because ...` on stderr. (That every `*.conf` passes `nats-server -t` is `harness.rs`'s
 //! `shipped_configs_are_valid`, which covers `deploy/secure/` too.)
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,13 +19,9 @@ use async_nats::jetstream;
 use async_nats::jetstream::consumer::PullConsumer;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
-use jetsched_tests::{ChildProcess, eventually, init_test_logging, workspace_bin};
+use jetsched_tests::{App, ChildProcess, eventually, init_test_logging, workspace_bin};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-
-use crate::registry::RunningRegistry;
 
 const WAIT: Duration = Duration::from_secs(20);
 /// How long a denied request or delivery is given to (not) happen.
@@ -168,39 +166,6 @@ impl Probe {
     }
 }
 
-/// A service started in-process through its `build` / `run` pair; cancelled on Drop.
-struct Running {
-    shutdown: CancellationToken,
-    handle: Option<JoinHandle<anyhow::Result<()>>>,
-}
-
-impl Running {
-    fn spawn<F>(run: impl FnOnce(CancellationToken) -> F) -> Running
-    where
-        F: Future<Output = anyhow::Result<()>> + Send + 'static,
-    {
-        let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(run(shutdown.clone()));
-        Running { shutdown, handle: Some(handle) }
-    }
-
-    async fn stop(mut self) {
-        self.shutdown.cancel();
-        let handle = self.handle.take().expect("running");
-        tokio::time::timeout(WAIT, handle)
-            .await
-            .expect("stops in time")
-            .expect("no panic")
-            .expect("clean stop");
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
 async fn call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
     let subject = Names::default().task_api_subject(endpoint);
     let reply = client
@@ -245,7 +210,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     // The registry with its own user creates the topology and serves a client's put.
     let mut registry_config = jetsched_registry::Config::for_tests(&server.url);
     registry_config.nats = server.nats_args("registry");
-    let registry = RunningRegistry::start(registry_config).await;
+    let registry = App::registry(registry_config).await;
 
     let client = server.connect("client").await;
     let put = call(&client.client, "put", secured_spec("manual", json!({"every": "1h"}))).await;
@@ -326,8 +291,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     // The whole system on its own users: a scheduled task fires and is executed.
     let mut scheduler_config = jetsched_scheduler::Config::for_tests(&server.url);
     scheduler_config.nats = server.nats_args("scheduler");
-    let scheduler = jetsched_scheduler::build(scheduler_config).await.expect("scheduler builds as its user");
-    let scheduler = Running::spawn(|shutdown| scheduler.run(shutdown));
+    let scheduler = App::scheduler(scheduler_config).await;
     let runs = Arc::new(Mutex::new(Vec::new()));
     let seen = runs.clone();
     let handlers = Handlers::new().register("probe", move |run: RunContext| {
@@ -337,8 +301,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
             if run.task_id == "doomed" { Outcome::permanent("refused on purpose") } else { Outcome::ok() }
         }
     });
-    let worker = jetsched_worker::build(worker_config, handlers).await.expect("worker builds as its user");
-    let worker = Running::spawn(|shutdown| worker.run(shutdown));
+    let worker = App::worker(worker_config, handlers).await;
     let put = call(&client.client, "put", secured_spec("ticking", json!({"every": "1s"}))).await;
     assert!(put["revision"].is_u64(), "{put}");
     eventually(WAIT, "the scheduled task ran twice on the worker", || async {
@@ -350,8 +313,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     alerter_config.nats = server.nats_args("alerter");
     alerter_config.check_interval = Duration::from_secs(1);
     alerter_config.group_wait = Duration::from_millis(100);
-    let alerter = jetsched_alerter::build(alerter_config).await.expect("alerter builds as its user");
-    let alerter = Running::spawn(|shutdown| alerter.run(shutdown));
+    let alerter = App::alerter(alerter_config).await;
 
     // A run that fails for good is dead-lettered by the worker; the registry's user reads it
     // the way the DLQ endpoints do; the alerter raises an alert for it.
@@ -423,60 +385,18 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
 
 // ---- YAML: compose, Kubernetes, KEDA --------------------------------------------------------
 
-/// Makes sure `python3` can `import yaml` (installs PyYAML with pip when it is missing); once
-/// per test binary.
-fn ensure_pyyaml() {
-    static CHECKED: std::sync::Once = std::sync::Once::new();
-    CHECKED.call_once(install_pyyaml_if_missing);
-}
-
-fn install_pyyaml_if_missing() {
-    let importable = || {
-        Command::new("python3")
-            .args(["-c", "import yaml"])
-            .output()
-            .is_ok_and(|output| output.status.success())
-    };
-    if importable() {
-        return;
-    }
-    let install = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--root-user-action=ignore",
-        ])
-        .arg("pyyaml")
-        .output()
-        .expect("run python3 -m pip (python3 is needed to parse the deployment YAML)");
-    assert!(
-        importable(),
-        "PyYAML missing and `pip install pyyaml` failed:\n{}",
-        String::from_utf8_lossy(&install.stderr)
-    );
-}
-
-/// Every document of a YAML file, as JSON (parsed by PyYAML's `safe_load_all`).
+/// Every document of a YAML file, as JSON.
 fn yaml_docs(path: &Path) -> Vec<Value> {
-    ensure_pyyaml();
-    let output = Command::new("python3")
-        .args([
-            "-c",
-            "import json, sys, yaml; json.dump(list(yaml.safe_load_all(open(sys.argv[1]))), sys.stdout)",
-        ])
-        .arg(path)
-        .output()
-        .expect("run python3");
-    assert!(
-        output.status.success(),
-        "{} is not valid YAML:\n{}",
-        path.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("python's JSON")
+    use serde::Deserialize;
+    serde_norway::Deserializer::from_str(&read(path))
+        .map(Value::deserialize)
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", path.display()))
+}
+
+/// Says in the test's output that a check did not run, and why.
+fn skipped(check: &str, because: &str) {
+    eprintln!("SKIPPED: {check} because {because}");
 }
 
 fn yaml_files(dir: &Path, found: &mut Vec<PathBuf>) {
@@ -517,7 +437,7 @@ fn kubernetes_objects() -> Vec<Value> {
 #[test]
 fn deployment_yaml_parses_and_keeps_its_promises() {
     // Every YAML file under deploy/ parses (compose, Kubernetes, KEDA, Helm values, and the
-    // Prometheus files of other issues).
+    // Prometheus files).
     let mut files = Vec::new();
     yaml_files(&repo().join("deploy"), &mut files);
     assert!(files.len() >= 8, "expected the deployment YAML files, found {files:?}");
@@ -559,7 +479,10 @@ fn deployment_yaml_parses_and_keeps_its_promises() {
             String::from_utf8_lossy(&output.stderr)
         );
     } else {
-        println!("note: `docker compose` is not available here; compose.yaml checked with PyYAML only");
+        skipped(
+            "`docker compose config` of compose.yaml (its YAML was checked)",
+            "`docker compose` is not available here",
+        );
     }
 
     // Kubernetes: probes on the admin port, resources, a PDB and a Service per Deployment,
@@ -627,9 +550,10 @@ fn deployment_yaml_parses_and_keeps_its_promises() {
             "kubectl kustomize deploy/kubernetes/jetsched:\n{}",
             String::from_utf8_lossy(&output.stderr)
         ),
-        Err(_) => {
-            println!("note: kubectl is not available here; the kustomization was checked with PyYAML only")
-        }
+        Err(_) => skipped(
+            "`kubectl kustomize deploy/kubernetes/jetsched` (its YAML was checked)",
+            "kubectl is not available here",
+        ),
     }
 }
 
@@ -704,7 +628,10 @@ fn systemd_units_are_hardened_and_verify() {
     }
 
     let Ok(probe) = Command::new("systemd-analyze").arg("--version").output() else {
-        println!("note: systemd-analyze is not available here; units checked by content only");
+        skipped(
+            "`systemd-analyze verify` of deploy/systemd (the units were checked by content)",
+            "systemd-analyze is not available here",
+        );
         return;
     };
     assert!(probe.status.success());
@@ -872,11 +799,8 @@ async fn image_entrypoint_picks_the_binary_and_probes_the_admin_port() {
 
     // `healthcheck` (the compose health check) against a live registry's admin port.
     let server = jetsched_tests::NatsServer::start().await;
-    let registry = jetsched_registry::build(jetsched_registry::Config::for_tests(&server.url()))
-        .await
-        .expect("registry builds");
-    let admin = registry.admin_addr();
-    let running = Running::spawn(|shutdown| registry.run(shutdown));
+    let running = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
+    let admin = running.admin();
     let probe = |path: &'static str, addr: String| async move {
         let mut command = entrypoint();
         command.args(["healthcheck", path]).env("JETSCHED_ADMIN_ADDR", addr);
@@ -887,4 +811,51 @@ async fn image_entrypoint_picks_the_binary_and_probes_the_admin_port() {
     assert!(!probe("/no-such-page", admin.to_string()).await, "a 404 passed the health check");
     running.stop().await;
     assert!(!probe("/healthz", admin.to_string()).await, "health check passed with the registry stopped");
+}
+
+// ---- the metrics the rules and the dashboard use ----------------------------------------------
+
+/// Every `.rs` file under `dir`, concatenated.
+fn rust_sources(dir: &Path, out: &mut String) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&read(&path));
+        }
+    }
+}
+
+/// Every metric the Prometheus rules and the Grafana dashboard use is one a service (or the
+/// shared crate, for what every service registers) registers; histogram series by their base
+/// name.
+#[test]
+fn deploy_rules_and_dashboard_use_metrics_the_services_export() {
+    let mut sources = String::new();
+    rust_sources(&repo().join("services"), &mut sources);
+    rust_sources(&repo().join("shared/src"), &mut sources);
+    let registered = |name: &str| sources.contains(&format!("\"{name}\""));
+    for file in ["prometheus/alerts.yml", "grafana/jetsched.json"] {
+        let text = read(&deploy_file(file));
+        let mut used: Vec<&str> = text
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|word| word.starts_with("jetsched_"))
+            .collect();
+        used.sort();
+        used.dedup();
+        assert!(used.len() >= 10, "{file}: {used:?}");
+        for name in used {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .filter(|base| registered(base))
+                .unwrap_or(name);
+            assert!(registered(base), "deploy/{file} uses {name}, which no service registers");
+        }
+    }
+    let dashboard: Value =
+        serde_json::from_str(&read(&deploy_file("grafana/jetsched.json"))).expect("dashboard JSON");
+    assert_eq!(dashboard["uid"], "jetsched-overview");
+    assert!(dashboard["panels"].as_array().expect("panels").len() > 10);
 }

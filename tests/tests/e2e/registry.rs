@@ -7,49 +7,14 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use futures::StreamExt;
-use jetsched_registry::{Config, build};
+use jetsched_registry::Config;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Storage, TopologyArgs, TopologyError};
 use jetsched_shared::wire::{HDR_CREATE_ONLY, HDR_EXPECTED_REVISION};
-use jetsched_tests::{NatsCluster, NatsServer, ServerOpts, eventually, init_test_logging};
+use jetsched_tests::{App, NatsCluster, NatsServer, ServerOpts, eventually, init_test_logging};
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(10);
-
-/// A registry running in-process; stopped (and awaited) by `stop`, cancelled on Drop.
-pub(crate) struct RunningRegistry {
-    shutdown: CancellationToken,
-    handle: Option<JoinHandle<anyhow::Result<()>>>,
-    admin: std::net::SocketAddr,
-}
-
-impl RunningRegistry {
-    pub(crate) async fn start(config: Config) -> RunningRegistry {
-        let registry = build(config).await.expect("registry builds");
-        let admin = registry.admin_addr();
-        let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(registry.run(shutdown.clone()));
-        RunningRegistry { shutdown, handle: Some(handle), admin }
-    }
-
-    pub(crate) async fn stop(mut self) {
-        self.shutdown.cancel();
-        let handle = self.handle.take().expect("running");
-        tokio::time::timeout(WAIT, handle)
-            .await
-            .expect("registry stops in time")
-            .expect("no panic")
-            .expect("clean stop");
-    }
-}
-
-impl Drop for RunningRegistry {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
 
 pub(crate) fn config(url: &str, replicas: usize) -> Config {
     let mut config = Config::for_tests(url);
@@ -277,7 +242,7 @@ async fn cas_suite(client: async_nats::Client) {
 async fn registry_api_on_a_single_node() {
     init_test_logging();
     let server = NatsServer::start().await;
-    let registry = RunningRegistry::start(config(&server.url(), 1)).await;
+    let registry = App::registry(config(&server.url(), 1)).await;
     let client = server.client().await;
     api_suite(client.clone()).await;
     cas_suite(client).await;
@@ -288,7 +253,7 @@ async fn registry_api_on_a_single_node() {
 async fn registry_api_on_a_three_node_cluster_with_r3() {
     init_test_logging();
     let cluster = NatsCluster::start().await;
-    let registry = RunningRegistry::start(config(&cluster.urls(), 3)).await;
+    let registry = App::registry(config(&cluster.urls(), 3)).await;
     let client = cluster.client().await;
     let js = jetstream::new(client.clone());
     let info = js
@@ -312,7 +277,7 @@ async fn bad_requests_get_structured_errors_and_store_nothing() {
     let server = NatsServer::start().await;
     let mut config = config(&server.url(), 1);
     config.max_spec_bytes = 4096;
-    let registry = RunningRegistry::start(config).await;
+    let registry = App::registry(config).await;
     let client = server.client().await;
     let js = jetstream::new(client.clone());
     let names = Names::default();
@@ -379,7 +344,7 @@ async fn bad_requests_get_structured_errors_and_store_nothing() {
 async fn the_registry_is_a_discoverable_micro_service() {
     init_test_logging();
     let server = NatsServer::start().await;
-    let registry = RunningRegistry::start(config(&server.url(), 1)).await;
+    let registry = App::registry(config(&server.url(), 1)).await;
     let client = server.client().await;
     let names = Names::default();
     let info =
@@ -393,24 +358,15 @@ async fn the_registry_is_a_discoverable_micro_service() {
     // The admin port answers, and counts requests by endpoint and outcome.
     let reply = call(&client, "get", json!({"namespace": "default", "id": "nothing"})).await;
     assert_eq!(error_code(&reply), "not_found");
-    let metrics = http_get(registry.admin, "/metrics").await;
+    let metrics = registry.metrics().await;
     assert!(
         metrics.contains(r#"jetsched_api_requests_total{endpoint="get",outcome="not_found"} 1"#),
         "{metrics}"
     );
-    assert!(http_get(registry.admin, "/healthz").await.contains("200 OK"));
-    let ready = http_get(registry.admin, "/readyz").await;
+    assert!(registry.admin_get("/healthz").await.is_ok());
+    let ready = registry.admin_get("/readyz").await.body;
     assert!(ready.contains("\"ready\":true"), "{ready}");
     registry.stop().await;
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("admin port");
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
-    let mut out = String::new();
-    stream.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 #[tokio::test]
@@ -450,7 +406,7 @@ async fn intake_applies_submissions_sent_while_the_registry_was_down() {
         .unwrap();
     assert_eq!(stored_revision(&js, "intake.late").await, None, "nothing applied without a registry");
 
-    let registry = RunningRegistry::start(config(&server.url(), 1)).await;
+    let registry = App::registry(config(&server.url(), 1)).await;
     eventually(WAIT, "valid submissions are stored", || async {
         stored_revision(&js, "intake.late").await.is_some()
             && stored_revision(&js, "intake.bare").await.is_some()
@@ -619,7 +575,7 @@ async fn several_registry_replicas_share_the_api_and_the_intake() {
     first.common.instance_id = Some("registry-a".into());
     let mut second = config(&server.url(), 1);
     second.common.instance_id = Some("registry-b".into());
-    let (a, b) = tokio::join!(RunningRegistry::start(first), RunningRegistry::start(second));
+    let (a, b) = tokio::join!(App::registry(first), App::registry(second));
     let client = server.client().await;
     let js = jetstream::new(client.clone());
     let names = Names::default();
