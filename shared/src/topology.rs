@@ -16,6 +16,7 @@ use async_nats::jetstream::{
 };
 use clap::{Args, ValueEnum};
 
+use crate::backoff::Backoff;
 use crate::config::parse_duration;
 use crate::names::Names;
 
@@ -247,29 +248,30 @@ pub async fn ensure(
     names: &Names,
     args: &TopologyArgs,
 ) -> Result<Topology, TopologyError> {
-    let started = tokio::time::Instant::now();
-    let mut pause = Duration::from_millis(250);
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        match ensure_once(js, names, args).await {
-            Err(error @ TopologyError::Nats { .. }) => {
-                let waited = started.elapsed();
-                if waited + pause > args.topology_wait {
-                    return Err(TopologyError::Unavailable { waited, attempts, last: Box::new(error) });
-                }
-                tracing::warn!(
-                    error = &error as &dyn std::error::Error,
-                    attempt = attempts,
-                    retry_in = ?pause,
-                    "JetStream cannot set up the topology yet; retrying"
-                );
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
-            done => return done,
+    let deadline = tokio::time::Instant::now() + args.topology_wait;
+    let retryable = |error: &TopologyError, attempt: u32, pause: Duration| {
+        let retry = matches!(error, TopologyError::Nats { .. });
+        if retry {
+            tracing::warn!(
+                error = error as &dyn std::error::Error,
+                attempt,
+                retry_in = ?pause,
+                "JetStream cannot set up the topology yet; retrying"
+            );
         }
-    }
+        retry
+    };
+    Backoff::new(Duration::from_millis(250), Duration::from_secs(2))
+        .retry_until(deadline, |_| ensure_once(js, names, args), retryable)
+        .await
+        .map_err(|gave_up| match gave_up.error {
+            error @ TopologyError::Nats { .. } => TopologyError::Unavailable {
+                waited: gave_up.elapsed,
+                attempts: gave_up.attempts,
+                last: Box::new(error),
+            },
+            error => error,
+        })
 }
 
 async fn ensure_once(
