@@ -15,14 +15,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use async_nats::jetstream::{self, AckKind, consumer::AckPolicy, consumer::pull, message::PublishMessage};
 use bytes::Bytes;
 use futures::StreamExt;
-use jetsched_shared::names::{self, Names};
+use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
+use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::topology::{self, TopologyArgs};
-use jetsched_shared::wire::{Dispatch, Trigger, scheduled_execution_id};
 use jetsched_tests::NatsServer;
 use jetsched_worker::{Config, Handlers, Outcome, RunContext, RunEvents, RunRecords, build};
 use serde_json::json;
@@ -60,8 +60,8 @@ impl Args {
 /// Unacknowledged publishes in flight, in every phase.
 const WINDOW: usize = 256;
 
-/// One dispatch message: body and message id.
-type Prepared = (Bytes, String);
+/// One dispatch message as the scheduler builds it: body, message id and headers.
+type Prepared = PublishMessage;
 
 pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let server = NatsServer::start().await;
@@ -128,23 +128,14 @@ fn noop_spec() -> anyhow::Result<TaskSpec> {
     .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-/// The dispatch bodies (the scheduler's wire type, spec included) and message ids of `runs`
-/// fires.
+/// The dispatch messages of `runs` fires, built by the scheduler's builder (spec included).
 fn dispatches(runs: usize) -> anyhow::Result<Vec<Prepared>> {
     let spec = noop_spec()?;
+    let names = Names::default();
     (0..runs as i64)
-        .map(|nominal| {
-            let dispatch = Dispatch {
-                execution_id: scheduled_execution_id("bench", "noop", nominal),
-                namespace: spec.namespace.clone(),
-                task_id: spec.id.clone(),
-                nominal_time: chrono::DateTime::from_timestamp_millis(nominal).context("time")?,
-                trigger: Trigger::Schedule,
-                term: 1,
-                revision: 1,
-                spec: spec.clone(),
-            };
-            Ok((serde_json::to_vec(&dispatch)?.into(), names::dispatch_msg_id("bench", "noop", nominal)))
+        .map(|nominal_ms| {
+            let origin = Origin::Scheduled { nominal_ms, term: 1, catchup: false };
+            Ok(dispatch::build(&names, Target::of(&spec, 1), origin, SpecBody::Spec(&spec))?.message)
         })
         .collect()
 }
@@ -152,9 +143,8 @@ fn dispatches(runs: usize) -> anyhow::Result<Vec<Prepared>> {
 /// Publishes `messages` to `subject` with their ids, `WINDOW` in flight.
 async fn publish_all(js: &jetstream::Context, subject: &str, messages: &[Prepared]) -> anyhow::Result<()> {
     let mut pending = std::collections::VecDeque::with_capacity(WINDOW);
-    for (payload, msg_id) in messages {
-        let message = PublishMessage::build().payload(payload.clone()).message_id(msg_id.as_str());
-        pending.push_back(js.send_publish(subject.to_string(), message).await?);
+    for message in messages {
+        pending.push_back(js.send_publish(subject.to_string(), message.clone()).await?);
         if pending.len() >= WINDOW
             && let Some(ack) = pending.pop_front()
         {
