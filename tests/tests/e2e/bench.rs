@@ -1,6 +1,6 @@
 //! Smoke tests of the benchmark command: `jetsched-bench all --size tiny` and `jetsched-bench
-//! soak --size tiny` as processes, and JSON reports with every scenario and sane numbers
-//! (figures, not timing assertions).
+//! soak --size tiny` as processes, and JSON reports with every scenario and numbers in the
+//! range any working system reaches (generous bounds, not timing targets).
 
 use std::time::Duration;
 
@@ -108,6 +108,12 @@ async fn bench_soak_tiny_runs_every_service() {
     for verdict in ["memory_flat", "lag_not_growing", "flat", "rate_sustained", "pass"] {
         assert!(report["verdicts"][verdict].is_boolean(), "verdict {verdict} missing");
     }
-    assert!(number(&report, "/lag/first_after_warmup/p99_ms") >= 0.0);
-    assert!(number(&report, "/lag/last/p99_ms") >= 0.0);
+    // Fire lag early and late in the run: measured (finite), ordered, and far below a minute
+    // (a tiny soak that fell behind by that much did not keep up).
+    for at in ["first_after_warmup", "last"] {
+        let p50 = number(&report, &format!("/lag/{at}/p50_ms"));
+        let p99 = number(&report, &format!("/lag/{at}/p99_ms"));
+        assert!(p99.is_finite() && (0.0..60_000.0).contains(&p99), "lag p99 {at}: {p99} ms");
+        assert!((0.0..=p99).contains(&p50), "lag {at}: p50 {p50} ms outside 0..=p99 {p99} ms");
+    }
 }
