@@ -1,4 +1,5 @@
-//! The structured error every API reply, intake rejection and CLI message uses.
+//! The structured errors every API reply, intake rejection and CLI message uses: one problem
+//! ([`ApiError`]) and every problem of a request ([`ApiErrors`]).
 //!
 //! The `code` strings are part of the wire contract: clients match on them.
 
@@ -116,8 +117,94 @@ impl ApiError {
     }
 }
 
-/// The envelope of a failed reply: `{"error": {...}}`.
+/// Every problem found in one request, in the order found; never empty. A spec with three bad
+/// fields is refused with three errors, each with its field path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiErrors(Vec<ApiError>);
+
+impl ApiErrors {
+    /// The list of `errors`, or `None` when it is empty.
+    pub fn from_vec(errors: Vec<ApiError>) -> Option<ApiErrors> {
+        (!errors.is_empty()).then_some(ApiErrors(errors))
+    }
+
+    /// The first problem: the reply's `error`, and the micro-service error headers.
+    pub fn first(&self) -> &ApiError {
+        &self.0[0]
+    }
+
+    pub fn as_slice(&self) -> &[ApiError] {
+        &self.0
+    }
+
+    pub fn into_vec(self) -> Vec<ApiError> {
+        self.0
+    }
+
+    /// The same problems with `prefix` before each field path (a spec nested in a request).
+    pub fn within(self, prefix: &str) -> ApiErrors {
+        ApiErrors(
+            self.0
+                .into_iter()
+                .map(|mut error| {
+                    error.field = Some(match error.field {
+                        Some(field) => format!("{prefix}.{field}"),
+                        None => prefix.to_owned(),
+                    });
+                    error
+                })
+                .collect(),
+        )
+    }
+}
+
+impl From<ApiError> for ApiErrors {
+    fn from(error: ApiError) -> Self {
+        ApiErrors(vec![error])
+    }
+}
+
+/// The problems one after the other: `invalid_id at id: ...; invalid_cron at schedule.cron: ...`.
+impl std::fmt::Display for ApiErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ApiErrors {}
+
+impl<'a> IntoIterator for &'a ApiErrors {
+    type Item = &'a ApiError;
+    type IntoIter = std::slice::Iter<'a, ApiError>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+/// The envelope of a failed reply: `{"error": {...}, "errors": [{...}, ...]}`. `error` is the
+/// first of `errors`, so a client that reads one error keeps working.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ErrorReply {
     pub error: ApiError,
+    /// Every problem, `error` first (absent from the replies of older registries).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<ApiError>,
+}
+
+impl ErrorReply {
+    pub fn new(errors: &ApiErrors) -> ErrorReply {
+        ErrorReply { error: errors.first().clone(), errors: errors.as_slice().to_vec() }
+    }
+
+    /// Every problem the reply names: `errors`, or `error` alone when the list is absent.
+    pub fn into_errors(self) -> ApiErrors {
+        ApiErrors::from_vec(self.errors).unwrap_or_else(|| ApiErrors::from(self.error))
+    }
 }

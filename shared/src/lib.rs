@@ -9,6 +9,7 @@ pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod events;
+pub(crate) mod field;
 pub mod names;
 pub mod presence;
 pub mod schedule;

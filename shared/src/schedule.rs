@@ -16,8 +16,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{Value, json};
 
 pub use self::cron_expr::CronSchedule;
-use crate::error::{ApiError, ErrorCode};
-use crate::spec::json::{Obj, err, format_duration, format_instant};
+use crate::error::{ApiError, ApiErrors, ErrorCode};
+use crate::field::{Obj, Problems, err, format_duration, format_instant};
 
 /// A validated schedule.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +36,25 @@ pub enum Schedule {
 
 const KINDS: &[&str] = &["cron", "every", "at", "after"];
 
+/// A cron expression on the zone `tz`. An unknown zone is one problem and the expression, read
+/// on UTC meanwhile, may be another.
+fn read_cron(expr: &str, tz: &str, problems: &mut Problems) -> Option<CronSchedule> {
+    match CronSchedule::parse(expr, tz) {
+        Ok(cron) => Some(cron),
+        Err(error) if error.code == ErrorCode::UnknownTimezone => {
+            problems.push(error);
+            if let Err(error) = CronSchedule::parse(expr, "UTC") {
+                problems.push(error);
+            }
+            None
+        }
+        Err(error) => {
+            problems.push(error);
+            None
+        }
+    }
+}
+
 /// An `every` interval is a whole number of milliseconds.
 pub(crate) fn check_interval(interval: Duration) -> Result<(), ApiError> {
     if interval.subsec_nanos().is_multiple_of(1_000_000) {
@@ -47,41 +66,52 @@ pub(crate) fn check_interval(interval: Duration) -> Result<(), ApiError> {
 
 impl Schedule {
     /// Parses and validates the `schedule` object of a spec; errors name `schedule.*` fields.
-    pub fn parse_value(value: &Value) -> Result<Schedule, ApiError> {
-        let obj = Obj::new(value, "schedule")?;
-        obj.deny_unknown(&["cron", "timezone", "every", "anchor", "at", "after"])?;
+    pub fn parse_value(value: &Value) -> Result<Schedule, ApiErrors> {
+        Problems::collect(|problems| Schedule::read(value, problems))
+    }
+
+    /// Reads the `schedule` object, recording each of its problems; `None` when it has one.
+    pub(crate) fn read(value: &Value, problems: &mut Problems) -> Option<Schedule> {
+        let obj = problems.take(Obj::new(value, "schedule"))?;
+        obj.deny_unknown(&["cron", "timezone", "every", "anchor", "at", "after"], problems);
         let kinds: Vec<&str> = obj.present_keys().filter(|k| KINDS.contains(k)).collect();
         let [kind] = kinds.as_slice() else {
-            return Err(err(
+            problems.push(err(
                 ErrorCode::InvalidValue,
                 "schedule",
                 format!("give exactly one of cron, every, at, after (got {})", kinds.len()),
             ));
+            return None;
         };
         if *kind != "cron" && obj.get("timezone").is_some() {
-            return Err(err(
+            problems.push(err(
                 ErrorCode::InvalidValue,
                 "schedule.timezone",
                 "timezone is only allowed with cron",
             ));
         }
         if *kind != "every" && obj.get("anchor").is_some() {
-            return Err(err(ErrorCode::InvalidValue, "schedule.anchor", "anchor is only allowed with every"));
+            problems.push(err(
+                ErrorCode::InvalidValue,
+                "schedule.anchor",
+                "anchor is only allowed with every",
+            ));
         }
         match *kind {
             "cron" => {
-                let expr = obj.required_string("cron")?;
-                let tz = obj.string("timezone")?.unwrap_or("UTC");
-                Ok(Schedule::Cron(Box::new(CronSchedule::parse(expr, tz)?)))
+                let expr = problems.take(obj.required_string("cron"));
+                let tz = problems.take_opt(obj.string("timezone")).unwrap_or("UTC");
+                read_cron(expr?, tz, problems).map(|cron| Schedule::Cron(Box::new(cron)))
             }
             "every" => {
-                let interval = obj.duration("every")?.unwrap_or_default();
-                check_interval(interval)?;
-                let anchor = obj.instant("anchor")?.unwrap_or(DateTime::UNIX_EPOCH);
-                Ok(Schedule::Every { interval, anchor })
+                let interval = problems.take_opt(obj.duration("every"));
+                let interval =
+                    interval.and_then(|interval| problems.take(check_interval(interval).map(|()| interval)));
+                let anchor = problems.take(obj.instant("anchor"))?.unwrap_or(DateTime::UNIX_EPOCH);
+                Some(Schedule::Every { interval: interval?, anchor })
             }
-            "at" => Ok(Schedule::At(obj.instant("at")?.unwrap_or_default())),
-            _ => Ok(Schedule::After(obj.duration("after")?.unwrap_or_default())),
+            "at" => problems.take_opt(obj.instant("at")).map(Schedule::At),
+            _ => problems.take_opt(obj.duration("after")).map(Schedule::After),
         }
     }
 

@@ -2,12 +2,12 @@
 //!
 //! Parsing reads a `serde_json::Value` field by field so that every error carries a code from
 //! [`ErrorCode`] and the dotted path of the offending field (`schedule.cron`, `retry.initial`,
-//! `labels.team`). Unknown fields are rejected at every level. [`TaskSpec::parse`] is structural
-//! (no clock); [`TaskSpec::admit`] adds the checks that need the registration time.
+//! `labels.team`), and a spec with several problems is refused with all of them. Unknown fields
+//! are rejected at every level. [`TaskSpec::parse`] is structural (no clock); [`TaskSpec::admit`]
+//! adds the checks that need the registration time.
 
 mod executor;
 mod fast;
-pub(crate) mod json;
 mod retry;
 #[cfg(test)]
 mod tests;
@@ -20,9 +20,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 
 pub use self::executor::Executor;
-use self::json::{Obj, err, format_duration, truncate_ms};
 pub use self::retry::RetryPolicy;
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, ApiErrors, ErrorCode};
+use crate::field::{self, Obj, Problems, err, format_duration, truncate_ms};
 use crate::schedule::Schedule;
 
 /// A validated task spec. See DESIGN.md, "The task spec".
@@ -194,21 +194,38 @@ fn choice<T: Copy>(obj: &Obj<'_>, key: &str, choices: &[(&str, T)]) -> Result<Op
 }
 
 /// The `jitter` object: `spread`, `max_random` or both.
-fn parse_jitter(j: &Obj<'_>) -> Result<Jitter, ApiError> {
-    j.deny_unknown(&["spread", "max_random"])?;
-    let jitter = Jitter { spread: j.duration("spread")?, max_random: j.duration("max_random")? };
+fn read_jitter(value: &Value, problems: &mut Problems) -> Option<Jitter> {
+    let j = problems.take(Obj::new(value, "jitter"))?;
+    j.deny_unknown(&["spread", "max_random"], problems);
+    let spread = problems.take(j.duration("spread"));
+    let max_random = problems.take(j.duration("max_random"));
+    let jitter = Jitter { spread: spread?, max_random: max_random? };
     if jitter.spread.is_none() && jitter.max_random.is_none() {
-        return Err(err(ErrorCode::InvalidValue, "jitter", "give spread, max_random or both"));
+        problems.push(err(ErrorCode::InvalidValue, "jitter", "give spread, max_random or both"));
+        return None;
     }
-    Ok(jitter)
+    Some(jitter)
+}
+
+/// The `labels` object: at most [`MAX_LABELS`], each checked by [`check_label`].
+fn read_labels(obj: &Obj<'_>, problems: &mut Problems) -> Option<BTreeMap<String, String>> {
+    let labels = obj.string_map("labels", check_label, problems)?;
+    if labels.len() > MAX_LABELS {
+        problems.push(err(ErrorCode::InvalidValue, "labels", format!("at most {MAX_LABELS} labels")));
+        return None;
+    }
+    Some(labels)
 }
 
 impl TaskSpec {
-    /// Parses and validates a JSON spec (structure only: no clock is consulted).
+    /// Parses and validates a JSON spec (structure only: no clock is consulted). A spec with
+    /// several problems is refused with each of them, in the order the reader meets them: the
+    /// unknown fields of an object first, then its fields in the order of the spec's
+    /// documentation (`version`, `id`, `namespace`, `schedule`, `queue`, `executor`, ...).
     ///
     /// A typed fast path handles well-formed specs without building a `Value` tree; anything it
-    /// does not accept goes through the field-by-field reader, which names the error.
-    pub fn parse(bytes: &[u8]) -> Result<TaskSpec, ApiError> {
+    /// does not accept goes through the field-by-field reader, which names every problem.
+    pub fn parse(bytes: &[u8]) -> Result<TaskSpec, ApiErrors> {
         if let Some(spec) = fast::parse(bytes) {
             return Ok(spec);
         }
@@ -216,74 +233,92 @@ impl TaskSpec {
     }
 
     /// The reference reader behind [`parse`](Self::parse): a `Value` first, then field by field
-    /// with a code and path per error. Public for differential tests and fuzzing: it accepts
+    /// with a code and path per problem. Public for differential tests and fuzzing: it accepts
     /// exactly what `parse` accepts, only slower.
     #[doc(hidden)]
-    pub fn parse_reference(bytes: &[u8]) -> Result<TaskSpec, ApiError> {
+    pub fn parse_reference(bytes: &[u8]) -> Result<TaskSpec, ApiErrors> {
         let value: Value = serde_json::from_slice(bytes)
             .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("the spec is not valid JSON: {e}")))?;
         TaskSpec::from_value(&value)
     }
 
     /// Validates an already-decoded JSON spec.
-    pub fn parse_value(value: Value) -> Result<TaskSpec, ApiError> {
+    pub fn parse_value(value: Value) -> Result<TaskSpec, ApiErrors> {
         TaskSpec::from_value(&value)
     }
 
-    fn from_value(value: &Value) -> Result<TaskSpec, ApiError> {
-        let obj = Obj::new(value, "")?;
-        obj.deny_unknown(FIELDS)?;
+    fn from_value(value: &Value) -> Result<TaskSpec, ApiErrors> {
+        Problems::collect(|problems| TaskSpec::read(value, problems))
+    }
 
-        let version = obj.u32("version")?.unwrap_or(1);
+    /// Reads the spec field by field, recording each problem and going on with the next field.
+    fn read(value: &Value, problems: &mut Problems) -> Option<TaskSpec> {
+        let obj = problems.take(Obj::new(value, ""))?;
+        obj.deny_unknown(FIELDS, problems);
+
+        let version = problems.take_opt(obj.u32("version")).unwrap_or(1);
         if version != 1 {
-            return Err(err(
+            problems.push(err(
                 ErrorCode::InvalidValue,
                 "version",
                 format!("unsupported version {version}; only 1"),
             ));
         }
-        let id = obj.required_string("id")?;
-        validate_id("id", id)?;
-        let namespace = obj.string("namespace")?.unwrap_or("default");
-        validate_id("namespace", namespace)?;
-        let schedule = Schedule::parse_value(obj.required("schedule")?)?;
-        let queue = obj.string("queue")?.unwrap_or("default");
-        validate_name("queue", queue, 64)?;
-        let executor = Executor::from_json(obj.required("executor")?, "executor")?;
+        let id = problems.take(obj.required_string("id").and_then(|id| validate_id("id", id).map(|()| id)));
+        let namespace = problems
+            .take(obj.string("namespace").and_then(|namespace| {
+                let namespace = namespace.unwrap_or("default");
+                validate_id("namespace", namespace).map(|()| namespace)
+            }))
+            .unwrap_or("default");
+        let schedule = problems.take(obj.required("schedule")).and_then(|v| Schedule::read(v, problems));
+        let queue = problems
+            .take(obj.string("queue").and_then(|queue| {
+                let queue = queue.unwrap_or("default");
+                validate_name("queue", queue, 64).map(|()| queue)
+            }))
+            .unwrap_or("default");
+        let executor =
+            problems.take(obj.required("executor")).and_then(|v| Executor::read(v, "executor", problems));
 
-        let timeout = obj.duration("timeout")?.unwrap_or(DEFAULT_TIMEOUT);
+        let timeout = problems.take_opt(obj.duration("timeout")).unwrap_or(DEFAULT_TIMEOUT);
         if timeout > MAX_TIMEOUT {
-            return Err(err(ErrorCode::InvalidValue, "timeout", "must be at most 24h"));
+            problems.push(err(ErrorCode::InvalidValue, "timeout", "must be at most 24h"));
         }
-        let retry = match obj.object("retry")? {
-            Some(retry) => RetryPolicy::from_obj(&retry)?,
-            None => RetryPolicy::default(),
+        let retry = match obj.get("retry") {
+            Some(retry) => RetryPolicy::read(retry, problems),
+            None => Some(RetryPolicy::default()),
         };
-        let misfire = choice(&obj, "misfire", MISFIRE)?.unwrap_or_default();
-        let catchup_window = obj.duration("catchup_window")?.unwrap_or(DEFAULT_CATCHUP_WINDOW);
-        let overlap = choice(&obj, "overlap", OVERLAP)?.unwrap_or_default();
-        let jitter = obj.object("jitter")?.map(|j| parse_jitter(&j)).transpose()?;
-        let paused = obj.bool("paused")?.unwrap_or(false);
-        let labels = obj.string_map("labels", check_label)?;
-        if labels.len() > MAX_LABELS {
-            return Err(err(ErrorCode::InvalidValue, "labels", format!("at most {MAX_LABELS} labels")));
+        let misfire = problems.take_opt(choice(&obj, "misfire", MISFIRE)).unwrap_or_default();
+        let catchup_window =
+            problems.take_opt(obj.duration("catchup_window")).unwrap_or(DEFAULT_CATCHUP_WINDOW);
+        let overlap = problems.take_opt(choice(&obj, "overlap", OVERLAP)).unwrap_or_default();
+        // Outer `Some`: given; inner `None`: refused.
+        let jitter = obj.get("jitter").map(|jitter| read_jitter(jitter, problems));
+        let paused = problems.take_opt(obj.bool("paused")).unwrap_or(false);
+        let labels = read_labels(&obj, problems);
+        if !problems.is_empty() {
+            return None;
         }
 
-        Ok(TaskSpec {
+        Some(TaskSpec {
             version,
-            id: id.to_owned(),
+            id: id?.to_owned(),
             namespace: namespace.to_owned(),
-            schedule,
+            schedule: schedule?,
             queue: queue.to_owned(),
-            executor,
+            executor: executor?,
             timeout,
-            retry,
+            retry: retry?,
             misfire,
             catchup_window,
             overlap,
-            jitter,
+            jitter: match jitter {
+                Some(jitter) => Some(jitter?),
+                None => None,
+            },
             paused,
-            labels,
+            labels: labels?,
         })
     }
 
@@ -313,7 +348,7 @@ impl TaskSpec {
                         "schedule.at",
                         format!(
                             "{} is more than the catch-up window ({}) before now",
-                            json::format_instant(*at),
+                            field::format_instant(*at),
                             format_duration(self.catchup_window)
                         ),
                     ));

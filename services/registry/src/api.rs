@@ -1,13 +1,15 @@
 //! The task API: decoding requests, calling the task store, encoding replies.
 //!
-//! Every failure is a structured `{"error": {code, message, field}}` reply with the
-//! micro-service error headers set; nothing a client sends can make the registry panic.
+//! Every failure is a structured `{"error": {code, message, field}, "errors": [...]}` reply
+//! (`errors` lists every problem, a spec's each with its field path; `error` is the first) with
+//! the micro-service error headers of the first set; nothing a client sends can make the
+//! registry panic.
 
 use async_nats::HeaderMap;
 use async_nats::service::Request;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
-use jetsched_shared::error::{ApiError, ErrorCode, ErrorReply};
+use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::schedule::Schedule;
 use jetsched_shared::spec::{TaskSpec, validate_id};
 use jetsched_shared::wire::{
@@ -90,7 +92,8 @@ pub enum ApiRequest {
 }
 
 /// Decodes and validates a request without touching NATS: size, JSON, every field, headers.
-/// Pure apart from `now` (used to admit `after` schedules and to default `next`'s start).
+/// A spec is refused with every problem it has. Pure apart from `now` (used to admit `after`
+/// schedules and to default `next`'s start).
 pub fn decode_request(
     endpoint: Endpoint,
     subject: &str,
@@ -98,7 +101,7 @@ pub fn decode_request(
     headers: Option<&HeaderMap>,
     limits: Limits,
     now: DateTime<Utc>,
-) -> Result<ApiRequest, ApiError> {
+) -> Result<ApiRequest, ApiErrors> {
     Ok(match endpoint {
         Endpoint::Put => {
             let precondition = precondition(headers)?;
@@ -112,7 +115,9 @@ pub fn decode_request(
                 validate_id("namespace", namespace)?;
             }
             if request.limit.is_some_and(|l| l == 0 || l > 1000) {
-                return Err(ApiError::at(ErrorCode::BadRequest, "limit", "limit must be within 1..=1000"));
+                return Err(
+                    ApiError::at(ErrorCode::BadRequest, "limit", "limit must be within 1..=1000").into()
+                );
             }
             ApiRequest::List(request)
         }
@@ -125,13 +130,15 @@ pub fn decode_request(
             return Err(ApiError::new(
                 ErrorCode::Internal,
                 format!("{} requests are decoded by the dead-letter API", endpoint.label()),
-            ));
+            )
+            .into());
         }
         Endpoint::Unknown => {
             return Err(ApiError::new(
                 ErrorCode::UnknownEndpoint,
                 format!("no endpoint {subject}; see `nats micro info` for the endpoints"),
-            ));
+            )
+            .into());
         }
     })
 }
@@ -142,11 +149,17 @@ pub(crate) async fn handle(
     limits: Limits,
     endpoint: Endpoint,
     request: &Request,
-) -> Result<Vec<u8>, ApiError> {
+) -> Result<Vec<u8>, ApiErrors> {
     let message = &request.message;
     let now = Utc::now();
-    match decode_request(endpoint, &message.subject, &message.payload, message.headers.as_ref(), limits, now)?
-    {
+    let request =
+        decode_request(endpoint, &message.subject, &message.payload, message.headers.as_ref(), limits, now)?;
+    Ok(answer(store, request).await?)
+}
+
+/// Carries out a decoded request: the store's answer, or its one error.
+async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec<u8>, ApiError> {
+    match request {
         ApiRequest::Put { spec, precondition } => Ok(store.put(*spec, precondition).await?.reply_json()),
         ApiRequest::Get(task) => encode(&store.get(&task.namespace, &task.id).await?),
         ApiRequest::List(request) => encode(&store.list(&request).await?),
@@ -220,19 +233,19 @@ fn task_ref(payload: &[u8]) -> Result<TaskRef, ApiError> {
     Ok(task)
 }
 
-fn decode_next(payload: &[u8], limits: Limits, now: DateTime<Utc>) -> Result<ApiRequest, ApiError> {
+fn decode_next(payload: &[u8], limits: Limits, now: DateTime<Utc>) -> Result<ApiRequest, ApiErrors> {
     let request: NextRequest = decode(payload, false)?;
     let count = request.count.unwrap_or(10);
     if count == 0 || count > 1000 {
-        return Err(ApiError::at(ErrorCode::BadRequest, "count", "count must be within 1..=1000"));
+        return Err(ApiError::at(ErrorCode::BadRequest, "count", "count must be within 1..=1000").into());
     }
     let source = match (request.spec, request.id) {
         (Some(spec), None) => {
             let bytes = serde_json::to_vec(&spec).expect("a JSON value serializes");
             check_size(&bytes, limits)?;
             let spec = TaskSpec::parse_value(spec)
-                .and_then(|spec| spec.admit(now))
-                .map_err(|e| prefix_field(e, "spec"))?;
+                .and_then(|spec| Ok(spec.admit(now)?))
+                .map_err(|errors| errors.within("spec"))?;
             NextSource::Inline(Box::new(spec))
         }
         (None, Some(id)) => {
@@ -245,7 +258,8 @@ fn decode_next(payload: &[u8], limits: Limits, now: DateTime<Utc>) -> Result<Api
             return Err(ApiError::new(
                 ErrorCode::BadRequest,
                 "give either a stored task (namespace, id) or an inline spec, not both",
-            ));
+            )
+            .into());
         }
     };
     Ok(ApiRequest::Next { source, count, after: request.after.unwrap_or(now) })
@@ -263,14 +277,6 @@ fn preview(spec: &TaskSpec, count: usize, after: DateTime<Utc>) -> NextReply {
         local_times: times.iter().map(|t| t.with_timezone(&tz).to_rfc3339()).collect(),
         times: times.into_iter().map(wire::format_time).collect(),
     }
-}
-
-fn prefix_field(mut error: ApiError, prefix: &str) -> ApiError {
-    error.field = Some(match error.field {
-        Some(field) => format!("{prefix}.{field}"),
-        None => prefix.to_string(),
-    });
-    error
 }
 
 /// Decodes a small JSON request body. An empty body is `{}` when `empty_ok`.
@@ -300,13 +306,14 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, ApiError> {
     serde_json::to_vec(value).map_err(|e| ApiError::new(ErrorCode::Internal, format!("encode reply: {e}")))
 }
 
-/// The body and headers of an error reply.
-pub(crate) fn error_reply(error: &ApiError) -> (Vec<u8>, HeaderMap) {
+/// The body and headers of an error reply: every problem in the body, the first in the headers.
+pub(crate) fn error_reply(errors: &ApiErrors) -> (Vec<u8>, HeaderMap) {
+    let error = errors.first();
     let mut headers = HeaderMap::new();
     // Header values cannot hold line breaks (cron and serde messages can).
     let status: String = error.message.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
     headers.insert(async_nats::service::NATS_SERVICE_ERROR, status.as_str());
     headers.insert(async_nats::service::NATS_SERVICE_ERROR_CODE, error.code.status().to_string().as_str());
-    let body = serde_json::to_vec(&ErrorReply { error: error.clone() }).expect("an error serializes");
+    let body = serde_json::to_vec(&ErrorReply::new(errors)).expect("an error serializes");
     (body, headers)
 }

@@ -1,6 +1,7 @@
 //! The durable intake consumer: applies specs published fire-and-forget to
 //! `<prefix>.submit.<namespace>.<id>`, so a spec sent while no registry runs is applied when
-//! one comes back. Invalid submissions are acked and become `task.rejected` events.
+//! one comes back. Invalid submissions are acked and become `task.rejected` events naming
+//! every problem of the spec.
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use async_nats::jetstream::{
     consumer::{AckPolicy, PullConsumer, pull},
 };
 use futures::StreamExt;
-use jetsched_shared::error::{ApiError, ErrorCode};
+use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::{TaskSpec, validate_id};
 use tokio_util::sync::CancellationToken;
@@ -76,7 +77,7 @@ pub(crate) async fn run(
                 metrics.intake.with_label_values(&["applied"]).inc();
                 AckKind::Ack
             }
-            Err((namespace, id, error)) if error.code == ErrorCode::Unavailable => {
+            Err((namespace, id, error)) if error.first().code == ErrorCode::Unavailable => {
                 tracing::warn!(namespace = %namespace, task = %id, error = %error, "intake write failed; will retry");
                 metrics.intake.with_label_values(&["retried"]).inc();
                 AckKind::Nak(Some(Duration::from_secs(1)))
@@ -94,7 +95,7 @@ pub(crate) async fn run(
     }
 }
 
-type Rejection = (String, String, ApiError);
+type Rejection = (String, String, ApiErrors);
 
 async fn apply(
     store: &TaskStore,
@@ -107,15 +108,16 @@ async fn apply(
             ErrorCode::BadRequest,
             format!("subject {} is not {}", message.subject, names.submit_subject("<namespace>", "<id>")),
         );
-        return Err(("_unknown".into(), "_unknown".into(), error));
+        return Err(("_unknown".into(), "_unknown".into(), error.into()));
     };
-    let reject = |error: ApiError| (namespace.to_string(), id.to_string(), error);
-    validate_id("namespace", namespace).map_err(reject)?;
-    validate_id("id", id).map_err(reject)?;
-    check_size(&message.payload, limits).map_err(reject)?;
-    let precondition = precondition(message.headers.as_ref()).map_err(reject)?;
+    let reject = |errors: ApiErrors| (namespace.to_string(), id.to_string(), errors);
+    let reject_one = |error: ApiError| reject(error.into());
+    validate_id("namespace", namespace).map_err(reject_one)?;
+    validate_id("id", id).map_err(reject_one)?;
+    check_size(&message.payload, limits).map_err(reject_one)?;
+    let precondition = precondition(message.headers.as_ref()).map_err(reject_one)?;
     let mut value: serde_json::Value = serde_json::from_slice(&message.payload)
-        .map_err(|e| reject(ApiError::new(ErrorCode::InvalidJson, format!("spec is not JSON: {e}"))))?;
+        .map_err(|e| reject_one(ApiError::new(ErrorCode::InvalidJson, format!("spec is not JSON: {e}"))))?;
     // The subject names the task; the body may leave out its id and namespace.
     if let Some(object) = value.as_object_mut() {
         object.entry("id").or_insert_with(|| id.into());
@@ -123,13 +125,13 @@ async fn apply(
     }
     let spec = TaskSpec::parse_value(value).map_err(reject)?;
     if spec.namespace != namespace || spec.id != id {
-        return Err(reject(ApiError::at(
+        return Err(reject_one(ApiError::at(
             ErrorCode::InvalidValue,
             if spec.namespace != namespace { "namespace" } else { "id" },
             format!("spec {}/{} was submitted on the subject of {namespace}/{id}", spec.namespace, spec.id),
         )));
     }
-    let spec = spec.admit(chrono::Utc::now()).map_err(reject)?;
-    store.put(spec, precondition).await.map_err(reject)?;
+    let spec = spec.admit(chrono::Utc::now()).map_err(reject_one)?;
+    store.put(spec, precondition).await.map_err(reject_one)?;
     Ok(())
 }

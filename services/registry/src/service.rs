@@ -239,19 +239,19 @@ async fn serve(
 ) {
     let started = Instant::now();
     let result = match endpoint {
-        Endpoint::Dlq(endpoint) => dlq.handle(endpoint, &request.message.payload).await,
+        Endpoint::Dlq(endpoint) => dlq.handle(endpoint, &request.message.payload).await.map_err(Into::into),
         _ => api::handle(store, limits, endpoint, &request).await,
     };
     let outcome = match &result {
         Ok(_) => "ok",
-        Err(error) => error.code.as_str(),
+        Err(errors) => errors.first().code.as_str(),
     };
     metrics.requests.with_label_values(&[endpoint.name(), outcome]).inc();
     metrics.request_seconds.with_label_values(&[endpoint.name()]).observe(started.elapsed().as_secs_f64());
     let sent = match result {
         Ok(body) => request.respond(Ok(body.into())).await,
         Err(error) => {
-            if error.code == jetsched_shared::error::ErrorCode::Internal {
+            if error.first().code == jetsched_shared::error::ErrorCode::Internal {
                 tracing::error!(endpoint = endpoint.name(), error = %error, "request failed");
             }
             let (body, headers) = api::error_reply(&error);

@@ -9,7 +9,7 @@ use async_nats::jetstream::{self, kv};
 use chrono::Utc;
 use futures::TryStreamExt;
 use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
-use jetsched_shared::error::{ApiError, ErrorCode};
+use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::events::EventSink;
 use jetsched_shared::names::{Names, task_key};
 use jetsched_shared::spec::TaskSpec;
@@ -89,7 +89,7 @@ fn not_found(namespace: &str, id: &str) -> ApiError {
 
 fn decode(entry: &Latest) -> Result<TaskSpec, ApiError> {
     TaskSpec::parse(&entry.value).map_err(|e| {
-        ApiError::new(ErrorCode::Internal, format!("stored spec {} is not valid: {}", entry.key, e.message))
+        ApiError::new(ErrorCode::Internal, format!("stored spec {} is not valid: {e}", entry.key))
     })
 }
 
@@ -166,11 +166,16 @@ impl TaskStore {
         self.events.emit(event).await;
     }
 
-    /// Emits `task.rejected` for a submission that could not be applied.
-    pub async fn reject(&self, namespace: &str, id: &str, error: &ApiError) {
+    /// Emits `task.rejected` for a submission that could not be applied: `error` is the first
+    /// problem's message, `reason` the reply an API `put` would have given (`{"error": {...},
+    /// "errors": [...]}`, every problem with its field path).
+    pub async fn reject(&self, namespace: &str, id: &str, errors: &ApiErrors) {
+        let error = errors.first();
         let event = Event {
             error: Some(error.message.clone()),
-            reason: Some(serde_json::to_string(error).unwrap_or_else(|_| error.code.to_string())),
+            reason: Some(
+                serde_json::to_string(&ErrorReply::new(errors)).unwrap_or_else(|_| error.code.to_string()),
+            ),
             ..Event::new(EventKind::TaskRejected, namespace, id)
         };
         self.emit(event).await;

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::json::{Obj, err};
 use crate::error::{ApiError, ErrorCode};
+use crate::field::{Obj, Problems, err, wrong_type};
 
 /// What a worker runs for a fire. JSON: `{"kind": "http" | "nats" | "shell" | "handler", ...fields}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,92 +40,66 @@ impl Executor {
         }
     }
 
-    /// Parses and validates the `executor` object at `path`.
-    pub(crate) fn from_json(value: &Value, path: &str) -> Result<Executor, ApiError> {
-        let obj = Obj::new(value, path)?;
-        let kind = obj.required_string("kind")?;
-        match kind {
+    /// Reads the `executor` object at `path`, recording each of its problems; `None` when it
+    /// has one. Without a known `kind` its other fields cannot be judged.
+    pub(crate) fn read(value: &Value, path: &str, problems: &mut Problems) -> Option<Executor> {
+        let obj = problems.take(Obj::new(value, path))?;
+        match problems.take(obj.required_string("kind"))? {
             "http" => {
-                obj.deny_unknown(&["kind", "method", "url", "headers", "body"])?;
-                let method = parse_method(&obj.path("method"), obj.string("method")?)?;
-                let url = obj.required_string("url")?;
-                validate_url(&obj.path("url"), url)?;
-                let headers = obj.string_map("headers", check_header)?;
+                obj.deny_unknown(&["kind", "method", "url", "headers", "body"], problems);
+                let method = problems
+                    .take(obj.string("method").and_then(|method| parse_method(&obj.path("method"), method)));
+                let url = problems.take(
+                    obj.required_string("url")
+                        .and_then(|url| validate_url(&obj.path("url"), url).map(|()| url)),
+                );
+                let headers = obj.string_map("headers", check_header, problems);
                 let body = obj.get("body").cloned();
-                Ok(Executor::Http { method, url: url.to_owned(), headers, body })
+                Some(Executor::Http { method: method?, url: url?.to_owned(), headers: headers?, body })
             }
             "nats" => {
-                obj.deny_unknown(&["kind", "subject", "payload", "headers"])?;
-                let subject = obj.required_string("subject")?;
-                validate_subject(&obj.path("subject"), subject)?;
-                let headers = obj.string_map("headers", check_header)?;
+                obj.deny_unknown(&["kind", "subject", "payload", "headers"], problems);
+                let subject =
+                    problems.take(obj.required_string("subject").and_then(|subject| {
+                        validate_subject(&obj.path("subject"), subject).map(|()| subject)
+                    }));
+                let headers = obj.string_map("headers", check_header, problems);
                 let payload = obj.get("payload").cloned();
-                Ok(Executor::Nats { subject: subject.to_owned(), payload, headers })
+                Some(Executor::Nats { subject: subject?.to_owned(), payload, headers: headers? })
             }
             "shell" => {
-                obj.deny_unknown(&["kind", "command", "env", "cwd"])?;
-                obj.required("command")?;
-                let items = obj.array("command")?.map(Vec::as_slice).unwrap_or_default();
-                let path = obj.path("command");
-                if items.is_empty() {
-                    return Err(err(
-                        ErrorCode::InvalidValue,
-                        &path,
-                        "must name a program: [\"prog\", \"arg\", ...]",
-                    ));
-                }
-                let mut command = Vec::with_capacity(items.len());
-                for (i, item) in items.iter().enumerate() {
-                    let item_path = format!("{path}.{i}");
-                    let Value::String(arg) = item else {
-                        return Err(super::json::wrong_type(&item_path, "a string", item));
-                    };
-                    if arg.contains('\0') {
-                        return Err(err(ErrorCode::InvalidValue, &item_path, "must not contain NUL"));
-                    }
-                    command.push(arg.clone());
-                }
-                if command[0].trim().is_empty() {
-                    return Err(err(
-                        ErrorCode::InvalidValue,
-                        &format!("{path}.0"),
-                        "the program must not be empty",
-                    ));
-                }
-                let env = obj.string_map("env", |path, name, value| {
-                    let mut chars = name.chars();
-                    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-                    if !ok {
+                obj.deny_unknown(&["kind", "command", "env", "cwd"], problems);
+                let command = read_command(&obj, problems);
+                let env = obj.string_map("env", check_env, problems);
+                let cwd = problems.take(obj.string("cwd").and_then(|cwd| {
+                    if cwd.is_some_and(|c| c.is_empty() || c.contains('\0')) {
                         return Err(err(
                             ErrorCode::InvalidValue,
-                            path,
-                            "variable names match [A-Za-z_][A-Za-z0-9_]*",
+                            &obj.path("cwd"),
+                            "must be a non-empty path",
                         ));
                     }
-                    if value.contains('\0') {
-                        return Err(err(ErrorCode::InvalidValue, path, "must not contain NUL"));
-                    }
-                    Ok(())
-                })?;
-                let cwd = obj.string("cwd")?;
-                if cwd.is_some_and(|c| c.is_empty() || c.contains('\0')) {
-                    return Err(err(ErrorCode::InvalidValue, &obj.path("cwd"), "must be a non-empty path"));
-                }
-                Ok(Executor::Shell { command, env, cwd: cwd.map(str::to_owned) })
+                    Ok(cwd)
+                }));
+                Some(Executor::Shell { command: command?, env: env?, cwd: cwd?.map(str::to_owned) })
             }
             "handler" => {
-                obj.deny_unknown(&["kind", "name", "payload"])?;
-                let name = obj.required_string("name")?;
-                validate_handler_name(&obj.path("name"), name)?;
+                obj.deny_unknown(&["kind", "name", "payload"], problems);
+                let name = problems.take(
+                    obj.required_string("name")
+                        .and_then(|name| validate_handler_name(&obj.path("name"), name).map(|()| name)),
+                );
                 let payload = obj.get("payload").cloned();
-                Ok(Executor::Handler { name: name.to_owned(), payload })
+                Some(Executor::Handler { name: name?.to_owned(), payload })
             }
-            other => Err(err(
-                ErrorCode::InvalidValue,
-                &obj.path("kind"),
-                format!("unknown executor kind {other:?}; expected http, nats, shell or handler"),
-            )),
+            other => {
+                problems.push(err(
+                    ErrorCode::InvalidValue,
+                    &obj.path("kind"),
+                    format!("unknown executor kind {other:?}; expected http, nats, shell or handler"),
+                ));
+                None
+            }
         }
     }
 
@@ -162,6 +136,51 @@ impl Executor {
             }
         }
     }
+}
+
+/// A shell command: a non-empty array of strings without NUL, the program not blank. Each bad
+/// argument is a problem of its own.
+fn read_command(obj: &Obj<'_>, problems: &mut Problems) -> Option<Vec<String>> {
+    problems.take(obj.required("command"))?;
+    let items = problems.take(obj.array("command"))?.map(Vec::as_slice).unwrap_or_default();
+    let path = obj.path("command");
+    if items.is_empty() {
+        problems.push(err(ErrorCode::InvalidValue, &path, "must name a program: [\"prog\", \"arg\", ...]"));
+        return None;
+    }
+    let mut command = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let item_path = format!("{path}.{i}");
+        match item {
+            Value::String(arg) if arg.contains('\0') => {
+                problems.push(err(ErrorCode::InvalidValue, &item_path, "must not contain NUL"));
+            }
+            Value::String(arg) => command.push(arg.clone()),
+            other => problems.push(wrong_type(&item_path, "a string", other)),
+        }
+    }
+    if command.len() != items.len() {
+        return None;
+    }
+    if command[0].trim().is_empty() {
+        problems.push(err(ErrorCode::InvalidValue, &format!("{path}.0"), "the program must not be empty"));
+        return None;
+    }
+    Some(command)
+}
+
+/// Environment variable names match `[A-Za-z_][A-Za-z0-9_]*`; values hold no NUL.
+fn check_env(path: &str, name: &str, value: &str) -> Result<(), ApiError> {
+    let mut chars = name.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        return Err(err(ErrorCode::InvalidValue, path, "variable names match [A-Za-z_][A-Za-z0-9_]*"));
+    }
+    if value.contains('\0') {
+        return Err(err(ErrorCode::InvalidValue, path, "must not contain NUL"));
+    }
+    Ok(())
 }
 
 /// An HTTP method, upper-cased; `POST` when absent.

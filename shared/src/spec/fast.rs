@@ -5,7 +5,8 @@
 //!
 //! It only ever answers "valid, and here is the spec" or "not mine": every input it does not
 //! accept (a type error, a duplicate key, a value that fails validation) goes to the reference
-//! reader, which produces the structured error. It must never accept an input the reference
+//! reader, which produces the structured errors (so `parse` and the reference reader refuse a
+//! spec with the same list, by construction). It must never accept an input the reference
 //! rejects, nor build a different spec; `tests.rs` checks both on the spec corpus and on
 //! generated documents.
 
@@ -19,11 +20,11 @@ use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
 use super::executor::{check_header, parse_method, validate_handler_name, validate_subject, validate_url};
-use super::json::{Obj, parse_duration, parse_instant};
 use super::{
     DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, MAX_LABELS, MAX_TIMEOUT, MISFIRE, OVERLAP,
-    RetryPolicy, TaskSpec, check_label, lookup, parse_jitter, validate_id, validate_name,
+    RetryPolicy, TaskSpec, check_label, lookup, read_jitter, validate_id, validate_name,
 };
+use crate::field::{Problems, parse_duration, parse_instant};
 use crate::schedule::{CronSchedule, Schedule, check_interval};
 
 /// A spec document as typed fields. Absent and `null` both give `None`, as in the reference
@@ -233,7 +234,7 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         return None;
     }
     let retry = match &doc.retry {
-        Some(retry) => RetryPolicy::from_obj(&Obj::new(retry, "retry").ok()?).ok()?,
+        Some(retry) => Problems::collect(|problems| RetryPolicy::read(retry, problems)).ok()?,
         None => RetryPolicy::default(),
     };
     let misfire = match doc.misfire {
@@ -246,7 +247,7 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         None => Default::default(),
     };
     let jitter = match &doc.jitter {
-        Some(jitter) => Some(parse_jitter(&Obj::new(jitter, "jitter").ok()?).ok()?),
+        Some(jitter) => Some(Problems::collect(|problems| read_jitter(jitter, problems)).ok()?),
         None => None,
     };
     let labels = doc.labels.unwrap_or_default();

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::json::{Obj, err, format_duration};
-use crate::error::{ApiError, ErrorCode};
+use crate::error::ErrorCode;
+use crate::field::{Obj, Problems, err, format_duration};
 
 /// How failed attempts are retried: exponential backoff from `initial`, capped at `max_interval`,
 /// with a multiplicative `jitter`, giving up after `max_attempts` attempts or `max_elapsed`.
@@ -67,43 +67,46 @@ impl RetryPolicy {
         failed_attempt < self.max_attempts && self.max_elapsed.is_none_or(|limit| elapsed < limit)
     }
 
-    pub(crate) fn from_obj(obj: &Obj<'_>) -> Result<RetryPolicy, ApiError> {
-        obj.deny_unknown(&[
-            "max_attempts",
-            "initial",
-            "multiplier",
-            "max_interval",
-            "jitter",
-            "max_elapsed",
-        ])?;
+    /// Reads the `retry` object, recording each of its problems; `None` when it has one.
+    pub(crate) fn read(value: &Value, problems: &mut Problems) -> Option<RetryPolicy> {
+        let obj = problems.take(Obj::new(value, "retry"))?;
+        obj.deny_unknown(
+            &["max_attempts", "initial", "multiplier", "max_interval", "jitter", "max_elapsed"],
+            problems,
+        );
         let defaults = RetryPolicy::default();
-        let max_attempts = obj.u32("max_attempts")?.unwrap_or(defaults.max_attempts);
-        if !(1..=1000).contains(&max_attempts) {
-            return Err(err(
-                ErrorCode::InvalidValue,
-                &obj.path("max_attempts"),
-                "must be between 1 and 1000",
-            ));
-        }
-        let initial = obj.duration("initial")?.unwrap_or(defaults.initial);
-        let multiplier = obj.f64("multiplier")?.unwrap_or(defaults.multiplier);
-        if !(1.0..=100.0).contains(&multiplier) {
-            return Err(err(ErrorCode::InvalidValue, &obj.path("multiplier"), "must be between 1.0 and 100"));
-        }
-        let max_interval = obj.duration("max_interval")?.unwrap_or(defaults.max_interval.max(initial));
-        if max_interval < initial {
-            return Err(err(
-                ErrorCode::InvalidValue,
-                &obj.path("max_interval"),
-                format!("must be at least retry.initial ({})", format_duration(initial)),
-            ));
-        }
-        let jitter = obj.f64("jitter")?.unwrap_or(defaults.jitter);
-        if !(0.0..=1.0).contains(&jitter) {
-            return Err(err(ErrorCode::InvalidValue, &obj.path("jitter"), "must be between 0 and 1"));
-        }
-        let max_elapsed = obj.duration("max_elapsed")?;
-        Ok(RetryPolicy { max_attempts, initial, multiplier, max_interval, jitter, max_elapsed })
+        let in_range = |key: &str, ok: bool, rule: &str| {
+            if ok { Ok(()) } else { Err(err(ErrorCode::InvalidValue, &obj.path(key), rule)) }
+        };
+        let max_attempts = problems.take(obj.u32("max_attempts").and_then(|n| {
+            let n = n.unwrap_or(defaults.max_attempts);
+            in_range("max_attempts", (1..=1000).contains(&n), "must be between 1 and 1000").map(|()| n)
+        }));
+        let initial = problems.take(obj.duration("initial")).map(|d| d.unwrap_or(defaults.initial));
+        let multiplier = problems.take(obj.f64("multiplier").and_then(|m| {
+            let m = m.unwrap_or(defaults.multiplier);
+            in_range("multiplier", (1.0..=100.0).contains(&m), "must be between 1.0 and 100").map(|()| m)
+        }));
+        let max_interval = problems.take(obj.duration("max_interval")).and_then(|given| {
+            // Compared with `initial` only when that was valid.
+            let Some(initial) = initial else { return given };
+            let max_interval = given.unwrap_or(defaults.max_interval.max(initial));
+            let rule = format!("must be at least retry.initial ({})", format_duration(initial));
+            problems.take(in_range("max_interval", max_interval >= initial, &rule).map(|()| max_interval))
+        });
+        let jitter = problems.take(obj.f64("jitter").and_then(|j| {
+            let j = j.unwrap_or(defaults.jitter);
+            in_range("jitter", (0.0..=1.0).contains(&j), "must be between 0 and 1").map(|()| j)
+        }));
+        let max_elapsed = problems.take(obj.duration("max_elapsed"));
+        Some(RetryPolicy {
+            max_attempts: max_attempts?,
+            initial: initial?,
+            multiplier: multiplier?,
+            max_interval: max_interval?,
+            jitter: jitter?,
+            max_elapsed: max_elapsed?,
+        })
     }
 
     pub(crate) fn to_json(&self) -> Value {

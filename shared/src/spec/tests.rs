@@ -54,8 +54,9 @@ fn replaced(key: &str, value: Value) -> Vec<u8> {
     serde_json::to_vec(&spec).unwrap()
 }
 
-fn parse_and_admit(bytes: &[u8]) -> Result<TaskSpec, ApiError> {
-    TaskSpec::parse(bytes).and_then(|spec| spec.admit(now()))
+/// Parses and admits; every problem found.
+fn parse_and_admit(bytes: &[u8]) -> Result<TaskSpec, ApiErrors> {
+    TaskSpec::parse(bytes).and_then(|spec| Ok(spec.admit(now())?))
 }
 
 #[test]
@@ -516,12 +517,14 @@ fn invalid_specs_report_code_and_field() {
     let mut failures = Vec::new();
     for (name, bytes, code, field) in &cases {
         assert_fast_path_agrees(bytes);
-        match parse_and_admit(bytes) {
+        // Each case has one problem: one error, not a cascade.
+        match parse_and_admit(bytes).as_ref().map_err(ApiErrors::as_slice) {
             Ok(_) => failures.push(format!("{name}: accepted")),
-            Err(e) if e.code != *code || e.field.as_deref() != *field => {
+            Err([e]) if e.code != *code || e.field.as_deref() != *field => {
                 failures.push(format!("{name}: expected {code} at {field:?}, got {e}"))
             }
-            Err(e) => assert!(!e.message.is_empty(), "{name}: empty message"),
+            Err([e]) => assert!(!e.message.is_empty(), "{name}: empty message"),
+            Err(errors) => failures.push(format!("{name}: expected one error, got {errors:?}")),
         }
     }
     assert!(
@@ -536,7 +539,7 @@ fn invalid_specs_report_code_and_field() {
 #[test]
 fn five_field_cron_message_says_seconds_are_required() {
     let e = TaskSpec::parse(&patched(json!({"schedule": {"cron": "30 2 * * *"}}))).unwrap_err();
-    assert!(e.message.contains("seconds are required"), "{}", e.message);
+    assert!(e.first().message.contains("seconds are required"), "{e}");
 }
 
 #[test]
@@ -992,4 +995,151 @@ fn payload_numbers_round_trip_exactly() {
     let spec = TaskSpec::parse(input).expect("valid spec");
     let canonical = serde_json::to_vec(&spec.to_json()).expect("serializes");
     assert_eq!(TaskSpec::parse(&canonical).expect("canonical form parses"), spec);
+}
+
+/// Specs with several problems: every one is reported with its field path, in the order the
+/// reader meets them (unknown fields of an object first, then its fields in documented order,
+/// which is the order these specs are written in).
+#[test]
+fn every_problem_of_a_spec_is_reported_with_its_path() {
+    let nats = json!({"kind": "nats", "subject": "x"});
+    type Expected = Vec<(ErrorCode, &'static str)>;
+    let cases: Vec<(&str, Value, Expected)> = vec![
+        (
+            "three fields",
+            json!({"id": "bad id", "schedule": {"cron": "nope"}, "executor": nats, "timeout": "forever"}),
+            vec![(InvalidId, "id"), (InvalidCron, "schedule.cron"), (InvalidDuration, "timeout")],
+        ),
+        (
+            "unknown fields and missing ones",
+            json!({"colour": "red", "owner": "me"}),
+            vec![
+                (UnknownField, "colour"),
+                (UnknownField, "owner"),
+                (MissingField, "id"),
+                (MissingField, "schedule"),
+                (MissingField, "executor"),
+            ],
+        ),
+        (
+            "version, policies and the catch-up window",
+            json!({"version": 2, "id": "t", "schedule": {"every": "1m"}, "executor": nats,
+                   "misfire": "never", "catchup_window": "0s", "overlap": "queue"}),
+            vec![
+                (InvalidValue, "version"),
+                (InvalidValue, "misfire"),
+                (InvalidDuration, "catchup_window"),
+                (InvalidValue, "overlap"),
+            ],
+        ),
+        (
+            "an unknown zone and a bad expression",
+            json!({"id": "t", "schedule": {"cron": "0 60 * * * *", "timezone": "Mars/Base"}, "executor": nats}),
+            vec![(UnknownTimezone, "schedule.timezone"), (InvalidCron, "schedule.cron")],
+        ),
+        (
+            "schedule fields",
+            json!({"id": "t", "schedule": {"every": "1ms 500us", "anchor": "yesterday", "timezone": "UTC",
+                   "start": "now"}, "executor": nats}),
+            vec![
+                (UnknownField, "schedule.start"),
+                (InvalidValue, "schedule.timezone"),
+                (InvalidDuration, "schedule.every"),
+                (InvalidValue, "schedule.anchor"),
+            ],
+        ),
+        (
+            "http executor",
+            json!({"id": "t", "schedule": {"every": "1m"}, "executor": {"kind": "http", "method": "FETCH",
+                   "url": "ftp://x/", "headers": {"X A": "1", "X-B": 2, "X-C": "ok"}, "subject": "s"}}),
+            vec![
+                (UnknownField, "executor.subject"),
+                (InvalidValue, "executor.method"),
+                (InvalidValue, "executor.url"),
+                (InvalidValue, "executor.headers.X A"),
+                (InvalidType, "executor.headers.X-B"),
+            ],
+        ),
+        (
+            "shell executor",
+            json!({"id": "t", "schedule": {"every": "1m"}, "executor": {"kind": "shell",
+                   "command": ["ls", 1, "a\u{0}"], "env": {"1X": "a", "OK": "b"}, "cwd": ""}}),
+            vec![
+                (InvalidType, "executor.command.1"),
+                (InvalidValue, "executor.command.2"),
+                (InvalidValue, "executor.env.1X"),
+                (InvalidValue, "executor.cwd"),
+            ],
+        ),
+        (
+            "retry",
+            json!({"id": "t", "schedule": {"every": "1m"}, "executor": nats, "retry": {"bogus": 1,
+                   "max_attempts": 0, "initial": "0s", "multiplier": 0.5, "max_interval": "1s", "jitter": 2,
+                   "max_elapsed": 5}}),
+            vec![
+                (UnknownField, "retry.bogus"),
+                (InvalidValue, "retry.max_attempts"),
+                (InvalidDuration, "retry.initial"),
+                (InvalidValue, "retry.multiplier"),
+                (InvalidValue, "retry.jitter"),
+                (InvalidType, "retry.max_elapsed"),
+            ],
+        ),
+        (
+            "jitter, paused and labels",
+            json!({"id": "t", "schedule": {"every": "1m"}, "executor": nats,
+                   "jitter": {"spread": "wide", "max_random": "x"}, "paused": "yes",
+                   "labels": {"bad key": "x", "team": 1, "ok": "fine"}}),
+            vec![
+                (InvalidDuration, "jitter.spread"),
+                (InvalidDuration, "jitter.max_random"),
+                (InvalidType, "paused"),
+                (InvalidId, "labels.bad key"),
+                (InvalidType, "labels.team"),
+            ],
+        ),
+        (
+            "a nested object of the wrong type and the fields after it",
+            json!({"id": "t", "schedule": "@daily", "queue": "q*", "executor": [], "timeout": "25h"}),
+            vec![
+                (InvalidType, "schedule"),
+                (InvalidId, "queue"),
+                (InvalidType, "executor"),
+                (InvalidValue, "timeout"),
+            ],
+        ),
+    ];
+    for (name, spec, expected) in cases {
+        let bytes = serde_json::to_vec(&spec).unwrap();
+        let errors = TaskSpec::parse(&bytes).expect_err(name);
+        assert_eq!(
+            TaskSpec::parse_reference(&bytes).as_ref(),
+            Err(&errors),
+            "{name}: parse and the reference"
+        );
+        let got: Vec<(ErrorCode, &str)> =
+            errors.as_slice().iter().map(|e| (e.code, e.field.as_deref().unwrap_or(""))).collect();
+        assert_eq!(got, expected, "{name}: {errors}");
+        assert!(errors.as_slice().iter().all(|e| !e.message.is_empty()), "{name}: an empty message");
+    }
+}
+
+/// The envelope of a refusal: `error` is the first of `errors`; a reply without `errors` (from
+/// an older registry) still gives its one error.
+#[test]
+fn an_error_reply_carries_the_first_error_and_the_list() {
+    let errors = TaskSpec::parse(br#"{"id": "a b", "schedule": {"every": "0s"}, "executor": {"kind": "x"}}"#)
+        .unwrap_err();
+    let reply = serde_json::to_value(crate::error::ErrorReply::new(&errors)).unwrap();
+    assert_eq!(reply["error"], reply["errors"][0]);
+    let fields: Vec<&str> =
+        reply["errors"].as_array().unwrap().iter().map(|e| e["field"].as_str().unwrap()).collect();
+    assert_eq!(fields, ["id", "schedule.every", "executor.kind"]);
+    let back: crate::error::ErrorReply = serde_json::from_value(reply).unwrap();
+    assert_eq!(back.into_errors(), errors);
+    let old: crate::error::ErrorReply =
+        serde_json::from_value(json!({"error": {"code": "not_found", "message": "no task"}})).unwrap();
+    assert_eq!(old.into_errors().as_slice().len(), 1);
+    let each: Vec<String> = errors.as_slice().iter().map(ToString::to_string).collect();
+    assert_eq!(errors.to_string(), each.join("; "));
 }

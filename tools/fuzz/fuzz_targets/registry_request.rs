@@ -21,7 +21,9 @@ fuzz_target!(|input: Input| {
     let endpoint = Endpoint::TASK[input.endpoint as usize % Endpoint::TASK.len()];
     let mut headers = HeaderMap::new();
     // Header values cannot hold line breaks on the wire; skip those inputs.
-    for (name, value) in [(HDR_EXPECTED_REVISION, &input.expected_revision), (HDR_CREATE_ONLY, &input.create_only)] {
+    for (name, value) in
+        [(HDR_EXPECTED_REVISION, &input.expected_revision), (HDR_CREATE_ONLY, &input.create_only)]
+    {
         if let Some(value) = value {
             if value.contains(['\r', '\n']) {
                 return;
@@ -31,7 +33,12 @@ fuzz_target!(|input: Input| {
     }
     let now = DateTime::from_timestamp_millis(1_790_000_000_000).expect("fixed instant");
     let limits = Limits { max_spec_bytes: 64 * 1024 };
-    if let Err(error) = decode_request(endpoint, "jetsched.api.task.x", &input.payload, Some(&headers), limits, now) {
-        assert!(!error.message.is_empty(), "an error always says what is wrong");
+    if let Err(errors) =
+        decode_request(endpoint, "jetsched.api.task.x", &input.payload, Some(&headers), limits, now)
+    {
+        assert!(
+            errors.as_slice().iter().all(|e| !e.message.is_empty()),
+            "an error always says what is wrong"
+        );
     }
 });

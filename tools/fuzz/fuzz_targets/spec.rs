@@ -1,7 +1,7 @@
 //! Fuzz target: any bytes through spec parsing and validation. A spec that parses must
 //! round-trip through its canonical JSON, admit or refuse without panicking, and yield
 //! strictly increasing fire times; and `parse` (with its typed fast path) must agree with the
-//! reference reader on every input.
+//! reference reader on every input: the same spec, or the same list of problems.
 #![no_main]
 
 use chrono::{DateTime, Utc};
@@ -13,6 +13,7 @@ fuzz_target!(|data: &[u8]| {
     let reference = TaskSpec::parse_reference(data);
     match (&parsed, &reference) {
         (Ok(a), Ok(b)) => assert_eq!(a, b, "fast path and reference build different specs"),
+        // The whole list: every problem, in the same order.
         (Err(a), Err(b)) => assert_eq!(a, b, "fast path and reference report different errors"),
         _ => panic!("fast path and reference disagree: {parsed:?} vs {reference:?}"),
     }

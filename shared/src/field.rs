@@ -1,7 +1,10 @@
-//! Hand-rolled JSON field access for spec validation: every error carries a code and a dotted path.
+//! Reading JSON documents field by field: dotted field paths, typed field access, durations and
+//! instants, and the list of problems a document has.
 //!
-//! Serde's derive errors name neither the field path nor a stable code, so the spec is read from a
-//! `serde_json::Value` one field at a time through these helpers.
+//! Serde's derive errors name neither the field path nor a stable code, and stop at the first
+//! problem, so the spec and its schedule are read from a `serde_json::Value` one field at a time
+//! through these helpers. Each helper judges one field and returns that field's problem; the
+//! reader of a whole object records it in [`Problems`] and goes on with the next field.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,7 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde_json::{Map, Value};
 
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, ApiErrors, ErrorCode};
 
 /// The longest duration any field accepts (100 years): keeps instant arithmetic far from overflow.
 pub(crate) const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -84,6 +87,50 @@ pub(crate) fn format_instant(instant: DateTime<Utc>) -> String {
     instant.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }
 
+/// The problems of a document, in the order its reader met them.
+#[derive(Debug, Default)]
+pub(crate) struct Problems(Vec<ApiError>);
+
+impl Problems {
+    /// Runs a reader that records its problems here: its value when it found none.
+    pub(crate) fn collect<T>(read: impl FnOnce(&mut Problems) -> Option<T>) -> Result<T, ApiErrors> {
+        let mut problems = Problems::default();
+        let value = read(&mut problems);
+        problems.finish(value)
+    }
+
+    pub(crate) fn push(&mut self, error: ApiError) {
+        self.0.push(error);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The value of a one-field check, or `None` once its problem is recorded.
+    pub(crate) fn take<T>(&mut self, result: Result<T, ApiError>) -> Option<T> {
+        result.map_err(|error| self.push(error)).ok()
+    }
+
+    /// [`take`](Self::take) for an optional field: `None` when absent or refused.
+    pub(crate) fn take_opt<T>(&mut self, result: Result<Option<T>, ApiError>) -> Option<T> {
+        self.take(result).flatten()
+    }
+
+    /// `value` when no problem was recorded. A reader returns `None` only after recording why;
+    /// should one not, the document is refused all the same, as an internal error.
+    pub(crate) fn finish<T>(self, value: Option<T>) -> Result<T, ApiErrors> {
+        match (ApiErrors::from_vec(self.0), value) {
+            (None, Some(value)) => Ok(value),
+            (Some(errors), _) => Err(errors),
+            (None, None) => Err(ApiErrors::from(ApiError::new(
+                ErrorCode::Internal,
+                "the document was refused without a reason",
+            ))),
+        }
+    }
+}
+
 /// A JSON object being validated, with its dotted path (empty at the root).
 pub(crate) struct Obj<'a> {
     map: &'a Map<String, Value>,
@@ -108,15 +155,14 @@ impl<'a> Obj<'a> {
         self.map.iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k.as_str())
     }
 
-    /// Rejects the first key not in `allowed` (`unknown_field`).
-    pub(crate) fn deny_unknown(&self, allowed: &[&str]) -> Result<(), ApiError> {
-        match self.map.keys().find(|k| !allowed.contains(&k.as_str())) {
-            None => Ok(()),
-            Some(key) => Err(err(
+    /// Records an `unknown_field` problem for each key not in `allowed`, in key order.
+    pub(crate) fn deny_unknown(&self, allowed: &[&str], problems: &mut Problems) {
+        for key in self.map.keys().filter(|k| !allowed.contains(&k.as_str())) {
+            problems.push(err(
                 ErrorCode::UnknownField,
                 &self.path(key),
                 format!("unknown field {key:?}; expected one of: {}", allowed.join(", ")),
-            )),
+            ));
         }
     }
 
@@ -207,20 +253,34 @@ impl<'a> Obj<'a> {
         parse_instant(&self.path(key), text).map(Some)
     }
 
-    /// An object of string values; `check` validates each entry and gets its path.
+    /// An object of string values; `check` validates each entry and gets its path. Every
+    /// refused entry is a problem of its own; `None` when the field is not an object or an
+    /// entry was refused.
     pub(crate) fn string_map(
         &self,
         key: &str,
         check: impl Fn(&str, &str, &str) -> Result<(), ApiError>,
-    ) -> Result<BTreeMap<String, String>, ApiError> {
-        let Some(obj) = self.object(key)? else { return Ok(BTreeMap::new()) };
+        problems: &mut Problems,
+    ) -> Option<BTreeMap<String, String>> {
+        let Some(obj) = problems.take(self.object(key))? else { return Some(BTreeMap::new()) };
         let mut out = BTreeMap::new();
+        let mut refused = false;
         for (name, value) in obj.map {
             let path = obj.path(name);
-            let Value::String(value) = value else { return Err(wrong_type(&path, "a string", value)) };
-            check(&path, name, value)?;
-            out.insert(name.clone(), value.clone());
+            let checked = match value {
+                Value::String(value) => check(&path, name, value).map(|()| value),
+                other => Err(wrong_type(&path, "a string", other)),
+            };
+            match checked {
+                Ok(value) => {
+                    out.insert(name.clone(), value.clone());
+                }
+                Err(error) => {
+                    problems.push(error);
+                    refused = true;
+                }
+            }
         }
-        Ok(out)
+        (!refused).then_some(out)
     }
 }
