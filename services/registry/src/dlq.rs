@@ -13,14 +13,12 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, message::PublishMessage, stream::RawMessageErrorKind};
+use async_nats::jetstream::{self, stream::RawMessageErrorKind};
+use jetsched_shared::dispatch::{self, DispatchMessage, Origin, SpecBody, Target};
 use jetsched_shared::error::{ApiError, ErrorCode};
-use jetsched_shared::names::{Names, task_key};
+use jetsched_shared::names::Names;
 use jetsched_shared::spec::validate_id;
-use jetsched_shared::wire::{
-    DeadLetter, Dispatch, HDR_EXECUTION_ID, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER,
-    Trigger, format_time, fresh_execution_id,
-};
+use jetsched_shared::wire::DeadLetter;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -268,29 +266,17 @@ impl DlqApi {
                 ),
             ));
         };
-        let execution_id = fresh_execution_id();
-        let dispatch = Dispatch {
-            execution_id: execution_id.clone(),
-            namespace: entry.namespace.clone(),
-            task_id: entry.task_id.clone(),
-            nominal_time: entry.nominal_time,
-            trigger: Trigger::Replay,
-            term: 0,
-            revision: entry.revision,
-            spec,
-        };
-        let subject =
-            self.names.dispatch_subject(&dispatch.spec.queue, &dispatch.namespace, &dispatch.task_id);
-        let body = serde_json::to_vec(&dispatch).map_err(internal)?;
         // Keyed by the dead letter: a retried replay request (entry not yet deleted) is absorbed.
-        let message = PublishMessage::build()
-            .payload(body.into())
-            .message_id(format!("replay:{}", entry.execution_id))
-            .header(HDR_TASK, task_key(&dispatch.namespace, &dispatch.task_id).as_str())
-            .header(HDR_NOMINAL_TIME, format_time(dispatch.nominal_time).as_str())
-            .header(HDR_EXECUTION_ID, execution_id.as_str())
-            .header(HDR_LEADER_TERM, "0")
-            .header(HDR_TRIGGER, Trigger::Replay.as_str());
+        let target = Target {
+            namespace: &entry.namespace,
+            task_id: &entry.task_id,
+            queue: &spec.queue,
+            revision: entry.revision,
+        };
+        let origin =
+            Origin::Replay { nominal_time: entry.nominal_time, dead_execution_id: &entry.execution_id };
+        let DispatchMessage { subject, execution_id, message, .. } =
+            dispatch::build(&self.names, target, origin, SpecBody::Spec(&spec)).map_err(internal)?;
         self.js.send_publish(subject, message).await.map_err(unavailable)?.await.map_err(unavailable)?;
         stream.delete_message(sequence).await.map_err(unavailable)?;
         Ok(Replayed { sequence, original_execution_id: entry.execution_id, execution_id })

@@ -1,6 +1,6 @@
 //! Registry metrics, registered on the registry passed in (no global registry).
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
 #[derive(Clone)]
 pub(crate) struct Metrics {
@@ -11,8 +11,6 @@ pub(crate) struct Metrics {
     pub(crate) intake: IntCounterVec,
     /// `jetsched_task_changes_total{kind}`: events emitted by the registry (task.registered, ...).
     pub(crate) changes: IntCounterVec,
-    /// `jetsched_events_failed_total`: events that could not be stored.
-    pub(crate) events_failed: IntCounter,
 }
 
 impl Metrics {
@@ -39,10 +37,7 @@ impl Metrics {
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(request_seconds.clone()))?;
         registry.register(Box::new(intake.clone()))?;
-        let events_failed =
-            IntCounter::new("jetsched_events_failed_total", "Events that could not be stored")?;
         registry.register(Box::new(changes.clone()))?;
-        registry.register(Box::new(events_failed.clone()))?;
-        Ok(Metrics { requests, request_seconds, intake, changes, events_failed })
+        Ok(Metrics { requests, request_seconds, intake, changes })
     }
 }

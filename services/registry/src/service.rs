@@ -11,7 +11,7 @@ use async_nats::service::{Request, ServiceExt};
 use futures::{StreamExt, stream::SelectAll};
 use jetsched_shared::admin::AdminServer;
 use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
-use jetsched_shared::events::{EventPublisher, EventPump, EventSink};
+use jetsched_shared::events::{EventPublisher, EventPump};
 use jetsched_shared::names::Names;
 use jetsched_shared::service::{Base, Role};
 use prometheus::Registry as MetricsRegistry;
@@ -58,18 +58,14 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         checks: &["api", "intake"],
         subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
     };
-    let base = Base::start(role, &config.common, &config.nats, registry).await?;
+    let base = Base::start(role, &config.common, &config.nats, registry.clone()).await?;
     let topology = base.ensure_topology(&config.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
 
     let max_payload = client.server_info().max_payload;
     let limits = Limits { max_spec_bytes: config.max_spec_bytes.min(max_payload) };
-    let (events, event_pump) = EventSink::new(
-        EventPublisher::new(js.clone(), names.clone()),
-        4096,
-        256,
-        Some(metrics.events_failed.clone()),
-    );
+    let (events, event_pump) =
+        EventPublisher::with_metrics(js.clone(), names.clone(), &registry)?.queue(4096, 256);
     // Task-change events carry no de-duplication id: a rare duplicate after a retried publish
     // misleads nobody, and the id costs the server a de-duplication entry per put.
     let event_pump = event_pump.without_dedup_ids();

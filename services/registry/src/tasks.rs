@@ -3,18 +3,18 @@
 
 use std::collections::BTreeMap;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, kv};
 use chrono::Utc;
 use futures::TryStreamExt;
 use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
+use jetsched_shared::dispatch::{self, DispatchMessage, Origin, SpecBody, Target};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::events::EventSink;
 use jetsched_shared::names::{Names, task_key};
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{
-    self, DeleteReply, Dispatch, Event, EventKind, ListReply, ListRequest, TaskReply, Trigger, TriggerReply,
+    DeleteReply, Event, EventKind, ListReply, ListRequest, TaskReply, Trigger, TriggerReply,
 };
 
 /// What a `put` requires of the stored revision.
@@ -323,30 +323,17 @@ impl TaskStore {
         let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
         let spec = decode(&entry)?;
         let now = Utc::now();
-        let execution_id = wire::fresh_execution_id();
-        let dispatch = Dispatch {
-            execution_id: execution_id.clone(),
-            namespace: namespace.to_string(),
-            task_id: id.to_string(),
-            nominal_time: now,
-            trigger: Trigger::Manual,
-            term: 0,
-            revision: entry.revision,
-            spec,
-        };
-        let subject = self.names.dispatch_subject(&dispatch.spec.queue, namespace, id);
-        let mut headers = HeaderMap::new();
-        // Scheduled fires are de-duplicated by nominal time; a manual run by its own execution id.
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("{key}:manual:{execution_id}").as_str());
-        headers.insert(wire::HDR_TASK, key.as_str());
-        headers.insert(wire::HDR_NOMINAL_TIME, wire::format_time(now).as_str());
-        headers.insert(wire::HDR_EXECUTION_ID, execution_id.as_str());
-        headers.insert(wire::HDR_LEADER_TERM, "0");
-        headers.insert(wire::HDR_TRIGGER, Trigger::Manual.as_str());
-        let body = serde_json::to_vec(&dispatch).expect("a dispatch serializes");
+        // The stored spec JSON goes into the dispatch as it is (it just parsed).
+        let DispatchMessage { subject, execution_id, message, .. } = dispatch::build(
+            &self.names,
+            Target::of(&spec, entry.revision),
+            Origin::Manual { at: now },
+            SpecBody::Json(&entry.value),
+        )
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("encode dispatch: {e}")))?;
         let ack = self
             .js
-            .publish_with_headers(subject, headers, body.into())
+            .send_publish(subject, message)
             .await
             .map_err(|e| unavailable("publish dispatch", e))?
             .await
