@@ -1,25 +1,26 @@
 //! End-to-end tests of jetsched-scheduler against a real nats-server: firing once per nominal
-//! time, task updates / deletes / pause / resume, failover by kill -9 of real scheduler
-//! processes, a graceful handover to a warm follower, fencing of a frozen (SIGSTOP) leader, and a
-//! server restart during steady firing.
+//! time, task updates / deletes / pause / resume, misfire policies after a leader change,
+//! failover by kill -9 of real scheduler processes, a graceful handover to a warm follower,
+//! fencing of a frozen (SIGSTOP) leader, and a server restart during steady firing.
 //!
 //! Every check reads the dispatch stream back and looks at each task's nominal fire times:
 //! each at most once, and (with `fire_all`) none missing between the first and the last.
+//! Tests that only need time to pass run the scheduler on a [`ManualClock`] and move it; the
+//! others run on the real clock and wait for conditions, not for fixed periods.
 
 use std::collections::{BTreeMap, HashSet};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, consumer::AckPolicy, consumer::pull};
 use futures::StreamExt;
-use jetsched_scheduler::{Config, build};
+use jetsched_scheduler::{Clock, Config, ManualClock, build_with_clock};
 use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
 use jetsched_shared::wire::{self, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, LeaderRecord};
-use jetsched_tests::{ChildProcess, NatsServer, eventually, init_test_logging, read_stream};
+use jetsched_tests::{App, ChildProcess, NatsServer, eventually, init_test_logging, read_stream};
 use serde_json::json;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(10);
 const NS: &str = "e2e";
@@ -35,13 +36,6 @@ struct Seen {
     body: wire::Dispatch,
 }
 
-/// A scheduler running in-process; stopped (and awaited) by `stop`, cancelled on Drop.
-struct RunningScheduler {
-    shutdown: CancellationToken,
-    handle: Option<JoinHandle<anyhow::Result<()>>>,
-    admin: std::net::SocketAddr,
-}
-
 fn scheduler_config(url: &str, instance: &str, lease: Duration) -> Config {
     let mut config = Config::for_tests(url);
     config.common.instance_id = Some(instance.to_string());
@@ -50,34 +44,28 @@ fn scheduler_config(url: &str, instance: &str, lease: Duration) -> Config {
     config
 }
 
-impl RunningScheduler {
-    async fn start(url: &str, instance: &str, lease: Duration) -> RunningScheduler {
-        RunningScheduler::start_with(scheduler_config(url, instance, lease)).await
-    }
-
-    async fn start_with(config: Config) -> RunningScheduler {
-        let scheduler = build(config).await.expect("scheduler builds");
-        let admin = scheduler.admin_addr();
-        let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(scheduler.run(shutdown.clone()));
-        RunningScheduler { shutdown, handle: Some(handle), admin }
-    }
-
-    async fn stop(mut self) {
-        self.shutdown.cancel();
-        let handle = self.handle.take().expect("running");
-        tokio::time::timeout(WAIT * 2, handle)
-            .await
-            .expect("scheduler stops in time")
-            .expect("no panic")
-            .expect("clean stop");
-    }
+/// A scheduler in-process on the real clock.
+async fn start(url: &str, instance: &str, lease: Duration) -> App {
+    App::scheduler(scheduler_config(url, instance, lease)).await
 }
 
-impl Drop for RunningScheduler {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
+/// A scheduler in-process on `clock`, which only the test moves.
+async fn start_on(config: Config, clock: &ManualClock) -> App {
+    let scheduler = build_with_clock(config, Arc::new(clock.clone())).await.expect("scheduler builds");
+    App::spawn("scheduler", scheduler.admin_addr(), |shutdown| scheduler.run(shutdown))
+}
+
+/// Moves `clock` one second on and waits until `witness` (a task firing every second) has
+/// fired at the new time: the scheduler has then handled everything due until then.
+async fn tick(clock: &ManualClock, js: &jetstream::Context, witness: &str) -> i64 {
+    clock.advance(Duration::from_secs(1));
+    let now = clock.now_ms();
+    let key = task_key(NS, witness);
+    eventually(WAIT, &format!("{witness} fired at {now}"), || async {
+        read_dispatches(js).await.iter().any(|s| s.task == key && s.nominal_ms == now)
+    })
+    .await;
+    now
 }
 
 fn topology_args(lease: Duration) -> TopologyArgs {
@@ -199,15 +187,6 @@ async fn read_events(js: &jetstream::Context, kind: &str, namespace: &str) -> Ve
     events
 }
 
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect admin");
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.expect("send");
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).await.expect("read");
-    reply
-}
-
 async fn leader(topology: &Topology) -> Option<LeaderRecord> {
     let entry = topology.leader.entry(Names::default().leader_key()).await.ok()??;
     if entry.operation != jetstream::kv::Operation::Put {
@@ -224,11 +203,19 @@ async fn scheduler_dispatches_each_nominal_second_exactly_once() {
     let (js, topology) = setup(&server, lease).await;
     let ids: Vec<String> = (0..5).map(|i| format!("tick-{i}")).collect();
     put_every_second(&topology, ids.clone()).await;
-    let scheduler = RunningScheduler::start(&server.url(), "solo", lease).await;
+    let scheduler = start(&server.url(), "solo", lease).await;
     let started = now_ms();
-    eventually(WAIT, "a leader", || leader(&topology)).await;
-    tokio::time::sleep(Duration::from_millis(4500)).await;
-    let metrics = http_get(scheduler.admin, "/metrics").await;
+    // The record holds the term from the first renewal on (sent right after the create).
+    let held = eventually(WAIT, "a leader with its term", || async {
+        leader(&topology).await.filter(|l| l.term > 0)
+    })
+    .await;
+    eventually(WAIT, "every task fired three times", || async {
+        let tasks = per_task(&read_dispatches(&js).await);
+        tasks.len() == ids.len() && tasks.values().all(|n| n.len() >= 3)
+    })
+    .await;
+    let metrics = scheduler.metrics().await;
     for line in
         ["jetsched_scheduler_is_leader 1", "jetsched_tasks_registered 5", "jetsched_scheduler_timers 5"]
     {
@@ -236,6 +223,10 @@ async fn scheduler_dispatches_each_nominal_second_exactly_once() {
     }
     assert!(metrics.contains("jetsched_fires_dispatched_total{trigger=\"schedule\"}"), "{metrics}");
     assert!(metrics.contains("jetsched_fire_lag_seconds_bucket"), "{metrics}");
+    // Renewed every lease/3 meanwhile: the record keeps its term and acquisition time.
+    let renewed = leader(&topology).await.expect("still leading");
+    assert_eq!((renewed.term, renewed.acquired_at), (held.term, held.acquired_at));
+    assert_eq!(renewed.instance, "solo");
     scheduler.stop().await;
     let stopped = now_ms();
 
@@ -251,6 +242,8 @@ async fn scheduler_dispatches_each_nominal_second_exactly_once() {
     }
     for s in &seen {
         assert_eq!(s.body.trigger, wire::Trigger::Schedule);
+        // One leader throughout: every dispatch carries the term its lease record holds.
+        assert_eq!(s.term, held.term, "{s:?}");
         // Dispatched after (never before) its nominal time.
         let published_ms =
             s.published.duration_since(SystemTime::UNIX_EPOCH).expect("after epoch").as_millis() as i64;
@@ -270,6 +263,7 @@ async fn scheduler_dispatches_each_nominal_second_exactly_once() {
     assert_eq!(acquired[0].instance.as_deref(), Some("solo"));
     assert_eq!(lost.len(), 1, "leader.lost on shutdown: {lost:?}");
     assert_eq!(lost[0].term, acquired[0].term);
+    assert_eq!(acquired[0].term, Some(held.term));
     let dispatched = read_events(&js, "fire.dispatched", NS).await;
     assert_eq!(dispatched.len(), seen.len(), "one fire.dispatched event per dispatch");
 }
@@ -285,21 +279,31 @@ async fn a_new_leader_applies_each_misfire_policy_to_fires_missed_while_down() {
         topology.tasks.put(task_key(NS, id), body.into()).await.expect("put task");
     }
     // A fire more than 1 s late is a misfire for these schedulers.
-    let start = |instance: &str| {
+    let config = |instance: &str| {
         let mut config = scheduler_config(&server.url(), instance, lease);
         config.misfire_threshold = Duration::from_secs(1);
-        RunningScheduler::start_with(config)
+        config
     };
-    let first = start("first").await;
-    eventually(WAIT, "every task fired twice", || async {
-        let tasks = per_task(&read_dispatches(&js).await);
-        tasks.len() == 3 && tasks.values().all(|n| n.len() >= 2)
+    let clock = ManualClock::starting_now();
+    let first = start_on(config("first"), &clock).await;
+    eventually(WAIT, "first leads", || async { leader(&topology).await.filter(|l| l.instance == "first") })
+        .await;
+    for _ in 0..2 {
+        tick(&clock, &js, "all").await;
+    }
+    first.stop().await;
+    // Its successor starts five seconds later: three fires are misfires, two are ordinary.
+    let later = ManualClock::at(clock.now_us() + 5_000_000);
+    let second = start_on(config("second"), &later).await;
+    let resumed = later.now_ms();
+    eventually(WAIT, "the new leader caught up", || async {
+        per_task(&read_dispatches(&js).await).get(&task_key(NS, "all")).and_then(|n| n.last().copied())
+            == Some(resumed)
     })
     .await;
-    first.stop().await;
-    tokio::time::sleep(Duration::from_millis(4500)).await;
-    let second = start("second").await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for _ in 0..2 {
+        tick(&later, &js, "all").await;
+    }
     second.stop().await;
 
     let seen = read_dispatches(&js).await;
@@ -344,7 +348,7 @@ async fn scheduler_applies_updates_deletes_pause_and_resume() {
     let lease = Duration::from_secs(2);
     let (js, topology) = setup(&server, lease).await;
     put_every_second(&topology, ["changed".to_string(), "deleted".to_string(), "paused".to_string()]).await;
-    let scheduler = RunningScheduler::start(&server.url(), "solo", lease).await;
+    let scheduler = start(&server.url(), "solo", lease).await;
     // Registered while running: picked up through the watch. A value that is not a spec is
     // ignored (and counted), never fatal.
     put_every_second(&topology, ["late".to_string()]).await;
@@ -354,6 +358,11 @@ async fn scheduler_applies_updates_deletes_pause_and_resume() {
         tasks.len() == 4 && tasks.values().all(|n| n.len() >= 2)
     })
     .await;
+    assert_eq!(scheduler.metric("jetsched_scheduler_invalid_specs_total").await, Some(1.0));
+    // Fires of `id` more than 300 ms after `t` (a fire may race a change by that much).
+    let after = |tasks: &BTreeMap<String, Vec<i64>>, id: &str, t: i64| -> Vec<i64> {
+        tasks.get(&task_key(NS, id)).into_iter().flatten().copied().filter(|&n| n > t + 300).collect()
+    };
 
     let changed_at = now_ms();
     let every_2s = spec("changed", json!({"every": "2s"}), "fire_all", false);
@@ -361,19 +370,31 @@ async fn scheduler_applies_updates_deletes_pause_and_resume() {
     topology.tasks.delete(task_key(NS, "deleted")).await.expect("delete");
     let paused = spec("paused", json!({"every": "1s"}), "fire_all", true);
     topology.tasks.put(task_key(NS, "paused"), paused.into()).await.expect("pause");
-    tokio::time::sleep(Duration::from_millis(3200)).await;
+    // In order: once the pause is applied (two timers left), so are the others.
+    eventually(WAIT, "the changes applied", || async {
+        scheduler.metric("jetsched_scheduler_timers").await == Some(2.0)
+    })
+    .await;
+    eventually(WAIT, "three more fires while paused", || async {
+        let tasks = per_task(&read_dispatches(&js).await);
+        after(&tasks, "late", changed_at).len() >= 3 && !after(&tasks, "changed", changed_at).is_empty()
+    })
+    .await;
     let resumed_at = now_ms();
     let resumed = spec("paused", json!({"every": "1s"}), "fire_all", false);
     topology.tasks.put(task_key(NS, "paused"), resumed.into()).await.expect("resume");
-    tokio::time::sleep(Duration::from_millis(3200)).await;
+    eventually(WAIT, "fires again after resume", || async {
+        let tasks = per_task(&read_dispatches(&js).await);
+        after(&tasks, "paused", resumed_at).len() >= 3 && after(&tasks, "changed", changed_at).len() >= 2
+    })
+    .await;
     scheduler.stop().await;
 
     let tasks = per_task(&read_dispatches(&js).await);
     let key = |id: &str| task_key(NS, id);
     assert!(!tasks.contains_key(&key("broken")));
     // A change lands within milliseconds: allow 300 ms for a fire racing the change.
-    let after =
-        |id: &str, t: i64| -> Vec<i64> { tasks[&key(id)].iter().copied().filter(|&n| n > t + 300).collect() };
+    let after = |id: &str, t: i64| after(&tasks, id, t);
     let changed = after("changed", changed_at);
     assert!(changed.len() >= 2, "changed task keeps firing: {changed:?}");
     assert!(changed.iter().all(|n| n % 2000 == 0), "only the new 2 s schedule after the change: {changed:?}");
@@ -403,6 +424,22 @@ fn spawn_scheduler(url: &str, instance: &str, lease: Duration) -> ChildProcess {
         .args(["--lease", &format!("{}ms", lease.as_millis())])
         .args(["--lease-margin", &format!("{}ms", lease.as_millis() / 4)]);
     ChildProcess::spawn_command(instance, command)
+}
+
+/// Waits until a scheduler process has loaded the tasks (it logs so).
+async fn tasks_loaded(process: &ChildProcess) {
+    eventually(WAIT, &format!("{} loaded the tasks", process.pid()), || async {
+        process.output().contains("tasks loaded")
+    })
+    .await;
+}
+
+/// Waits until a dispatch was stored after `time` (some leader is dispatching past it).
+async fn dispatched_past(js: &jetstream::Context, time: SystemTime) {
+    eventually(WAIT, "a dispatch past the time", || async {
+        read_dispatches(js).await.iter().any(|s| s.published > time)
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -453,7 +490,12 @@ async fn scheduler_failover_by_kill_9_loses_and_doubles_no_fire() {
         })
         .await;
     }
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let last_handover = now_ms();
+    eventually(WAIT, "every task fired 2 s past the last handover", || async {
+        let tasks = per_task(&read_dispatches(&js).await);
+        tasks.values().all(|n| n.last().is_some_and(|&l| l >= last_handover + 2000))
+    })
+    .await;
     let end = now_ms();
     for proc in procs.values_mut() {
         proc.kill9();
@@ -492,7 +534,7 @@ async fn a_graceful_shutdown_hands_over_at_once() {
     eventually(WAIT, "a leads", || async { leader(&topology).await.filter(|l| l.instance == "handover-a") })
         .await;
     let mut b = spawn_scheduler(&server.url(), "handover-b", lease);
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    tasks_loaded(&b).await;
     let stopped_at = SystemTime::now();
     a.sigterm();
     assert!(a.wait_exit(WAIT).await.is_some_and(|status| status.success()), "clean exit:\n{}", a.output());
@@ -500,7 +542,7 @@ async fn a_graceful_shutdown_hands_over_at_once() {
         leader(&topology).await.filter(|l| l.instance == "handover-b")
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    dispatched_past(&js, stopped_at + Duration::from_secs(2)).await;
     b.sigterm();
     assert!(b.wait_exit(WAIT).await.is_some(), "b stops");
 
@@ -528,14 +570,15 @@ async fn a_warm_follower_resumes_from_the_latest_fire_state() {
     // b follows the fire state a writes for seconds before it leads: it must take over from
     // what a wrote last (fire counts continue, no fire repeated or lost), not from its start.
     let mut b = spawn_scheduler(&server.url(), "warm-b", lease);
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    tasks_loaded(&b).await;
+    dispatched_past(&js, SystemTime::now() + Duration::from_secs(2)).await;
     a.sigterm();
     assert!(a.wait_exit(WAIT).await.is_some_and(|status| status.success()), "clean exit:\n{}", a.output());
     eventually(Duration::from_secs(3), "b leads", || async {
         leader(&topology).await.filter(|l| l.instance == "warm-b")
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    dispatched_past(&js, SystemTime::now() + Duration::from_secs(2)).await;
     b.sigterm();
     assert!(b.wait_exit(WAIT).await.is_some_and(|status| status.success()), "clean exit:\n{}", b.output());
 
@@ -564,7 +607,8 @@ async fn a_frozen_leader_never_dispatches_after_it_wakes() {
     let first = eventually(WAIT, "a leader", || leader(&topology)).await;
     assert_eq!(first.instance, "freeze-a");
     let mut b = spawn_scheduler(&server.url(), "freeze-b", lease);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tasks_loaded(&b).await;
+    dispatched_past(&js, SystemTime::now()).await;
 
     let frozen_at = SystemTime::now();
     a.sigstop();
@@ -573,10 +617,11 @@ async fn a_frozen_leader_never_dispatches_after_it_wakes() {
     })
     .await;
     // Frozen for well over the lease, while the new leader dispatches.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    dispatched_past(&js, SystemTime::now() + Duration::from_millis(1500)).await;
     let woke_at = SystemTime::now();
     a.sigcont();
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    // The woken leader has time to (wrongly) dispatch while the new one goes on.
+    dispatched_past(&js, woke_at + Duration::from_secs(2)).await;
     b.sigterm();
     assert!(b.wait_exit(WAIT).await.is_some(), "b stops");
     a.kill9();
@@ -605,20 +650,23 @@ async fn a_server_outage_and_restart_during_steady_firing_loses_and_doubles_noth
     let (js, topology) = setup(&server, lease).await;
     let ids: Vec<String> = (0..20).map(|i| format!("steady-{i:02}")).collect();
     put_every_second(&topology, ids.clone()).await;
-    let scheduler = RunningScheduler::start(&server.url(), "survivor", lease).await;
-    eventually(WAIT, "a leader", || leader(&topology)).await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    // Down for longer than the lease: the leader steps down, then resumes from the fire state.
+    let scheduler = start(&server.url(), "survivor", lease).await;
+    eventually(WAIT, "every task fired twice", || async {
+        let tasks = per_task(&read_dispatches(&js).await);
+        tasks.len() == ids.len() && tasks.values().all(|n| n.len() >= 2)
+    })
+    .await;
+    // Down for longer than the lease (real time: the server's): the leader steps down, then
+    // resumes from the fire state.
     server.kill();
     tokio::time::sleep(lease + Duration::from_millis(1000)).await;
     server.restart().await;
     let restarted = now_ms();
     eventually(Duration::from_secs(20), "dispatching again after the restart", || async {
         let tasks = per_task(&read_dispatches(&js).await);
-        tasks.len() == ids.len() && tasks.values().all(|n| n.last().is_some_and(|&l| l > restarted + 1000))
+        tasks.len() == ids.len() && tasks.values().all(|n| n.last().is_some_and(|&l| l > restarted + 2500))
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
     scheduler.stop().await;
 
     let tasks = per_task(&read_dispatches(&js).await);
@@ -662,7 +710,7 @@ async fn runs_of(topology: &Topology, id: &str) -> Vec<RunTimes> {
 /// A worker in-process with a handler `slow` that sleeps `RUN_LENGTH`.
 const RUN_LENGTH: Duration = Duration::from_millis(3500);
 
-async fn slow_worker(url: &str) -> (CancellationToken, JoinHandle<anyhow::Result<()>>) {
+async fn slow_worker(url: &str) -> App {
     use jetsched_worker::{Handlers, Outcome, RunContext};
     let handlers = Handlers::new().register("slow", |_run: RunContext| async {
         tokio::time::sleep(RUN_LENGTH).await;
@@ -670,21 +718,24 @@ async fn slow_worker(url: &str) -> (CancellationToken, JoinHandle<anyhow::Result
     });
     let mut config = jetsched_worker::Config::for_tests(url, "overlap-worker");
     config.pull_expires = Duration::from_millis(500);
-    let worker = jetsched_worker::build(config, handlers).await.expect("worker builds");
-    let shutdown = CancellationToken::new();
-    let handle = tokio::spawn(worker.run(shutdown.clone()));
-    (shutdown, handle)
+    App::worker(config, handlers).await
 }
 
-/// Runs task `id` (every second, the slow handler, overlap `policy`) for `fires_for`, then stops
-/// the scheduler, lets the last run finish and returns its runs and overlap-skip nominals.
-async fn run_overlapping(id: &str, policy: &str, fires_for: Duration) -> (Vec<RunTimes>, Vec<i64>, String) {
+/// Runs task `id` (every second, the slow handler, overlap `policy`) until it has `runs` run
+/// records and `skips` overlap skips, then stops the scheduler, lets the last run finish and
+/// returns its runs and overlap-skip nominals.
+async fn run_overlapping(
+    id: &str,
+    policy: &str,
+    runs: usize,
+    skips: u64,
+) -> (Vec<RunTimes>, Vec<i64>, String) {
     init_test_logging();
     let server = NatsServer::start().await;
     let lease = Duration::from_secs(2);
     let (js, topology) = setup(&server, lease).await;
-    let (worker_stop, worker) = slow_worker(&server.url()).await;
-    let scheduler = RunningScheduler::start(&server.url(), "s-overlap", lease).await;
+    let worker = slow_worker(&server.url()).await;
+    let scheduler = start(&server.url(), "s-overlap", lease).await;
     let body = serde_json::to_vec(&json!({
         "id": id, "namespace": NS, "schedule": {"every": "1s"},
         "executor": {"kind": "handler", "name": "slow"},
@@ -692,9 +743,14 @@ async fn run_overlapping(id: &str, policy: &str, fires_for: Duration) -> (Vec<Ru
     }))
     .expect("json");
     topology.tasks.put(task_key(NS, id), body.into()).await.expect("put task");
-    eventually(WAIT, "a first run started", || async { !runs_of(&topology, id).await.is_empty() }).await;
-    tokio::time::sleep(fires_for).await;
-    let metrics = http_get(scheduler.admin, "/metrics").await;
+    let skipped = r#"jetsched_fires_skipped_total{reason="overlap"}"#;
+    eventually(Duration::from_secs(30), &format!("{runs} runs and {skips} overlap skips"), || async {
+        let recorded = runs_of(&topology, id).await.len();
+        let skipped = scheduler.metric(skipped).await.unwrap_or_default() as u64;
+        (recorded >= runs && skipped >= skips).then_some(()).ok_or((recorded, skipped))
+    })
+    .await;
+    let metrics = scheduler.metrics().await;
     scheduler.stop().await;
     let runs = eventually(WAIT, "every run finished", || async {
         let runs = runs_of(&topology, id).await;
@@ -704,8 +760,7 @@ async fn run_overlapping(id: &str, policy: &str, fires_for: Duration) -> (Vec<Ru
         }
     })
     .await;
-    worker_stop.cancel();
-    tokio::time::timeout(WAIT, worker).await.expect("worker stops").expect("no panic").expect("clean stop");
+    worker.stop().await;
     let skipped: Vec<i64> = read_events(&js, "fire.skipped", NS)
         .await
         .into_iter()
@@ -746,7 +801,7 @@ fn assert_serial_and_accounted(runs: &[RunTimes], skipped: &[i64]) {
 
 #[tokio::test]
 async fn overlap_skip_drops_fires_while_the_previous_run_is_going() {
-    let (runs, skipped, metrics) = run_overlapping("ov-skip", "skip", Duration::from_secs(9)).await;
+    let (runs, skipped, metrics) = run_overlapping("ov-skip", "skip", 2, 4).await;
     assert!(runs.len() >= 2, "several runs: {runs:?}");
     assert!(skipped.len() >= 4, "fires skipped while a 3.5 s run is going: {skipped:?}");
     assert!(metrics.contains("jetsched_fires_skipped_total{reason=\"overlap\"}"), "{metrics}");
@@ -763,7 +818,7 @@ async fn overlap_skip_drops_fires_while_the_previous_run_is_going() {
 
 #[tokio::test]
 async fn overlap_buffer_one_keeps_one_fire_and_dispatches_it_when_the_run_ends() {
-    let (runs, skipped, metrics) = run_overlapping("ov-buffer", "buffer_one", Duration::from_secs(9)).await;
+    let (runs, skipped, metrics) = run_overlapping("ov-buffer", "buffer_one", 3, 1).await;
     assert!(runs.len() >= 3, "several runs: {runs:?}");
     assert!(!skipped.is_empty(), "fires beyond the one buffered are skipped: {skipped:?}");
     assert!(metrics.contains("jetsched_fires_skipped_total{reason=\"overlap\"}"), "{metrics}");
@@ -812,13 +867,19 @@ async fn a_one_shot_stored_after_its_time_follows_its_misfire_policy() {
     for (id, misfire) in [("before-all", "fire_all"), ("before-skip", "skip")] {
         topology.tasks.put(task_key(NS, id), late_spec(id, 30_000, misfire).into()).await.expect("put");
     }
-    let scheduler = RunningScheduler::start(&server.url(), "solo", lease).await;
-    eventually(WAIT, "a leader", || leader(&topology)).await;
+    // A witness firing every second shows how far the scheduler's clock has been handled.
+    put_every_second(&topology, ["witness".to_string()]).await;
+    let clock = ManualClock::starting_now();
+    let scheduler = start_on(scheduler_config(&server.url(), "solo", lease), &clock).await;
+    let fired = |seen: &[Seen], id: &str| seen.iter().filter(|s| s.task == task_key(NS, id)).count();
+    eventually(WAIT, "a leader that has caught up", || async {
+        fired(&read_dispatches(&js).await, "before-all") == 1
+    })
+    .await;
     // Stored while a leader runs, 30 s after their time (far beyond the misfire threshold).
     for (id, misfire) in [("while-all", "fire_all"), ("while-once", "fire_once"), ("while-skip", "skip")] {
         topology.tasks.put(task_key(NS, id), late_spec(id, 30_000, misfire).into()).await.expect("put");
     }
-    let fired = |seen: &[Seen], id: &str| seen.iter().filter(|s| s.task == task_key(NS, id)).count();
     eventually(WAIT, "the late one-shots are caught up", || async {
         let seen = read_dispatches(&js).await;
         (fired(&seen, "before-all") == 1 && fired(&seen, "while-all") == 1 && fired(&seen, "while-once") == 1)
@@ -831,7 +892,10 @@ async fn a_one_shot_stored_after_its_time_follows_its_misfire_policy() {
         (of("before-skip") == 1 && of("while-skip") == 1).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Time goes on: nothing fires twice.
+    for _ in 0..2 {
+        tick(&clock, &js, "witness").await;
+    }
     scheduler.stop().await;
     let seen = read_dispatches(&js).await;
     for id in ["before-all", "while-all", "while-once"] {
