@@ -626,3 +626,71 @@ async fn several_registry_replicas_share_the_api_and_the_intake() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A spec with three problems: `put`, an inline `next` and an intake submission each name all
+/// three with their field paths (in the spec's order), `error` is the first and sets the
+/// micro-service error headers, and nothing is stored.
+#[tokio::test]
+async fn a_spec_with_three_problems_is_refused_with_all_three() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let registry = App::registry(config(&server.url(), 1)).await;
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    let names = Names::default();
+    let broken = |id: &str| {
+        json!({
+            "id": id, "namespace": "many",
+            "schedule": {"cron": "0 61 * * * *"},
+            "executor": {"kind": "nats", "subject": "jobs.*"},
+            "timeout": "forever"
+        })
+    };
+    let expected = [
+        ("invalid_cron", "schedule.cron"),
+        ("invalid_value", "executor.subject"),
+        ("invalid_duration", "timeout"),
+    ];
+    let problems = |reply: &Value| -> Vec<(String, String)> {
+        reply["errors"]
+            .as_array()
+            .unwrap_or_else(|| panic!("errors: {reply}"))
+            .iter()
+            .map(|e| (e["code"].as_str().unwrap().to_string(), e["field"].as_str().unwrap().to_string()))
+            .collect()
+    };
+    let expected_with = |prefix: &str| -> Vec<(String, String)> {
+        expected.iter().map(|(code, field)| (code.to_string(), format!("{prefix}{field}"))).collect()
+    };
+
+    let (reply, error_headers) = request(
+        &client,
+        &names.task_api_subject("put"),
+        serde_json::to_vec(&broken("put")).unwrap(),
+        HeaderMap::new(),
+    )
+    .await;
+    assert!(error_headers, "{reply}");
+    assert_eq!(problems(&reply), expected_with(""), "{reply}");
+    assert_eq!(reply["error"], reply["errors"][0], "error is the first of errors");
+    assert!(reply["errors"].as_array().unwrap().iter().all(|e| !e["message"].as_str().unwrap().is_empty()));
+    assert_eq!(stored_revision(&js, "many.put").await, None, "nothing stored");
+
+    let next = call(&client, "next", json!({"spec": broken("next")})).await;
+    assert_eq!(problems(&next), expected_with("spec."), "{next}");
+
+    js.publish(names.submit_subject("many", "intake"), serde_json::to_vec(&broken("intake")).unwrap().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let rejected = eventually(WAIT, "task.rejected for the spec with three problems", || {
+        last_event(&js, "task.rejected", "many", "intake")
+    })
+    .await;
+    let reason: Value = serde_json::from_str(rejected["reason"].as_str().expect("a reason")).expect("JSON");
+    assert_eq!(problems(&reason), expected_with(""), "{rejected}");
+    assert_eq!(rejected["error"], reason["error"]["message"], "{rejected}");
+    assert_eq!(stored_revision(&js, "many.intake").await, None, "nothing stored");
+    registry.stop().await;
+}
