@@ -694,3 +694,109 @@ async fn a_spec_with_three_problems_is_refused_with_all_three() {
     assert_eq!(stored_revision(&js, "many.intake").await, None, "nothing stored");
     registry.stop().await;
 }
+
+/// How long the DLQ API test waits for runs and replies.
+const DLQ_WAIT: Duration = Duration::from_secs(20);
+
+/// A request to the registry's DLQ API; the reply as JSON.
+async fn dlq_call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
+    let subject = Names::default().dlq_api_subject(endpoint);
+    let reply =
+        tokio::time::timeout(DLQ_WAIT, client.request(subject, serde_json::to_vec(&body).unwrap().into()))
+            .await
+            .expect("reply in time")
+            .expect("request succeeds");
+    serde_json::from_slice(&reply.payload)
+        .unwrap_or_else(|e| panic!("reply is JSON ({e}): {:?}", reply.payload))
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_replayed_and_purged_through_the_registry_api() {
+    use jetsched_shared::wire::{RunStatus, Trigger};
+    use jetsched_tests::fixtures::{dead_letter_of, dead_letters, dispatch, wait_run_status};
+    use jetsched_worker::{Handlers, Outcome};
+
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let registry = App::registry(Config::for_tests(&server.url())).await;
+    // Fails until `healed` is set: dead letters first, successful replays after.
+    let healed: std::sync::Arc<std::sync::Mutex<bool>> = Default::default();
+    let fixed = healed.clone();
+    let handlers = Handlers::new().register("until-fixed", move |_run| {
+        let fixed = fixed.clone();
+        async move { if *fixed.lock().unwrap() { Outcome::ok() } else { Outcome::permanent("not yet") } }
+    });
+    let worker = App::worker(jetsched_worker::Config::for_tests(&server.url(), "w-replay"), handlers).await;
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    let names = Names::default();
+    let task =
+        |id: &str| jetsched_tests::spec("wk", id).handler("until-fixed").fast_retry(1).timeout("5s").task();
+    let one = dispatch(&js, &names, &task("replay-one"), 1).await;
+    let mut bulk = Vec::new();
+    for n in 0..3 {
+        bulk.push(dispatch(&js, &names, &task("replay-bulk"), n).await);
+    }
+    let doomed = dispatch(&js, &names, &task("purge-me"), 1).await;
+    for id in bulk.iter().chain([&one, &doomed]) {
+        dead_letter_of(&js, &names, id, DLQ_WAIT).await;
+    }
+
+    let listed =
+        dlq_call(&client, "list", json!({"namespace": "wk", "task_id": "replay-bulk", "limit": 2})).await;
+    let entries = listed["entries"].as_array().unwrap_or_else(|| panic!("entries: {listed}"));
+    assert_eq!(entries.len(), 2, "{listed}");
+    assert!(entries.iter().all(|e| e["entry"]["task_id"] == "replay-bulk"));
+    let cursor = listed["next_cursor"].as_u64().expect("a next page");
+    let rest =
+        dlq_call(&client, "list", json!({"namespace": "wk", "task_id": "replay-bulk", "cursor": cursor}))
+            .await;
+    assert_eq!(rest["entries"].as_array().map(Vec::len), Some(1), "{rest}");
+    assert!(rest.get("next_cursor").is_none());
+
+    let all = dlq_call(&client, "list", json!({})).await;
+    let sequence_of = |id: &str| {
+        all["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["entry"]["execution_id"] == id)
+            .and_then(|e| e["sequence"].as_u64())
+    };
+    let one_seq = sequence_of(&one).expect("listed");
+    let got = dlq_call(&client, "get", json!({"sequence": one_seq})).await;
+    assert_eq!(got["entry"]["execution_id"], one.as_str());
+    assert_eq!(got["entry"]["attempts"].as_array().map(Vec::len), Some(1));
+
+    *healed.lock().unwrap() = true;
+    let replayed = dlq_call(&client, "replay", json!({"sequence": one_seq})).await;
+    let new_id =
+        replayed["replayed"][0]["execution_id"].as_str().unwrap_or_else(|| panic!("{replayed}")).to_string();
+    assert_ne!(new_id, one);
+    let r = wait_run_status(&js, &names, &new_id, RunStatus::Succeeded, DLQ_WAIT).await;
+    assert_eq!(r.trigger, Trigger::Replay);
+    let missing = dlq_call(&client, "get", json!({"sequence": one_seq})).await;
+    assert_eq!(missing["error"]["code"], "not_found", "replayed entries leave the DLQ: {missing}");
+
+    let bulk_reply =
+        dlq_call(&client, "replay", json!({"namespace": "wk", "task_id": "replay-bulk", "rate": 20})).await;
+    let news: Vec<String> = bulk_reply["replayed"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{bulk_reply}"))
+        .iter()
+        .map(|r| r["execution_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(news.len(), 3, "{bulk_reply}");
+    for id in &news {
+        wait_run_status(&js, &names, id, RunStatus::Succeeded, DLQ_WAIT).await;
+    }
+
+    let purged = dlq_call(&client, "purge", json!({"task_id": "purge-me"})).await;
+    assert_eq!(purged["purged"], 1, "{purged}");
+    assert!(dead_letters(&js, &names).await.is_empty(), "the DLQ is empty");
+    let bad = dlq_call(&client, "purge", json!({})).await;
+    assert_eq!(bad["error"]["code"], "bad_request", "purging needs a target: {bad}");
+
+    worker.stop().await;
+    registry.stop().await;
+}
