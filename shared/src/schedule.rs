@@ -2,7 +2,7 @@
 //!
 //! Four kinds: `cron` (on a zone's wall clock, see [`CronSchedule`] for the field semantics and
 //! the DST rules), `every` (fixed interval from an anchor), `at` (one instant) and `after` (a delay
-//! from registration, turned into `at` by [`crate::spec::TaskSpec::admit`]). All instants are
+//! from registration, turned into `at` when the task spec is admitted). All instants are
 //! UTC with millisecond precision; [`Schedule::next_after`] is a pure function of its input, so
 //! every scheduler replica computes the same nominal fire times.
 

@@ -25,7 +25,7 @@ use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{self, Obj, Problems, err, format_duration, truncate_ms};
 use crate::schedule::Schedule;
 
-/// A validated task spec. See DESIGN.md, "The task spec".
+/// A validated task spec. See the README, "The task spec".
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskSpec {
     /// Spec format version; only 1 exists.
