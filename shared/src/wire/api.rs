@@ -1,0 +1,102 @@
+//! The task API's requests and replies (`jetsched.api.task.*`).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::millis;
+use crate::spec::TaskSpec;
+
+fn default_namespace() -> String {
+    "default".to_string()
+}
+
+/// Addresses one task: `{"namespace": "billing", "id": "nightly-report"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskRef {
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    pub id: String,
+}
+
+/// A stored task and its revision: the reply of `put`, `get`, `pause`, `resume`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskReply {
+    pub task: TaskSpec,
+    pub revision: u64,
+}
+
+/// `list`: optional namespace and label filters, a page size and the cursor of the previous page.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListRequest {
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Every label given must match exactly.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Page size, default 100, at most 1000.
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// `next_cursor` of the previous page.
+    #[serde(default)]
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ListReply {
+    pub tasks: Vec<TaskReply>,
+    /// Present when more tasks follow: pass it as `cursor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// `next`: preview the next `count` fires of a stored task (`namespace` + `id`) or of an
+/// inline `spec`, after `after` (default now).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NextRequest {
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub spec: Option<serde_json::Value>,
+    /// Default 10, at most 1000.
+    #[serde(default)]
+    pub count: Option<usize>,
+    #[serde(default, with = "millis::option")]
+    pub after: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NextReply {
+    /// The schedule's time zone (UTC for intervals and one-shots).
+    pub timezone: String,
+    /// Nominal fire instants in UTC.
+    pub times: Vec<String>,
+    /// The same instants on the zone's wall clock, with offset.
+    pub local_times: Vec<String>,
+}
+
+/// Reply of `delete`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeleteReply {
+    pub namespace: String,
+    pub id: String,
+    pub deleted: bool,
+}
+
+/// Reply of `trigger`: the run dispatched now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TriggerReply {
+    pub execution_id: String,
+    pub namespace: String,
+    pub id: String,
+    #[serde(with = "millis")]
+    pub nominal_time: DateTime<Utc>,
+    /// Sequence of the dispatch message in the dispatch stream.
+    pub stream_sequence: u64,
+}

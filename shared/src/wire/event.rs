@@ -1,0 +1,126 @@
+//! Events on `JETSCHED_EVENTS`.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{Trigger, millis};
+
+/// Every kind of event on `JETSCHED_EVENTS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventKind {
+    #[serde(rename = "task.registered")]
+    TaskRegistered,
+    #[serde(rename = "task.updated")]
+    TaskUpdated,
+    #[serde(rename = "task.deleted")]
+    TaskDeleted,
+    #[serde(rename = "task.paused")]
+    TaskPaused,
+    #[serde(rename = "task.resumed")]
+    TaskResumed,
+    #[serde(rename = "task.rejected")]
+    TaskRejected,
+    #[serde(rename = "fire.dispatched")]
+    FireDispatched,
+    #[serde(rename = "fire.skipped")]
+    FireSkipped,
+    #[serde(rename = "fire.missed")]
+    FireMissed,
+    #[serde(rename = "run.started")]
+    RunStarted,
+    #[serde(rename = "run.succeeded")]
+    RunSucceeded,
+    #[serde(rename = "run.failed")]
+    RunFailed,
+    #[serde(rename = "run.retrying")]
+    RunRetrying,
+    #[serde(rename = "run.dead")]
+    RunDead,
+    #[serde(rename = "leader.acquired")]
+    LeaderAcquired,
+    #[serde(rename = "leader.lost")]
+    LeaderLost,
+}
+
+impl EventKind {
+    /// The dotted name, also the kind part of the event subject.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::TaskRegistered => "task.registered",
+            EventKind::TaskUpdated => "task.updated",
+            EventKind::TaskDeleted => "task.deleted",
+            EventKind::TaskPaused => "task.paused",
+            EventKind::TaskResumed => "task.resumed",
+            EventKind::TaskRejected => "task.rejected",
+            EventKind::FireDispatched => "fire.dispatched",
+            EventKind::FireSkipped => "fire.skipped",
+            EventKind::FireMissed => "fire.missed",
+            EventKind::RunStarted => "run.started",
+            EventKind::RunSucceeded => "run.succeeded",
+            EventKind::RunFailed => "run.failed",
+            EventKind::RunRetrying => "run.retrying",
+            EventKind::RunDead => "run.dead",
+            EventKind::LeaderAcquired => "leader.acquired",
+            EventKind::LeaderLost => "leader.lost",
+        }
+    }
+}
+
+/// One event. Optional fields are present where they apply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Event {
+    pub kind: EventKind,
+    #[serde(with = "millis")]
+    pub time: DateTime<Utc>,
+    pub namespace: String,
+    pub task_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub nominal_time: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<Trigger>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Spec revision for task events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// Why a fire was skipped (`misfire`, `overlap`, `paused`) or a spec rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Scheduler instance for fire and leader events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// Leader term for fire and leader events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<u64>,
+}
+
+impl Event {
+    /// An event with only the mandatory fields set; fill the rest with struct update syntax.
+    pub fn new(kind: EventKind, namespace: impl Into<String>, task_id: impl Into<String>) -> Event {
+        Event {
+            kind,
+            time: Utc::now(),
+            namespace: namespace.into(),
+            task_id: task_id.into(),
+            execution_id: None,
+            nominal_time: None,
+            trigger: None,
+            attempt: None,
+            worker: None,
+            error: None,
+            duration_ms: None,
+            revision: None,
+            reason: None,
+            instance: None,
+            term: None,
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Run records in `JETSCHED_RUNS`, one per execution, with their attempts.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{Dispatch, Trigger, millis};
+
+/// At most this many attempts are kept in a record (the first and the latest ones).
+pub const MAX_KEPT_ATTEMPTS: usize = 200;
+
+/// Where a run stands, as recorded in `JETSCHED_RUNS[<execution_id>].status` by the worker
+/// that holds it. The scheduler reads it for the overlap policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// An attempt is executing (or its worker died: then the next delivery finds it so).
+    Running,
+    /// The last attempt failed; a retry is scheduled.
+    Retrying,
+    /// Done; redeliveries are acked without running.
+    Succeeded,
+    /// Final failure; the dead-letter entry is not stored yet (the DLQ refused it).
+    Failed,
+    /// Stored in the dead-letter stream.
+    Dead,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Retrying => "retrying",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Dead => "dead",
+        }
+    }
+
+    /// True once the run will not execute again (succeeded, or failed for good).
+    pub fn is_final(self) -> bool {
+        matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead)
+    }
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Succeeded,
+    /// Retryable failure.
+    Failed,
+    /// Non-retryable failure.
+    Permanent,
+    /// No verdict: the worker died or stalled past ack_wait; found by the next delivery.
+    Abandoned,
+    /// Handed back (Nak) because the worker shut down before the attempt finished.
+    Interrupted,
+}
+
+/// One attempt of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// Delivery count of the dispatch message (1-based).
+    pub attempt: u32,
+    pub worker: String,
+    #[serde(with = "millis")]
+    pub started: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub finished: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<AttemptOutcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What the executor reported (HTTP status and body excerpt, exit code and output tails).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The value of `JETSCHED_RUNS[<execution_id>]`.
+///
+/// The top-level fields are the design's `{status, attempt, worker, started, finished, error}`
+/// plus what the scheduler needs for overlap decisions (`namespace`, `task_id`,
+/// `nominal_time`) and the attempt history the dead-letter entry copies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub execution_id: String,
+    pub namespace: String,
+    pub task_id: String,
+    pub queue: String,
+    #[serde(with = "millis")]
+    pub nominal_time: DateTime<Utc>,
+    pub trigger: Trigger,
+    pub status: RunStatus,
+    /// The latest attempt number.
+    pub attempt: u32,
+    /// Worker of the latest attempt.
+    pub worker: String,
+    /// Start of the latest attempt.
+    #[serde(with = "millis")]
+    pub started: DateTime<Utc>,
+    /// Start of the first attempt (for `retry.max_elapsed`).
+    #[serde(with = "millis")]
+    pub first_started: DateTime<Utc>,
+    /// When the run reached a final status.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub finished: Option<DateTime<Utc>>,
+    /// Error of the latest failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Attempts executed again because the one before was abandoned.
+    #[serde(default)]
+    pub reruns: u32,
+    pub attempts: Vec<AttemptRecord>,
+}
+
+impl RunRecord {
+    /// The record of a run's first attempt, written before it runs.
+    pub fn new(dispatch: &Dispatch, attempt: u32, worker: &str, now: DateTime<Utc>) -> RunRecord {
+        RunRecord {
+            execution_id: dispatch.execution_id.clone(),
+            namespace: dispatch.namespace.clone(),
+            task_id: dispatch.task_id.clone(),
+            queue: dispatch.spec.queue.clone(),
+            nominal_time: dispatch.nominal_time,
+            trigger: dispatch.trigger,
+            status: RunStatus::Running,
+            attempt,
+            worker: worker.to_string(),
+            started: now,
+            first_started: now,
+            finished: None,
+            error: None,
+            reruns: 0,
+            attempts: vec![AttemptRecord::started(attempt, worker, now)],
+        }
+    }
+
+    /// Records the start of attempt `attempt`; an attempt still open (no verdict) is marked
+    /// abandoned. Returns whether this is a rerun after an abandoned attempt.
+    pub fn start_attempt(&mut self, attempt: u32, worker: &str, now: DateTime<Utc>) -> bool {
+        let mut rerun = false;
+        if let Some(last) = self.attempts.last_mut()
+            && last.outcome.is_none()
+        {
+            last.outcome = Some(AttemptOutcome::Abandoned);
+            last.error = Some("no verdict before ack_wait: the worker died or stalled".to_string());
+            rerun = true;
+            self.reruns += 1;
+        }
+        self.status = RunStatus::Running;
+        self.attempt = attempt;
+        self.worker = worker.to_string();
+        self.started = now;
+        self.attempts.push(AttemptRecord::started(attempt, worker, now));
+        if self.attempts.len() > MAX_KEPT_ATTEMPTS {
+            self.attempts.remove(1);
+        }
+        rerun
+    }
+
+    /// Closes attempt `attempt` with its outcome and sets the run's status.
+    pub fn end_attempt(
+        &mut self,
+        attempt: u32,
+        outcome: AttemptOutcome,
+        error: Option<String>,
+        detail: Option<String>,
+        status: RunStatus,
+        now: DateTime<Utc>,
+    ) {
+        if let Some(entry) =
+            self.attempts.iter_mut().rev().find(|a| a.attempt == attempt && a.outcome.is_none())
+        {
+            entry.finished = Some(now);
+            entry.outcome = Some(outcome);
+            entry.error = error.clone();
+            entry.detail = detail;
+        }
+        self.status = status;
+        if error.is_some() {
+            self.error = error;
+        }
+        if matches!(status, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead) {
+            self.finished.get_or_insert(now);
+        }
+    }
+}
+
+impl AttemptRecord {
+    pub fn started(attempt: u32, worker: &str, now: DateTime<Utc>) -> AttemptRecord {
+        AttemptRecord {
+            attempt,
+            worker: worker.to_string(),
+            started: now,
+            finished: None,
+            outcome: None,
+            error: None,
+            detail: None,
+        }
+    }
+}
