@@ -86,6 +86,9 @@ impl NatsArgs {
     /// subscription. A subscription whose buffer is full drops messages ("slow consumer"); an
     /// ordered watch that loses one re-creates its consumer and starts over from the gap.
     pub async fn connect_buffered(&self, name: &str, capacity: usize) -> anyhow::Result<async_nats::Client> {
+        // Binaries validated these already; a tool or an embedding program may not have.
+        let problems = self.problems();
+        anyhow::ensure!(problems.is_empty(), "invalid NATS settings: {problems}");
         let mut options = async_nats::ConnectOptions::new()
             .name(name)
             .subscription_capacity(capacity)
@@ -305,6 +308,18 @@ impl Problems {
     }
 }
 
+/// `--flag = value: rule`, semicolon-separated (without variable names: see
+/// [`Problems::finish`] for the full report).
+impl fmt::Display for Problems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, problem) in self.0.iter().enumerate() {
+            let separator = if index == 0 { "" } else { "; " };
+            write!(f, "{separator}--{} = {}: {}", problem.flag, problem.value, problem.rule)?;
+        }
+        Ok(())
+    }
+}
+
 /// A problem with the environment variable of its flag, for the report.
 #[derive(Debug, Clone)]
 struct Named {
@@ -351,6 +366,15 @@ pub fn validate_shared(nats: &NatsArgs, common: &CommonArgs, topology: &Topology
     common_problems(common, &mut problems);
     topology_problems(topology, &mut problems);
     problems
+}
+
+impl NatsArgs {
+    /// The problems of the NATS connection settings alone (part of [`validate_shared`]).
+    pub fn problems(&self) -> Problems {
+        let mut problems = Problems::new();
+        nats_problems(self, &mut problems);
+        problems
+    }
 }
 
 fn nats_problems(nats: &NatsArgs, problems: &mut Problems) {
@@ -531,6 +555,15 @@ mod tests {
         assert!(text.contains("--lease (JETSCHED_LEASE) = 0s: must be longer than 0s"), "{text}");
         assert!(text.contains("--nats-user (NATS_USER) = \"alice\": needs --nats-password"), "{text}");
         assert!(!text.contains("secret-token"), "secrets are never shown: {text}");
+    }
+
+    #[test]
+    fn connecting_with_invalid_nats_settings_fails_before_any_attempt() {
+        let mut nats = NatsArgs::plain("nats://127.0.0.1:1");
+        nats.password = Some("secret".into());
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let error = runtime.block_on(nats.connect("test")).unwrap_err().to_string();
+        assert_eq!(error, "invalid NATS settings: --nats-password = (set): needs --nats-user as well");
     }
 
     #[test]
