@@ -14,13 +14,14 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use jetsched_shared::admin::Readiness;
+use jetsched_shared::events::EventSink;
 use jetsched_shared::names::Names;
+use jetsched_shared::wire::Event as WireEvent;
 use tokio::task::JoinError;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
-use crate::dispatch::EventSink;
 use crate::flush::{Flush, Flushed};
 use crate::follow::{Follow, Followed};
 use crate::lease::LeaseEvent;
@@ -57,6 +58,14 @@ pub(crate) struct Report {
     /// Publish a `fire.dispatched` event per fire.
     pub(crate) fire_events: bool,
     pub(crate) readiness: Readiness,
+}
+
+impl Report {
+    /// Queues an event without waiting; one that finds the queue full is dropped and counted
+    /// (`jetsched_events_failed_total`) by the shared sink.
+    pub(crate) fn emit(&self, event: WireEvent) {
+        let _queued = self.events.try_emit(event);
+    }
 }
 
 /// The wall clock, read once per loop wake-up.

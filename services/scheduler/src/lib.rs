@@ -7,7 +7,6 @@ mod clock;
 mod config;
 mod core;
 mod discovery;
-mod dispatch;
 mod flush;
 mod follow;
 mod lease;

@@ -25,8 +25,6 @@ pub(crate) struct Metrics {
     pub(crate) invalid_specs: IntCounter,
     pub(crate) timers: IntGauge,
     pub(crate) state_writes: IntCounterVec,
-    /// `jetsched_events_failed_total`: events not stored (queue full or publish failed).
-    pub(crate) events_failed: IntCounter,
     pub(crate) load_seconds: Histogram,
 }
 
@@ -72,10 +70,6 @@ impl Metrics {
             Opts::new("jetsched_scheduler_state_writes_total", "Fire state writes, by outcome"),
             &["outcome"],
         )?;
-        let events_failed = IntCounter::new(
-            "jetsched_events_failed_total",
-            "Events not stored in the events stream (queue full or publish failed)",
-        )?;
         let load_seconds = Histogram::with_opts(
             HistogramOpts::new("jetsched_scheduler_load_seconds", "Initial load of the tasks bucket")
                 .buckets(vec![0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
@@ -93,7 +87,6 @@ impl Metrics {
         registry.register(Box::new(invalid_specs.clone()))?;
         registry.register(Box::new(timers.clone()))?;
         registry.register(Box::new(state_writes.clone()))?;
-        registry.register(Box::new(events_failed.clone()))?;
         registry.register(Box::new(load_seconds.clone()))?;
         Ok(Metrics {
             is_leader,
@@ -109,7 +102,6 @@ impl Metrics {
             invalid_specs,
             timers,
             state_writes,
-            events_failed,
             load_seconds,
         })
     }

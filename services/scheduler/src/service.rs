@@ -21,7 +21,6 @@ use crate::clock::{SharedClock, SystemClock};
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::core::{Core, Nats, Report, SHUTDOWN_GRACE, Time};
 use crate::discovery;
-use crate::dispatch::EventSink;
 use crate::flush::Flush;
 use crate::follow::Follow;
 use crate::lease::{Campaign, Timing};
@@ -70,7 +69,7 @@ pub async fn build_with_clock(config: Config, clock: SharedClock) -> anyhow::Res
         checks: &["tasks_loaded"],
         subscription_capacity: WATCH_BUFFER,
     };
-    let base = Base::start(role, &config.common, &config.nats, registry).await?;
+    let base = Base::start(role, &config.common, &config.nats, registry.clone()).await?;
     let Topology { tasks, leader, state, runs, .. } = base.ensure_topology(&config.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
     let (feed, messages) = discovery::open_tasks(&tasks).await?;
@@ -85,13 +84,10 @@ pub async fn build_with_clock(config: Config, clock: SharedClock) -> anyhow::Res
         Timing { lease: config.topology.lease, margin: config.lease_margin },
         clock.clone(),
     );
-    let (sink, event_pump) = jetsched_shared::events::EventSink::new(
-        EventPublisher::new(js.clone(), names.clone()),
-        EVENT_QUEUE,
-        EVENT_WINDOW,
-        Some(metrics.events_failed.clone()),
-    );
-    let events = EventSink::new(sink, metrics.events_failed.clone());
+    // Events go through the shared publisher's queue (`jetsched_events_failed_total` counts
+    // those not stored, a full queue included): the loop never waits for them.
+    let (events, event_pump) =
+        EventPublisher::with_metrics(js.clone(), names.clone(), &registry)?.queue(EVENT_QUEUE, EVENT_WINDOW);
     let limits = Limits { threshold: config.misfire_threshold, max: config.catchup_max };
     let time = Time::new(clock);
     let core = Core {

@@ -3,13 +3,13 @@
 //! counts and fire state, and the coalesced fire-state writes.
 
 use futures::FutureExt;
+use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::wire::{Event as WireEvent, EventKind, Trigger, scheduled_execution_id};
 use tokio::task::JoinError;
 use tokio::time::Instant;
 
 use super::Core;
 use crate::catchup::SkipReason;
-use crate::dispatch;
 use crate::flush::{Flushed, Step};
 use crate::overlap::{self, Admission, Checked, Decision, Prior};
 use crate::pipeline::{Acked, Fire};
@@ -61,7 +61,18 @@ impl Core {
                 continue;
             }
             let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { continue };
-            let message = match dispatch::message(&self.nats.names, &slot.info, &fire, term) {
+            let info = &slot.info;
+            let target = Target {
+                namespace: info.namespace(),
+                task_id: info.task_id(),
+                queue: &info.queue,
+                revision: info.revision,
+            };
+            let catchup = fire.trigger == Trigger::Catchup;
+            let origin = Origin::Scheduled { nominal_ms: fire.nominal_ms, term, catchup };
+            // The stored spec JSON is spliced into the body as it is.
+            let spec = SpecBody::Json(&info.spec_json);
+            let message = match dispatch::build(&self.nats.names, target, origin, spec) {
                 Ok(message) => message,
                 Err(error) => {
                     tracing::error!(%error, task = %slot.info.key, "cannot encode dispatch; fire dropped");
@@ -69,7 +80,7 @@ impl Core {
                     continue;
                 }
             };
-            match self.nats.js.send_publish(message.subject, message.publish).await {
+            match self.nats.js.send_publish(message.subject, message.message).await {
                 Ok(ack) => self.pipeline.track(async move { (fire, ack.await) }.boxed()),
                 Err(error) => {
                     self.report.metrics.publish_errors.inc();
@@ -107,7 +118,7 @@ impl Core {
             slot.fires += 1;
             if self.report.fire_events {
                 let info = &slot.info;
-                self.report.events.emit(WireEvent {
+                self.report.emit(WireEvent {
                     execution_id: Some(scheduled_execution_id(
                         info.namespace(),
                         info.task_id(),
@@ -183,7 +194,7 @@ impl Core {
         let reason = SkipReason::Overlap.as_str();
         self.report.metrics.skipped.with_label_values(&[reason]).inc();
         let info = &slot.info;
-        self.report.events.emit(WireEvent {
+        self.report.emit(WireEvent {
             nominal_time: Some(from_ms(fire.nominal_ms)),
             trigger: Some(fire.trigger),
             reason: Some(reason.to_string()),

@@ -23,7 +23,7 @@ impl Core {
                 self.takeover.acquired(term, valid_until, self.follow.seen());
                 self.report.metrics.is_leader.set(1);
                 self.report.metrics.leader_changes.inc();
-                self.report.events.emit(WireEvent {
+                self.report.emit(WireEvent {
                     instance: Some(self.report.instance.clone()),
                     term: Some(term),
                     ..WireEvent::new(EventKind::LeaderAcquired, SYSTEM_NAMESPACE, "scheduler")
@@ -169,7 +169,7 @@ impl Core {
         metrics.publish_inflight.set(0);
         metrics.is_leader.set(0);
         metrics.leader_changes.inc();
-        self.report.events.emit(WireEvent {
+        self.report.emit(WireEvent {
             instance: Some(self.report.instance.clone()),
             term,
             reason: Some(reason.to_string()),
@@ -191,15 +191,15 @@ fn report_plan(report: &Report, term: Option<u64>, info: &TaskInfo, plan: &catch
         term,
         ..WireEvent::new(kind, info.namespace(), info.task_id())
     };
-    let (metrics, events) = (&report.metrics, &report.events);
+    let metrics = &report.metrics;
     for &(nominal, reason) in &plan.skipped {
         metrics.skipped.with_label_values(&[reason.as_str()]).inc();
-        events.emit(event(EventKind::FireSkipped, reason.as_str().to_string(), Some(nominal)));
+        report.emit(event(EventKind::FireSkipped, reason.as_str().to_string(), Some(nominal)));
     }
     if plan.skipped_more > 0 {
         let reason = plan.skipped.first().map(|(_, r)| r.as_str()).unwrap_or("misfire");
         metrics.skipped.with_label_values(&[reason]).inc_by(plan.skipped_more);
-        events.emit(event(
+        report.emit(event(
             EventKind::FireSkipped,
             format!("{reason}: {} more skipped fires not listed", plan.skipped_more),
             None,
@@ -207,7 +207,7 @@ fn report_plan(report: &Report, term: Option<u64>, info: &TaskInfo, plan: &catch
     }
     if plan.missed > 0 {
         metrics.missed.inc_by(plan.missed);
-        events.emit(event(
+        report.emit(event(
             EventKind::FireMissed,
             format!("{} fires older than the catch-up window or beyond the catch-up maximum", plan.missed),
             None,
