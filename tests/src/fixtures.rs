@@ -4,14 +4,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, context::PublishAckFuture, kv, message::PublishMessage};
+use async_nats::jetstream::{self, context::PublishAckFuture, kv};
 use futures::StreamExt;
-use jetsched_shared::names::{self, Names};
+use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
+use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
-use jetsched_shared::wire::{
-    DeadLetter, Dispatch, HDR_EXECUTION_ID, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER,
-    RunRecord, RunStatus, Trigger, format_time, scheduled_execution_id,
-};
+use jetsched_shared::wire::{DeadLetter, RunRecord, RunStatus, scheduled_execution_id};
 use serde_json::{Value, json};
 
 use crate::eventually;
@@ -130,28 +128,10 @@ pub async fn publish_dispatch(
     spec: &TaskSpec,
     nominal_ms: i64,
 ) -> PublishAckFuture {
-    let nominal_time = chrono::DateTime::from_timestamp_millis(nominal_ms).expect("valid nominal time");
-    let body = Dispatch {
-        execution_id: execution_of(spec, nominal_ms),
-        namespace: spec.namespace.clone(),
-        task_id: spec.id.clone(),
-        nominal_time,
-        trigger: Trigger::Schedule,
-        term: 1,
-        revision: 1,
-        spec: spec.clone(),
-    };
-    let message = PublishMessage::build()
-        .payload(serde_json::to_vec(&body).expect("encode dispatch").into())
-        .message_id(names::dispatch_msg_id(&spec.namespace, &spec.id, nominal_ms))
-        .header(HDR_TASK, spec.key().as_str())
-        .header(HDR_NOMINAL_TIME, format_time(nominal_time).as_str())
-        .header(HDR_EXECUTION_ID, body.execution_id.as_str())
-        .header(HDR_LEADER_TERM, "1")
-        .header(HDR_TRIGGER, Trigger::Schedule.as_str());
-    js.send_publish(names.dispatch_subject(&spec.queue, &spec.namespace, &spec.id), message)
-        .await
-        .expect("publish dispatch")
+    let origin = Origin::Scheduled { nominal_ms, term: 1, catchup: false };
+    let built =
+        dispatch::build(names, Target::of(spec, 1), origin, SpecBody::Spec(spec)).expect("encode dispatch");
+    js.send_publish(built.subject, built.message).await.expect("publish dispatch")
 }
 
 /// [`publish_dispatch`] and wait until the stream stored it; returns the execution id.

@@ -9,12 +9,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, message::PublishMessage};
+use async_nats::jetstream;
 use futures::StreamExt;
+use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
-use jetsched_shared::wire::{DeadLetter, Dispatch, HDR_EXECUTION_ID, RunRecord, Trigger};
-use jetsched_tests::fixtures::execution_of;
+use jetsched_shared::wire::{DeadLetter, HDR_EXECUTION_ID, RunRecord};
 use jetsched_tests::{ChildProcess, NatsServer, eventually};
 use jetsched_worker::Config;
 use jetsched_worker::runs::AttemptOutcome;
@@ -98,23 +98,9 @@ pub(crate) fn outcomes_of(entry: &DeadLetter) -> Vec<AttemptOutcome> {
 /// Publishes the dispatch of `nominal_ms` again under another message id: what a lost
 /// de-duplication memory (server restart on a work-queue stream) lets through.
 pub(crate) async fn redispatch(js: &jetstream::Context, spec: &TaskSpec, nominal_ms: i64) {
-    let names = Names::default();
-    let body = Dispatch {
-        execution_id: execution_of(spec, nominal_ms),
-        namespace: spec.namespace.clone(),
-        task_id: spec.id.clone(),
-        nominal_time: chrono::DateTime::from_timestamp_millis(nominal_ms).expect("valid time"),
-        trigger: Trigger::Schedule,
-        term: 2,
-        revision: 1,
-        spec: spec.clone(),
-    };
-    let message = PublishMessage::build()
-        .payload(serde_json::to_vec(&body).expect("encode").into())
-        .message_id(format!("again-{}-{nominal_ms}", spec.id));
-    js.send_publish(names.dispatch_subject(&spec.queue, &spec.namespace, &spec.id), message)
-        .await
-        .expect("publish")
-        .await
-        .expect("stored");
+    let origin = Origin::Scheduled { nominal_ms, term: 2, catchup: false };
+    let built = dispatch::build(&Names::default(), Target::of(spec, 1), origin, SpecBody::Spec(spec))
+        .expect("encode dispatch");
+    let message = built.message.message_id(format!("again-{}-{nominal_ms}", spec.id));
+    js.send_publish(built.subject, message).await.expect("publish").await.expect("stored");
 }
