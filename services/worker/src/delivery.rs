@@ -4,26 +4,24 @@
 
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, AckKind, context::PublishAckFuture};
+use async_nats::jetstream::{self, AckKind};
 use chrono::Utc;
-use jetsched_shared::events::EventPublisher;
+use jetsched_shared::events::EventBatch;
 use jetsched_shared::spec::OverlapPolicy;
 use jetsched_shared::wire::{Dispatch, Event, EventKind};
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::config::{RunEvents, RunRecords};
+use crate::config::RunRecords;
 use crate::consumer::Shared;
 use crate::dlq::{DeadLetter, undecodable};
 use crate::ending::{Ending, Stored};
 use crate::executor::Attempt;
-use crate::metrics::Metrics;
 use crate::retry::decide;
 use crate::runs::Begin;
 
 /// How long a run event that JetStream did not store is published again (a replicated events
 /// stream refuses writes while it elects a new leader, e.g. after a node died) before it is
-/// counted in `jetsched_worker_errors_total{what="event"}` and logged.
+/// counted in `jetsched_events_failed_total` and logged.
 const EVENT_RETRY_FOR: Duration = Duration::from_secs(15);
 
 /// Handles one delivery from its metadata to its ending.
@@ -79,7 +77,7 @@ pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Me
         sequence,
         stored: None,
         elapsed: None,
-        events: Emitter::new(shared),
+        events: shared.events.batch(),
     };
     delivery.deliver().instrument(span).await;
 }
@@ -99,13 +97,15 @@ pub(crate) struct Delivery<'a> {
     pub(crate) stored: Option<Stored>,
     /// How long the attempt ran, if it ran.
     pub(crate) elapsed: Option<Duration>,
-    pub(crate) events: Emitter<'a>,
+    /// The run events told so far, their acknowledgements awaited at the end.
+    events: EventBatch<'a>,
 }
 
 impl Delivery<'_> {
     async fn deliver(mut self) {
         let ending = self.run().await;
         self.conclude(ending).await;
+        self.events.flush(EVENT_RETRY_FOR, &self.shared.hard_stop).await;
     }
 
     /// Everything before the ending: the run record's say, then the attempt.
@@ -139,10 +139,9 @@ impl Delivery<'_> {
             tracing::warn!("the previous attempt never reached a verdict (worker lost): running again");
             let mut event = self.event(EventKind::RunRetrying, attempt);
             event.reason = Some("worker_lost".to_string());
-            self.events.emit(event).await;
+            self.tell(event).await;
         }
-        let event = self.event(EventKind::RunStarted, attempt);
-        self.events.emit(event).await;
+        self.tell(self.event(EventKind::RunStarted, attempt)).await;
 
         shared.metrics.in_flight.inc();
         let started = Instant::now();
@@ -172,6 +171,13 @@ impl Delivery<'_> {
         };
         let since_first = (Utc::now() - first_started).to_std().unwrap_or_default();
         decide(&dispatch.spec.retry, outcome, attempt, since_first, rand::random::<f64>())
+    }
+
+    /// Publishes a run event, if the worker tells events of its kind (`--run-events`).
+    pub(crate) async fn tell(&mut self, event: Event) {
+        if self.shared.run_events.wants(event.kind) {
+            self.events.emit(event).await;
+        }
     }
 
     /// A run event of `kind` about this delivery (attempt `attempt`).
@@ -235,72 +241,6 @@ pub(crate) async fn keeping_alive<T>(
             biased;
             out = &mut work => return out,
             _ = progress.tick() => acknowledge(shared, message, AckKind::Progress).await,
-        }
-    }
-}
-
-/// Event acks awaited together at the end of a delivery (publishing is pipelined); an event
-/// that was not stored is published again for up to [`EVENT_RETRY_FOR`].
-pub(crate) struct Emitter<'a> {
-    events: &'a EventPublisher,
-    wanted: RunEvents,
-    metrics: &'a Metrics,
-    pending: Vec<(Event, PublishAckFuture)>,
-    unsent: Vec<Event>,
-    /// The worker's hard stop: retrying ends with it.
-    stop: &'a CancellationToken,
-}
-
-impl Emitter<'_> {
-    fn new(shared: &Shared) -> Emitter<'_> {
-        Emitter {
-            events: &shared.events,
-            wanted: shared.run_events,
-            metrics: &shared.metrics,
-            pending: Vec::new(),
-            unsent: Vec::new(),
-            stop: &shared.hard_stop,
-        }
-    }
-
-    pub(crate) async fn emit(&mut self, event: Event) {
-        if !self.wanted.wants(event.kind) {
-            return;
-        }
-        match self.events.send(&event).await {
-            Ok(ack) => self.pending.push((event, ack)),
-            Err(error) => {
-                tracing::debug!(
-                    error = format!("{error:#}"),
-                    kind = event.kind.as_str(),
-                    "event not sent yet"
-                );
-                self.unsent.push(event);
-            }
-        }
-    }
-
-    pub(crate) async fn flush(self) {
-        let mut unsent = self.unsent;
-        for (event, ack) in self.pending {
-            if let Err(error) = ack.await {
-                tracing::debug!(%error, kind = event.kind.as_str(), "event not stored yet");
-                unsent.push(event);
-            }
-        }
-        if unsent.is_empty() {
-            return;
-        }
-        let deadline = tokio::time::Instant::now() + EVENT_RETRY_FOR;
-        for event in unsent {
-            let stored = tokio::select! {
-                stored = self.events.store_until(&event, None, deadline) => stored,
-                _ = self.stop.cancelled() => Err(anyhow::anyhow!("the worker is stopping")),
-            };
-            if let Err(error) = stored {
-                self.metrics.errors.with_label_values(&["event"]).inc();
-                tracing::warn!(error = format!("{error:#}"), kind = event.kind.as_str(), "event not stored");
-            }
         }
     }
 }

@@ -237,7 +237,7 @@ impl Mover {
             ..Event::new(EventKind::RunDead, &dispatch.namespace, &dispatch.task_id)
         };
         if let Err(error) = self.events.publish(&event).await {
-            tracing::warn!(error = format!("{error:#}"), "publish run.dead event");
+            self.events.give_up(&event, &error);
         }
         if let Ok(depth) = self.dlq.depth().await {
             self.metrics.dlq_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));

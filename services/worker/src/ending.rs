@@ -152,7 +152,7 @@ impl Closing<'_> {
 impl Delivery<'_> {
     /// The one path from an ending to the run record, the answer to the message, the metrics
     /// and the event.
-    pub(crate) async fn conclude(mut self, ending: Ending) {
+    pub(crate) async fn conclude(&mut self, ending: Ending) {
         let plan = plan(&ending);
         self.announce(&ending);
         let Texts { error, detail, reason } = ending.into_texts();
@@ -184,7 +184,7 @@ impl Delivery<'_> {
             event.duration_ms = self.elapsed.map(|e| u64::try_from(e.as_millis()).unwrap_or(u64::MAX));
             // The dead letter needs the reason too.
             event.reason = if plan.answer == Answer::DeadLetter { reason.clone() } else { reason.take() };
-            self.events.emit(event).await;
+            self.tell(event).await;
         }
         let kind = match plan.answer {
             Answer::Ack => Some(AckKind::Ack),
@@ -202,7 +202,6 @@ impl Delivery<'_> {
         if let Some(kind) = kind {
             acknowledge(shared, self.message, kind).await;
         }
-        self.events.flush().await;
     }
 
     /// Logs an ending and counts what only it counts.
@@ -259,7 +258,7 @@ impl Delivery<'_> {
             let mut event = self.event(EventKind::RunFailed, record.attempt);
             event.error = Some(format!("{error:#}"));
             event.reason = Some("dlq_rejected".to_string());
-            self.events.emit(event).await;
+            self.tell(event).await;
             acknowledge(shared, self.message, AckKind::Nak(Some(shared.dlq_retry_delay))).await;
             return;
         }
@@ -273,7 +272,7 @@ impl Delivery<'_> {
         acknowledge(shared, self.message, AckKind::Term).await;
         let mut event = self.event(EventKind::RunDead, attempt);
         event.reason = Some(reason);
-        self.events.emit(event).await;
+        self.tell(event).await;
         match shared.dlq.depth().await {
             Ok(depth) => shared.metrics.dlq_depth.set(i64::try_from(depth).unwrap_or(i64::MAX)),
             Err(error) => tracing::debug!(error = format!("{error:#}"), "read DLQ depth"),

@@ -78,7 +78,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         checks: &["consumers"],
         subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
     };
-    let base = Base::start(role, &config.common, &config.nats, registry).await?;
+    let base = Base::start(role, &config.common, &config.nats, registry.clone()).await?;
     let topology = base.ensure_topology(&config.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
 
@@ -105,7 +105,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
     if let Ok(depth) = dlq.depth().await {
         metrics.dlq_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
     }
-    let events = EventPublisher::new(js.clone(), names.clone());
+    let events = EventPublisher::with_metrics(js.clone(), names.clone(), &registry)?;
     let executors = Executors {
         http: HttpExecutor::new(
             config.output_limit,

@@ -72,6 +72,19 @@ async fn worker_dead_letters_exhausted_and_permanent_failures_with_their_history
         .expect("run.dead event");
     let dead: Value = serde_json::from_slice(&dead.payload).unwrap();
     assert_eq!(dead["execution_id"], failing_id.as_str());
+    // And the metrics.
+    eventually(WAIT, "the DLQ depth as seen after the last dead letter", || async {
+        worker.metric("jetsched_dlq_depth").await == Some(3.0)
+    })
+    .await;
+    let metrics = worker.metrics().await;
+    for line in [
+        r#"jetsched_worker_dead_letters_total{source="verdict"} 3"#,
+        r#"jetsched_worker_runs_total{outcome="failed",queue="default"} 3"#,
+        "jetsched_events_failed_total 0",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
     worker.stop().await;
 }
 
