@@ -6,7 +6,8 @@
 //! use jetsched_tests::App;
 //! let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
 //! assert!(registry.admin_get("/readyz").await.is_ok());
-//! assert_eq!(registry.metric("jetsched_tasks_registered").await, Some(0.0));
+//! let served = registry.metric(r#"jetsched_api_requests_total{endpoint="get",outcome="ok"}"#).await;
+//! assert_eq!(served, None, "no request yet");
 //! registry.stop().await;
 //! # }
 //! ```
