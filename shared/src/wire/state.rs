@@ -11,7 +11,9 @@ pub struct LeaderRecord {
     pub instance: String,
     /// The leader's term: the revision of the `create` that won the lease. It stays the same
     /// while one leader holds the lease (renewals rewrite it unchanged) and grows with every
-    /// new leadership. 0 in records written before the term was stored.
+    /// new leadership. 0 in the record the `create` itself writes (its revision is not known
+    /// yet; the first renewal, sent at once, stores it), whose own revision is then the term,
+    /// and in records of versions that did not store it.
     #[serde(default)]
     pub term: u64,
     /// When this leader acquired the lease (renewals keep it).
