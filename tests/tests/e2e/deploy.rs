@@ -385,13 +385,17 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
 
 // ---- YAML: compose, Kubernetes, KEDA --------------------------------------------------------
 
-/// Every document of a YAML file, as JSON.
+/// Every document of a YAML file, as JSON, with merge keys (`<<: *anchor`) applied.
 fn yaml_docs(path: &Path) -> Vec<Value> {
     use serde::Deserialize;
+    let invalid = |e: serde_norway::Error| -> ! { panic!("{} is not valid YAML: {e}", path.display()) };
     serde_norway::Deserializer::from_str(&read(path))
-        .map(Value::deserialize)
-        .collect::<Result<_, _>>()
-        .unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", path.display()))
+        .map(|document| {
+            let mut document = serde_norway::Value::deserialize(document).unwrap_or_else(|e| invalid(e));
+            document.apply_merge().unwrap_or_else(|e| invalid(e));
+            serde_json::to_value(document).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        })
+        .collect()
 }
 
 /// Says in the test's output that a check did not run, and why.
