@@ -43,14 +43,6 @@ impl EventPublisher {
         Ok(EventPublisher { js, names, failed })
     }
 
-    /// A publisher whose failure counter is registered nowhere (read it with
-    /// [`EventPublisher::failed_total`]).
-    pub fn new(js: jetstream::Context, names: Names) -> EventPublisher {
-        let failed = prometheus::IntCounter::new(FAILED_METRIC, "Events given up after retries")
-            .expect("a valid metric name");
-        EventPublisher { js, names, failed }
-    }
-
     /// Events given up so far.
     pub fn failed_total(&self) -> u64 {
         self.failed.get()
@@ -147,7 +139,6 @@ impl EventPublisher {
             queue: receiver,
             publisher: self.clone(),
             window: window.max(1),
-            extra_failures: None,
             dedup_ids: true,
             retry_for: DEFAULT_RETRY_FOR,
         };
@@ -262,26 +253,11 @@ pub struct EventPump {
     queue: tokio::sync::mpsc::Receiver<Item>,
     publisher: EventPublisher,
     window: usize,
-    /// A second counter of failed events (the former per-service counters).
-    extra_failures: Option<prometheus::IntCounter>,
     dedup_ids: bool,
     retry_for: Duration,
 }
 
 impl EventSink {
-    /// [`EventPublisher::queue`], with `failures` counting events that could not be stored
-    /// besides the publisher's own counter.
-    pub fn new(
-        publisher: EventPublisher,
-        capacity: usize,
-        window: usize,
-        failures: Option<prometheus::IntCounter>,
-    ) -> (EventSink, EventPump) {
-        let (sink, mut pump) = publisher.queue(capacity, window);
-        pump.extra_failures = failures;
-        (sink, pump)
-    }
-
     /// Queues an event, waiting while the queue is full. Fails (logged and counted) only when
     /// the pump has stopped.
     pub async fn emit(&self, event: Event) {
@@ -348,8 +324,7 @@ impl EventPump {
         loop {
             tokio::select! {
                 biased;
-                Some((seq, failed)) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.count(failed);
+                Some(seq) = in_flight.next(), if !in_flight.is_empty() => {
                     outstanding.remove(&seq);
                 }
                 item = self.queue.recv(), if in_flight.len() < self.window => {
@@ -360,7 +335,10 @@ impl EventPump {
                             next_seq += 1;
                             outstanding.insert(seq);
                             let store = store(self.publisher.clone(), *event, self.dedup_ids, self.retry_for);
-                            in_flight.push(async move { (seq, store.await) });
+                            in_flight.push(async move {
+                                store.await;
+                                seq
+                            });
                         }
                         Some(Item::Barrier(tx)) => barriers.push_back((next_seq, tx)),
                     }
@@ -375,31 +353,19 @@ impl EventPump {
                 }
             }
         }
-        while let Some((_, failed)) = in_flight.next().await {
-            self.count(failed);
-        }
+        while in_flight.next().await.is_some() {}
         for (_, tx) in barriers {
             let _ = tx.send(());
         }
     }
-
-    fn count(&self, failed: bool) {
-        if failed && let Some(failures) = &self.extra_failures {
-            failures.inc();
-        }
-    }
 }
 
-/// Publishes one event until the stream stores it or `retry_for` has passed; true when it was
-/// given up (logged and counted by the publisher).
-async fn store(publisher: EventPublisher, event: Event, dedup_id: bool, retry_for: Duration) -> bool {
+/// Publishes one event until the stream stores it or `retry_for` has passed; an event given up
+/// is logged and counted by the publisher.
+async fn store(publisher: EventPublisher, event: Event, dedup_id: bool, retry_for: Duration) {
     let id = dedup_id.then(names::event_msg_id);
     let deadline = tokio::time::Instant::now() + retry_for;
-    match publisher.store_until(&event, id.as_deref(), deadline).await {
-        Ok(()) => false,
-        Err(error) => {
-            publisher.give_up(&event, &error);
-            true
-        }
+    if let Err(error) = publisher.store_until(&event, id.as_deref(), deadline).await {
+        publisher.give_up(&event, &error);
     }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
-use jetsched_shared::events::{EventPublisher, EventSink};
+use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_shared::wire::{Event, EventKind};
@@ -28,7 +28,9 @@ async fn stored(js: &jetstream::Context, names: &Names) -> u64 {
 #[tokio::test]
 async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
     let (_server, js, names) = server_with_topology().await;
-    let (sink, pump) = EventSink::new(EventPublisher::new(js.clone(), names.clone()), 10_000, 64, None);
+    let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
+        .expect("event metrics");
+    let (sink, pump) = publisher.queue(10_000, 64);
     let pump = tokio::spawn(pump.run());
 
     // Idle pump: the barrier resolves at once.
@@ -61,10 +63,10 @@ async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
 #[tokio::test]
 async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
     let (_server, js, names) = server_with_topology().await;
-    let failures = prometheus::IntCounter::new("failures", "events not stored").unwrap();
+    let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
+        .expect("event metrics");
     let start_pump = |retry_for: Duration| {
-        let publisher = EventPublisher::new(js.clone(), names.clone());
-        let (sink, pump) = EventSink::new(publisher, 1_000, 16, Some(failures.clone()));
+        let (sink, pump) = publisher.queue(1_000, 16);
         (sink, tokio::spawn(pump.retry_for(retry_for).run()))
     };
     let (sink, pump) = start_pump(Duration::from_secs(20));
@@ -79,7 +81,7 @@ async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
     topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("events stream back");
     tokio::time::timeout(Duration::from_secs(20), barrier).await.expect("barrier resolves").unwrap();
     assert_eq!(stored(&js, &names).await, 50, "every event queued during the outage is stored once");
-    assert_eq!(failures.get(), 0);
+    assert_eq!(publisher.failed_total(), 0);
     drop(sink);
     pump.await.unwrap();
 
@@ -88,7 +90,7 @@ async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
     js.delete_stream(names.events_stream()).await.expect("delete events stream");
     assert!(sink.try_emit(Event::new(EventKind::FireSkipped, "outage", "lost")));
     tokio::time::timeout(Duration::from_secs(10), sink.barrier().wait()).await.expect("barrier resolves");
-    assert_eq!(failures.get(), 1, "the event that could not be stored is counted");
+    assert_eq!(publisher.failed_total(), 1, "the event that could not be stored is counted");
     drop(sink);
     pump.await.unwrap();
 }
