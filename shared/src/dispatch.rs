@@ -3,16 +3,22 @@
 //!
 //! The body is [`wire::Dispatch`]. A spec already held as JSON (the stored bytes of the tasks
 //! bucket) is spliced into the body as it is rather than re-serialised for every fire.
+//!
+//! Every dispatch carries a W3C `traceparent`: the context of the span that sent it (a fire,
+//! an API request) when there is one, otherwise one derived from the execution id, so a
+//! traced worker or downstream joins the execution's trace even when the sender is not traced.
 
 use async_nats::HeaderMap;
 use async_nats::header::{HeaderName, NATS_MESSAGE_ID};
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use opentelemetry::trace::TraceContextExt;
 use serde::Serialize;
 
 use crate::names::{self, Names};
 use crate::spec::TaskSpec;
+use crate::trace;
 use crate::wire::{self, Trigger};
 
 const TASK: HeaderName = HeaderName::from_static(wire::HDR_TASK);
@@ -99,12 +105,25 @@ struct Head<'a> {
 /// Room for the head of a body and the `"spec"` key: ids, times and numbers.
 const HEAD_BYTES: usize = 320;
 
-/// Builds the dispatch of one run of `target` with `spec` as its snapshot.
+/// Builds the dispatch of one run of `target` with `spec` as its snapshot, its `traceparent`
+/// derived from the execution id.
 pub fn build(
     names: &Names,
     target: Target<'_>,
     origin: Origin<'_>,
     spec: SpecBody<'_>,
+) -> Result<DispatchMessage, serde_json::Error> {
+    build_traced(names, target, origin, spec, None)
+}
+
+/// As [`build`], carrying the trace context `parent` (the span that sends it) when it holds a
+/// valid span.
+pub fn build_traced(
+    names: &Names,
+    target: Target<'_>,
+    origin: Origin<'_>,
+    spec: SpecBody<'_>,
+    parent: Option<&opentelemetry::Context>,
 ) -> Result<DispatchMessage, serde_json::Error> {
     let Target { namespace, task_id, queue, revision } = target;
     let (nominal_time, term, execution_id, msg_id) = match origin {
@@ -146,6 +165,14 @@ pub fn build(
     headers.insert(EXECUTION_ID, execution_id.as_str());
     headers.insert(LEADER_TERM, term.to_string());
     headers.insert(TRIGGER, trigger.as_str());
+    match parent.filter(|cx| cx.span().span_context().is_valid()) {
+        Some(cx) => trace::inject(cx, &mut headers),
+        None => {
+            if let Some(traceparent) = trace::fallback_traceparent(&execution_id) {
+                headers.insert(trace::TRACEPARENT, traceparent);
+            }
+        }
+    }
     Ok(DispatchMessage {
         subject: names.dispatch_subject(queue, namespace, task_id),
         execution_id,
@@ -236,8 +263,30 @@ mod tests {
                     header(&message, wire::HDR_NOMINAL_TIME),
                     Some(wire::format_time(from_ms(nominal_ms)))
                 );
+                assert_eq!(
+                    header(&message, trace::TRACEPARENT),
+                    trace::fallback_traceparent(&message.execution_id),
+                    "the trace id is the execution id's"
+                );
             }
         }
+    }
+
+    #[test]
+    fn a_sending_span_is_the_parent_of_the_dispatch() {
+        let names = Names::default();
+        let spec = TaskSpec::parse(SPEC).expect("valid spec");
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let remote = trace::remote_context(traceparent, None).expect("valid");
+        let cx = opentelemetry::Context::new().with_remote_span_context(remote);
+        let origin = Origin::Manual { at: Utc::now() };
+        let message =
+            build_traced(&names, Target::of(&spec, 1), origin, SpecBody::Json(SPEC), Some(&cx)).unwrap();
+        assert_eq!(header(&message, trace::TRACEPARENT).as_deref(), Some(traceparent));
+        let empty = opentelemetry::Context::new();
+        let message =
+            build_traced(&names, Target::of(&spec, 1), origin, SpecBody::Json(SPEC), Some(&empty)).unwrap();
+        assert_eq!(header(&message, trace::TRACEPARENT), trace::fallback_traceparent(&message.execution_id));
     }
 
     #[test]

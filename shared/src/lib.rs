@@ -18,4 +18,5 @@ pub mod shutdown;
 pub mod spec;
 pub mod telemetry;
 pub mod topology;
+pub mod trace;
 pub mod wire;

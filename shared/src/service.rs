@@ -46,6 +46,7 @@ impl Base {
     ) -> anyhow::Result<Base> {
         let names = common.names()?;
         let instance = common.instance_id();
+        crate::telemetry::register_metrics(&metrics)?;
         let readiness = Readiness::new();
         readiness.set("topology", false);
         for check in role.checks {

@@ -1,16 +1,295 @@
 //! Tracing initialisation, once per process: level from `RUST_LOG` (default `info`), plain or
-//! JSON output on stderr.
+//! JSON output on stderr, and, when an OTLP endpoint is configured, span export.
+//!
+//! Export follows the standard OpenTelemetry variables: `OTEL_EXPORTER_OTLP_ENDPOINT` or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` turns it on (unset: no exporter, no span on the hot
+//! paths), `OTEL_EXPORTER_OTLP_PROTOCOL` picks `http/protobuf` (default) or `grpc`; headers,
+//! timeout, `OTEL_SERVICE_NAME` (default: the binary's name), `OTEL_RESOURCE_ATTRIBUTES` and
+//! `OTEL_TRACES_SAMPLER(_ARG)` (default `parentbased_always_on`) are read by the SDK itself.
+//! Spans leave through a batch processor on the service's runtime behind a bounded queue: a
+//! collector that is down or slow costs dropped spans (counted in
+//! `jetsched_trace_spans_dropped_total`, logged at most once a minute), never a blocked service.
 
-use tracing_subscriber::EnvFilter;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::runtime::Tokio;
+use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, SdkTracerProvider, SpanData, SpanExporter, SpanProcessor,
+};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, filter};
 
 use crate::config::LogFormat;
+use crate::trace;
 
-/// Installs the global subscriber. Calling it twice is harmless (the first one stays).
-pub fn init(format: LogFormat) {
+/// Spans waiting for export (queued or in a batch being sent) beyond which new ones are dropped.
+pub const SPAN_QUEUE_CAPACITY: usize = 4096;
+/// How long shutdown waits for the last spans to leave.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Dropped spans are logged at most this often.
+const DROP_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How spans are exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/HTTP with protobuf bodies, POST to `<endpoint>/v1/traces`.
+    HttpProtobuf,
+    /// OTLP/gRPC.
+    Grpc,
+}
+
+/// Which trace export a process runs: read from the environment by a binary
+/// ([`TraceSettings::from_env`]), built directly by tests and embedding programs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceSettings {
+    /// `None`: no exporter (no OTLP endpoint configured).
+    pub exporter: Option<Protocol>,
+    /// Service name unless `OTEL_SERVICE_NAME` or `service.name` in `OTEL_RESOURCE_ATTRIBUTES`
+    /// says otherwise: the binary's name (`jetsched-worker`).
+    pub default_service_name: String,
+    /// `service.instance.id`: the `--instance-id`.
+    pub instance_id: String,
+}
+
+impl TraceSettings {
+    /// No export.
+    pub fn off(binary: &str, instance_id: &str) -> TraceSettings {
+        TraceSettings {
+            exporter: None,
+            default_service_name: binary.to_string(),
+            instance_id: instance_id.to_string(),
+        }
+    }
+
+    /// The settings of binary `binary` from the standard OpenTelemetry variables; an error
+    /// names a variable whose value is not understood.
+    pub fn from_env(binary: &str, instance_id: &str) -> Result<TraceSettings, String> {
+        let var = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
+        let mut settings = TraceSettings::off(binary, instance_id);
+        if var("OTEL_EXPORTER_OTLP_ENDPOINT").is_none() && var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_none()
+        {
+            return Ok(settings);
+        }
+        let (name, protocol) = match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") {
+            Some(protocol) => ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", Some(protocol)),
+            None => ("OTEL_EXPORTER_OTLP_PROTOCOL", var("OTEL_EXPORTER_OTLP_PROTOCOL")),
+        };
+        settings.exporter = Some(match protocol.as_deref().map(str::trim) {
+            None | Some("http/protobuf") => Protocol::HttpProtobuf,
+            Some("grpc") => Protocol::Grpc,
+            Some(other) => return Err(format!("{name} = {other:?}: must be http/protobuf or grpc")),
+        });
+        Ok(settings)
+    }
+}
+
+/// The process's tracing, to shut down at exit so the last spans leave.
+#[must_use = "shut the telemetry down at exit so the last spans are exported"]
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Whether spans are exported.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Exports what is queued and stops the exporter, waiting at most [`FLUSH_TIMEOUT`].
+    pub async fn shutdown(self) {
+        let Some(provider) = self.provider else { return };
+        trace::set_enabled(false);
+        let flush = tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(FLUSH_TIMEOUT));
+        match tokio::time::timeout(FLUSH_TIMEOUT + Duration::from_secs(1), flush).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "trace export did not finish at shutdown"),
+            Ok(Err(error)) => tracing::warn!(%error, "trace export did not finish at shutdown"),
+            Err(_) => tracing::warn!("trace export did not finish within {FLUSH_TIMEOUT:?} at shutdown"),
+        }
+    }
+}
+
+/// What a binary calls once its configuration is valid: trace settings from the environment
+/// (an error names a variable the binary must refuse, exit status 2), then [`init`].
+pub fn start(binary: &str, common: &crate::config::CommonArgs) -> Result<Telemetry, String> {
+    let settings = TraceSettings::from_env(binary, &common.instance_id())
+        .map_err(|problem| format!("{binary}: invalid configuration (1 problem):\n  {problem}"))?;
+    init(common.log_format, &settings)
+        .map_err(|error| format!("{binary}: cannot start trace export: {error:#}"))
+}
+
+/// Installs the global subscriber (and, when `settings` has an exporter, the span export; it
+/// must then be called inside a tokio runtime). Calling it twice is harmless: the first
+/// subscriber stays, and the second call exports nothing.
+pub fn init(format: LogFormat, settings: &TraceSettings) -> anyhow::Result<Telemetry> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _already_set = match format {
-        LogFormat::Plain => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Plain => fmt.with_filter(filter).boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).with_current_span(true).with_filter(filter).boxed(),
     };
+    let Some(protocol) = settings.exporter else {
+        let _already_set = tracing_subscriber::registry().with(fmt).try_init();
+        return Ok(Telemetry::default());
+    };
+    let provider = provider(protocol, settings)?;
+    let tracer = provider.tracer("jetsched");
+    // Only the product's own spans and their events go out, whatever RUST_LOG says.
+    let ours = filter::filter_fn(|meta| {
+        meta.target().starts_with("jetsched") && *meta.level() <= tracing::Level::INFO
+    });
+    let otel = tracing_opentelemetry::layer().with_tracer(tracer).with_location(false).with_filter(ours);
+    if tracing_subscriber::registry().with(fmt).with(otel).try_init().is_err() {
+        let _ = provider.shutdown();
+        return Ok(Telemetry::default());
+    }
+    trace::set_enabled(true);
+    Ok(Telemetry { provider: Some(provider) })
+}
+
+fn provider(protocol: Protocol, settings: &TraceSettings) -> anyhow::Result<SdkTracerProvider> {
+    let exporter = match protocol {
+        Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .build()?,
+        Protocol::Grpc => opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?,
+    };
+    let mut resource = Resource::builder();
+    let detected = Resource::builder().build();
+    let named = detected
+        .get(&opentelemetry::Key::from_static_str("service.name"))
+        .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
+    if !named {
+        resource = resource.with_service_name(settings.default_service_name.clone());
+    }
+    let resource = resource
+        .with_attribute(opentelemetry::KeyValue::new("service.instance.id", settings.instance_id.clone()))
+        .build();
+    let queued = Arc::new(AtomicUsize::new(0));
+    let exporter = Counted { inner: exporter, queued: queued.clone() };
+    // The batch queue is twice the gate's capacity so only the gate ever refuses a span (and
+    // counts it).
+    let config = BatchConfigBuilder::default().with_max_queue_size(SPAN_QUEUE_CAPACITY * 2).build();
+    let batch = BatchSpanProcessor::builder(exporter, Tokio).with_batch_config(config).build();
+    let gate = Bounded { inner: batch, queued, capacity: SPAN_QUEUE_CAPACITY };
+    Ok(SdkTracerProvider::builder()
+        .with_span_processor(gate)
+        .with_id_generator(trace::ExecutionIds::default())
+        .with_resource(resource)
+        .build())
+}
+
+static SPANS_DROPPED: LazyLock<prometheus::IntCounter> = LazyLock::new(|| {
+    prometheus::IntCounter::new(
+        "jetsched_trace_spans_dropped_total",
+        "Spans not exported: refused by the full export queue or lost with a failed export",
+    )
+    .expect("valid metric")
+});
+
+/// Registers `jetsched_trace_spans_dropped_total` (one counter per process, shared by the
+/// registries of every service in it) on a service's registry.
+pub fn register_metrics(registry: &prometheus::Registry) -> anyhow::Result<()> {
+    match registry.register(Box::new(SPANS_DROPPED.clone())) {
+        Ok(()) | Err(prometheus::Error::AlreadyReg) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Spans dropped so far in this process.
+pub fn spans_dropped() -> u64 {
+    SPANS_DROPPED.get()
+}
+
+fn dropped(count: usize, why: &str) {
+    SPANS_DROPPED.inc_by(count as u64);
+    static LAST_LOG: Mutex<Option<Instant>> = Mutex::new(None);
+    let Ok(mut last) = LAST_LOG.lock() else { return };
+    if last.is_none_or(|at| at.elapsed() >= DROP_LOG_INTERVAL) {
+        *last = Some(Instant::now());
+        drop(last);
+        tracing::warn!(dropped_total = SPANS_DROPPED.get(), "spans dropped: {why}");
+    }
+}
+
+/// Refuses a span when [`SPAN_QUEUE_CAPACITY`] spans already wait for export.
+#[derive(Debug)]
+struct Bounded<P> {
+    inner: P,
+    queued: Arc<AtomicUsize>,
+    capacity: usize,
+}
+
+impl<P: SpanProcessor> SpanProcessor for Bounded<P> {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if !span.span_context.is_sampled() {
+            return;
+        }
+        if self.queued.fetch_add(1, Ordering::Relaxed) >= self.capacity {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            dropped(1, "the export queue is full (collector down or slow)");
+            return;
+        }
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// Frees the gate's room as batches leave, and counts the spans of a failed export as dropped.
+#[derive(Debug)]
+struct Counted<E> {
+    inner: E,
+    queued: Arc<AtomicUsize>,
+}
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        let count = batch.len();
+        let export = self.inner.export(batch);
+        async move {
+            let result = export.await;
+            self.queued.fetch_sub(count, Ordering::Relaxed);
+            if result.is_err() {
+                dropped(count, "the export failed (collector down or refusing)");
+            }
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
 }

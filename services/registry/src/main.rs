@@ -18,7 +18,13 @@ async fn main() -> ExitCode {
         eprintln!("{invalid}");
         return ExitCode::from(EXIT_INVALID_CONFIG);
     }
-    telemetry::init(config.common.log_format);
+    let telemetry = match telemetry::start("jetsched-registry", &config.common) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::from(EXIT_INVALID_CONFIG);
+        }
+    };
     let token = shutdown::on_signals();
     let service = match build(config).await {
         Ok(service) => service,
@@ -27,11 +33,13 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match service.run(token).await {
+    let code = match service.run(token).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = format!("{error:#}"), "registry stopped with an error");
             ExitCode::FAILURE
         }
-    }
+    };
+    telemetry.shutdown().await;
+    code
 }

@@ -14,6 +14,7 @@ mod metrics;
 mod overlap;
 mod pipeline;
 mod service;
+mod spans;
 mod takeover;
 mod tasks;
 pub mod timer;

@@ -33,7 +33,13 @@ async fn flaky(run: RunContext) -> Outcome {
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    telemetry::init(config.common.log_format);
+    let telemetry = match telemetry::start("jetsched-worker-embedded", &config.common) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::from(2);
+        }
+    };
     let token = shutdown::on_signals();
     let handlers = Handlers::new()
         .register("noop", |_run: RunContext| async { Outcome::ok() })
@@ -46,11 +52,13 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match worker.run(token).await {
+    let code = match worker.run(token).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = format!("{error:#}"), "worker stopped with an error");
             ExitCode::FAILURE
         }
-    }
+    };
+    telemetry.shutdown().await;
+    code
 }

@@ -18,7 +18,13 @@ async fn main() -> ExitCode {
         eprintln!("{invalid}");
         return ExitCode::from(EXIT_INVALID_CONFIG);
     }
-    telemetry::init(config.common.log_format);
+    let telemetry = match telemetry::start("jetsched-worker", &config.common) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::from(EXIT_INVALID_CONFIG);
+        }
+    };
     let token = shutdown::on_signals();
     let worker = match build(config, Handlers::new()).await {
         Ok(worker) => worker,
@@ -27,11 +33,13 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match worker.run(token).await {
+    let code = match worker.run(token).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = format!("{error:#}"), "worker stopped with an error");
             ExitCode::FAILURE
         }
-    }
+    };
+    telemetry.shutdown().await;
+    code
 }

@@ -7,12 +7,14 @@ use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::wire::{Event as WireEvent, EventKind, Trigger, scheduled_execution_id};
 use tokio::task::JoinError;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::Core;
 use crate::catchup::SkipReason;
 use crate::flush::{Flushed, Step};
 use crate::overlap::{self, Admission, Checked, Decision, Prior};
 use crate::pipeline::{Acked, Fire};
+use crate::spans::{self, FireFacts};
 use crate::tasks::from_ms;
 use crate::timer::DenseKey;
 
@@ -72,7 +74,16 @@ impl Core {
             let origin = Origin::Scheduled { nominal_ms: fire.nominal_ms, term, catchup };
             // The stored spec JSON is spliced into the body as it is.
             let spec = SpecBody::Json(&info.spec_json);
-            let message = match dispatch::build(&self.nats.names, target, origin, spec) {
+            let span = spans::fire(FireFacts {
+                namespace: target.namespace,
+                task_id: target.task_id,
+                nominal_ms: fire.nominal_ms,
+                trigger: fire.trigger,
+                term,
+                now_ms: self.time.now_ms(),
+            });
+            let parent = span.as_ref().map(|(_, cx)| cx);
+            let message = match dispatch::build_traced(&self.nats.names, target, origin, spec, parent) {
                 Ok(message) => message,
                 Err(error) => {
                     tracing::error!(%error, task = %slot.info.key, "cannot encode dispatch; fire dropped");
@@ -80,7 +91,12 @@ impl Core {
                     continue;
                 }
             };
-            match self.nats.js.send_publish(message.subject, message.message).await {
+            let publish = self.nats.js.send_publish(message.subject, message.message);
+            let published = match &span {
+                Some((span, _)) => publish.instrument(span.clone()).await,
+                None => publish.await,
+            };
+            match published {
                 Ok(ack) => self.pipeline.track(async move { (fire, ack.await) }.boxed()),
                 Err(error) => {
                     self.report.metrics.publish_errors.inc();
@@ -194,6 +210,7 @@ impl Core {
         let reason = SkipReason::Overlap.as_str();
         self.report.metrics.skipped.with_label_values(&[reason]).inc();
         let info = &slot.info;
+        spans::skipped(info.namespace(), info.task_id(), fire.nominal_ms, reason, self.takeover.term());
         self.report.emit(WireEvent {
             nominal_time: Some(from_ms(fire.nominal_ms)),
             trigger: Some(fire.trigger),

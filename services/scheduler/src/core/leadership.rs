@@ -194,6 +194,7 @@ fn report_plan(report: &Report, term: Option<u64>, info: &TaskInfo, plan: &catch
     let metrics = &report.metrics;
     for &(nominal, reason) in &plan.skipped {
         metrics.skipped.with_label_values(&[reason.as_str()]).inc();
+        crate::spans::skipped(info.namespace(), info.task_id(), nominal, reason.as_str(), term);
         report.emit(event(EventKind::FireSkipped, reason.as_str().to_string(), Some(nominal)));
     }
     if plan.skipped_more > 0 {

@@ -1,0 +1,280 @@
+//! Trace context of one execution: W3C `traceparent`/`tracestate` in NATS headers, the trace
+//! id every service derives from an execution id, the `jetsched.*` span attribute names, and
+//! the cheap flag that says whether spans are exported at all.
+//!
+//! A scheduled execution's trace id is its execution id's 128 bits (the UUID as 32 hex
+//! digits), so every leader, worker and tool derives the same trace id for the same fire.
+//! With no exporter, no span is created on the hot paths ([`enabled`] is false), yet every
+//! dispatch still carries a `traceparent` ([`fallback_traceparent`]) so a traced downstream
+//! joins the execution's trace.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_nats::HeaderMap;
+pub use opentelemetry::Context;
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// W3C Trace Context header carrying trace id, parent span id and flags.
+pub const TRACEPARENT: &str = "traceparent";
+/// W3C Trace Context header carrying vendor state.
+pub const TRACESTATE: &str = "tracestate";
+/// Environment variable a shell executor's command finds its trace context in.
+pub const TRACEPARENT_ENV: &str = "TRACEPARENT";
+/// Environment variable with the vendor state, when there is one.
+pub const TRACESTATE_ENV: &str = "TRACESTATE";
+
+/// `<namespace>/<id>` of the task.
+pub const ATTR_TASK: &str = "jetsched.task";
+pub const ATTR_EXECUTION_ID: &str = "jetsched.execution_id";
+/// RFC 3339 with milliseconds, UTC.
+pub const ATTR_NOMINAL_TIME: &str = "jetsched.nominal_time";
+/// `schedule`, `catchup`, `manual` or `replay`.
+pub const ATTR_TRIGGER: &str = "jetsched.trigger";
+pub const ATTR_LEADER_TERM: &str = "jetsched.leader_term";
+/// Dispatch time minus nominal time, in milliseconds.
+pub const ATTR_FIRE_LAG_MS: &str = "jetsched.fire_lag_ms";
+/// Attempt number of a run (the delivery count).
+pub const ATTR_ATTEMPT: &str = "jetsched.attempt";
+/// How a run attempt ended (`succeeded`, `retrying`, `dead_letter`, ...).
+pub const ATTR_OUTCOME: &str = "jetsched.outcome";
+/// Why a fire was skipped.
+pub const ATTR_SKIP_REASON: &str = "jetsched.skip_reason";
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Whether spans are exported (an OTLP endpoint is configured). Hot paths test this before
+/// creating any span object.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+pub(crate) fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// The trace id of an execution: its UUID's 128 bits. `None` for an id that is not a UUID.
+pub fn trace_id_of(execution_id: &str) -> Option<TraceId> {
+    uuid::Uuid::parse_str(execution_id)
+        .ok()
+        .map(|id| TraceId::from(id.as_u128()))
+        .filter(|id| *id != TraceId::INVALID)
+}
+
+/// A parent span id derived from the execution id (its last 64 bits), for the `traceparent`
+/// of a dispatch sent while no span exists: every leader sends the same one.
+fn fallback_span_id(execution_id: &str) -> SpanId {
+    let bits = uuid::Uuid::parse_str(execution_id).map(|id| id.as_u128() as u64).unwrap_or(0);
+    SpanId::from(bits.max(1))
+}
+
+/// `00-<trace id>-<span id>-01` of an execution for which no span was created (tracing off):
+/// the same trace id a traced fire would have, sampled so a traced downstream records its part.
+pub fn fallback_traceparent(execution_id: &str) -> Option<String> {
+    let trace_id = trace_id_of(execution_id)?;
+    Some(format!("00-{trace_id}-{}-01", fallback_span_id(execution_id)))
+}
+
+/// The `traceparent` of a span context (`None` when it is not valid).
+pub fn traceparent(context: &SpanContext) -> Option<String> {
+    context.is_valid().then(|| {
+        format!("00-{}-{}-{:02x}", context.trace_id(), context.span_id(), context.trace_flags().to_u8())
+    })
+}
+
+/// Writes the trace context of `cx` (`traceparent`, `tracestate`) into `headers`.
+pub fn inject(cx: &Context, headers: &mut HeaderMap) {
+    TraceContextPropagator::new().inject_context(cx, &mut Headers(headers));
+}
+
+/// Writes the trace context of a tracing span into `headers` (nothing when the span has none).
+pub fn inject_span(span: &tracing::Span, headers: &mut HeaderMap) {
+    inject(&span.context(), headers);
+}
+
+/// The remote parent carried by `headers` (an empty context when there is none or it is invalid).
+pub fn extract(headers: Option<&HeaderMap>) -> Context {
+    match headers {
+        Some(headers) => TraceContextPropagator::new().extract(&HeadersRef(headers)),
+        None => Context::new(),
+    }
+}
+
+/// The trace id carried by `headers`' `traceparent`, as 32 hex digits.
+pub fn trace_id_in(headers: Option<&HeaderMap>) -> Option<String> {
+    let value = headers?.get(TRACEPARENT)?.as_str();
+    let context = extract_span_context(value)?;
+    Some(context.trace_id().to_string())
+}
+
+/// Parses a `traceparent` value.
+pub fn extract_span_context(traceparent: &str) -> Option<SpanContext> {
+    let mut map = HeaderMap::new();
+    map.insert(TRACEPARENT, traceparent);
+    let cx = TraceContextPropagator::new().extract(&HeadersRef(&map));
+    let span_context = cx.span().span_context().clone();
+    span_context.is_valid().then_some(span_context)
+}
+
+/// The trace context of a tracing span as (`traceparent`, `tracestate`), for a downstream
+/// protocol of its own (HTTP headers, environment variables, a handler's context).
+pub fn context_of(span: &tracing::Span) -> Option<(String, String)> {
+    let cx = span.context();
+    let span_ref = cx.span();
+    let context = span_ref.span_context();
+    Some((traceparent(context)?, context.trace_state().header()))
+}
+
+/// A context whose remote parent is `traceparent` (for a run whose span is not created because
+/// tracing is off: the downstream still joins the dispatch's trace).
+pub fn remote_context(traceparent: &str, tracestate: Option<&str>) -> Option<SpanContext> {
+    let context = extract_span_context(traceparent)?;
+    let state = tracestate.and_then(|s| s.parse::<TraceState>().ok()).unwrap_or_default();
+    Some(SpanContext::new(context.trace_id(), context.span_id(), context.trace_flags(), true, state))
+}
+
+/// The sampled flag of a `traceparent` (for tests and tools).
+pub fn is_sampled(traceparent: &str) -> bool {
+    extract_span_context(traceparent).is_some_and(|c| c.trace_flags() == TraceFlags::SAMPLED)
+}
+
+/// Builds `span` as the root of `execution_id`'s trace (its trace id is the execution id's) and
+/// returns its context; the span's `trace_id` and `span_id` fields, when it declares them, are
+/// recorded for the logs written inside it.
+pub fn start_root(span: &tracing::Span, execution_id: &str) -> Context {
+    let cx = with_trace_id(trace_id_of(execution_id), || span.context());
+    record_ids(span, &cx);
+    cx
+}
+
+/// Makes `span` the child of the trace context carried by `headers` (a new trace when they
+/// carry none) and returns its context, its `trace_id`/`span_id` fields recorded.
+pub fn start_child(span: &tracing::Span, headers: Option<&HeaderMap>) -> Context {
+    let parent = extract(headers);
+    if parent.span().span_context().is_valid() {
+        let _ = span.set_parent(parent);
+    }
+    let cx = span.context();
+    record_ids(span, &cx);
+    cx
+}
+
+/// Records the `trace_id` and `span_id` fields of `span` from its context `cx`.
+pub fn record_ids(span: &tracing::Span, cx: &Context) {
+    let span_ref = cx.span();
+    let context = span_ref.span_context();
+    if context.is_valid() {
+        span.record("trace_id", tracing::field::display(context.trace_id()));
+        span.record("span_id", tracing::field::display(context.span_id()));
+    }
+}
+
+/// Sets an attribute on a span already built (an outcome, a status code).
+pub fn set_attribute(span: &tracing::Span, key: &'static str, value: impl Into<opentelemetry::Value>) {
+    span.set_attribute(key, value);
+}
+
+thread_local! {
+    static NEXT_TRACE_ID: Cell<Option<TraceId>> = const { Cell::new(None) };
+}
+
+/// Runs `f` (which must build a root span, e.g. by asking for its context) so that the root
+/// gets `trace_id` instead of a random one.
+pub fn with_trace_id<T>(trace_id: Option<TraceId>, f: impl FnOnce() -> T) -> T {
+    NEXT_TRACE_ID.with(|next| next.set(trace_id));
+    let result = f();
+    NEXT_TRACE_ID.with(|next| next.set(None));
+    result
+}
+
+/// Random ids, except a root span's trace id set through [`with_trace_id`].
+#[derive(Debug, Default)]
+pub(crate) struct ExecutionIds {
+    random: RandomIdGenerator,
+}
+
+impl IdGenerator for ExecutionIds {
+    fn new_trace_id(&self) -> TraceId {
+        NEXT_TRACE_ID.with(|next| next.take()).unwrap_or_else(|| self.random.new_trace_id())
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        self.random.new_span_id()
+    }
+}
+
+struct Headers<'a>(&'a mut HeaderMap);
+
+impl Injector for Headers<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.insert(key, value);
+    }
+}
+
+struct HeadersRef<'a>(&'a HeaderMap);
+
+impl Extractor for HeadersRef<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|value| value.as_str())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(name, _)| name.as_ref()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXECUTION: &str = "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60";
+
+    #[test]
+    fn an_execution_id_is_its_trace_id() {
+        let trace_id = trace_id_of(EXECUTION).expect("a UUID");
+        assert_eq!(trace_id.to_string(), "0b2f9c8e61a45d2b9b5e3f1c2d4e5f60");
+        assert_eq!(trace_id_of("not-a-uuid"), None);
+    }
+
+    #[test]
+    fn the_fallback_traceparent_is_deterministic_and_parses() {
+        let first = fallback_traceparent(EXECUTION).expect("a UUID");
+        assert_eq!(first, fallback_traceparent(EXECUTION).unwrap());
+        assert_eq!(first, "00-0b2f9c8e61a45d2b9b5e3f1c2d4e5f60-9b5e3f1c2d4e5f60-01");
+        assert!(is_sampled(&first));
+        let mut headers = HeaderMap::new();
+        headers.insert(TRACEPARENT, first.as_str());
+        assert_eq!(trace_id_in(Some(&headers)).as_deref(), Some("0b2f9c8e61a45d2b9b5e3f1c2d4e5f60"));
+    }
+
+    #[test]
+    fn inject_then_extract_round_trips() {
+        let context = remote_context("00-0b2f9c8e61a45d2b9b5e3f1c2d4e5f60-00f067aa0ba902b7-01", Some("k=v"))
+            .expect("valid");
+        let cx = Context::new().with_remote_span_context(context.clone());
+        let mut headers = HeaderMap::new();
+        inject(&cx, &mut headers);
+        assert_eq!(
+            headers.get(TRACEPARENT).map(|v| v.as_str()),
+            Some("00-0b2f9c8e61a45d2b9b5e3f1c2d4e5f60-00f067aa0ba902b7-01")
+        );
+        assert_eq!(headers.get(TRACESTATE).map(|v| v.as_str()), Some("k=v"));
+        let back = extract(Some(&headers));
+        assert_eq!(back.span().span_context().trace_id(), context.trace_id());
+        assert_eq!(back.span().span_context().span_id(), context.span_id());
+        assert!(!extract(None).span().span_context().is_valid());
+    }
+
+    #[test]
+    fn the_id_generator_takes_the_given_trace_id_once() {
+        let ids = ExecutionIds::default();
+        let wanted = trace_id_of(EXECUTION);
+        let got = with_trace_id(wanted, || ids.new_trace_id());
+        assert_eq!(Some(got), wanted);
+        assert_ne!(Some(ids.new_trace_id()), wanted);
+    }
+}
