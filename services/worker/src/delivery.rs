@@ -8,6 +8,7 @@ use async_nats::jetstream::{self, AckKind};
 use chrono::Utc;
 use jetsched_shared::events::EventBatch;
 use jetsched_shared::spec::OverlapPolicy;
+use jetsched_shared::trace;
 use jetsched_shared::wire::{Dispatch, Event, EventKind};
 use tracing::Instrument;
 
@@ -18,6 +19,7 @@ use crate::ending::{Ending, Stored};
 use crate::executor::Attempt;
 use crate::retry::decide;
 use crate::runs::Begin;
+use crate::spans::{self, Propagated};
 
 /// How long a run event that JetStream did not store is published again (a replicated events
 /// stream refuses writes while it elects a new leader, e.g. after a node died) before it is
@@ -41,7 +43,7 @@ pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Me
             return;
         }
     };
-    let dispatch: Dispatch = match serde_json::from_slice(&message.payload) {
+    let mut dispatch: Dispatch = match serde_json::from_slice(&message.payload) {
         Ok(dispatch) => dispatch,
         Err(error) => {
             tracing::error!(%error, subject = %message.subject, "undecodable dispatch: dead-lettering it");
@@ -61,13 +63,18 @@ pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Me
             return;
         }
     };
+    dispatch.trace_id = trace::trace_id_in(message.headers.as_ref());
     let span = tracing::info_span!(
         "run",
         namespace = %dispatch.namespace,
         task = %dispatch.task_id,
         execution = %dispatch.execution_id,
-        attempt
+        attempt,
+        otel.kind = "consumer",
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
     );
+    spans::start_run(&span, &dispatch, attempt, &message.subject, message.headers.as_ref());
     let delivery = Delivery {
         shared,
         queue,
@@ -146,7 +153,8 @@ impl Delivery<'_> {
         shared.metrics.in_flight.inc();
         let started = Instant::now();
         let outcome = {
-            let run = Attempt { dispatch, attempt, cancel: shared.hard_stop.child_token() };
+            let trace = Propagated::from_headers(self.message.headers.as_ref());
+            let run = Attempt { dispatch, attempt, cancel: shared.hard_stop.child_token(), trace };
             let execution = shared.executors.execute(&run);
             let stopped = shared.hard_stop.cancelled();
             keeping_alive(shared, self.message, async {
@@ -190,6 +198,7 @@ impl Delivery<'_> {
             attempt: Some(attempt),
             worker: Some(self.shared.worker.clone()),
             revision: Some(dispatch.revision),
+            trace_id: dispatch.trace_id.clone(),
             ..Event::new(kind, &dispatch.namespace, &dispatch.task_id)
         }
     }

@@ -172,7 +172,7 @@ impl Mover {
             "no verdict after {} deliveries (consumer {} max_deliver): the run keeps crashing or stalling its worker",
             advisory.deliveries, advisory.consumer
         );
-        let dispatch: Dispatch = match serde_json::from_slice(&raw.payload) {
+        let mut dispatch: Dispatch = match serde_json::from_slice(&raw.payload) {
             Ok(dispatch) => dispatch,
             Err(error) => {
                 let entry =
@@ -183,6 +183,7 @@ impl Mover {
                 return Ok(());
             }
         };
+        dispatch.trace_id = jetsched_shared::trace::trace_id_in(Some(&raw.headers));
         let record = self.runs.get(&dispatch.execution_id).await?;
         if let Some((record, _)) = &record
             && matches!(record.status, RunStatus::Succeeded | RunStatus::Dead)
@@ -234,6 +235,7 @@ impl Mover {
             worker: Some(self.worker.clone()),
             error: Some(reason),
             reason: Some(DeadLetterSource::MaxDeliveries.as_str().to_string()),
+            trace_id: entry.trace_id.clone(),
             ..Event::new(EventKind::RunDead, &dispatch.namespace, &dispatch.task_id)
         };
         if let Err(error) = self.events.publish(&event).await {
@@ -282,6 +284,7 @@ pub(crate) fn undecodable(
         worker: worker.to_string(),
         attempts: Vec::new(),
         dispatch_sequence: sequence,
+        trace_id: None,
     }
 }
 

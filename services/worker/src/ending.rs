@@ -46,6 +46,22 @@ pub(crate) enum Ending {
     Unrecorded,
 }
 
+impl Ending {
+    /// The ending's name (the `jetsched.outcome` of the run span).
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Ending::Succeeded { .. } => "succeeded",
+            Ending::Retrying { .. } => "retrying",
+            Ending::Failed { .. } => "failed",
+            Ending::Interrupted => "interrupted",
+            Ending::Duplicate => "duplicate",
+            Ending::AlreadyDead => "already_dead",
+            Ending::DeadLetterPending { .. } => "dead_letter_pending",
+            Ending::Unrecorded => "unrecorded",
+        }
+    }
+}
+
 /// How the dispatch message is answered.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Answer {
@@ -155,6 +171,7 @@ impl Delivery<'_> {
     pub(crate) async fn conclude(&mut self, ending: Ending) {
         let plan = plan(&ending);
         self.announce(&ending);
+        crate::spans::outcome(ending.name());
         let Texts { error, detail, reason } = ending.into_texts();
         let mut stored = self.stored.take();
         if let Some((outcome, status)) = plan.close {

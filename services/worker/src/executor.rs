@@ -14,6 +14,9 @@ use jetsched_shared::wire::{
     Dispatch, HDR_ATTEMPT, HDR_EXECUTION_ID, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER, format_time,
 };
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::spans::{self, Propagated};
 
 pub use self::handler::{Handler, Handlers, RunContext};
 
@@ -47,6 +50,8 @@ pub(crate) struct Attempt<'a> {
     pub(crate) attempt: u32,
     /// Cancelled when the attempt must stop (shutdown grace over).
     pub(crate) cancel: CancellationToken,
+    /// Trace context passed on to the downstream (`traceparent`, `tracestate`).
+    pub(crate) trace: Propagated,
 }
 
 impl Attempt<'_> {
@@ -75,6 +80,20 @@ impl Executors {
     /// Runs one attempt within the spec's timeout. Each executor enforces the timeout itself
     /// (the shell one must kill the process group); this adds a backstop.
     pub(crate) async fn execute(&self, attempt: &Attempt<'_>) -> Outcome {
+        match spans::executor(&attempt.dispatch.spec.executor) {
+            None => self.execute_within(attempt).await,
+            Some((span, trace)) => {
+                let attempt = Attempt { cancel: attempt.cancel.clone(), trace, ..*attempt };
+                let outcome = self.execute_within(&attempt).instrument(span.clone()).await;
+                if !matches!(outcome, Outcome::Ok { .. }) {
+                    span.record("otel.status_code", "ERROR");
+                }
+                outcome
+            }
+        }
+    }
+
+    async fn execute_within(&self, attempt: &Attempt<'_>) -> Outcome {
         let timeout = attempt.dispatch.spec.timeout;
         let run = async {
             match &attempt.dispatch.spec.executor {

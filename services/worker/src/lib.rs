@@ -26,6 +26,7 @@ mod metrics;
 mod retry;
 pub mod runs;
 mod service;
+mod spans;
 
 pub use config::{Config, DEFAULT_ADMIN_ADDR, RunEvents, RunRecords};
 pub use executor::{Handler, Handlers, Outcome, RunContext};

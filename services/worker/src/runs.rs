@@ -200,6 +200,7 @@ mod tests {
             error: None,
             reruns: 0,
             attempts: vec![AttemptRecord::started(1, "w1", now)],
+            trace_id: None,
         }
     }
 

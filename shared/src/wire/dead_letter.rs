@@ -59,6 +59,9 @@ pub struct DeadLetter {
     pub attempts: Vec<AttemptRecord>,
     /// Sequence of the dispatch message in the dispatch stream.
     pub dispatch_sequence: u64,
+    /// Trace id of the execution (32 hex digits), from the dispatch's `traceparent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 impl DeadLetter {
@@ -88,6 +91,7 @@ impl DeadLetter {
             worker: worker.to_string(),
             attempts: record.map(|r| r.attempts.clone()).unwrap_or_default(),
             dispatch_sequence: sequence,
+            trace_id: dispatch.trace_id.clone().or_else(|| record.and_then(|r| r.trace_id.clone())),
         }
     }
 }

@@ -42,6 +42,10 @@ pub struct Dispatch {
     /// Revision of the spec in `TASKS` this snapshot comes from.
     pub revision: u64,
     pub spec: TaskSpec,
+    /// Trace id of the execution (32 hex digits): not part of the body, filled in by the
+    /// receiver from the message's `traceparent` header.
+    #[serde(skip)]
+    pub trace_id: Option<String>,
 }
 
 /// The execution id of a scheduled fire: a UUID v5 of `<namespace>.<task_id>:<nominal_ms>`, so

@@ -100,6 +100,9 @@ pub struct Event {
     /// Leader term for fire and leader events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub term: Option<u64>,
+    /// Trace id of the execution (32 hex digits), from the dispatch's `traceparent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 impl Event {
@@ -121,6 +124,7 @@ impl Event {
             reason: None,
             instance: None,
             term: None,
+            trace_id: None,
         }
     }
 }

@@ -111,6 +111,9 @@ pub struct RunRecord {
     #[serde(default)]
     pub reruns: u32,
     pub attempts: Vec<AttemptRecord>,
+    /// Trace id of the execution (32 hex digits), from the dispatch's `traceparent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 impl RunRecord {
@@ -132,6 +135,7 @@ impl RunRecord {
             error: None,
             reruns: 0,
             attempts: vec![AttemptRecord::started(attempt, worker, now)],
+            trace_id: dispatch.trace_id.clone(),
         }
     }
 

@@ -30,6 +30,11 @@ pub struct RunContext {
     pub timeout: Duration,
     /// Cancelled when the worker stops waiting (shutdown grace over, timeout): finish quickly.
     pub cancel: CancellationToken,
+    /// W3C `traceparent` of the run (the handler's span when spans are exported): a handler
+    /// that calls further services passes it on.
+    pub traceparent: Option<String>,
+    /// W3C `tracestate` that goes with it, when there is one.
+    pub tracestate: Option<String>,
 }
 
 /// A named handler an embedding program registers. Implemented for every
@@ -96,6 +101,8 @@ impl Handlers {
             payload: payload.cloned(),
             timeout,
             cancel: cancel.clone(),
+            traceparent: attempt.trace.traceparent.clone(),
+            tracestate: attempt.trace.tracestate.clone(),
         };
         // Spawned so that a panicking handler is a failed attempt, not a dead worker.
         let task = tokio::spawn(handler.call(run));

@@ -45,6 +45,9 @@ impl HttpExecutor {
         for (name, value) in attempt.header_pairs() {
             request = request.header(name, value);
         }
+        for (name, value) in attempt.trace.pairs() {
+            request = request.header(name, value);
+        }
         for (name, value) in headers {
             request = request.header(name, value);
         }
@@ -62,6 +65,7 @@ impl HttpExecutor {
             Err(error) => return Outcome::retry(format!("request failed: {}", error_chain(&error))),
         };
         let status = response.status();
+        tracing::Span::current().record("http.response.status_code", status.as_u16());
         let retry_after = response
             .headers()
             .get(reqwest::header::RETRY_AFTER)

@@ -49,6 +49,9 @@ impl NatsExecutor {
         for (name, value) in attempt.header_pairs() {
             headers.insert(name, value.as_str());
         }
+        for (name, value) in attempt.trace.pairs() {
+            headers.insert(name, value);
+        }
         let body = match payload {
             Some(payload) => match serde_json::to_vec(payload) {
                 Ok(body) => body,

@@ -58,6 +58,7 @@ impl ShellExecutor {
             .env("PATH", DEFAULT_PATH)
             .envs(env)
             .envs(attempt.header_pairs().iter().map(|(name, value)| (env_name(name), value.clone())))
+            .envs(attempt.trace.pairs().map(|(name, value)| (name.to_ascii_uppercase(), value)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -1,0 +1,114 @@
+//! Spans of runs, created only while spans are exported: a `run` span (kind consumer) per
+//! delivery, child of the dispatch's trace context, and one span per executor call below it
+//! (HTTP client, NATS request, shell process, embedded handler) whose context the executor
+//! passes on. With spans off, the dispatch's own `traceparent` is passed on unchanged.
+
+use async_nats::HeaderMap;
+use jetsched_shared::spec::Executor;
+use jetsched_shared::trace;
+use jetsched_shared::wire::Dispatch;
+
+/// Trace context handed to the downstream of an attempt.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Propagated {
+    pub(crate) traceparent: Option<String>,
+    pub(crate) tracestate: Option<String>,
+}
+
+impl Propagated {
+    /// The dispatch's own trace context, passed on as it came.
+    pub(crate) fn from_headers(headers: Option<&HeaderMap>) -> Propagated {
+        let get = |name: &str| headers.and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+        Propagated {
+            traceparent: get(trace::TRACEPARENT),
+            tracestate: get(trace::TRACESTATE).filter(|s| !s.is_empty()),
+        }
+    }
+
+    /// The context of `span` (an executor span).
+    fn of_span(span: &tracing::Span) -> Option<Propagated> {
+        let (traceparent, tracestate) = trace::context_of(span)?;
+        Some(Propagated {
+            traceparent: Some(traceparent),
+            tracestate: Some(tracestate).filter(|s| !s.is_empty()),
+        })
+    }
+
+    /// `(header, value)` pairs for HTTP and NATS requests.
+    pub(crate) fn pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [(trace::TRACEPARENT, &self.traceparent), (trace::TRACESTATE, &self.tracestate)]
+            .into_iter()
+            .filter_map(|(name, value)| value.as_deref().map(|value| (name, value)))
+    }
+}
+
+/// The `run` span's attributes, then its parent from the dispatch headers (spans on only).
+pub(crate) fn start_run(
+    span: &tracing::Span,
+    dispatch: &Dispatch,
+    attempt: u32,
+    subject: &str,
+    headers: Option<&HeaderMap>,
+) {
+    if !trace::enabled() {
+        return;
+    }
+    trace::set_attribute(span, trace::ATTR_TASK, format!("{}/{}", dispatch.namespace, dispatch.task_id));
+    trace::set_attribute(span, trace::ATTR_EXECUTION_ID, dispatch.execution_id.clone());
+    trace::set_attribute(span, trace::ATTR_ATTEMPT, i64::from(attempt));
+    trace::set_attribute(span, "jetsched.delivery_count", i64::from(attempt));
+    trace::set_attribute(span, trace::ATTR_TRIGGER, dispatch.trigger.as_str());
+    trace::set_attribute(span, "messaging.system", "nats");
+    trace::set_attribute(span, "messaging.operation.type", "process");
+    trace::set_attribute(span, "messaging.destination.name", subject.to_string());
+    trace::start_child(span, headers);
+}
+
+/// Records how the attempt ended on the current (`run`) span.
+pub(crate) fn outcome(outcome: &'static str) {
+    if trace::enabled() {
+        trace::set_attribute(&tracing::Span::current(), trace::ATTR_OUTCOME, outcome);
+    }
+}
+
+/// The executor's span (child of the current `run` span) and the context to pass downstream;
+/// `None` with spans off.
+pub(crate) fn executor(executor: &Executor) -> Option<(tracing::Span, Propagated)> {
+    if !trace::enabled() {
+        return None;
+    }
+    let span = match executor {
+        Executor::Http { method, url, .. } => tracing::info_span!(
+            "http",
+            otel.name = method.to_ascii_uppercase(),
+            otel.kind = "client",
+            http.request.method = method.to_ascii_uppercase(),
+            url.full = url.as_str(),
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        ),
+        Executor::Nats { subject, .. } => tracing::info_span!(
+            "nats",
+            otel.name = format!("send {subject}"),
+            otel.kind = "client",
+            messaging.system = "nats",
+            messaging.destination.name = subject.as_str(),
+            messaging.operation.type = "send",
+            otel.status_code = tracing::field::Empty,
+        ),
+        Executor::Shell { command, .. } => tracing::info_span!(
+            "shell",
+            otel.name = "shell",
+            process.executable.name = command.first().map(String::as_str).unwrap_or_default(),
+            otel.status_code = tracing::field::Empty,
+        ),
+        Executor::Handler { name, .. } => tracing::info_span!(
+            "handler",
+            otel.name = format!("handler {name}"),
+            jetsched.handler = name.as_str(),
+            otel.status_code = tracing::field::Empty,
+        ),
+    };
+    let propagated = Propagated::of_span(&span)?;
+    Some((span, propagated))
+}
