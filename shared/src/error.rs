@@ -39,6 +39,8 @@ pub enum ErrorCode {
     Conflict,
     /// No such API endpoint.
     UnknownEndpoint,
+    /// A request on a namespaced subject names (or addresses) another namespace.
+    NamespaceMismatch,
     /// The service could not complete the request (NATS or storage failure); retrying may help.
     Unavailable,
     /// A bug: the service hit a state it does not expect.
@@ -64,6 +66,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::Conflict => "conflict",
             ErrorCode::UnknownEndpoint => "unknown_endpoint",
+            ErrorCode::NamespaceMismatch => "namespace_mismatch",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
         }
@@ -74,6 +77,7 @@ impl ErrorCode {
         match self {
             ErrorCode::NotFound | ErrorCode::UnknownEndpoint => 404,
             ErrorCode::Conflict => 409,
+            ErrorCode::NamespaceMismatch => 403,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,

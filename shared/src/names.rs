@@ -191,6 +191,49 @@ impl Names {
     pub fn dlq_api_subject(&self, endpoint: &str) -> String {
         format!("{}.{endpoint}", self.dlq_api_group())
     }
+    /// `jetsched.api.task.<endpoint>.<namespace>`: a task endpoint scoped to one namespace, so
+    /// NATS permissions can grant a team its namespace and nothing else.
+    pub fn task_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
+        format!("{}.{endpoint}.{namespace}", self.task_api_group())
+    }
+    /// `jetsched.api.dlq.<endpoint>.<namespace>`.
+    pub fn dlq_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
+        format!("{}.{endpoint}.{namespace}", self.dlq_api_group())
+    }
+    /// `jetsched.api.runs` — run records read through the registry (namespaced only: a run
+    /// record's key carries no namespace, so only the registry can check it).
+    pub fn runs_api_group(&self) -> String {
+        format!("{}.api.runs", self.prefix)
+    }
+    /// `jetsched.api.runs.<endpoint>.<namespace>`.
+    pub fn runs_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
+        format!("{}.{endpoint}.{namespace}", self.runs_api_group())
+    }
+    /// The namespace of a namespaced API subject (`<group>.<endpoint>.<namespace>`, `group`
+    /// being one of the groups above), or `None` for any other subject.
+    pub fn api_namespace<'a>(&self, group: &str, subject: &'a str) -> Option<&'a str> {
+        let rest = subject.strip_prefix(group)?.strip_prefix('.')?;
+        let (endpoint, namespace) = rest.split_once('.')?;
+        (!endpoint.is_empty() && !namespace.is_empty() && !namespace.contains('.')).then_some(namespace)
+    }
+    /// Every event of one namespace, whatever its kind: `jetsched.event.*.*.<namespace>.>`
+    /// (kinds are two tokens). The live subscription and the events-consumer filter of a team.
+    pub fn namespace_events_filter(&self, namespace: &str) -> String {
+        format!("{}.event.*.*.{namespace}.>", self.prefix)
+    }
+    /// The reply-subject prefix of a team's connections, `_INBOX_<namespace>`: a team may
+    /// subscribe to its own replies only (with the shared `_INBOX.>` any holder of that
+    /// permission could subscribe to every reply of the account).
+    pub fn namespace_inbox_prefix(namespace: &str) -> String {
+        format!("_INBOX_{namespace}")
+    }
+    /// Splits a dead-letter subject back into `(queue, namespace, task_id)`.
+    pub fn parse_dlq_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str, &'a str)> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".dlq.")?;
+        let mut parts = rest.splitn(3, '.');
+        let (queue, namespace, task_id) = (parts.next()?, parts.next()?, parts.next()?);
+        (!task_id.contains('.')).then_some((queue, namespace, task_id))
+    }
     /// Catches requests to endpoints that do not exist: `jetsched.api.>`.
     pub fn api_wildcard(&self) -> String {
         format!("{}.api.>", self.prefix)
@@ -290,6 +333,23 @@ mod tests {
         assert_eq!(replay_msg_id("e1"), "replay:e1");
         assert_eq!(dead_letter_msg_id("e1"), "dlq:e1");
         assert_ne!(event_msg_id(), event_msg_id());
+    }
+
+    #[test]
+    fn namespaced_api_subjects_carry_the_namespace_last() {
+        let names = Names::new("acme").unwrap();
+        assert_eq!(names.task_api_namespaced("put", "demo"), "acme.api.task.put.demo");
+        assert_eq!(names.dlq_api_namespaced("list", "demo"), "acme.api.dlq.list.demo");
+        assert_eq!(names.runs_api_namespaced("get", "demo"), "acme.api.runs.get.demo");
+        let group = names.task_api_group();
+        assert_eq!(names.api_namespace(&group, "acme.api.task.put.demo"), Some("demo"));
+        assert_eq!(names.api_namespace(&group, "acme.api.task.put"), None);
+        assert_eq!(names.api_namespace(&group, "acme.api.task.put.a.b"), None);
+        assert_eq!(names.api_namespace(&group, "acme.api.dlq.put.demo"), None);
+        assert_eq!(names.namespace_events_filter("demo"), "acme.event.*.*.demo.>");
+        assert_eq!(Names::namespace_inbox_prefix("demo"), "_INBOX_demo");
+        assert_eq!(names.parse_dlq_subject("acme.dlq.q.demo.t"), Some(("q", "demo", "t")));
+        assert_eq!(names.parse_dlq_subject("acme.dlq.q.demo"), None);
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub enum Endpoint {
     Next,
     /// A dead-letter endpoint (`<prefix>.api.dlq.*`), served by [`crate::dlq`].
     Dlq(crate::dlq::DlqEndpoint),
+    /// Reading a run record (`<prefix>.api.runs.get.<namespace>`), served by [`crate::runs`].
+    RunsGet,
     /// Anything else under `<prefix>.api.>`.
     Unknown,
 }
@@ -60,6 +62,7 @@ impl Endpoint {
             Endpoint::Trigger => "trigger",
             Endpoint::Next => "next",
             Endpoint::Dlq(endpoint) => endpoint.label(),
+            Endpoint::RunsGet => "runs-get",
             Endpoint::Unknown => "unknown",
         }
     }
@@ -133,6 +136,9 @@ pub fn decode_request(
             )
             .into());
         }
+        Endpoint::RunsGet => {
+            return Err(ApiError::new(ErrorCode::Internal, "run requests are decoded by the runs API").into());
+        }
         Endpoint::Unknown => {
             return Err(ApiError::new(
                 ErrorCode::UnknownEndpoint,
@@ -158,7 +164,7 @@ pub(crate) async fn handle(
 }
 
 /// Carries out a decoded request: the store's answer, or its one error.
-async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec<u8>, ApiError> {
+pub(crate) async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec<u8>, ApiError> {
     match request {
         ApiRequest::Put { spec, precondition } => Ok(store.put(*spec, precondition).await?.reply_json()),
         ApiRequest::Get(task) => encode(&store.get(&task.namespace, &task.id).await?),

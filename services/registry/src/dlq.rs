@@ -9,6 +9,10 @@
 //!   per second) → `{"replayed": [{"sequence", "original_execution_id", "execution_id"}], "failed": [...]}`
 //! - `purge`: `{"sequence": n}` or `{filter...}` or `{"all": true}` → `{"purged": n}`
 //!
+//! Each endpoint is also served on `jetsched.api.dlq.<endpoint>.<namespace>`: the filter is
+//! then that namespace (a body naming another is refused with `namespace_mismatch`), and an
+//! entry addressed by sequence must belong to it.
+//!
 //! Entries are the workers' dead letters; only the fields a replay needs are typed here.
 
 use std::time::Duration;
@@ -21,6 +25,8 @@ use jetsched_shared::spec::validate_id;
 use jetsched_shared::wire::DeadLetter;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::scope::{check_namespace, mismatch};
 
 /// The dead-letter endpoints, in registration order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,9 +127,23 @@ impl DlqApi {
         DlqApi { js, names }
     }
 
-    /// Handles one request; returns the reply body.
-    pub(crate) async fn handle(&self, endpoint: DlqEndpoint, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
-        let request = decode(payload)?;
+    /// Handles one request and returns the reply body; confined to `scope` when it came on a namespaced subject
+    /// (`<prefix>.api.dlq.<endpoint>.<namespace>`): the filter is that namespace, a body naming
+    /// another is refused, and an entry addressed by sequence must belong to it.
+    pub(crate) async fn handle_in(
+        &self,
+        endpoint: DlqEndpoint,
+        scope: Option<&str>,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, ApiError> {
+        let mut request = decode(payload)?;
+        if let Some(scope) = scope {
+            check_namespace(scope)?;
+            if let Some(named) = request.namespace.as_deref().filter(|named| *named != scope) {
+                return Err(mismatch("namespace", named, scope));
+            }
+            request.namespace = Some(scope.to_string());
+        }
         for (field, value) in
             [("namespace", &request.namespace), ("task_id", &request.task_id), ("queue", &request.queue)]
         {
@@ -154,11 +174,11 @@ impl DlqApi {
             }
             DlqEndpoint::Get => {
                 let sequence = required_sequence(&request)?;
-                let payload = self.entry(sequence).await?;
+                let payload = self.entry_in(sequence, scope).await?;
                 serde_json::to_value(Listed { sequence, entry: json_or_text(&payload) }).map_err(internal)?
             }
-            DlqEndpoint::Replay => self.replay(&request, limit).await?,
-            DlqEndpoint::Purge => self.purge(&request).await?,
+            DlqEndpoint::Replay => self.replay(&request, scope, limit).await?,
+            DlqEndpoint::Purge => self.purge(&request, scope).await?,
         };
         serde_json::to_vec(&reply).map_err(internal)
     }
@@ -213,9 +233,34 @@ impl DlqApi {
         }
     }
 
-    async fn replay(&self, request: &Request, limit: usize) -> Result<Value, ApiError> {
+    /// The entry at `sequence`, refused when `scope` is set and the entry (its subject) is of
+    /// another namespace.
+    async fn entry_in(&self, sequence: u64, scope: Option<&str>) -> Result<bytes::Bytes, ApiError> {
+        let Some(scope) = scope else { return self.entry(sequence).await };
+        let stream = self.stream().await?;
+        let message = match stream.get_raw_message(sequence).await {
+            Ok(message) => message,
+            Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => {
+                return Err(ApiError::new(
+                    ErrorCode::NotFound,
+                    format!("no dead letter at sequence {sequence}"),
+                ));
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        match self.names.parse_dlq_subject(&message.subject) {
+            Some((_, namespace, _)) if namespace == scope => Ok(message.payload),
+            _ => Err(ApiError::at(
+                ErrorCode::NamespaceMismatch,
+                "sequence",
+                format!("dead letter {sequence} is not in namespace {scope:?}"),
+            )),
+        }
+    }
+
+    async fn replay(&self, request: &Request, scope: Option<&str>, limit: usize) -> Result<Value, ApiError> {
         let entries = match request.sequence {
-            Some(sequence) => vec![(sequence, self.entry(sequence).await?)],
+            Some(sequence) => vec![(sequence, self.entry_in(sequence, scope).await?)],
             None if request.has_filter() => self.scan(request, 1, limit).await?.0,
             None => {
                 return Err(ApiError::new(
@@ -282,10 +327,13 @@ impl DlqApi {
         Ok(Replayed { sequence, original_execution_id: entry.execution_id, execution_id })
     }
 
-    async fn purge(&self, request: &Request) -> Result<Value, ApiError> {
+    async fn purge(&self, request: &Request, scope: Option<&str>) -> Result<Value, ApiError> {
         let stream = self.stream().await?;
         let purged = match request.sequence {
             Some(sequence) => {
+                if scope.is_some() {
+                    self.entry_in(sequence, scope).await?;
+                }
                 let deleted = stream.delete_message(sequence).await.map_err(|e| {
                     ApiError::new(ErrorCode::NotFound, format!("no dead letter at sequence {sequence}: {e}"))
                 })?;

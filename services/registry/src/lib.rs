@@ -7,6 +7,8 @@ mod config;
 pub mod dlq;
 mod intake;
 mod metrics;
+mod runs;
+pub mod scope;
 mod service;
 pub mod tasks;
 

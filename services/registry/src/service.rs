@@ -25,11 +25,14 @@ use crate::dlq::{DlqApi, DlqEndpoint};
 use crate::intake;
 use crate::metrics::Metrics;
 use crate::tasks::TaskStore;
+use crate::{runs, scope};
 
 /// How long a stopping registry waits for its queued events to be stored.
 const EVENTS_GRACE: Duration = Duration::from_secs(10);
 
-type Requests = SelectAll<futures::stream::BoxStream<'static, (Endpoint, Request)>>;
+/// A request, its endpoint, and whether it came on a namespaced subject
+/// (`<group>.<endpoint>.<namespace>`, the namespace being the subject's last token).
+type Requests = SelectAll<futures::stream::BoxStream<'static, (Endpoint, bool, Request)>>;
 
 /// A started registry, ready to serve.
 pub struct Registry {
@@ -39,6 +42,7 @@ pub struct Registry {
     intake: PullConsumer,
     store: TaskStore,
     dlq: DlqApi,
+    runs: async_nats::jetstream::kv::Store,
     event_pump: EventPump,
     names: Names,
     limits: Limits,
@@ -88,21 +92,48 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         .map_err(|e| anyhow::anyhow!("start micro service {}: {e}", names.service_name()))?;
     let group = service.group(names.task_api_group());
     let mut requests: Requests = SelectAll::new();
+    // Every endpoint twice: `<endpoint>` for administrators and `<endpoint>.<namespace>`
+    // (named `<name>-ns`) for teams confined to one namespace by NATS permissions.
+    let namespaced = |namespaced: bool| -> std::collections::HashMap<String, String> {
+        [("namespaced".to_string(), namespaced.to_string())].into()
+    };
     for endpoint in Endpoint::TASK {
-        let stream =
-            group.endpoint_builder().name(endpoint.name()).add(endpoint.name()).await.map_err(|e| {
-                anyhow::anyhow!("add endpoint {}: {e}", names.task_api_subject(endpoint.name()))
-            })?;
-        requests.push(stream.map(move |r| (endpoint, r)).boxed());
+        for scoped in [false, true] {
+            let (name, subject) = endpoint_names(endpoint.name(), endpoint.name(), scoped);
+            let stream = group
+                .endpoint_builder()
+                .name(&name)
+                .metadata(namespaced(scoped))
+                .add(&subject)
+                .await
+                .map_err(|e| anyhow::anyhow!("add endpoint {}.{subject}: {e}", names.task_api_group()))?;
+            requests.push(stream.map(move |r| (endpoint, scoped, r)).boxed());
+        }
     }
     let dlq_group = service.group(names.dlq_api_group());
     for endpoint in DlqEndpoint::ALL {
-        let stream =
-            dlq_group.endpoint_builder().name(endpoint.label()).add(endpoint.name()).await.map_err(|e| {
-                anyhow::anyhow!("add endpoint {}: {e}", names.dlq_api_subject(endpoint.name()))
-            })?;
-        requests.push(stream.map(move |r| (Endpoint::Dlq(endpoint), r)).boxed());
+        for scoped in [false, true] {
+            let (name, subject) = endpoint_names(endpoint.label(), endpoint.name(), scoped);
+            let stream = dlq_group
+                .endpoint_builder()
+                .name(&name)
+                .metadata(namespaced(scoped))
+                .add(&subject)
+                .await
+                .map_err(|e| anyhow::anyhow!("add endpoint {}.{subject}: {e}", names.dlq_api_group()))?;
+            requests.push(stream.map(move |r| (Endpoint::Dlq(endpoint), scoped, r)).boxed());
+        }
     }
+    // Run records only per namespace: administrators read the runs bucket directly.
+    let runs_get = service
+        .group(names.runs_api_group())
+        .endpoint_builder()
+        .name(Endpoint::RunsGet.name())
+        .metadata(namespaced(true))
+        .add("get.*")
+        .await
+        .map_err(|e| anyhow::anyhow!("add endpoint {}: {e}", names.runs_api_namespaced("get", "*")))?;
+    requests.push(runs_get.map(|r| (Endpoint::RunsGet, true, r)).boxed());
     let unknown = service
         .endpoint_builder()
         .name("unknown")
@@ -120,10 +151,19 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             .chain(DlqEndpoint::ALL.iter().map(|e| names.dlq_api_subject(e.name())))
             .collect(),
     );
+    let known_namespaced = Arc::new(
+        known.iter().cloned().chain([format!("{}.get", names.runs_api_group())]).collect::<Vec<_>>(),
+    );
     requests.push(
         unknown
-            .filter(move |r| std::future::ready(!known.contains(&r.message.subject.to_string())))
-            .map(|r| (Endpoint::Unknown, r))
+            .filter(move |r| {
+                let subject = r.message.subject.as_str();
+                let namespaced = subject
+                    .rsplit_once('.')
+                    .is_some_and(|(endpoint, _)| known_namespaced.iter().any(|k| k == endpoint));
+                std::future::ready(!namespaced && !known.iter().any(|k| k == subject))
+            })
+            .map(|r| (Endpoint::Unknown, false, r))
             .boxed(),
     );
     readiness.set("api", true);
@@ -138,6 +178,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         intake,
         store,
         dlq: DlqApi::new(js.clone(), names.clone()),
+        runs: topology.runs,
         event_pump,
         names,
         limits,
@@ -162,6 +203,7 @@ impl Registry {
             intake,
             store,
             dlq,
+            runs,
             event_pump,
             names,
             limits,
@@ -192,13 +234,15 @@ impl Registry {
                 _ = shutdown.cancelled() => break,
                 next = requests.next() => next,
             };
-            let Some((endpoint, request)) = next else { anyhow::bail!("API subscriptions ended") };
+            let Some((endpoint, scoped, request)) = next else { anyhow::bail!("API subscriptions ended") };
             let store = store.clone();
             let dlq = dlq.clone();
+            let runs = runs.clone();
             let metrics = metrics.clone();
             tracker.spawn(async move {
                 let _permit = permit;
-                serve(&store, &dlq, limits, &metrics, endpoint, request).await;
+                let handlers = Handlers { store: &store, dlq: &dlq, runs: &runs };
+                serve(handlers, limits, &metrics, endpoint, scoped, request).await;
             });
         }
         tracker.close();
@@ -225,18 +269,40 @@ impl Registry {
     }
 }
 
+/// What the endpoints read and write.
+struct Handlers<'a> {
+    store: &'a TaskStore,
+    dlq: &'a DlqApi,
+    runs: &'a async_nats::jetstream::kv::Store,
+}
+
+/// The micro-service endpoint name and subject (within its group) of an endpoint, plain or
+/// namespaced.
+fn endpoint_names(name: &str, subject: &str, namespaced: bool) -> (String, String) {
+    if namespaced { (format!("{name}-ns"), format!("{subject}.*")) } else { (name.into(), subject.into()) }
+}
+
 async fn serve(
-    store: &TaskStore,
-    dlq: &DlqApi,
+    handlers: Handlers<'_>,
     limits: Limits,
     metrics: &Metrics,
     endpoint: Endpoint,
+    scoped: bool,
     request: Request,
 ) {
+    let Handlers { store, dlq, runs } = handlers;
     let started = Instant::now();
-    let result = match endpoint {
-        Endpoint::Dlq(endpoint) => dlq.handle(endpoint, &request.message.payload).await.map_err(Into::into),
-        _ => api::handle(store, limits, endpoint, &request).await,
+    let subject = request.message.subject.clone();
+    let scope = scoped.then(|| subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
+    let result = match (endpoint, scope) {
+        (Endpoint::Dlq(endpoint), scope) => {
+            dlq.handle_in(endpoint, scope, &request.message.payload).await.map_err(Into::into)
+        }
+        (Endpoint::RunsGet, scope) => {
+            runs::get(runs, scope.unwrap_or_default(), &request.message.payload).await.map_err(Into::into)
+        }
+        (_, Some(namespace)) => scope::handle(store, limits, endpoint, namespace, &request).await,
+        (_, None) => api::handle(store, limits, endpoint, &request).await,
     };
     let outcome = match &result {
         Ok(_) => "ok",
