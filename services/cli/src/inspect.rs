@@ -20,7 +20,7 @@ use crate::output;
 /// The roles `status` looks for, in the order it shows them.
 const ROLES: [&str; 4] = ["registry", "scheduler", "worker", "alerter"];
 /// Width of the labels of `status`'s summary lines.
-const LABEL: usize = 13;
+const LABEL: usize = 14;
 
 /// Reads up to `last` events matching `filter`, oldest first, without waiting for new ones.
 async fn recent_events(
@@ -258,7 +258,6 @@ pub(crate) async fn status(
 ) -> Result<(), Failure> {
     let js = jetstream::new(client.clone());
     let wait = Duration::from_millis(500);
-    let leader = leader(&js, names).await?;
 
     let mut replicas = BTreeMap::new();
     for role in ROLES {
@@ -315,11 +314,14 @@ pub(crate) async fn status(
             replicas: info.config.num_replicas,
         });
     }
+    // The lease last (the pings above take a while), so its renewal time is as fresh as it gets.
+    let leader = leader(&js, names).await?;
+    let read_at = Utc::now();
     let report = Status { leader, replicas, queues, dead_letters, streams };
     if json_out {
         output::pretty(&serde_json::to_value(&report).context("encode the status")?);
     } else {
-        print_status(&report, Utc::now());
+        print_status(&report, read_at);
     }
     Ok(())
 }

@@ -112,7 +112,7 @@ async fn every_subcommand_against_a_running_registry() {
         "the manual run waits in the queue: {status}"
     );
     let text = stdout(&jetsched(&url, &["status"]).await);
-    assert!(text.contains("leader:      NONE"), "{text}");
+    assert!(text.contains("leader:       NONE"), "{text}");
 
     // YAML: several documents, one of them a list.
     let yaml = dir.path().join("more.yaml");
@@ -219,11 +219,11 @@ async fn status_shows_the_stored_term_acquisition_and_last_renewal() {
     assert_eq!(status["replicas"]["registry"].as_array().map(Vec::len), Some(1), "{status}");
 
     let text = stdout(&jetsched(&url, &["status"]).await);
-    assert!(text.contains("leader:      sched-a (term 42, lease 3000 ms)"), "{text}");
-    assert!(text.contains("acquired:    2026-01-01T00:00:00.000Z ("), "{text}");
-    assert!(text.contains("renewed:     "), "{text}");
-    assert!(text.contains("registries:  1 ("), "{text}");
-    for role in ["schedulers:  0", "workers:     0", "alerters:    0"] {
+    assert!(text.contains("leader:       sched-a (term 42, lease 3000 ms)"), "{text}");
+    assert!(text.contains("acquired:     2026-01-01T00:00:00.000Z ("), "{text}");
+    assert!(text.contains("renewed:      "), "{text}");
+    assert!(text.contains("registries:   1 ("), "{text}");
+    for role in ["schedulers:   0", "workers:      0", "alerters:     0"] {
         assert!(text.contains(role), "{role} in:\n{text}");
     }
 
@@ -234,7 +234,7 @@ async fn status_shows_the_stored_term_acquisition_and_last_renewal() {
     assert_eq!(status["leader"]["term"], revision, "{status}");
     let text = stdout(&jetsched(&url, &["status"]).await);
     let line =
-        format!("leader:      sched-old (term {revision}, since 2026-01-01T00:00:00.000Z, lease 3000 ms)");
+        format!("leader:       sched-old (term {revision}, since 2026-01-01T00:00:00.000Z, lease 3000 ms)");
     assert!(text.contains(&line), "{text}");
     registry.stop().await;
 }
@@ -303,6 +303,7 @@ async fn dlq_subcommands_list_show_replay_and_purge() {
                 detail: None,
             }],
             dispatch_sequence: 1,
+            trace_id: None,
         };
         js.publish(names.dlq_subject("default", ns, id), serde_json::to_vec(&entry).unwrap().into())
             .await
