@@ -86,10 +86,33 @@ impl NatsArgs {
     /// subscription. A subscription whose buffer is full drops messages ("slow consumer"); an
     /// ordered watch that loses one re-creates its consumer and starts over from the gap.
     pub async fn connect_buffered(&self, name: &str, capacity: usize) -> anyhow::Result<async_nats::Client> {
+        self.connect_with(name, capacity, None).await
+    }
+
+    /// As [`NatsArgs::connect`], with replies under `inbox_prefix` instead of `_INBOX` (a team
+    /// whose permissions grant only its own inbox prefix).
+    pub async fn connect_with_inbox_prefix(
+        &self,
+        name: &str,
+        inbox_prefix: Option<&str>,
+    ) -> anyhow::Result<async_nats::Client> {
+        self.connect_with(name, DEFAULT_SUBSCRIPTION_CAPACITY, inbox_prefix).await
+    }
+
+    async fn connect_with(
+        &self,
+        name: &str,
+        capacity: usize,
+        inbox_prefix: Option<&str>,
+    ) -> anyhow::Result<async_nats::Client> {
         // Binaries validated these already; a tool or an embedding program may not have.
         let problems = self.problems();
         anyhow::ensure!(problems.is_empty(), "invalid NATS settings: {problems}");
-        let mut options = async_nats::ConnectOptions::new()
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some(prefix) = inbox_prefix {
+            options = options.custom_inbox_prefix(prefix);
+        }
+        let mut options = options
             .name(name)
             .subscription_capacity(capacity)
             .max_reconnects(None)

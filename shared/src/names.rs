@@ -221,11 +221,12 @@ impl Names {
     pub fn namespace_events_filter(&self, namespace: &str) -> String {
         format!("{}.event.*.*.{namespace}.>", self.prefix)
     }
-    /// The reply-subject prefix of a team's connections, `_INBOX_<namespace>`: a team may
-    /// subscribe to its own replies only (with the shared `_INBOX.>` any holder of that
-    /// permission could subscribe to every reply of the account).
+    /// The reply-subject prefix of a team's connections, `_INBOX.<namespace>`: a team may
+    /// subscribe to its own replies only (`_INBOX.<namespace>.>`; with `_INBOX.>` it could
+    /// subscribe to every reply of the account), while the services, which answer any
+    /// `_INBOX.>`, need nothing per team.
     pub fn namespace_inbox_prefix(namespace: &str) -> String {
-        format!("_INBOX_{namespace}")
+        format!("_INBOX.{namespace}")
     }
     /// Splits a dead-letter subject back into `(queue, namespace, task_id)`.
     pub fn parse_dlq_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str, &'a str)> {
@@ -347,7 +348,7 @@ mod tests {
         assert_eq!(names.api_namespace(&group, "acme.api.task.put.a.b"), None);
         assert_eq!(names.api_namespace(&group, "acme.api.dlq.put.demo"), None);
         assert_eq!(names.namespace_events_filter("demo"), "acme.event.*.*.demo.>");
-        assert_eq!(Names::namespace_inbox_prefix("demo"), "_INBOX_demo");
+        assert_eq!(Names::namespace_inbox_prefix("demo"), "_INBOX.demo");
         assert_eq!(names.parse_dlq_subject("acme.dlq.q.demo.t"), Some(("q", "demo", "t")));
         assert_eq!(names.parse_dlq_subject("acme.dlq.q.demo"), None);
     }

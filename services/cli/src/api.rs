@@ -91,24 +91,43 @@ impl Api {
         decode(endpoint, reply)
     }
 
-    /// `put`: the body is the spec itself.
+    /// A task endpoint on the subject of one namespace (`<endpoint>.<namespace>`): the one a
+    /// team confined to its namespace is allowed to call.
+    pub(crate) async fn task_in<R: Serialize, T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        namespace: &str,
+        request: &R,
+    ) -> Result<T, Failure> {
+        let body = serde_json::to_vec(request).context("encode the request")?;
+        let subject = self.names.task_api_namespaced(endpoint, namespace);
+        let reply = self.request(subject, body, HeaderMap::new()).await?;
+        decode(endpoint, reply)
+    }
+
+    /// `put`: the body is the spec itself, sent on the subject of its namespace.
     pub(crate) async fn put(&self, spec: &Value, create_only: bool) -> Result<Value, Failure> {
         let mut headers = HeaderMap::new();
         if create_only {
             headers.insert(HDR_CREATE_ONLY, "true");
         }
         let body = serde_json::to_vec(spec).context("encode the spec")?;
-        self.request(self.names.task_api_subject("put"), body, headers).await
+        self.request(self.names.task_api_namespaced("put", spec_namespace(spec)), body, headers).await
     }
 
-    /// A dead-letter endpoint (`list`, `get`, `replay`, `purge`).
+    /// A dead-letter endpoint (`list`, `get`, `replay`, `purge`), on the subject of the
+    /// request's namespace when it names one.
     pub(crate) async fn dlq<T: DeserializeOwned>(
         &self,
         endpoint: &str,
         request: &DlqRequest,
     ) -> Result<T, Failure> {
         let body = serde_json::to_vec(request).context("encode the request")?;
-        let reply = self.request(self.names.dlq_api_subject(endpoint), body, HeaderMap::new()).await?;
+        let subject = match &request.namespace {
+            Some(namespace) => self.names.dlq_api_namespaced(endpoint, namespace),
+            None => self.names.dlq_api_subject(endpoint),
+        };
+        let reply = self.request(subject, body, HeaderMap::new()).await?;
         decode(endpoint, reply)
     }
 
@@ -135,6 +154,12 @@ impl Api {
     }
 }
 
+/// The namespace a spec names, `default` when it names none (or not as a string: the registry
+/// then names the mistake).
+pub(crate) fn spec_namespace(spec: &Value) -> &str {
+    spec.get("namespace").and_then(Value::as_str).unwrap_or("default")
+}
+
 fn decode<T: DeserializeOwned>(endpoint: &str, reply: Value) -> Result<T, Failure> {
     serde_json::from_value(reply)
         .with_context(|| format!("unexpected reply of {endpoint}"))
@@ -152,6 +177,8 @@ mod tests {
             TaskRef { namespace: "billing".into(), id: "nightly".into() }
         );
         assert_eq!(task_ref("pulse"), TaskRef { namespace: "default".into(), id: "pulse".into() });
+        assert_eq!(spec_namespace(&serde_json::json!({"namespace": "billing"})), "billing");
+        assert_eq!(spec_namespace(&serde_json::json!({"id": "x"})), "default");
     }
 
     #[test]

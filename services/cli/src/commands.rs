@@ -31,6 +31,10 @@ pub(crate) struct Cli {
     /// Print raw JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// Prefix of reply subjects (default `_INBOX`). A team confined to one namespace is
+    /// allowed only its own, e.g. `_INBOX.demo`.
+    #[arg(long = "nats-inbox-prefix", env = "NATS_INBOX_PREFIX", global = true)]
+    inbox_prefix: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -100,6 +104,10 @@ struct EventsArgs {
     /// Only events of this task (`namespace/id`).
     #[arg(long)]
     task: Option<String>,
+    /// Only events of this namespace, read the way a team confined to it may: its live
+    /// subjects and an events consumer filtered to it (no stream-wide reads).
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
     /// How many past events to show first.
     #[arg(long, default_value_t = 20)]
     last: u64,
@@ -107,13 +115,14 @@ struct EventsArgs {
 
 pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let names = Names::new(&cli.prefix)?;
-    let client = cli.nats.connect("jetsched-cli").await?;
+    let client = cli.nats.connect_with_inbox_prefix("jetsched-cli", cli.inbox_prefix.as_deref()).await?;
     let api = Api::new(client.clone(), names.clone());
     let json_out = cli.json;
     let result = match cli.command {
         Command::Apply { files, create_only } => apply(&api, &files, create_only, json_out).await,
         Command::Get { task } => {
-            api.task::<_, Value>("get", &task_ref(&task)).await.map(|v| output::pretty(&v))
+            let task = task_ref(&task);
+            api.task_in::<_, Value>("get", &task.namespace, &task).await.map(|v| output::pretty(&v))
         }
         Command::Ls { namespace, labels } => list(&api, namespace, &labels, json_out).await,
         Command::Rm { task } => control(&api, "delete", &task, "deleted", json_out).await,
@@ -121,6 +130,17 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Resume { task } => control(&api, "resume", &task, "resumed", json_out).await,
         Command::Trigger { task } => trigger(&api, &task, json_out).await,
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
+        Command::Events(args) if args.namespace.is_some() => {
+            crate::tenant::events(
+                &client,
+                &names,
+                args.namespace.as_deref().unwrap_or_default(),
+                args.task.as_deref(),
+                args.last,
+                args.follow,
+            )
+            .await
+        }
         Command::Events(args) => events(&client, &names, args).await,
         Command::Runs { task, last } => crate::inspect::runs(&client, &names, &task, last, json_out).await,
         Command::Status => crate::inspect::status(&client, &names, json_out).await,
@@ -143,13 +163,15 @@ pub(crate) fn done(json_out: bool, value: &Value, message: &str) {
 
 /// `delete`, `pause` or `resume` one task.
 async fn control(api: &Api, endpoint: &str, task: &str, did: &str, json_out: bool) -> Result<(), Failure> {
-    let reply: Value = api.task(endpoint, &task_ref(task)).await?;
+    let reference = task_ref(task);
+    let reply: Value = api.task_in(endpoint, &reference.namespace, &reference).await?;
     done(json_out, &reply, &format!("{task} {did}"));
     Ok(())
 }
 
 async fn trigger(api: &Api, task: &str, json_out: bool) -> Result<(), Failure> {
-    let reply: Value = api.task("trigger", &task_ref(task)).await?;
+    let reference = task_ref(task);
+    let reply: Value = api.task_in("trigger", &reference.namespace, &reference).await?;
     let run: TriggerReply = serde_json::from_value(reply.clone()).context("trigger reply")?;
     done(json_out, &reply, &format!("{task} triggered: execution {}", run.execution_id));
     Ok(())
@@ -261,7 +283,10 @@ async fn list(
     }
     let mut tasks = Vec::new();
     loop {
-        let page: Page = api.task("list", &request).await?;
+        let page: Page = match request.namespace.clone() {
+            Some(namespace) => api.task_in("list", &namespace, &request).await?,
+            None => api.task("list", &request).await?,
+        };
         tasks.extend(page.tasks);
         match page.next_cursor {
             Some(next) => request.cursor = Some(next),
@@ -314,7 +339,12 @@ async fn next(
         }
         _ => return Err(anyhow::anyhow!("give a task (namespace/id) or --file").into()),
     }
-    let reply: Value = api.task("next", &request).await?;
+    let namespace = match (&request.namespace, &request.spec) {
+        (Some(namespace), _) => namespace.clone(),
+        (None, Some(spec)) => crate::api::spec_namespace(spec).to_string(),
+        (None, None) => "default".to_string(),
+    };
+    let reply: Value = api.task_in("next", &namespace, &request).await?;
     if json_out {
         output::pretty(&reply);
         return Ok(());

@@ -15,7 +15,13 @@ pub(crate) enum DlqCommand {
         filter: DlqFilter,
     },
     /// Show one dead letter with its whole attempt history.
-    Show { sequence: u64 },
+    Show {
+        sequence: u64,
+        /// The entry's namespace: the request goes to that namespace's subject, and the entry
+        /// must belong to it.
+        #[arg(long)]
+        namespace: Option<String>,
+    },
     /// Run dead letters again (new execution id, trigger `replay`) and remove them from the DLQ:
     /// one by sequence, or every entry matching a filter at a bounded rate.
     Replay {
@@ -122,8 +128,8 @@ struct Purged {
 pub(crate) async fn run(api: &Api, command: DlqCommand, json_out: bool) -> Result<(), Failure> {
     match command {
         DlqCommand::Ls { filter } => list(api, &filter, json_out).await,
-        DlqCommand::Show { sequence } => {
-            let request = DlqRequest { sequence: Some(sequence), ..DlqRequest::default() };
+        DlqCommand::Show { sequence, namespace } => {
+            let request = DlqRequest { sequence: Some(sequence), namespace, ..DlqRequest::default() };
             output::pretty(&api.dlq::<Value>("get", &request).await?);
             Ok(())
         }

@@ -8,6 +8,7 @@ mod dlq;
 mod files;
 mod inspect;
 mod output;
+mod tenant;
 
 use std::process::ExitCode;
 

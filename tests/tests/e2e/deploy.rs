@@ -23,21 +23,22 @@ use jetsched_tests::{App, ChildProcess, eventually, init_test_logging, workspace
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
 
-const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
 /// How long a denied request or delivery is given to (not) happen.
-const DENIED_WAIT: Duration = Duration::from_millis(500);
+pub(crate) const DENIED_WAIT: Duration = Duration::from_millis(500);
 
 /// Test-only passwords of `deploy/secure/nats.conf` (documented there as local-only).
-const USERS: [(&str, &str); 6] = [
+const USERS: [(&str, &str); 7] = [
     ("registry", "registry-local-only"),
     ("scheduler", "scheduler-local-only"),
     ("worker", "worker-local-only"),
     ("alerter", "alerter-local-only"),
     ("client", "client-local-only"),
     ("operator", "operator-local-only"),
+    ("tenant-demo", "tenant-demo-local-only"),
 ];
 
-fn password(user: &str) -> &'static str {
+pub(crate) fn password(user: &str) -> &'static str {
     USERS.iter().find(|(u, _)| *u == user).map(|(_, p)| *p).expect("known user")
 }
 
@@ -59,14 +60,14 @@ fn read(path: &Path) -> String {
 
 /// `nats-server` running `deploy/secure/nats.conf` unchanged except for its addresses and
 /// store: a random client port on loopback, no monitor port, the store in a temp dir.
-struct SecureServer {
+pub(crate) struct SecureServer {
     process: ChildProcess,
-    url: String,
+    pub(crate) url: String,
     _dir: tempfile::TempDir,
 }
 
 impl SecureServer {
-    async fn start() -> SecureServer {
+    pub(crate) async fn start() -> SecureServer {
         let dir = tempfile::Builder::new().prefix("jetsched-secure-").tempdir().expect("temp dir");
         let store = dir.path().join("store");
         let mut replaced = BTreeMap::from([("listen:", 0), ("http:", 0), ("store_dir:", 0)]);
@@ -112,16 +113,22 @@ impl SecureServer {
         SecureServer { process, url, _dir: dir }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.process.output()
     }
 
     /// A connection as `user` that records the server's error messages (permission
     /// violations arrive as `-ERR` lines, not as errors of the publish call).
-    async fn connect(&self, user: &str) -> Probe {
+    pub(crate) async fn connect(&self, user: &str) -> Probe {
+        self.connect_with(user, async_nats::ConnectOptions::new()).await
+    }
+
+    /// As [`SecureServer::connect`], from `options` (an inbox prefix, say).
+    pub(crate) async fn connect_with(&self, user: &str, options: async_nats::ConnectOptions) -> Probe {
         let errors = Arc::new(Mutex::new(Vec::new()));
         let seen = errors.clone();
-        let client = async_nats::ConnectOptions::with_user_and_password(user.into(), password(user).into())
+        let client = options
+            .user_and_password(user.into(), password(user).into())
             .name(format!("probe-{user}"))
             .event_callback(move |event| {
                 let seen = seen.clone();
@@ -137,7 +144,7 @@ impl SecureServer {
         Probe { client, errors }
     }
 
-    fn nats_args(&self, user: &str) -> jetsched_shared::config::NatsArgs {
+    pub(crate) fn nats_args(&self, user: &str) -> jetsched_shared::config::NatsArgs {
         let mut args = jetsched_shared::config::NatsArgs::plain(&self.url);
         args.user = Some(user.to_string());
         args.password = Some(password(user).to_string());
@@ -145,15 +152,15 @@ impl SecureServer {
     }
 }
 
-struct Probe {
-    client: async_nats::Client,
+pub(crate) struct Probe {
+    pub(crate) client: async_nats::Client,
     errors: Arc<Mutex<Vec<String>>>,
 }
 
 impl Probe {
     /// Waits for the server's permissions violation naming `what` (e.g. `publish to
     /// "$kv.jetsched_tasks.x"`).
-    async fn expect_violation(&self, what: &str) {
+    pub(crate) async fn expect_violation(&self, what: &str) {
         let what = what.to_lowercase();
         eventually(WAIT, &format!("permissions violation for {what}"), || async {
             self.errors
