@@ -157,6 +157,9 @@ pub fn init(format: LogFormat, settings: &TraceSettings) -> anyhow::Result<Telem
 }
 
 fn provider(protocol: Protocol, settings: &TraceSettings) -> anyhow::Result<SdkTracerProvider> {
+    // The HTTP client is built with rustls and no bundled crypto provider (as async-nats and the
+    // worker's HTTP executor): ring. Installing fails harmlessly when one is installed already.
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
     let exporter = match protocol {
         Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
             .with_http()

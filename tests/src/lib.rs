@@ -13,6 +13,7 @@ mod app;
 mod cluster;
 pub mod fixtures;
 mod monitor;
+pub mod otlp;
 mod process;
 mod server;
 mod streams;

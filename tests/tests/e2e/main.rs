@@ -13,6 +13,7 @@ mod invariants;
 mod local;
 mod registry;
 mod scheduler;
+mod tracing;
 mod tenants;
 mod worker_dlq;
 mod worker_executors;

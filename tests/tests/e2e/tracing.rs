@@ -1,0 +1,360 @@
+//! Tracing end to end: the scheduler, worker and registry as real processes (the exporter is
+//! process-wide) with their own OTEL_* environment, an OTLP/HTTP receiver, an HTTP downstream
+//! and NATS handlers that record the trace context they get.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use futures::StreamExt;
+use jetsched_shared::names::Names;
+use jetsched_shared::wire::{RunStatus, scheduled_execution_id};
+use jetsched_tests::fixtures::wait_run_status;
+use jetsched_tests::otlp::{
+    Downstream, KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, OtlpReceiver, ReceivedSpan,
+};
+use jetsched_tests::{App, ChildProcess, NatsServer, admin_get, eventually, metric_value, spec};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A service process with the trace export of `otel` (variable, value) pairs.
+fn service(
+    binary: &str,
+    server: &NatsServer,
+    instance: &str,
+    admin: SocketAddr,
+    otel: &[(&str, &str)],
+) -> ChildProcess {
+    let mut command = ChildProcess::command(binary);
+    command
+        .args(["--nats-url", &server.url(), "--instance-id", instance])
+        .args(["--admin-addr", &admin.to_string()])
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("RUST_LOG", "info");
+    if binary == "jetsched-worker" {
+        command.args(["--pull-expires", "500ms"]);
+    }
+    command.envs(otel.iter().copied());
+    ChildProcess::spawn_command(instance, command)
+}
+
+/// A loopback address with a port free now.
+fn free_addr() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("address")
+}
+
+/// Scheduler and worker processes exporting to `endpoint` with the extra variables `otel`.
+fn scheduler_and_worker(
+    server: &NatsServer,
+    endpoint: &str,
+    otel: &[(&str, &str)],
+) -> (ChildProcess, ChildProcess, SocketAddr, SocketAddr) {
+    let mut vars = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)];
+    vars.extend_from_slice(otel);
+    let (scheduler_admin, worker_admin) = (free_addr(), free_addr());
+    let scheduler = service("jetsched-scheduler", server, "sched-traced", scheduler_admin, &vars);
+    let worker = service("jetsched-worker", server, "worker-traced", worker_admin, &vars);
+    (scheduler, worker, scheduler_admin, worker_admin)
+}
+
+/// Stores `spec` through an in-process registry (no export in the test process) and returns the
+/// execution id of its one-shot fire at `at_ms`.
+async fn put_one_shot(
+    server: &NatsServer,
+    builder: jetsched_tests::SpecBuilder,
+    at_ms: i64,
+) -> (App, String) {
+    let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
+    let at = chrono::DateTime::from_timestamp_millis(at_ms).expect("valid time").to_rfc3339();
+    let spec = builder.schedule(json!({"at": at})).json();
+    let reply = request(&server.client().await, "put", &spec, HeaderMap::new()).await;
+    assert!(reply.get("error").is_none(), "stored: {reply}");
+    let execution_id = scheduled_execution_id(
+        spec["namespace"].as_str().expect("namespace"),
+        spec["id"].as_str().expect("id"),
+        at_ms,
+    );
+    (registry, execution_id)
+}
+
+async fn request(client: &async_nats::Client, endpoint: &str, body: &Value, headers: HeaderMap) -> Value {
+    let subject = Names::default().task_api_subject(endpoint);
+    let payload = serde_json::to_vec(body).expect("JSON").into();
+    let reply = tokio::time::timeout(WAIT, client.request_with_headers(subject, headers, payload))
+        .await
+        .expect("reply in time")
+        .expect("request succeeds");
+    serde_json::from_slice(&reply.payload).expect("reply is JSON")
+}
+
+/// A whole-second instant a few seconds ahead, in Unix milliseconds.
+fn soon_ms(seconds: i64) -> i64 {
+    (chrono::Utc::now().timestamp() + seconds) * 1000
+}
+
+/// The execution id as a trace id: its 32 hex digits.
+fn trace_id_of(execution_id: &str) -> String {
+    execution_id.replace('-', "")
+}
+
+/// The trace id in a `traceparent`.
+fn trace_id_in(traceparent: &str) -> &str {
+    traceparent.split('-').nth(1).expect("a traceparent has a trace id")
+}
+
+/// The parent span id in a `traceparent`.
+fn parent_in(traceparent: &str) -> &str {
+    traceparent.split('-').nth(2).expect("a traceparent has a parent id")
+}
+
+fn one<'a>(spans: &'a [ReceivedSpan], what: &str, test: impl Fn(&ReceivedSpan) -> bool) -> &'a ReceivedSpan {
+    let found: Vec<&ReceivedSpan> = spans.iter().filter(|s| test(s)).collect();
+    assert_eq!(found.len(), 1, "one {what} span in {spans:#?}");
+    found[0]
+}
+
+#[tokio::test]
+async fn a_scheduled_execution_is_one_trace_from_the_fire_to_the_downstream() {
+    let server = NatsServer::start().await;
+    let receiver = OtlpReceiver::start().await;
+    let downstream = Downstream::start().await;
+    let (_scheduler, _worker, _, _) = scheduler_and_worker(&server, &receiver.endpoint(), &[]);
+    let at_ms = soon_ms(3);
+    let builder =
+        spec("traced", "one").executor(json!({"kind": "http", "method": "POST", "url": downstream.url()}));
+    let (_registry, execution_id) = put_one_shot(&server, builder, at_ms).await;
+    let trace_id = trace_id_of(&execution_id);
+
+    let headers =
+        eventually(WAIT, "the downstream is called", || async { downstream.requests().into_iter().next() })
+            .await;
+    let traceparent = headers.get("traceparent").expect("the downstream gets a traceparent").clone();
+    assert_eq!(trace_id_in(&traceparent), trace_id, "the trace id is the execution id's");
+
+    let spans = eventually(WAIT, "fire, run and http spans exported", || async {
+        let spans = receiver.trace(&trace_id);
+        let kinds: Vec<i32> = spans.iter().map(|s| s.kind).collect();
+        [KIND_PRODUCER, KIND_CONSUMER, KIND_CLIENT].iter().all(|k| kinds.contains(k)).then_some(spans)
+    })
+    .await;
+    let fire = one(&spans, "fire", |s| s.kind == KIND_PRODUCER);
+    assert_eq!(fire.name, "fire traced/one");
+    assert_eq!(fire.service, "jetsched-scheduler");
+    assert_eq!(fire.resource.get("service.instance.id").map(String::as_str), Some("sched-traced"));
+    assert!(fire.parent_span_id.is_empty(), "the fire is the root: {fire:?}");
+    assert_eq!(fire.attr("jetsched.task"), Some("traced/one"));
+    assert_eq!(fire.attr("jetsched.execution_id"), Some(execution_id.as_str()));
+    assert_eq!(fire.attr("jetsched.trigger"), Some("schedule"));
+    let nominal = chrono::DateTime::from_timestamp_millis(at_ms).unwrap();
+    assert_eq!(
+        fire.attr("jetsched.nominal_time"),
+        Some(jetsched_shared::wire::format_time(nominal).as_str())
+    );
+    assert!(fire.attr("jetsched.leader_term").is_some_and(|t| t != "0"), "{fire:?}");
+    assert!(fire.attr("jetsched.fire_lag_ms").is_some(), "{fire:?}");
+
+    let run = one(&spans, "run", |s| s.kind == KIND_CONSUMER);
+    assert_eq!(run.service, "jetsched-worker");
+    assert_eq!(run.parent_span_id, fire.span_id, "the run is the fire's child");
+    assert_eq!(run.attr("jetsched.execution_id"), Some(execution_id.as_str()));
+    assert_eq!(run.attr("jetsched.attempt"), Some("1"));
+    assert_eq!(run.attr("jetsched.outcome"), Some("succeeded"));
+    assert_eq!(run.attr("messaging.system"), Some("nats"));
+
+    let http = one(&spans, "http", |s| s.kind == KIND_CLIENT);
+    assert_eq!(http.parent_span_id, run.span_id, "the HTTP call is the run's child");
+    assert_eq!(http.attr("http.request.method"), Some("POST"));
+    assert_eq!(http.attr("url.full"), Some(downstream.url().as_str()));
+    assert_eq!(http.attr("http.response.status_code"), Some("200"));
+    assert_eq!(parent_in(&traceparent), http.span_id, "the downstream's parent is the HTTP span");
+
+    let js = async_nats::jetstream::new(server.client().await);
+    let record = wait_run_status(&js, &Names::default(), &execution_id, RunStatus::Succeeded, WAIT).await;
+    assert_eq!(record.trace_id.as_deref(), Some(trace_id.as_str()), "the run record carries the trace id");
+}
+
+#[tokio::test]
+async fn every_attempt_of_a_retried_execution_is_in_the_same_trace() {
+    let server = NatsServer::start().await;
+    let receiver = OtlpReceiver::start().await;
+    let downstream = Downstream::failing_first(&[500, 503]).await;
+    let (_scheduler, _worker, _, _) = scheduler_and_worker(&server, &receiver.endpoint(), &[]);
+    let builder = spec("traced", "retried")
+        .executor(json!({"kind": "http", "method": "GET", "url": downstream.url()}))
+        .fast_retry(3);
+    let (_registry, execution_id) = put_one_shot(&server, builder, soon_ms(3)).await;
+    let trace_id = trace_id_of(&execution_id);
+
+    let runs = eventually(WAIT, "three run spans exported", || async {
+        let runs: Vec<ReceivedSpan> =
+            receiver.trace(&trace_id).into_iter().filter(|s| s.kind == KIND_CONSUMER).collect();
+        (runs.len() >= 3).then_some(runs)
+    })
+    .await;
+    let mut attempts: Vec<(String, String)> = runs
+        .iter()
+        .map(|s| {
+            (
+                s.attr("jetsched.attempt").unwrap_or("?").to_string(),
+                s.attr("jetsched.outcome").unwrap_or("?").to_string(),
+            )
+        })
+        .collect();
+    attempts.sort();
+    assert_eq!(
+        attempts,
+        [("1".into(), "retrying".into()), ("2".into(), "retrying".into()), ("3".into(), "succeeded".into())]
+    );
+    let requests = downstream.requests();
+    assert_eq!(requests.len(), 3);
+    for headers in requests {
+        assert_eq!(trace_id_in(&headers["traceparent"]), trace_id, "every attempt joins the trace");
+    }
+}
+
+/// A NATS responder on `subject` recording the headers of every request and answering ok.
+async fn recording_handler(
+    client: async_nats::Client,
+    subject: &str,
+) -> Arc<Mutex<Vec<HashMap<String, String>>>> {
+    let mut sub = client.subscribe(subject.to_string()).await.expect("subscribe");
+    client.flush().await.expect("flush");
+    let seen: Arc<Mutex<Vec<HashMap<String, String>>>> = Arc::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Some(request) = sub.next().await {
+            let headers = request
+                .headers
+                .iter()
+                .flat_map(|h| h.iter())
+                .filter_map(|(name, values)| Some((name.to_string(), values.first()?.to_string())))
+                .collect();
+            record.lock().expect("seen").push(headers);
+            if let Some(reply) = request.reply {
+                let _ = client.publish(reply, "ok".into()).await;
+            }
+        }
+    });
+    seen
+}
+
+#[tokio::test]
+async fn a_nats_handler_gets_the_trace_context() {
+    let server = NatsServer::start().await;
+    let receiver = OtlpReceiver::start().await;
+    let seen = recording_handler(server.client().await, "traced.handler").await;
+    let (_scheduler, _worker, _, _) = scheduler_and_worker(&server, &receiver.endpoint(), &[]);
+    let (_registry, execution_id) =
+        put_one_shot(&server, spec("traced", "nats").nats("traced.handler"), soon_ms(3)).await;
+    let trace_id = trace_id_of(&execution_id);
+    let headers =
+        eventually(WAIT, "the handler is called", || async { seen.lock().unwrap().first().cloned() }).await;
+    let traceparent = headers.get("traceparent").expect("the handler gets a traceparent");
+    assert_eq!(trace_id_in(traceparent), trace_id);
+    let spans = eventually(WAIT, "the NATS request span exported", || async {
+        let spans = receiver.trace(&trace_id);
+        spans
+            .iter()
+            .any(|s| s.attr("messaging.destination.name") == Some("traced.handler") && s.kind == KIND_CLIENT)
+            .then_some(spans)
+    })
+    .await;
+    let request = one(&spans, "request", |s| s.kind == KIND_CLIENT);
+    assert_eq!(request.attr("messaging.system"), Some("nats"));
+    assert_eq!(parent_in(traceparent), request.span_id, "the handler's parent is the request span");
+}
+
+#[tokio::test]
+async fn with_sampling_off_nothing_is_exported_but_the_context_still_travels() {
+    let server = NatsServer::start().await;
+    let receiver = OtlpReceiver::start().await;
+    let seen = recording_handler(server.client().await, "untraced.handler").await;
+    let otel = [("OTEL_TRACES_SAMPLER", "always_off")];
+    let (_scheduler, _worker, _, _) = scheduler_and_worker(&server, &receiver.endpoint(), &otel);
+    let (_registry, execution_id) =
+        put_one_shot(&server, spec("traced", "unsampled").nats("untraced.handler"), soon_ms(3)).await;
+    let headers =
+        eventually(WAIT, "the handler is called", || async { seen.lock().unwrap().first().cloned() }).await;
+    let traceparent = headers.get("traceparent").expect("the handler gets a traceparent");
+    assert_eq!(trace_id_in(traceparent), trace_id_of(&execution_id));
+    assert!(traceparent.ends_with("-00"), "not sampled: {traceparent}");
+    let js = async_nats::jetstream::new(server.client().await);
+    wait_run_status(&js, &Names::default(), &execution_id, RunStatus::Succeeded, WAIT).await;
+    // Several export periods (100 ms each) pass: still nothing.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(receiver.spans().len(), 0, "{:#?}", receiver.spans());
+}
+
+#[tokio::test]
+async fn a_collector_that_is_down_costs_dropped_spans_and_export_resumes_when_it_is_back() {
+    let server = NatsServer::start().await;
+    let port = free_addr().port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let downstream = Downstream::start().await;
+    let (_scheduler, _worker, _, worker_admin) = scheduler_and_worker(&server, &endpoint, &[]);
+    let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
+    let every = spec("traced", "steady")
+        .every("1s")
+        .executor(json!({"kind": "http", "method": "POST", "url": downstream.url()}))
+        .json();
+    let reply = request(&server.client().await, "put", &every, HeaderMap::new()).await;
+    assert!(reply.get("error").is_none(), "stored: {reply}");
+
+    eventually(WAIT, "the worker counts dropped spans", || async {
+        let metrics = admin_get(worker_admin, "/metrics").await.ok()?.body;
+        metric_value(&metrics, "jetsched_trace_spans_dropped_total").filter(|dropped| *dropped > 0.0)
+    })
+    .await;
+    let before = downstream.requests().len();
+    eventually(WAIT, "runs go on while the collector is down", || async {
+        (downstream.requests().len() >= before + 2).then_some(())
+    })
+    .await;
+
+    let receiver = OtlpReceiver::start_on(port).await;
+    eventually(WAIT, "export resumes once the collector is back", || async {
+        let spans = receiver.spans();
+        (spans.iter().any(|s| s.kind == KIND_PRODUCER) && spans.iter().any(|s| s.kind == KIND_CONSUMER))
+            .then_some(())
+    })
+    .await;
+    drop(registry);
+}
+
+#[tokio::test]
+async fn a_registry_request_with_a_traceparent_continues_the_callers_trace() {
+    let server = NatsServer::start().await;
+    let receiver = OtlpReceiver::start().await;
+    let otel = [("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())];
+    let otel: Vec<(&str, &str)> = otel.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let _registry = service("jetsched-registry", &server, "registry-traced", free_addr(), &otel);
+    let client = server.client().await;
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+    let spec = spec("traced", "put").json();
+    let reply = eventually(WAIT, "the registry answers", || async {
+        let mut headers = HeaderMap::new();
+        headers.insert("traceparent", format!("00-{caller_trace}-{caller_span}-01").as_str());
+        let subject = Names::default().task_api_subject("put");
+        let payload = serde_json::to_vec(&spec).expect("JSON").into();
+        let reply = client.request_with_headers(subject, headers, payload).await.ok()?;
+        serde_json::from_slice::<Value>(&reply.payload).ok()
+    })
+    .await;
+    assert!(reply.get("error").is_none(), "stored: {reply}");
+    let spans = eventually(WAIT, "the put span exported", || async {
+        let spans = receiver.trace(caller_trace);
+        spans.iter().any(|s| s.kind == KIND_SERVER).then_some(spans)
+    })
+    .await;
+    let put = one(&spans, "put", |s| s.kind == KIND_SERVER);
+    assert_eq!(put.service, "jetsched-registry");
+    assert_eq!(put.parent_span_id, caller_span, "the caller's span is the parent");
+    assert_eq!(put.attr("jetsched.task"), Some("traced/put"));
+}
