@@ -173,6 +173,11 @@ pub fn record_ids(span: &tracing::Span, cx: &Context) {
     }
 }
 
+/// The context of the current tracing span (empty when it has none).
+pub fn current() -> Context {
+    tracing::Span::current().context()
+}
+
 /// Sets an attribute on a span already built (an outcome, a status code).
 pub fn set_attribute(span: &tracing::Span, key: &'static str, value: impl Into<opentelemetry::Value>) {
     span.set_attribute(key, value);

@@ -320,8 +320,11 @@ impl DlqApi {
         };
         let origin =
             Origin::Replay { nominal_time: entry.nominal_time, dead_execution_id: &entry.execution_id };
+        // The replay request's span, when traced, is the parent of the new run.
+        let parent = crate::spans::dispatch_parent();
         let DispatchMessage { subject, execution_id, message, .. } =
-            dispatch::build(&self.names, target, origin, SpecBody::Spec(&spec)).map_err(internal)?;
+            dispatch::build_traced(&self.names, target, origin, SpecBody::Spec(&spec), parent.as_ref())
+                .map_err(internal)?;
         self.js.send_publish(subject, message).await.map_err(unavailable)?.await.map_err(unavailable)?;
         stream.delete_message(sequence).await.map_err(unavailable)?;
         Ok(Replayed { sequence, original_execution_id: entry.execution_id, execution_id })

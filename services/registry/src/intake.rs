@@ -15,9 +15,11 @@ use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::{TaskSpec, validate_id};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::api::{Limits, check_size, precondition};
 use crate::metrics::Metrics;
+use crate::spans;
 use crate::tasks::TaskStore;
 
 /// Creates (or binds to) the registry's durable consumer on the intake stream.
@@ -71,7 +73,11 @@ pub(crate) async fn run(
             }
             None => anyhow::bail!("intake message stream ended"),
         };
-        let outcome = apply(&store, &names, limits, &message).await;
+        let applying = apply(&store, &names, limits, &message);
+        let outcome = match spans::submission(&message.subject, message.headers.as_ref()) {
+            Some(span) => applying.instrument(span).await,
+            None => applying.await,
+        };
         let ack = match outcome {
             Ok(()) => {
                 metrics.intake.with_label_values(&["applied"]).inc();

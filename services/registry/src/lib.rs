@@ -10,6 +10,7 @@ mod metrics;
 mod runs;
 pub mod scope;
 mod service;
+mod spans;
 pub mod tasks;
 
 pub use config::{Config, DEFAULT_ADMIN_ADDR};

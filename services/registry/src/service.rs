@@ -18,6 +18,7 @@ use prometheus::Registry as MetricsRegistry;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::api::{self, Endpoint, Limits};
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
@@ -25,7 +26,7 @@ use crate::dlq::{DlqApi, DlqEndpoint};
 use crate::intake;
 use crate::metrics::Metrics;
 use crate::tasks::TaskStore;
-use crate::{runs, scope};
+use crate::{runs, scope, spans};
 
 /// How long a stopping registry waits for its queued events to be stored.
 const EVENTS_GRACE: Duration = Duration::from_secs(10);
@@ -294,15 +295,22 @@ async fn serve(
     let started = Instant::now();
     let subject = request.message.subject.clone();
     let scope = scoped.then(|| subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
-    let result = match (endpoint, scope) {
-        (Endpoint::Dlq(endpoint), scope) => {
-            dlq.handle_in(endpoint, scope, &request.message.payload).await.map_err(Into::into)
+    let span = spans::request(endpoint, &subject, request.message.headers.as_ref());
+    let handling = async {
+        match (endpoint, scope) {
+            (Endpoint::Dlq(endpoint), scope) => {
+                dlq.handle_in(endpoint, scope, &request.message.payload).await.map_err(Into::into)
+            }
+            (Endpoint::RunsGet, scope) => {
+                runs::get(runs, scope.unwrap_or_default(), &request.message.payload).await.map_err(Into::into)
+            }
+            (_, Some(namespace)) => scope::handle(store, limits, endpoint, namespace, &request).await,
+            (_, None) => api::handle(store, limits, endpoint, &request).await,
         }
-        (Endpoint::RunsGet, scope) => {
-            runs::get(runs, scope.unwrap_or_default(), &request.message.payload).await.map_err(Into::into)
-        }
-        (_, Some(namespace)) => scope::handle(store, limits, endpoint, namespace, &request).await,
-        (_, None) => api::handle(store, limits, endpoint, &request).await,
+    };
+    let result = match span {
+        Some(span) => handling.instrument(span).await,
+        None => handling.await,
     };
     let outcome = match &result {
         Ok(_) => "ok",

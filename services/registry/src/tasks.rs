@@ -183,6 +183,7 @@ impl TaskStore {
 
     /// Stores an admitted spec; returns the stored task and whether it was new or changed.
     pub async fn put(&self, spec: TaskSpec, precondition: Precondition) -> Result<Stored, ApiError> {
+        crate::spans::task(&spec.namespace, &spec.id);
         let key = spec.key();
         let body = bytes::Bytes::from(serde_json::to_vec(&spec.to_json()).expect("a spec serializes"));
         let (revision, kind) = match precondition {
@@ -271,6 +272,7 @@ impl TaskStore {
     }
 
     pub async fn delete(&self, namespace: &str, id: &str) -> Result<DeleteReply, ApiError> {
+        crate::spans::task(namespace, id);
         let key = task_key(namespace, id);
         let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
         match self.tasks.delete_expect_revision(&key, Some(entry.revision)).await {
@@ -295,6 +297,7 @@ impl TaskStore {
     /// Pauses or resumes a task with compare-and-set; a task already in that state is returned
     /// unchanged, without a new revision or event.
     pub async fn set_paused(&self, namespace: &str, id: &str, paused: bool) -> Result<TaskReply, ApiError> {
+        crate::spans::task(namespace, id);
         let key = task_key(namespace, id);
         for _ in 0..CAS_ATTEMPTS {
             let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
@@ -319,16 +322,20 @@ impl TaskStore {
 
     /// Dispatches one run of a task now (trigger = manual), with a fresh execution id.
     pub async fn trigger(&self, namespace: &str, id: &str) -> Result<TriggerReply, ApiError> {
+        crate::spans::task(namespace, id);
         let key = task_key(namespace, id);
         let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
         let spec = decode(&entry)?;
         let now = Utc::now();
         // The stored spec JSON goes into the dispatch as it is (it just parsed).
-        let DispatchMessage { subject, execution_id, message, .. } = dispatch::build(
+        // The request's span, when traced, is the parent of the run.
+        let parent = crate::spans::dispatch_parent();
+        let DispatchMessage { subject, execution_id, message, .. } = dispatch::build_traced(
             &self.names,
             Target::of(&spec, entry.revision),
             Origin::Manual { at: now },
             SpecBody::Json(&entry.value),
+            parent.as_ref(),
         )
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("encode dispatch: {e}")))?;
         let ack = self
