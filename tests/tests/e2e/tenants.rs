@@ -221,6 +221,37 @@ async fn a_tenant_reaches_its_namespace_and_nothing_else() {
     let reply = ask(&tenant.client, sneaky, body).await;
     assert!(reply["error"]["err_code"].is_u64(), "a wider filter than the subject's was accepted: {reply}");
     eprintln!("server refused a wider filter: {reply}");
+    // The server does not check a push consumer's deliver subject against its creator's
+    // permissions: one aimed at billing's intake is accepted. What it can deliver is demo's
+    // own events, which no endpoint takes for a spec; and no submission reaches billing.
+    let injected = names.submit_subject("billing", "injected");
+    let reply = ask(
+        &tenant.client,
+        format!(
+            "$JS.API.CONSUMER.CREATE.{}.inject.{}",
+            names.events_stream(),
+            names.namespace_events_filter("demo")
+        ),
+        json!({"stream_name": names.events_stream(), "config": {
+            "name": "inject", "filter_subject": names.namespace_events_filter("demo"),
+            "deliver_subject": injected, "ack_policy": "none"}}),
+    )
+    .await;
+    assert_eq!(reply["config"]["deliver_subject"], injected.as_str(), "{reply}");
+    let operator = server.connect("operator").await;
+    let operator_js = jetstream::new(operator.client.clone());
+    let rejected = names.event_subject("task.rejected", "billing", "injected");
+    let found = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            let stream = operator_js.get_stream(names.events_stream()).await.expect("events stream");
+            if let Ok(message) = stream.get_last_raw_message_by_subject(&rejected).await {
+                return String::from_utf8_lossy(&message.payload).to_string();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(found.is_err(), "demo's events reached billing's intake: {found:?}");
 
     // Dead letters: a worker stores one in demo and one in billing.
     let worker = server.connect("worker").await;
