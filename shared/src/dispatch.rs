@@ -86,6 +86,8 @@ pub struct DispatchMessage {
     pub subject: String,
     pub execution_id: String,
     pub nominal_time: DateTime<Utc>,
+    /// Trace id the dispatch's `traceparent` carries (32 hex digits).
+    pub trace_id: Option<String>,
     pub message: PublishMessage,
 }
 
@@ -165,18 +167,24 @@ pub fn build_traced(
     headers.insert(EXECUTION_ID, execution_id.as_str());
     headers.insert(LEADER_TERM, term.to_string());
     headers.insert(TRIGGER, trigger.as_str());
-    match parent.filter(|cx| cx.span().span_context().is_valid()) {
-        Some(cx) => trace::inject(cx, &mut headers),
-        None => {
-            if let Some(traceparent) = trace::fallback_traceparent(&execution_id) {
-                headers.insert(trace::TRACEPARENT, traceparent);
-            }
+    let trace_id = match parent.filter(|cx| cx.span().span_context().is_valid()) {
+        Some(cx) => {
+            trace::inject(cx, &mut headers);
+            Some(cx.span().span_context().trace_id().to_string())
         }
-    }
+        None => {
+            let traceparent = trace::fallback_traceparent(&execution_id);
+            if let Some(traceparent) = &traceparent {
+                headers.insert(trace::TRACEPARENT, traceparent.as_str());
+            }
+            traceparent.and_then(|_| trace::trace_id_of(&execution_id)).map(|id| id.to_string())
+        }
+    };
     Ok(DispatchMessage {
         subject: names.dispatch_subject(queue, namespace, task_id),
         execution_id,
         nominal_time,
+        trace_id,
         message: PublishMessage::build().headers(headers).payload(Bytes::from(body)),
     })
 }
@@ -283,6 +291,7 @@ mod tests {
         let message =
             build_traced(&names, Target::of(&spec, 1), origin, SpecBody::Json(SPEC), Some(&cx)).unwrap();
         assert_eq!(header(&message, trace::TRACEPARENT).as_deref(), Some(traceparent));
+        assert_eq!(message.trace_id.as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
         let empty = opentelemetry::Context::new();
         let message =
             build_traced(&names, Target::of(&spec, 1), origin, SpecBody::Json(SPEC), Some(&empty)).unwrap();

@@ -69,6 +69,7 @@ struct RunView {
     outcome: String,
     duration_ms: Option<u64>,
     error: String,
+    trace_id: Option<String>,
 }
 
 pub(crate) async fn runs(
@@ -108,6 +109,9 @@ pub(crate) async fn runs(
         if let Some(error) = &event.error {
             run.error = error.clone();
         }
+        if event.trace_id.is_some() {
+            run.trace_id = event.trace_id.clone();
+        }
         match event.kind {
             EventKind::FireDispatched => {
                 run.dispatched = Some(format_time(event.time));
@@ -134,7 +138,8 @@ pub(crate) async fn runs(
             .map(|(id, r)| {
                 json!({"execution_id": id, "nominal_time": r.nominal, "dispatched_at": r.dispatched,
                        "trigger": r.trigger, "attempts": r.attempts, "worker": r.worker,
-                       "outcome": r.outcome, "duration_ms": r.duration_ms, "error": r.error})
+                       "outcome": r.outcome, "duration_ms": r.duration_ms, "error": r.error,
+                       "trace_id": r.trace_id})
             })
             .collect();
         output::pretty(&Value::Array(list));
@@ -152,6 +157,7 @@ pub(crate) async fn runs(
                 r.worker,
                 r.outcome,
                 r.duration_ms.map(|d| format!("{d} ms")).unwrap_or_default(),
+                r.trace_id.unwrap_or_default(),
                 r.error.chars().take(60).collect(),
             ]
         })
@@ -166,6 +172,7 @@ pub(crate) async fn runs(
             "WORKER",
             "OUTCOME",
             "DURATION",
+            "TRACE",
             "ERROR",
         ],
         &rows,

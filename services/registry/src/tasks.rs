@@ -330,7 +330,7 @@ impl TaskStore {
         // The stored spec JSON goes into the dispatch as it is (it just parsed).
         // The request's span, when traced, is the parent of the run.
         let parent = crate::spans::dispatch_parent();
-        let DispatchMessage { subject, execution_id, message, .. } = dispatch::build_traced(
+        let DispatchMessage { subject, execution_id, message, trace_id, .. } = dispatch::build_traced(
             &self.names,
             Target::of(&spec, entry.revision),
             Origin::Manual { at: now },
@@ -350,6 +350,7 @@ impl TaskStore {
             nominal_time: Some(now),
             trigger: Some(Trigger::Manual),
             revision: Some(entry.revision),
+            trace_id,
             ..Event::new(EventKind::FireDispatched, namespace, id)
         })
         .await;

@@ -97,6 +97,8 @@ async fn every_subcommand_against_a_running_registry() {
     assert_eq!(runs[0]["execution_id"], triggered["execution_id"]);
     assert_eq!(runs[0]["trigger"], "manual");
     assert_eq!(runs[0]["outcome"], "dispatched");
+    let trace_id = runs[0]["trace_id"].as_str().unwrap_or_default();
+    assert!(trace_id.len() == 32 && trace_id.chars().all(|c| c.is_ascii_hexdigit()), "{runs}");
     let table = stdout(&jetsched(&url, &["runs", "billing/pulse"]).await);
     assert!(table.starts_with("EXECUTION") && table.contains("manual"), "{table}");
 

@@ -4,6 +4,7 @@
 
 use futures::FutureExt;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
+use jetsched_shared::trace;
 use jetsched_shared::wire::{Event as WireEvent, EventKind, Trigger, scheduled_execution_id};
 use tokio::task::JoinError;
 use tokio::time::Instant;
@@ -134,12 +135,10 @@ impl Core {
             slot.fires += 1;
             if self.report.fire_events {
                 let info = &slot.info;
+                let execution_id = scheduled_execution_id(info.namespace(), info.task_id(), fire.nominal_ms);
                 self.report.emit(WireEvent {
-                    execution_id: Some(scheduled_execution_id(
-                        info.namespace(),
-                        info.task_id(),
-                        fire.nominal_ms,
-                    )),
+                    trace_id: trace::trace_id_of(&execution_id).map(|id| id.to_string()),
+                    execution_id: Some(execution_id),
                     nominal_time: Some(from_ms(fire.nominal_ms)),
                     trigger: Some(fire.trigger),
                     instance: Some(self.report.instance.clone()),
