@@ -58,6 +58,9 @@ fn spawn(url: &str, instance: &str, lease_ms: u64) -> anyhow::Result<Scheduler> 
 #[derive(serde::Deserialize)]
 struct Lease {
     instance: String,
+    /// The leader's term; 0 only in the record its `create` wrote, whose revision is the term.
+    #[serde(default)]
+    term: u64,
 }
 
 pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
@@ -111,18 +114,21 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
                 && let Ok(lease) = serde_json::from_slice::<Lease>(&entry.value)
                 && procs.iter().any(|p| p.instance == lease.instance)
             {
-                // Wait for a dispatch under this term (drain what came before).
+                // Wait for a dispatch under this term (drain what came before), never past the
+                // deadline: dispatches of other terms keep arriving.
+                let term = if lease.term == 0 { entry.revision } else { lease.term };
                 let mut seen = false;
-                while let Ok(Some((_, t))) =
-                    tokio::time::timeout(Duration::from_millis(1500), rx.recv()).await
+                while Instant::now() < deadline
+                    && let Ok(Some((_, t))) =
+                        tokio::time::timeout(Duration::from_millis(1500), rx.recv()).await
                 {
-                    if t == entry.revision {
+                    if t == term {
                         seen = true;
                         break;
                     }
                 }
                 if seen {
-                    break (lease.instance, entry.revision);
+                    break (lease.instance, term);
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
