@@ -314,6 +314,28 @@ pub fn event_msg_id() -> String {
     uuid::Uuid::now_v7().to_string()
 }
 
+/// Names of the `jetsched.*` span attributes (re-exported by `trace`).
+pub mod span_attr {
+    /// `<namespace>/<id>` of the task.
+    pub const TASK: &str = "jetsched.task";
+    pub const EXECUTION_ID: &str = "jetsched.execution_id";
+    /// RFC 3339 with milliseconds, UTC.
+    pub const NOMINAL_TIME: &str = "jetsched.nominal_time";
+    /// `schedule`, `catchup`, `manual` or `replay`.
+    pub const TRIGGER: &str = "jetsched.trigger";
+    pub const LEADER_TERM: &str = "jetsched.leader_term";
+    /// Dispatch time minus nominal time, in milliseconds.
+    pub const FIRE_LAG_MS: &str = "jetsched.fire_lag_ms";
+    /// Attempt number of a run.
+    pub const ATTEMPT: &str = "jetsched.attempt";
+    /// JetStream's delivery count of the dispatch message.
+    pub const DELIVERY_COUNT: &str = "jetsched.delivery_count";
+    /// How a run attempt ended (`succeeded`, `retrying`, `failed`, ...).
+    pub const OUTCOME: &str = "jetsched.outcome";
+    /// Why a fire was skipped.
+    pub const SKIP_REASON: &str = "jetsched.skip_reason";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,6 +37,20 @@ pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Dropped spans are logged at most this often.
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
+/// The tracing part of every service binary's `--help`: the standard OpenTelemetry variables
+/// it reads (they have no flags).
+pub const ENV_HELP: &str = "\
+Tracing (OpenTelemetry; standard variables, no flags):
+  Export spans over OTLP to this endpoint (unset: no export) [env: OTEL_EXPORTER_OTLP_ENDPOINT]
+  Endpoint for spans only, used as given (e.g. http://collector:4318/v1/traces) [env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT]
+  http/protobuf (default) or grpc [env: OTEL_EXPORTER_OTLP_PROTOCOL]
+  Headers of export requests, key=value,... [env: OTEL_EXPORTER_OTLP_HEADERS]
+  Export timeout in milliseconds (default 10000) [env: OTEL_EXPORTER_OTLP_TIMEOUT]
+  Service name (default: the binary's name) [env: OTEL_SERVICE_NAME]
+  More resource attributes, key=value,... [env: OTEL_RESOURCE_ATTRIBUTES]
+  Sampler (default parentbased_always_on; always_off, traceidratio, ...) [env: OTEL_TRACES_SAMPLER]
+  Sampler argument (the ratio of traceidratio) [env: OTEL_TRACES_SAMPLER_ARG]";
+
 /// How spans are exported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {

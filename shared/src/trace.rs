@@ -28,22 +28,12 @@ pub const TRACEPARENT_ENV: &str = "TRACEPARENT";
 /// Environment variable with the vendor state, when there is one.
 pub const TRACESTATE_ENV: &str = "TRACESTATE";
 
-/// `<namespace>/<id>` of the task.
-pub const ATTR_TASK: &str = "jetsched.task";
-pub const ATTR_EXECUTION_ID: &str = "jetsched.execution_id";
-/// RFC 3339 with milliseconds, UTC.
-pub const ATTR_NOMINAL_TIME: &str = "jetsched.nominal_time";
-/// `schedule`, `catchup`, `manual` or `replay`.
-pub const ATTR_TRIGGER: &str = "jetsched.trigger";
-pub const ATTR_LEADER_TERM: &str = "jetsched.leader_term";
-/// Dispatch time minus nominal time, in milliseconds.
-pub const ATTR_FIRE_LAG_MS: &str = "jetsched.fire_lag_ms";
-/// Attempt number of a run (the delivery count).
-pub const ATTR_ATTEMPT: &str = "jetsched.attempt";
-/// How a run attempt ended (`succeeded`, `retrying`, `dead_letter`, ...).
-pub const ATTR_OUTCOME: &str = "jetsched.outcome";
-/// Why a fire was skipped.
-pub const ATTR_SKIP_REASON: &str = "jetsched.skip_reason";
+/// The `jetsched.*` span attribute names (spelled in `names`, with every other name).
+pub use crate::names::span_attr::{
+    ATTEMPT as ATTR_ATTEMPT, DELIVERY_COUNT as ATTR_DELIVERY_COUNT, EXECUTION_ID as ATTR_EXECUTION_ID,
+    FIRE_LAG_MS as ATTR_FIRE_LAG_MS, LEADER_TERM as ATTR_LEADER_TERM, NOMINAL_TIME as ATTR_NOMINAL_TIME,
+    OUTCOME as ATTR_OUTCOME, SKIP_REASON as ATTR_SKIP_REASON, TASK as ATTR_TASK, TRIGGER as ATTR_TRIGGER,
+};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 

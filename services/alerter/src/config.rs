@@ -19,7 +19,7 @@ use crate::state::MAX_DEDUP_WINDOW;
 /// missing leaders, late fires and a growing dead-letter stream into de-duplicated,
 /// rate-limited alerts on the log, webhooks and `<prefix>.alert.<severity>`.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "jetsched-alerter", version)]
+#[command(name = "jetsched-alerter", version, after_help = jetsched_shared::telemetry::ENV_HELP)]
 pub struct Config {
     #[command(flatten)]
     pub nats: NatsArgs,

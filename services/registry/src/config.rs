@@ -10,7 +10,7 @@ use jetsched_shared::topology::TopologyArgs;
 /// The jetsched task registry: validates specs, stores them in the tasks bucket with
 /// compare-and-set, serves the task API and applies fire-and-forget submissions.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "jetsched-registry", version)]
+#[command(name = "jetsched-registry", version, after_help = jetsched_shared::telemetry::ENV_HELP)]
 pub struct Config {
     #[command(flatten)]
     pub nats: NatsArgs,

@@ -11,7 +11,7 @@ use jetsched_shared::topology::TopologyArgs;
 /// The jetsched scheduler: follows the tasks bucket, holds the leader lease and, while leader,
 /// dispatches every fire exactly once to the dispatch stream.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "jetsched-scheduler", version)]
+#[command(name = "jetsched-scheduler", version, after_help = jetsched_shared::telemetry::ENV_HELP)]
 pub struct Config {
     #[command(flatten)]
     pub nats: NatsArgs,

@@ -12,7 +12,7 @@ use jetsched_shared::topology::TopologyArgs;
 /// it serves, executes them, retries with backoff and jitter, and dead-letters what cannot
 /// succeed. Scale by starting more replicas with the same queues.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "jetsched-worker", version)]
+#[command(name = "jetsched-worker", version, after_help = jetsched_shared::telemetry::ENV_HELP)]
 pub struct Config {
     #[command(flatten)]
     pub nats: NatsArgs,

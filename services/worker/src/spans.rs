@@ -56,7 +56,7 @@ pub(crate) fn start_run(
     trace::set_attribute(span, trace::ATTR_TASK, format!("{}/{}", dispatch.namespace, dispatch.task_id));
     trace::set_attribute(span, trace::ATTR_EXECUTION_ID, dispatch.execution_id.clone());
     trace::set_attribute(span, trace::ATTR_ATTEMPT, i64::from(attempt));
-    trace::set_attribute(span, "jetsched.delivery_count", i64::from(attempt));
+    trace::set_attribute(span, trace::ATTR_DELIVERY_COUNT, i64::from(attempt));
     trace::set_attribute(span, trace::ATTR_TRIGGER, dispatch.trigger.as_str());
     trace::set_attribute(span, "messaging.system", "nats");
     trace::set_attribute(span, "messaging.operation.type", "process");
