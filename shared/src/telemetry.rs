@@ -310,3 +310,93 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         self.inner.set_resource(resource);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+    use std::time::SystemTime;
+
+    use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
+
+    use super::*;
+
+    /// Counts the spans handed on.
+    #[derive(Debug, Default)]
+    struct Tally(Arc<AtomicU64>);
+
+    impl SpanProcessor for Tally {
+        fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
+        fn on_end(&self, _span: SpanData) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+        fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    /// Fails every export.
+    #[derive(Debug)]
+    struct Refusing;
+
+    impl SpanExporter for Refusing {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure("collector down".into()))
+        }
+    }
+
+    fn span(sampled: bool) -> SpanData {
+        let flags = if sampled { TraceFlags::SAMPLED } else { TraceFlags::default() };
+        SpanData {
+            span_context: SpanContext::new(
+                TraceId::from(7u128),
+                SpanId::from(9u64),
+                flags,
+                false,
+                TraceState::NONE,
+            ),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: "test".into(),
+            start_time: SystemTime::now(),
+            end_time: SystemTime::now(),
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_full_queue_refuses_and_counts_the_span_and_a_failed_export_counts_its_batch() {
+        let passed = Arc::new(AtomicU64::new(0));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let gate = Bounded { inner: Tally(passed.clone()), queued: queued.clone(), capacity: 2 };
+        let before = spans_dropped();
+        gate.on_end(span(false));
+        for _ in 0..3 {
+            gate.on_end(span(true));
+        }
+        assert_eq!(passed.load(Ordering::Relaxed), 2, "unsampled spans and the third are not queued");
+        assert!(spans_dropped() > before, "the refused span is counted");
+
+        let exporter = Counted { inner: Refusing, queued: queued.clone() };
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let dropped_before = spans_dropped();
+        assert!(runtime.block_on(exporter.export(vec![span(true), span(true)])).is_err());
+        assert_eq!(queued.load(Ordering::Relaxed), 0, "the batch left the queue");
+        assert!(spans_dropped() >= dropped_before + 2, "the failed batch is counted");
+    }
+
+    #[test]
+    fn no_endpoint_means_no_exporter() {
+        let settings = TraceSettings::off("jetsched-worker", "w1");
+        assert_eq!(settings.exporter, None);
+        assert_eq!(settings.default_service_name, "jetsched-worker");
+    }
+}

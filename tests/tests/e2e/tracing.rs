@@ -35,6 +35,7 @@ fn service(
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("JETSCHED_LOG_FORMAT", "json")
         .env("RUST_LOG", "info");
     if binary == "jetsched-worker" {
         command.args(["--pull-expires", "500ms"]);
@@ -184,7 +185,7 @@ async fn every_attempt_of_a_retried_execution_is_in_the_same_trace() {
     let server = NatsServer::start().await;
     let receiver = OtlpReceiver::start().await;
     let downstream = Downstream::failing_first(&[500, 503]).await;
-    let (_scheduler, _worker, _, _) = scheduler_and_worker(&server, &receiver.endpoint(), &[]);
+    let (_scheduler, worker, _, _) = scheduler_and_worker(&server, &receiver.endpoint(), &[]);
     let builder = spec("traced", "retried")
         .executor(json!({"kind": "http", "method": "GET", "url": downstream.url()}))
         .fast_retry(3);
@@ -216,6 +217,16 @@ async fn every_attempt_of_a_retried_execution_is_in_the_same_trace() {
     for headers in requests {
         assert_eq!(trace_id_in(&headers["traceparent"]), trace_id, "every attempt joins the trace");
     }
+    // The JSON log lines written inside a run span carry its trace and span ids.
+    let logged = worker.output();
+    let retrying = logged
+        .lines()
+        .find(|line| line.contains("attempt failed; retrying"))
+        .unwrap_or_else(|| panic!("a retry is logged: {logged}"));
+    let line: Value = serde_json::from_str(retrying).expect("a JSON log line");
+    assert_eq!(line["span"]["trace_id"], trace_id.as_str(), "{line}");
+    let span_ids: Vec<&str> = runs.iter().map(|s| s.span_id.as_str()).collect();
+    assert!(span_ids.contains(&line["span"]["span_id"].as_str().unwrap_or_default()), "{line}");
 }
 
 /// A NATS responder on `subject` recording the headers of every request and answering ok.
