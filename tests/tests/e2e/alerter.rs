@@ -3,8 +3,8 @@
 //! JetStream (`rules`); de-duplication, grouping, the rate limit and slow or down webhooks
 //! (`delivery`); restarts, replicas and a killed process (`restarts`); readiness and start-up
 //! errors (`startup`); and a full-stack scenario with the registry, scheduler and worker
-//! (`full_stack`). This file holds what they share: fast settings, a webhook receiver, an
-//! alert subscriber and event builders.
+//! (`full_stack`). This file holds what they share: a server to test against, fast settings,
+//! a webhook receiver, an alert subscriber, event builders and metric readers.
 
 mod delivery;
 mod full_stack;
@@ -22,10 +22,19 @@ use jetsched_alerter::Config;
 use jetsched_shared::alert::AlertMessage;
 use jetsched_shared::names::{Names, SYSTEM_NAMESPACE};
 use jetsched_shared::wire::{Event, EventKind};
-use jetsched_tests::NatsServer;
+use jetsched_tests::{NatsServer, init_test_logging, metric_value};
 use tokio::task::JoinHandle;
 
 const WAIT: Duration = Duration::from_secs(15);
+
+/// A fresh nats-server with a client, its JetStream context and the default names.
+async fn start() -> (NatsServer, async_nats::Client, jetstream::Context, Names) {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    (server, client, js, Names::default())
+}
 
 /// Fast settings for tests: no grouping, a generous rate limit, quick checks.
 fn config(server: &NatsServer) -> Config {
@@ -33,6 +42,13 @@ fn config(server: &NatsServer) -> Config {
     config.group_wait = Duration::ZERO;
     config.rate_limit = 1000;
     config.check_interval = Duration::from_millis(200);
+    config
+}
+
+/// The fast settings, sending to `hook` too.
+fn hooked_config(server: &NatsServer, hook: &Hook) -> Config {
+    let mut config = config(server);
+    config.webhook_urls = vec![hook.url()];
     config
 }
 
@@ -146,4 +162,14 @@ fn leader_acquired(instance: &str, term: u64) -> Event {
 
 fn count(messages: &[AlertMessage], rule: &str) -> usize {
     messages.iter().filter(|m| m.rule == rule).count()
+}
+
+/// How many of `rules` are `rule`.
+fn times(rules: &[String], rule: &str) -> usize {
+    rules.iter().filter(|r| *r == rule).count()
+}
+
+/// `jetsched_alerts_suppressed_total` for `rule` and `reason` in a metrics text.
+fn suppressed_total(metrics: &str, reason: &str, rule: &str) -> Option<f64> {
+    metric_value(metrics, &format!("jetsched_alerts_suppressed_total{{reason=\"{reason}\",rule=\"{rule}\"}}"))
 }

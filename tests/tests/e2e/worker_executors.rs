@@ -10,7 +10,7 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::wire::{HDR_ATTEMPT, HDR_EXECUTION_ID, HDR_NOMINAL_TIME, HDR_STATUS, HDR_TASK};
-use jetsched_tests::fixtures::{dead_letter_of, dispatch, wait_run_status};
+use jetsched_tests::fixtures::{SpecBuilder, dead_letter_of, dispatch, wait_run_status};
 use jetsched_tests::{App, NatsServer, eventually, init_test_logging, spec};
 use jetsched_worker::Handlers;
 use jetsched_worker::runs::RunStatus;
@@ -62,6 +62,11 @@ async fn http_server() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
     (addr, requests)
 }
 
+/// Dispatches the first attempt of the task `spec` builds; returns its execution id.
+async fn send(js: &jetstream::Context, names: &Names, spec: SpecBuilder) -> String {
+    dispatch(js, names, &spec.task(), 1).await
+}
+
 #[tokio::test]
 async fn worker_http_executor_classifies_status_classes_and_timeouts() {
     init_test_logging();
@@ -72,52 +77,16 @@ async fn worker_http_executor_classifies_status_classes_and_timeouts() {
     let names = Names::default();
     let http = |path: &str| json!({"kind": "http", "method": "POST", "url": format!("http://{addr}{path}"), "body": {"k": 1}});
 
-    let ok = dispatch(
-        &js,
-        &names,
-        &spec("wk", "h-ok").executor(http("/ok")).fast_retry(2).timeout("2s").task(),
-        1,
-    )
-    .await;
-    let bad = dispatch(
-        &js,
-        &names,
-        &spec("wk", "h-bad").executor(http("/bad")).fast_retry(2).timeout("2s").task(),
-        1,
-    )
-    .await;
-    let boom = dispatch(
-        &js,
-        &names,
-        &spec("wk", "h-boom").executor(http("/boom")).fast_retry(2).timeout("2s").task(),
-        1,
-    )
-    .await;
-    let busy = dispatch(
-        &js,
-        &names,
-        &spec("wk", "h-busy").executor(http("/busy")).fast_retry(2).timeout("2s").task(),
-        1,
-    )
-    .await;
-    let slow = dispatch(
-        &js,
-        &names,
-        &spec("wk", "h-slow").executor(http("/slow")).fast_retry(2).timeout("500ms").task(),
-        1,
-    )
-    .await;
-    let refused = dispatch(
-        &js,
-        &names,
-        &spec("wk", "h-refused")
-            .executor(json!({"kind": "http", "url": "http://127.0.0.1:1/"}))
-            .fast_retry(2)
-            .timeout("2s")
-            .task(),
-        1,
-    )
-    .await;
+    let ok = send(&js, &names, spec("wk", "h-ok").executor(http("/ok")).fast_retry(2).timeout("2s")).await;
+    let bad = send(&js, &names, spec("wk", "h-bad").executor(http("/bad")).fast_retry(2).timeout("2s")).await;
+    let boom =
+        send(&js, &names, spec("wk", "h-boom").executor(http("/boom")).fast_retry(2).timeout("2s")).await;
+    let busy =
+        send(&js, &names, spec("wk", "h-busy").executor(http("/busy")).fast_retry(2).timeout("2s")).await;
+    let slow =
+        send(&js, &names, spec("wk", "h-slow").executor(http("/slow")).fast_retry(2).timeout("500ms")).await;
+    let refused = spec("wk", "h-refused").executor(json!({"kind": "http", "url": "http://127.0.0.1:1/"}));
+    let refused = send(&js, &names, refused.fast_retry(2).timeout("2s")).await;
 
     let r = wait_run_status(&js, &names, &ok, RunStatus::Succeeded, WAIT).await;
     assert!(r.attempts[0].detail.as_deref().unwrap_or_default().contains("HTTP 200 OK: done"), "{r:?}");
@@ -179,34 +148,16 @@ async fn worker_nats_executor_follows_the_reply_contract() {
     let names = Names::default();
     let nats = |subject: &str| json!({"kind": "nats", "subject": subject, "payload": {"n": 1}, "headers": {"X-Team": "a"}});
 
-    let ok = dispatch(
-        &js,
-        &names,
-        &spec("wk", "n-ok").executor(nats("jobs.ok")).fast_retry(2).timeout("2s").task(),
-        1,
-    )
-    .await;
-    let retry = dispatch(
-        &js,
-        &names,
-        &spec("wk", "n-retry").executor(nats("jobs.retry")).fast_retry(2).timeout("2s").task(),
-        1,
-    )
-    .await;
-    let fail = dispatch(
-        &js,
-        &names,
-        &spec("wk", "n-fail").executor(nats("jobs.fail")).fast_retry(2).timeout("2s").task(),
-        1,
-    )
-    .await;
-    let nobody = dispatch(
-        &js,
-        &names,
-        &spec("wk", "n-nobody").executor(nats("nobody.home")).fast_retry(2).timeout("2s").task(),
-        1,
-    )
-    .await;
+    let ok =
+        send(&js, &names, spec("wk", "n-ok").executor(nats("jobs.ok")).fast_retry(2).timeout("2s")).await;
+    let retry =
+        send(&js, &names, spec("wk", "n-retry").executor(nats("jobs.retry")).fast_retry(2).timeout("2s"))
+            .await;
+    let fail =
+        send(&js, &names, spec("wk", "n-fail").executor(nats("jobs.fail")).fast_retry(2).timeout("2s")).await;
+    let nobody =
+        send(&js, &names, spec("wk", "n-nobody").executor(nats("nobody.home")).fast_retry(2).timeout("2s"))
+            .await;
 
     let r = wait_run_status(&js, &names, &ok, RunStatus::Succeeded, WAIT).await;
     assert_eq!(r.attempts[0].detail.as_deref(), Some("fine"));
@@ -260,24 +211,15 @@ async fn worker_shell_executor_is_off_by_default_and_kills_the_process_group_on_
     let names = Names::default();
 
     let echo = json!({"kind": "shell", "command": ["echo", "hello $HOME"]});
-    let refused = dispatch(
-        &js,
-        &names,
-        &spec("wk", "s-refused").queue("closed").executor(echo.clone()).fast_retry(3).timeout("2s").task(),
-        1,
-    )
-    .await;
+    let refused = spec("wk", "s-refused").queue("closed").executor(echo.clone()).fast_retry(3);
+    let refused = send(&js, &names, refused.timeout("2s")).await;
     let e = dead_letter_of(&js, &names, &refused, WAIT).await;
     assert_eq!(e.attempts.len(), 1, "a disabled shell is a permanent failure");
     assert!(e.reason.contains("shell executor is disabled"), "{}", e.reason);
 
-    let hello = dispatch(
-        &js,
-        &names,
-        &spec("wk", "s-echo").queue("open").executor(echo).fast_retry(1).timeout("2s").task(),
-        1,
-    )
-    .await;
+    let hello =
+        send(&js, &names, spec("wk", "s-echo").queue("open").executor(echo).fast_retry(1).timeout("2s"))
+            .await;
     let r = wait_run_status(&js, &names, &hello, RunStatus::Succeeded, WAIT).await;
     let detail = r.attempts[0].detail.clone().unwrap_or_default();
     assert!(detail.contains("hello $HOME"), "argv, no shell interpolation: {detail}");
@@ -285,13 +227,8 @@ async fn worker_shell_executor_is_off_by_default_and_kills_the_process_group_on_
     let script = "echo FOO=$FOO EXEC=$JETSCHED_EXECUTION_ID HOME=${HOME:-unset} PWD=$(pwd)";
     let env =
         json!({"kind": "shell", "command": ["sh", "-c", script], "env": {"FOO": "bar"}, "cwd": dir.path()});
-    let env_id = dispatch(
-        &js,
-        &names,
-        &spec("wk", "s-env").queue("open").executor(env).fast_retry(1).timeout("2s").task(),
-        1,
-    )
-    .await;
+    let env_id =
+        send(&js, &names, spec("wk", "s-env").queue("open").executor(env).fast_retry(1).timeout("2s")).await;
     let detail = wait_run_status(&js, &names, &env_id, RunStatus::Succeeded, WAIT).await.attempts[0]
         .detail
         .clone()
@@ -300,8 +237,8 @@ async fn worker_shell_executor_is_off_by_default_and_kills_the_process_group_on_
     assert!(detail.contains(&expected), "spec env, execution env, cwd, nothing inherited: {detail}");
 
     let not_allowed = json!({"kind": "shell", "command": ["ls", "/"]});
-    let ls = spec("wk", "s-ls").queue("open").executor(not_allowed).fast_retry(3).timeout("2s").task();
-    let ls = dispatch(&js, &names, &ls, 1).await;
+    let ls = spec("wk", "s-ls").queue("open").executor(not_allowed).fast_retry(3).timeout("2s");
+    let ls = send(&js, &names, ls).await;
     let e = dead_letter_of(&js, &names, &ls, WAIT).await;
     assert!(e.reason.contains("not on this worker's --shell-allow list"), "{}", e.reason);
 
@@ -311,13 +248,8 @@ async fn worker_shell_executor_is_off_by_default_and_kills_the_process_group_on_
     let stuck =
         json!({"kind": "shell", "command": ["sh", "-c", script], "env": {"FOO": "bar"}, "cwd": dir.path()});
     let started = Instant::now();
-    let stuck_id = dispatch(
-        &js,
-        &names,
-        &spec("wk", "s-stuck").queue("open").executor(stuck).fast_retry(1).timeout("1s").task(),
-        1,
-    )
-    .await;
+    let stuck_id = spec("wk", "s-stuck").queue("open").executor(stuck).fast_retry(1);
+    let stuck_id = send(&js, &names, stuck_id.timeout("1s")).await;
     let e = dead_letter_of(&js, &names, &stuck_id, WAIT).await;
     assert!(started.elapsed() < Duration::from_secs(8), "timeout enforced");
     let error = e.attempts[0].error.clone().unwrap_or_default();

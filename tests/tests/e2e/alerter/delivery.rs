@@ -4,24 +4,20 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream;
 use jetsched_shared::alert::RATE_LIMIT_SUMMARY;
-use jetsched_shared::names::Names;
 use jetsched_shared::wire::EventKind;
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging, metric_value};
+use jetsched_tests::{App, eventually, metric_value};
 
-use super::{Hook, HookMode, Subscriber, WAIT, config, count, publish_event, run_event};
+use super::{
+    Hook, HookMode, Subscriber, WAIT, config, count, hooked_config, publish_event, run_event, start,
+    suppressed_total, times,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_failures_of_one_task_make_one_alert_with_a_repeat_count() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, _client, js, names) = start().await;
     let hook = Hook::start(HookMode::Ok).await;
-    let mut config = config(&server);
-    config.webhook_urls = vec![hook.url()];
+    let mut config = hooked_config(&server, &hook);
     config.dedup_window = Duration::from_secs(8);
     let alerter = App::alerter(config).await;
 
@@ -45,23 +41,15 @@ async fn hundred_failures_of_one_task_make_one_alert_with_a_repeat_count() {
     assert_eq!(follow_up.alerts[0].repeats, 99);
     assert!(follow_up.text.contains("repeated 99"), "{}", follow_up.text);
     let metrics = alerter.metrics().await;
-    assert_eq!(
-        metric_value(&metrics, "jetsched_alerts_suppressed_total{reason=\"dedup\",rule=\"run_failed\"}"),
-        Some(99.0)
-    );
+    assert_eq!(suppressed_total(&metrics, "dedup", "run_failed"), Some(99.0));
     alerter.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_is_rate_limited_with_a_summary_and_a_rule_is_grouped() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, _client, js, names) = start().await;
     let hook = Hook::start(HookMode::Ok).await;
-    let mut config = config(&server);
-    config.webhook_urls = vec![hook.url()];
+    let mut config = hooked_config(&server, &hook);
     config.rate_limit = 5;
     config.summary_interval = Duration::from_secs(4);
     let alerter = App::alerter(config).await;
@@ -80,16 +68,12 @@ async fn a_storm_is_rate_limited_with_a_summary_and_a_rule_is_grouped() {
     assert_eq!(suppressed.by_rule["run_dead"], 25);
     assert!(summary.text.contains("25"), "{}", summary.text);
     let metrics = alerter.metrics().await;
-    assert_eq!(
-        metric_value(&metrics, "jetsched_alerts_suppressed_total{reason=\"rate_limit\",rule=\"run_dead\"}"),
-        Some(25.0)
-    );
+    assert_eq!(suppressed_total(&metrics, "rate_limit", "run_dead"), Some(25.0));
     alerter.stop().await;
 
     // Grouping: many alerts of one rule within group_wait become one message.
     let hook = Hook::start(HookMode::Ok).await;
-    let mut config = self::config(&server);
-    config.webhook_urls = vec![hook.url()];
+    let mut config = hooked_config(&server, &hook);
     config.group_wait = Duration::from_secs(1);
     let alerter = App::alerter(config).await;
     for i in 0..20 {
@@ -108,11 +92,7 @@ async fn a_storm_is_rate_limited_with_a_summary_and_a_rule_is_grouped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_or_slow_webhook_does_not_block_nats_alerts() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, client, js, names) = start().await;
     let slow = Hook::start(HookMode::Slow(Duration::from_secs(8))).await;
     // A port nobody listens on.
     let down = {
@@ -131,10 +111,8 @@ async fn a_down_or_slow_webhook_does_not_block_nats_alerts() {
     for i in 0..20 {
         publish_event(&js, &names, &run_event(EventKind::RunDead, "ns", &format!("t{i}"))).await;
     }
-    eventually(WAIT, "all 20 alerts on NATS", || async {
-        subscriber.rules().iter().filter(|r| *r == "run_dead").count() == 20
-    })
-    .await;
+    eventually(WAIT, "all 20 alerts on NATS", || async { times(&subscriber.rules(), "run_dead") == 20 })
+        .await;
     // All on NATS while the slow webhook still works on its first message.
     assert!(slow.messages().is_empty(), "the slow webhook is still on its first message");
     let down_channel = format!("webhook:127.0.0.1:{}", down.port());
@@ -170,11 +148,7 @@ async fn a_down_or_slow_webhook_does_not_block_nats_alerts() {
 /// alert that was not sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_sends_waiting_groups() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, client, js, names) = start().await;
     let subscriber = Subscriber::start(&client, &names).await;
     let mut config = config(&server);
     config.group_wait = Duration::from_secs(60);

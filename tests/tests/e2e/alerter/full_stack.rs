@@ -3,10 +3,9 @@
 
 use std::time::Duration;
 
-use jetsched_shared::names::Names;
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging, metric_value};
+use jetsched_tests::{App, NatsServer, eventually, metric_value};
 
-use super::{Hook, HookMode, Subscriber, WAIT, config, count};
+use super::{Hook, HookMode, Subscriber, WAIT, count, hooked_config, start};
 
 async fn start_scheduler(server: &NatsServer, instance: &str) -> App {
     let mut config = jetsched_scheduler::Config::for_tests(&server.url());
@@ -19,10 +18,7 @@ async fn start_scheduler(server: &NatsServer, instance: &str) -> App {
 /// new one leader_changed; every service's /metrics tells the same story.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_stack_failures_and_failover_alert_and_show_in_every_services_metrics() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let names = Names::default();
+    let (server, client, _, names) = start().await;
     let hook = Hook::start(HookMode::Ok).await;
     let subscriber = Subscriber::start(&client, &names).await;
 
@@ -31,8 +27,7 @@ async fn full_stack_failures_and_failover_alert_and_show_in_every_services_metri
         scheduler.metric("jetsched_scheduler_is_leader").await == Some(1.0)
     })
     .await;
-    let mut config = config(&server);
-    config.webhook_urls = vec![hook.url()];
+    let mut config = hooked_config(&server, &hook);
     config.no_leader_after = Duration::from_secs(1);
     // Short windows: the failover below is a new leader change, not a repeat of sched-1's.
     config.dedup_window = Duration::from_secs(2);

@@ -4,20 +4,16 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use async_nats::jetstream;
-use jetsched_shared::names::Names;
 use jetsched_shared::wire::EventKind;
-use jetsched_tests::{App, ChildProcess, NatsServer, admin_get, eventually, init_test_logging, metric_value};
+use jetsched_tests::{App, ChildProcess, NatsServer, admin_get, eventually, metric_value};
 
-use super::{Subscriber, WAIT, config, leader_acquired, publish_event, run_event};
+use super::{
+    Subscriber, WAIT, config, leader_acquired, publish_event, run_event, start, suppressed_total, times,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_alerter_does_not_resend() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, client, js, names) = start().await;
     let subscriber = Subscriber::start(&client, &names).await;
     let mut config = config(&server);
     config.no_leader_after = Duration::from_millis(500);
@@ -48,17 +44,14 @@ async fn a_restarted_alerter_does_not_resend() {
     .await;
     eventually(WAIT, "the restarted alerter saw both", || async {
         let metrics = alerter.metrics().await;
-        metric_value(&metrics, "jetsched_alerts_suppressed_total{reason=\"dedup\",rule=\"run_dead\"}")
-            == Some(1.0)
-            && metric_value(&metrics, "jetsched_alerts_suppressed_total{reason=\"dedup\",rule=\"no_leader\"}")
-                == Some(1.0)
+        both_deduped(&metrics)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rules = subscriber.rules();
-    assert_eq!(rules.iter().filter(|r| *r == "run_dead").count(), 1, "{rules:?}");
-    assert_eq!(rules.iter().filter(|r| *r == "no_leader").count(), 1, "{rules:?}");
-    assert_eq!(rules.iter().filter(|r| *r == "leader_changed").count(), 1, "{rules:?}");
+    assert_eq!(times(&rules, "run_dead"), 1, "{rules:?}");
+    assert_eq!(times(&rules, "no_leader"), 1, "{rules:?}");
+    assert_eq!(times(&rules, "leader_changed"), 1, "{rules:?}");
     alerter.stop().await;
 }
 
@@ -67,11 +60,7 @@ async fn a_restarted_alerter_does_not_resend() {
 /// are alerted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_send_each_alert_once() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, client, js, names) = start().await;
     let subscriber = Subscriber::start(&client, &names).await;
     let mut config = config(&server);
     config.no_leader_after = Duration::from_millis(500);
@@ -87,7 +76,7 @@ async fn two_replicas_send_each_alert_once() {
     publish_event(&js, &names, &leader_acquired("s1", 1)).await;
     eventually(WAIT, "ten dead runs, a leader change and no leader", || async {
         let rules = subscriber.rules();
-        rules.iter().filter(|r| *r == "run_dead").count() == 10
+        times(&rules, "run_dead") == 10
             && rules.iter().any(|r| r == "leader_changed")
             && rules.iter().any(|r| r == "no_leader")
     })
@@ -106,15 +95,22 @@ async fn two_replicas_send_each_alert_once() {
     let senders: std::collections::BTreeSet<_> =
         messages.iter().filter(|(_, m)| m.rule == "run_dead").map(|(_, m)| m.instance.clone()).collect();
     let rules = subscriber.rules();
-    assert_eq!(rules.iter().filter(|r| *r == "run_dead").count(), 10, "{rules:?}");
-    assert_eq!(rules.iter().filter(|r| *r == "leader_changed").count(), 1, "{rules:?}");
-    assert_eq!(rules.iter().filter(|r| *r == "no_leader").count(), 1, "{rules:?}");
+    assert_eq!(times(&rules, "run_dead"), 10, "{rules:?}");
+    assert_eq!(times(&rules, "leader_changed"), 1, "{rules:?}");
+    assert_eq!(times(&rules, "no_leader"), 1, "{rules:?}");
     assert!(!senders.is_empty());
     a.stop().await;
     b.stop().await;
 }
 
-fn spawn_alerter_process(server: &NatsServer, admin: SocketAddr) -> ChildProcess {
+/// Whether one repeat of the dead run and one of the missing leader were suppressed.
+fn both_deduped(metrics: &str) -> bool {
+    suppressed_total(metrics, "dedup", "run_dead") == Some(1.0)
+        && suppressed_total(metrics, "dedup", "no_leader") == Some(1.0)
+}
+
+/// Starts the real binary and waits until it is ready.
+async fn start_alerter_process(server: &NatsServer, admin: SocketAddr, what: &str) -> ChildProcess {
     let mut command = ChildProcess::command("jetsched-alerter");
     command
         .env("NATS_URL", server.url())
@@ -122,24 +118,19 @@ fn spawn_alerter_process(server: &NatsServer, admin: SocketAddr) -> ChildProcess
         .env("JETSCHED_ALERTER_GROUP_WAIT", "0s")
         .env("JETSCHED_ALERTER_CHECK_INTERVAL", "200ms")
         .env("JETSCHED_ALERTER_NO_LEADER_AFTER", "500ms");
-    ChildProcess::spawn_command("jetsched-alerter", command)
+    let process = ChildProcess::spawn_command("jetsched-alerter", command);
+    eventually(WAIT, what, || async { admin_get(admin, "/readyz").await.is_ok_and(|reply| reply.is_ok()) })
+        .await;
+    process
 }
 
 /// The real binary, killed with SIGKILL and started again, does not resend what it sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_alerter_process_does_not_resend_after_restart() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, client, js, names) = start().await;
     let subscriber = Subscriber::start(&client, &names).await;
     let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let mut process = spawn_alerter_process(&server, admin);
-    eventually(WAIT, "the alerter process is ready", || async {
-        admin_get(admin, "/readyz").await.is_ok_and(|reply| reply.is_ok())
-    })
-    .await;
+    let mut process = start_alerter_process(&server, admin, "the alerter process is ready").await;
     publish_event(&js, &names, &run_event(EventKind::RunDead, "billing", "invoice")).await;
     eventually(WAIT, "run_dead and no_leader from the process", || async {
         let rules = subscriber.rules();
@@ -148,23 +139,16 @@ async fn a_killed_alerter_process_does_not_resend_after_restart() {
     .await;
     process.kill9();
 
-    let mut process = spawn_alerter_process(&server, admin);
-    eventually(WAIT, "the restarted process is ready", || async {
-        admin_get(admin, "/readyz").await.is_ok_and(|reply| reply.is_ok())
-    })
-    .await;
+    let mut process = start_alerter_process(&server, admin, "the restarted process is ready").await;
     publish_event(&js, &names, &run_event(EventKind::RunDead, "billing", "invoice")).await;
     eventually(WAIT, "the restarted process suppressed both", || async {
         let metrics = admin_get(admin, "/metrics").await.map(|reply| reply.body).unwrap_or_default();
-        metric_value(&metrics, "jetsched_alerts_suppressed_total{reason=\"dedup\",rule=\"run_dead\"}")
-            == Some(1.0)
-            && metric_value(&metrics, "jetsched_alerts_suppressed_total{reason=\"dedup\",rule=\"no_leader\"}")
-                == Some(1.0)
+        both_deduped(&metrics)
     })
     .await;
     let rules = subscriber.rules();
-    assert_eq!(rules.iter().filter(|r| *r == "run_dead").count(), 1, "{rules:?}");
-    assert_eq!(rules.iter().filter(|r| *r == "no_leader").count(), 1, "{rules:?}");
+    assert_eq!(times(&rules, "run_dead"), 1, "{rules:?}");
+    assert_eq!(times(&rules, "no_leader"), 1, "{rules:?}");
     process.sigterm();
     let status = process.wait_exit(WAIT).await.expect("stops on SIGTERM");
     assert!(status.success(), "{}", process.output());

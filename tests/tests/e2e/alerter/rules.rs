@@ -7,24 +7,21 @@ use std::time::Duration;
 use async_nats::jetstream;
 use chrono::Utc;
 use jetsched_shared::alert::Severity;
-use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_shared::wire::{Event, EventKind, LeaderRecord};
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging, metric_value};
+use jetsched_tests::{App, eventually, metric_value};
 
-use super::{Hook, HookMode, Subscriber, WAIT, config, count, leader_acquired, publish_event, run_event};
+use super::{
+    Hook, HookMode, Subscriber, WAIT, config, count, hooked_config, leader_acquired, publish_event,
+    run_event, start, suppressed_total,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_rules_reach_the_webhook_and_nats() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, client, js, names) = start().await;
     let hook = Hook::start(HookMode::Ok).await;
     let subscriber = Subscriber::start(&client, &names).await;
-    let mut config = config(&server);
-    config.webhook_urls = vec![hook.url()];
+    let mut config = hooked_config(&server, &hook);
     config.fire_lag = Duration::from_secs(1);
     config.flap_changes = 2;
     config.flap_window = Duration::from_secs(60);
@@ -90,21 +87,14 @@ async fn event_rules_reach_the_webhook_and_nats() {
         Some(1.0)
     );
     assert_eq!(metric_value(&metrics, "jetsched_alerts_raised_total{rule=\"leader_changed\"}"), Some(3.0));
-    assert_eq!(
-        metric_value(&metrics, "jetsched_alerts_suppressed_total{reason=\"dedup\",rule=\"leader_changed\"}"),
-        Some(2.0)
-    );
+    assert_eq!(suppressed_total(&metrics, "dedup", "leader_changed"), Some(2.0));
     assert_eq!(metric_value(&metrics, "jetsched_alerter_events_total{kind=\"fire.dispatched\"}"), Some(2.0));
     alerter.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn condition_rules_fire_from_the_lease_queues_and_dlq() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, client, js, names) = start().await;
     let topology = topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
     // The worker's queue consumer, with nobody pulling: dispatches pile up.
     let dispatch = js.get_stream(names.dispatch_stream()).await.unwrap();
@@ -119,8 +109,7 @@ async fn condition_rules_fire_from_the_lease_queues_and_dlq() {
         .unwrap();
     let hook = Hook::start(HookMode::Ok).await;
     let subscriber = Subscriber::start(&client, &names).await;
-    let mut config = config(&server);
-    config.webhook_urls = vec![hook.url()];
+    let mut config = hooked_config(&server, &hook);
     config.no_leader_after = Duration::from_secs(1);
     config.backlog_threshold = 3;
     config.backlog_for = Duration::from_millis(500);
@@ -185,11 +174,7 @@ async fn condition_rules_fire_from_the_lease_queues_and_dlq() {
 /// A dead-letter stream close to its byte limit (it then refuses new dead letters) is critical.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nearly_full_dead_letter_stream_alerts() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, client, js, names) = start().await;
     let subscriber = Subscriber::start(&client, &names).await;
     let mut config = config(&server);
     config.topology.dlq_max_bytes = 8 * 1024;

@@ -5,19 +5,14 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use jetsched_alerter::{Config, build};
-use jetsched_shared::names::Names;
 use jetsched_tests::{ChildProcess, NatsServer, ServerOpts, admin_get, eventually, init_test_logging};
 use tokio_util::sync::CancellationToken;
 
-use super::{WAIT, config};
+use super::{WAIT, config, start};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_is_false_until_the_topology_is_ensured() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
+    let (server, _client, js, names) = start().await;
     // Something else holds the events stream with settings the topology cannot converge.
     js.create_stream(jetstream::stream::Config {
         name: names.events_stream(),
