@@ -348,12 +348,12 @@ async fn a_registry_request_with_a_traceparent_continues_the_callers_trace() {
     let client = server.client().await;
     let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let caller_span = "00f067aa0ba902b7";
-    let spec = spec("traced", "put").json();
+    let put_spec = spec("traced", "put").json();
     let reply = eventually(WAIT, "the registry answers", || async {
         let mut headers = HeaderMap::new();
         headers.insert("traceparent", format!("00-{caller_trace}-{caller_span}-01").as_str());
         let subject = Names::default().task_api_subject("put");
-        let payload = serde_json::to_vec(&spec).expect("JSON").into();
+        let payload = serde_json::to_vec(&put_spec).expect("JSON").into();
         let reply = client.request_with_headers(subject, headers, payload).await.ok()?;
         serde_json::from_slice::<Value>(&reply.payload).ok()
     })
@@ -368,4 +368,25 @@ async fn a_registry_request_with_a_traceparent_continues_the_callers_trace() {
     assert_eq!(put.service, "jetsched-registry");
     assert_eq!(put.parent_span_id, caller_span, "the caller's span is the parent");
     assert_eq!(put.attr("jetsched.task"), Some("traced/put"));
+
+    // A submission through the intake stream continues its publisher's trace too.
+    let publisher_span = "00f067aa0ba902b8";
+    let mut headers = HeaderMap::new();
+    headers.insert("traceparent", format!("00-{caller_trace}-{publisher_span}-01").as_str());
+    let submitted = spec("traced", "submitted").json();
+    let js = async_nats::jetstream::new(client.clone());
+    let subject = Names::default().submit_subject("traced", "submitted");
+    js.publish_with_headers(subject, headers, serde_json::to_vec(&submitted).expect("JSON").into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let spans = eventually(WAIT, "the intake span exported", || async {
+        let spans = receiver.trace(caller_trace);
+        spans.iter().any(|s| s.kind == KIND_CONSUMER).then_some(spans)
+    })
+    .await;
+    let intake = one(&spans, "intake", |s| s.kind == KIND_CONSUMER);
+    assert_eq!(intake.parent_span_id, publisher_span, "the publisher's span is the parent");
+    assert_eq!(intake.attr("jetsched.task"), Some("traced/submitted"));
 }
