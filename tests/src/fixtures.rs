@@ -9,7 +9,7 @@ use futures::StreamExt;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
-use jetsched_shared::wire::{DeadLetter, RunRecord, RunStatus, scheduled_execution_id};
+use jetsched_shared::wire::{DeadLetter, HDR_EXECUTION_ID, RunRecord, RunStatus, scheduled_execution_id};
 use serde_json::{Value, json};
 
 use crate::eventually;
@@ -113,6 +113,11 @@ impl SpecBuilder {
     pub fn task(&self) -> TaskSpec {
         TaskSpec::parse_value(self.json()).unwrap_or_else(|e| panic!("test spec {}: {e}", self.value))
     }
+}
+
+/// The execution id a worker's request carries in its headers (empty without one).
+pub fn execution_id_header(message: &async_nats::Message) -> String {
+    message.headers.as_ref().and_then(|h| h.get(HDR_EXECUTION_ID)).map(|v| v.to_string()).unwrap_or_default()
 }
 
 /// The execution id of the scheduled fire of `spec` at `nominal_ms`.

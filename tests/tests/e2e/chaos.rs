@@ -17,9 +17,7 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
-use jetsched_shared::wire::{
-    self, AttemptOutcome, EventKind, HDR_EXECUTION_ID, HDR_STATUS, LeaderRecord, format_time,
-};
+use jetsched_shared::wire::{self, AttemptOutcome, EventKind, HDR_STATUS, LeaderRecord, format_time};
 use jetsched_tests::{ChildProcess, NatsCluster, NatsServer, eventually, fixtures, init_test_logging};
 use jetsched_worker::dlq::DeadLetter;
 use jetsched_worker::runs::{RunRecord, RunStatus};
@@ -186,12 +184,7 @@ fn responder(
     let seen = calls.clone();
     tokio::spawn(async move {
         while let Some(message) = sub.next().await {
-            let execution = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(HDR_EXECUTION_ID))
-                .map(|v| v.to_string())
-                .unwrap_or_default();
+            let execution = fixtures::execution_id_header(&message);
             *seen.lock().expect("calls").entry(execution.clone()).or_default() += 1;
             let Some(reply) = message.reply else { continue };
             let client = client.clone();

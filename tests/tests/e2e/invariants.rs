@@ -121,15 +121,25 @@ fn clock_reads(text: &str) -> Vec<(usize, &str)> {
         .collect()
 }
 
-#[test]
-fn no_subject_stream_or_bucket_literal_outside_shared_names() {
+/// `path:line: text` of every line `find` reports in the files that are not test files.
+fn lines_found(
+    files: impl Iterator<Item = PathBuf>,
+    find: impl for<'a> Fn(&'a str) -> Vec<(usize, &'a str)>,
+) -> Vec<String> {
     let mut violations = Vec::new();
-    let files = rust_files("services").into_iter().chain(rust_files("shared/src"));
-    for path in files.filter(|p| !is_test_file(p) && !p.ends_with("shared/src/names.rs")) {
-        for (number, line) in name_literals(&read(&path)) {
+    for path in files.filter(|p| !is_test_file(p)) {
+        for (number, line) in find(&read(&path)) {
             violations.push(format!("{}:{number}: {}", relative(&path), line.trim()));
         }
     }
+    violations
+}
+
+#[test]
+fn no_subject_stream_or_bucket_literal_outside_shared_names() {
+    let files = rust_files("services").into_iter().chain(rust_files("shared/src"));
+    let files = files.filter(|p| !p.ends_with("shared/src/names.rs"));
+    let violations = lines_found(files, name_literals);
     assert_none("names are spelled only in shared/src/names.rs", &violations);
 }
 
@@ -170,13 +180,8 @@ fn nothing_reads_the_clock_inside_spec_schedule_or_the_timing_wheel() {
             .iter()
             .any(|prefix| rel.strip_prefix(prefix).is_some_and(|rest| rest.starts_with(['.', '/'])))
     };
-    let mut violations = Vec::new();
     let files = rust_files("shared/src").into_iter().chain(rust_files("services/scheduler/src"));
-    for path in files.filter(|p| pure(p) && !is_test_file(p)) {
-        for (number, line) in clock_reads(&read(&path)) {
-            violations.push(format!("{}:{number}: {}", relative(&path), line.trim()));
-        }
-    }
+    let violations = lines_found(files.filter(|p| pure(p)), clock_reads);
     assert_none("time is a parameter of spec, schedule and the timing wheel", &violations);
 }
 

@@ -15,7 +15,9 @@ use jetsched_worker::runs::{AttemptOutcome, RunStatus};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::Value;
 
-use crate::worker_support::{WAIT, config, dispatch_pending, outcomes_of, worker_process};
+use crate::worker_support::{
+    WAIT, config, dispatch_pending, outcomes_of, server_with_topology, worker_process,
+};
 
 #[tokio::test]
 async fn worker_dead_letters_exhausted_and_permanent_failures_with_their_history() {
@@ -90,13 +92,9 @@ async fn worker_dead_letters_exhausted_and_permanent_failures_with_their_history
 
 #[tokio::test]
 async fn crash_looping_run_reaches_the_dlq_through_the_max_deliveries_advisory() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
+    let (server, client, js) = server_with_topology().await;
     let mut sub = client.subscribe("jobs.crash").await.expect("subscribe");
-    let js = jetstream::new(client.clone());
     let names = Names::default();
-    jetsched_shared::topology::ensure(&js, &Names::default(), &Default::default()).await.expect("topology");
     let args = ["--ack-wait", "1s", "--max-deliver", "2"];
     let mut worker = worker_process(&server, "crash-1", &args);
     let task = spec("wk", "crashy").nats("jobs.crash").fast_retry(5).timeout("30s").task();

@@ -13,19 +13,16 @@ use jetsched_worker::runs::RunStatus;
 use jetsched_worker::{Handlers, Outcome, RunContext};
 
 use crate::worker_support::{
-    WAIT, config, counting_responder, dispatch_pending, wait_for_workers, worker_process,
+    WAIT, config, counting_responder, dispatch_pending, server_with_topology, wait_for_workers,
+    worker_process,
 };
 
 #[tokio::test]
 async fn three_worker_processes_share_3000_runs_each_executed_once() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
+    let (server, client, js) = server_with_topology().await;
     let sub = client.subscribe("jobs.count").await.expect("subscribe");
     let counts = counting_responder(client.clone(), sub, Duration::from_millis(2));
-    let js = jetstream::new(client.clone());
     let names = Names::default();
-    jetsched_shared::topology::ensure(&js, &Names::default(), &Default::default()).await.expect("topology");
     let _workers: Vec<ChildProcess> =
         (1..=3).map(|n| worker_process(&server, &format!("proc-{n}"), &["--concurrency", "16"])).collect();
     wait_for_workers(&client, 3).await;

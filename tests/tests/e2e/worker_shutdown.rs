@@ -14,20 +14,17 @@ use jetsched_worker::runs::{AttemptOutcome, RunStatus};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 
 use crate::worker_support::{
-    WAIT, config, counting_responder, dispatch_pending, outcomes, wait_for_workers, worker_process,
+    WAIT, config, counting_responder, dispatch_pending, outcomes, server_with_topology, wait_for_workers,
+    worker_process,
 };
 
 #[tokio::test]
 async fn kill9_mid_long_runs_they_complete_on_another_worker_after_ack_wait() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
+    let (server, client, js) = server_with_topology().await;
     let sub = client.subscribe("jobs.count").await.expect("subscribe");
     // Runs of 3 s against an ack_wait of 2 s: only progress acks keep them from redelivery.
     let counts = counting_responder(client.clone(), sub, Duration::from_secs(3));
-    let js = jetstream::new(client.clone());
     let names = Names::default();
-    jetsched_shared::topology::ensure(&js, &Names::default(), &Default::default()).await.expect("topology");
     let args = ["--concurrency", "3", "--ack-wait", "2s"];
     let mut workers: HashMap<String, ChildProcess> =
         ["k-1", "k-2"].into_iter().map(|n| (n.to_string(), worker_process(&server, n, &args))).collect();

@@ -1,5 +1,5 @@
-//! What the worker's end-to-end tests share: a worker configuration for tests, worker
-//! processes and their presence, a responder that counts executions, the dispatch stream's
+//! What the worker's end-to-end tests share: a worker configuration for tests, a server
+//! ready for worker processes, worker processes and their presence, a responder that counts executions, the dispatch stream's
 //! backlog, and a dispatch published again as a lost de-duplication memory lets through.
 //!
 //! Dispatch messages are published directly (the scheduler is not involved), with the same
@@ -14,8 +14,9 @@ use futures::StreamExt;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
-use jetsched_shared::wire::{DeadLetter, HDR_EXECUTION_ID, RunRecord};
-use jetsched_tests::{ChildProcess, NatsServer, eventually};
+use jetsched_shared::wire::{DeadLetter, RunRecord};
+use jetsched_tests::fixtures::execution_id_header;
+use jetsched_tests::{ChildProcess, NatsServer, eventually, init_test_logging};
 use jetsched_worker::Config;
 use jetsched_worker::runs::AttemptOutcome;
 
@@ -28,6 +29,17 @@ pub(crate) fn config(server: &NatsServer, instance: &str) -> Config {
     let mut config = Config::for_tests(&server.url(), instance);
     config.pull_expires = Duration::from_millis(500);
     config
+}
+
+/// A fresh server with the topology worker processes bind to, a client on it and its
+/// JetStream context.
+pub(crate) async fn server_with_topology() -> (NatsServer, async_nats::Client, jetstream::Context) {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    jetsched_shared::topology::ensure(&js, &Names::default(), &Default::default()).await.expect("topology");
+    (server, client, js)
 }
 
 /// A worker process (`jetsched-worker`) on `server`, with `extra` flags.
@@ -61,12 +73,7 @@ pub(crate) fn counting_responder(
     let seen = counts.clone();
     tokio::spawn(async move {
         while let Some(request) = sub.next().await {
-            let id = request
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(HDR_EXECUTION_ID))
-                .map(|v| v.to_string())
-                .unwrap_or_default();
+            let id = execution_id_header(&request);
             *seen.lock().unwrap().entry(id).or_default() += 1;
             let Some(reply) = request.reply else { continue };
             let client = client.clone();
