@@ -16,11 +16,15 @@ use serde_json::{Value, json};
 
 use crate::api::{Failure, task_ref};
 use crate::output;
+use crate::tenant::NamespaceEvents;
 
 /// The roles `status` looks for, in the order it shows them.
 const ROLES: [&str; 4] = ["registry", "scheduler", "worker", "alerter"];
 /// Width of the labels of `status`'s summary lines.
 const LABEL: usize = 14;
+/// How long `runs` waits for the events stream's information before reading the task's events
+/// the way a user confined to its namespace may.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Reads up to `last` events matching `filter`, oldest first, without waiting for new ones.
 async fn recent_events(
@@ -59,6 +63,13 @@ async fn recent_events(
     Ok(out.split_off(keep))
 }
 
+/// Whether a JetStream request failed because the server refused this user the subject (the
+/// request then times out or reports a permissions violation, depending on the server).
+fn is_permission_error(error: &anyhow::Error) -> bool {
+    let text = format!("{error:#}").to_lowercase();
+    text.contains("permission") || text.contains("timed out") || text.contains("no responders")
+}
+
 #[derive(Default)]
 struct RunView {
     nominal: Option<String>,
@@ -80,9 +91,26 @@ pub(crate) async fn runs(
     json_out: bool,
 ) -> Result<(), Failure> {
     let task = task_ref(task);
-    let js = jetstream::new(client.clone());
+    // The stream's information answers within milliseconds when this user may read it; a user
+    // confined to a namespace is refused (the request then waits for its timeout), so keep the
+    // wait short.
+    let mut js = jetstream::new(client.clone());
+    js.set_timeout(PROBE_TIMEOUT);
     let subject = names.event_subject("*.*", &task.namespace, &task.id);
-    let events = recent_events(&js, names, subject, last).await?;
+    let events = match recent_events(&js, names, subject.clone(), last).await {
+        Ok(events) => events,
+        // A team confined to its namespace may not read the stream's information or pull: read
+        // the task's events the way its permissions allow.
+        Err(error) if is_permission_error(&error) => {
+            NamespaceEvents::open(client, names, &task.namespace, subject, last)
+                .await?
+                .recent
+                .iter()
+                .filter_map(|payload| serde_json::from_slice::<Event>(payload).ok())
+                .collect()
+        }
+        Err(error) => return Err(error.into()),
+    };
     let mut runs: BTreeMap<String, RunView> = BTreeMap::new();
     let mut order = Vec::new();
     for event in events {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer::push};
+use bytes::Bytes;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use serde_json::Value;
@@ -17,6 +18,60 @@ use crate::api::{Failure, task_ref};
 
 /// How long the history may stay silent before it is taken as complete.
 const QUIET: Duration = Duration::from_secs(2);
+
+/// Events of `filter` (within `namespace`) through an ordered push consumer to the caller's
+/// inbox: the last `last` stored ones, oldest first, and the stream of what follows.
+pub(crate) struct NamespaceEvents {
+    pub(crate) recent: Vec<Bytes>,
+    messages: push::Ordered,
+}
+
+impl NamespaceEvents {
+    /// Opens the consumer and reads the history: everything stored for the filter, of which
+    /// the last `last` are kept.
+    pub(crate) async fn open(
+        client: &async_nats::Client,
+        names: &Names,
+        namespace: &str,
+        filter: String,
+        last: u64,
+    ) -> anyhow::Result<NamespaceEvents> {
+        let js = jetstream::new(client.clone());
+        // A name puts the filter in the create subject; the random part keeps concurrent readers
+        // apart.
+        let inbox = client.new_inbox();
+        let name = format!("{namespace}-events-{}", inbox.rsplit('.').next().unwrap_or_default());
+        let consumer = js
+            .create_consumer_on_stream(
+                push::OrderedConfig {
+                    name: Some(name),
+                    filter_subject: filter,
+                    deliver_subject: inbox.clone(),
+                    ..Default::default()
+                },
+                names.events_stream(),
+            )
+            .await
+            .context("create an ordered consumer of the namespace's events")?;
+        let pending = consumer.cached_info().num_pending;
+        let mut messages = consumer.messages().await.context("read events")?;
+        let mut recent: VecDeque<Bytes> = VecDeque::new();
+        let mut seen = 0;
+        while seen < pending {
+            let Ok(Some(message)) = tokio::time::timeout(QUIET, messages.next()).await else { break };
+            let message = message.context("read event")?;
+            seen += 1;
+            recent.push_back(message.payload.clone());
+            if recent.len() as u64 > last {
+                recent.pop_front();
+            }
+            if message.info().map(|i| i.pending).unwrap_or(0) == 0 {
+                break;
+            }
+        }
+        Ok(NamespaceEvents { recent: recent.into(), messages })
+    }
+}
 
 /// Prints the last `last` events of `namespace` (or of one of its tasks), then, with `follow`,
 /// every new one.
@@ -40,41 +95,10 @@ pub(crate) async fn events(
         Some(task) => names.event_subject("*.*", namespace, &task.id),
         None => names.namespace_events_filter(namespace),
     };
-    let js = jetstream::new(client.clone());
-    // A name puts the filter in the create subject; the random part keeps concurrent readers apart.
-    let inbox = client.new_inbox();
-    let name = format!("{namespace}-events-{}", inbox.rsplit('.').next().unwrap_or_default());
-    let consumer = js
-        .create_consumer_on_stream(
-            push::OrderedConfig {
-                name: Some(name),
-                filter_subject: filter,
-                deliver_subject: inbox.clone(),
-                ..Default::default()
-            },
-            names.events_stream(),
-        )
-        .await
-        .context("create an ordered consumer of the namespace's events")?;
-    let pending = consumer.cached_info().num_pending;
-    let mut messages = consumer.messages().await.context("read events")?;
-    // History: everything stored for the filter, of which the last `last` are shown.
-    let mut recent: VecDeque<Value> = VecDeque::new();
-    let mut seen = 0;
-    while seen < pending {
-        let Ok(Some(message)) = tokio::time::timeout(QUIET, messages.next()).await else { break };
-        let message = message.context("read event")?;
-        seen += 1;
-        recent.push_back(serde_json::from_slice(&message.payload).unwrap_or(Value::Null));
-        if recent.len() as u64 > last {
-            recent.pop_front();
-        }
-        if message.info().map(|i| i.pending).unwrap_or(0) == 0 {
-            break;
-        }
-    }
+    let NamespaceEvents { recent, mut messages } =
+        NamespaceEvents::open(client, names, namespace, filter, last).await?;
     for event in recent {
-        println!("{event}");
+        println!("{}", serde_json::from_slice::<Value>(&event).unwrap_or(Value::Null));
     }
     if !follow {
         return Ok(());
