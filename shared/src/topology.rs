@@ -1,4 +1,4 @@
-//! Idempotent creation of every JetStream bucket and stream of the design.
+//! Idempotent creation of every JetStream bucket and stream jetsched uses (README, Architecture).
 //!
 //! Every service calls [`ensure`] at start-up. A missing resource is created; an existing one
 //! with the same settings is left alone; a differing setting that JetStream can change

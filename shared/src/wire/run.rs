@@ -78,9 +78,9 @@ pub struct AttemptRecord {
 
 /// The value of `JETSCHED_RUNS[<execution_id>]`.
 ///
-/// The top-level fields are the design's `{status, attempt, worker, started, finished, error}`
-/// plus what the scheduler needs for overlap decisions (`namespace`, `task_id`,
-/// `nominal_time`) and the attempt history the dead-letter entry copies.
+/// The top-level fields are `{status, attempt, worker, started, finished, error}` plus what the
+/// scheduler needs for overlap decisions (`namespace`, `task_id`, `nominal_time`) and the attempt
+/// history the dead-letter entry copies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     pub execution_id: String,

@@ -5,7 +5,7 @@
 //! reads events, run records and the DLQ and proves that no fire was lost or doubled and that
 //! no execution ran twice unless a worker death or a failed attempt is recorded.
 //!
-//! The short plan runs in CI; `JETSCHED_CHAOS=long` runs the long plan of issue 7 (20 leader
+//! The short plan runs in CI; `JETSCHED_CHAOS=long` runs the long plan (20 leader
 //! kills, 20 worker kills, 5 server restarts, 3 cluster-node kills).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
