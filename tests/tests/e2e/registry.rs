@@ -67,6 +67,11 @@ fn error_code(reply: &Value) -> &str {
     reply["error"]["code"].as_str().unwrap_or_else(|| panic!("expected an error, got {reply}"))
 }
 
+/// Publishes `body` to the intake `subject` and waits until the stream stored it.
+async fn submit(js: &jetstream::Context, subject: &str, body: &Value) {
+    js.publish(subject.to_string(), serde_json::to_vec(body).unwrap().into()).await.unwrap().await.unwrap();
+}
+
 async fn stored_revision(js: &jetstream::Context, key: &str) -> Option<u64> {
     let kv = js.get_key_value(Names::default().tasks_bucket()).await.expect("tasks bucket");
     kv.entry(key)
@@ -380,30 +385,14 @@ async fn intake_applies_submissions_sent_while_the_registry_was_down() {
     topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
 
     let valid = spec("intake", "late");
-    js.publish(names.submit_subject("intake", "late"), serde_json::to_vec(&valid).unwrap().into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    submit(&js, &names.submit_subject("intake", "late"), &valid).await;
     // The body may omit id and namespace: the subject names the task.
     let bare = json!({"schedule": {"every": "1h"}, "executor": {"kind": "nats", "subject": "x"}});
-    js.publish(names.submit_subject("intake", "bare"), serde_json::to_vec(&bare).unwrap().into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    submit(&js, &names.submit_subject("intake", "bare"), &bare).await;
     let invalid = json!({"schedule": {"cron": "not a cron"}, "executor": {"kind": "nats", "subject": "x"}});
-    js.publish(names.submit_subject("intake", "broken"), serde_json::to_vec(&invalid).unwrap().into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    submit(&js, &names.submit_subject("intake", "broken"), &invalid).await;
     let mismatched = spec("other", "late");
-    js.publish(names.submit_subject("intake", "mismatch"), serde_json::to_vec(&mismatched).unwrap().into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    submit(&js, &names.submit_subject("intake", "mismatch"), &mismatched).await;
     assert_eq!(stored_revision(&js, "intake.late").await, None, "nothing applied without a registry");
 
     let registry = App::registry(config(&server.url(), 1)).await;
@@ -588,12 +577,8 @@ async fn several_registry_replicas_share_the_api_and_the_intake() {
         assert!(reply["revision"].as_u64().is_some(), "{reply}");
     }
     for i in 0..40 {
-        let body = serde_json::to_vec(&spec("replicas", &format!("intake{i}"))).unwrap();
-        js.publish(names.submit_subject("replicas", &format!("intake{i}")), body.into())
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+        let subject = names.submit_subject("replicas", &format!("intake{i}"));
+        submit(&js, &subject, &spec("replicas", &format!("intake{i}"))).await;
     }
     eventually(WAIT, "every intake submission applied once", || async {
         let listed = call(&client, "list", json!({"namespace": "replicas", "limit": 1000})).await;
@@ -679,11 +664,7 @@ async fn a_spec_with_three_problems_is_refused_with_all_three() {
     let next = call(&client, "next", json!({"spec": broken("next")})).await;
     assert_eq!(problems(&next), expected_with("spec."), "{next}");
 
-    js.publish(names.submit_subject("many", "intake"), serde_json::to_vec(&broken("intake")).unwrap().into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    submit(&js, &names.submit_subject("many", "intake"), &broken("intake")).await;
     let rejected = eventually(WAIT, "task.rejected for the spec with three problems", || {
         last_event(&js, "task.rejected", "many", "intake")
     })
