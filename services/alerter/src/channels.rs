@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jetsched_shared::alert::AlertMessage;
+use jetsched_shared::backoff::Backoff;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
@@ -68,7 +69,8 @@ impl Channels {
     }
 }
 
-/// Runs `attempt` up to `attempts` times, doubling `backoff` between tries.
+/// Runs `attempt` up to `attempts` times, doubling `backoff` between tries (the shared
+/// [`Backoff`], uncapped within the attempts given).
 pub(crate) async fn with_retries<F, Fut>(
     attempts: u32,
     backoff: Duration,
@@ -78,24 +80,26 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let mut delay = backoff;
-    let mut tried = 0;
-    loop {
-        tried += 1;
-        match attempt().await {
-            Ok(()) => return Ok(()),
-            Err(error) if tried >= attempts.max(1) => {
-                return Err(error.context(format!("gave up after {tried} attempt(s)")));
-            }
-            Err(error) => {
-                tracing::debug!(
-                    error = format!("{error:#}"),
-                    attempt = tried,
-                    "alert delivery failed; retrying"
-                );
-                tokio::time::sleep(delay).await;
-                delay = delay.saturating_mul(2);
-            }
-        }
-    }
+    let attempts = attempts.max(1);
+    let longest = backoff.saturating_mul(1 << attempts.min(20));
+    // The attempt count bounds the retries, not a deadline.
+    let unbounded = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
+    Backoff::new(backoff, longest)
+        .retry_until(
+            unbounded,
+            |_| attempt(),
+            |error: &anyhow::Error, tried, _| {
+                let again = tried < attempts;
+                if again {
+                    tracing::debug!(
+                        error = format!("{error:#}"),
+                        attempt = tried,
+                        "alert delivery failed; retrying"
+                    );
+                }
+                again
+            },
+        )
+        .await
+        .map_err(|gave_up| gave_up.error.context(format!("gave up after {} attempt(s)", gave_up.attempts)))
 }
