@@ -261,6 +261,23 @@ async fn apply(api: &Api, files: &[PathBuf], create_only: bool, json_out: bool) 
     }
 }
 
+/// Every item of a paged listing: `page` fetches the page at a cursor (`None`: the first) and
+/// returns its items and the next page's cursor, until there is none.
+pub(crate) async fn every_page<C>(
+    mut page: impl AsyncFnMut(Option<C>) -> Result<(Vec<Value>, Option<C>), Failure>,
+) -> Result<Vec<Value>, Failure> {
+    let mut items = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (more, next) = page(cursor).await?;
+        items.extend(more);
+        match next {
+            Some(next) => cursor = Some(next),
+            None => return Ok(items),
+        }
+    }
+}
+
 async fn list(
     api: &Api,
     namespace: Option<String>,
@@ -281,18 +298,15 @@ async fn list(
         #[serde(default)]
         next_cursor: Option<String>,
     }
-    let mut tasks = Vec::new();
-    loop {
+    let tasks = every_page(async |cursor| {
+        request.cursor = cursor;
         let page: Page = match request.namespace.clone() {
             Some(namespace) => api.task_in("list", &namespace, &request).await?,
             None => api.task("list", &request).await?,
         };
-        tasks.extend(page.tasks);
-        match page.next_cursor {
-            Some(next) => request.cursor = Some(next),
-            None => break,
-        }
-    }
+        Ok((page.tasks, page.next_cursor))
+    })
+    .await?;
     if json_out {
         output::pretty(&Value::Array(tasks));
         return Ok(());

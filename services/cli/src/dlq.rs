@@ -175,16 +175,13 @@ pub(crate) async fn run(api: &Api, command: DlqCommand, json_out: bool) -> Resul
 }
 
 async fn list(api: &Api, filter: &DlqFilter, json_out: bool) -> Result<(), Failure> {
-    let mut entries = Vec::new();
     let mut request = DlqRequest { limit: Some(1000), ..filter.request() };
-    loop {
+    let entries = crate::commands::every_page(async |cursor| {
+        request.cursor = cursor;
         let page: Page = api.dlq("list", &request).await?;
-        entries.extend(page.entries);
-        match page.next_cursor {
-            Some(next) => request.cursor = Some(next),
-            None => break,
-        }
-    }
+        Ok((page.entries, page.next_cursor))
+    })
+    .await?;
     if json_out {
         output::pretty(&Value::Array(entries));
         return Ok(());
