@@ -70,3 +70,50 @@ impl Base {
         Ok(topology)
     }
 }
+
+/// The body of every service's `main`, after parsing: a configuration that failed validation
+/// exits with status 2 before anything starts; then telemetry, signal handling, `build` (all
+/// fallible I/O) and `run` until a signal; a failure of either exits 1, logged once.
+pub async fn main<C, S, B, R>(
+    binary: &'static str,
+    config: Result<C, crate::config::InvalidConfig>,
+    common: fn(&C) -> &CommonArgs,
+    build: impl FnOnce(C) -> B,
+    run: impl FnOnce(S, tokio_util::sync::CancellationToken) -> R,
+) -> std::process::ExitCode
+where
+    B: Future<Output = anyhow::Result<S>>,
+    R: Future<Output = anyhow::Result<()>>,
+{
+    use std::process::ExitCode;
+    let config = match config {
+        Ok(config) => config,
+        Err(invalid) => {
+            eprintln!("{invalid}");
+            return ExitCode::from(crate::config::EXIT_INVALID_CONFIG);
+        }
+    };
+    let telemetry = match crate::telemetry::start(binary, common(&config)) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::from(crate::config::EXIT_INVALID_CONFIG);
+        }
+    };
+    let token = crate::shutdown::on_signals();
+    let code = match build(config).await {
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "cannot start {binary}");
+            ExitCode::FAILURE
+        }
+        Ok(service) => match run(service, token).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                tracing::error!(error = format!("{error:#}"), "{binary} stopped with an error");
+                ExitCode::FAILURE
+            }
+        },
+    };
+    telemetry.shutdown().await;
+    code
+}

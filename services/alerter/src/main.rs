@@ -3,8 +3,7 @@
 use std::process::ExitCode;
 
 use jetsched_alerter::{Config, build};
-use jetsched_shared::config::EXIT_INVALID_CONFIG;
-use jetsched_shared::{shutdown, telemetry};
+use jetsched_shared::service;
 
 /// mimalloc: fewer allocator lock waits and less CPU than glibc malloc on the hot paths.
 #[global_allocator]
@@ -13,32 +12,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::load().unwrap_or_else(|error| error.exit());
-    if let Err(invalid) = config.validate() {
-        eprintln!("{invalid}");
-        return ExitCode::from(EXIT_INVALID_CONFIG);
-    }
-    let telemetry = match telemetry::start("jetsched-alerter", &config.common) {
-        Ok(telemetry) => telemetry,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::from(EXIT_INVALID_CONFIG);
-        }
-    };
-    let token = shutdown::on_signals();
-    let service = match build(config).await {
-        Ok(service) => service,
-        Err(error) => {
-            tracing::error!(error = format!("{error:#}"), "cannot start the alerter");
-            return ExitCode::FAILURE;
-        }
-    };
-    let code = match service.run(token).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!(error = format!("{error:#}"), "alerter stopped with an error");
-            ExitCode::FAILURE
-        }
-    };
-    telemetry.shutdown().await;
-    code
+    let valid = config.validate().map(|()| config);
+    service::main(
+        "jetsched-alerter",
+        valid,
+        |config| &config.common,
+        build,
+        |service, shutdown| service.run(shutdown),
+    )
+    .await
 }

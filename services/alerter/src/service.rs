@@ -14,6 +14,7 @@ use async_nats::jetstream::{
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use jetsched_shared::admin::Readiness;
+use jetsched_shared::backoff::Backoff;
 use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::names::Names;
 use jetsched_shared::service::{Base, Role};
@@ -32,6 +33,12 @@ use crate::rules::{Candidate, Detector, Rule};
 use crate::state::{Claim, DedupStore, MAX_DEDUP_WINDOW};
 
 /// How long `run` lets channels deliver what is queued after shutdown.
+/// Pause between start-up attempts while a JetStream resource has conflicting settings.
+const CONFLICT_RETRY: Duration = Duration::from_millis(500);
+/// First pause after an events pull error; it doubles up to [`PULL_RETRY_MAX`] while errors
+/// last and starts over after a message.
+const PULL_RETRY_FIRST: Duration = Duration::from_millis(200);
+const PULL_RETRY_MAX: Duration = Duration::from_secs(5);
 const CHANNEL_GRACE: Duration = Duration::from_secs(10);
 
 /// A started alerter, ready to run.
@@ -89,25 +96,34 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     // `ensure` itself waits for a JetStream that cannot answer yet (`--topology-wait`). The
     // alerter also waits out a stream or bucket with conflicting settings, which other
     // services refuse at once: it may start while another deployment's resource is replaced.
-    let started = tokio::time::Instant::now();
-    let topology = loop {
-        match topology::ensure(&js, &names, &config.topology).await {
-            Ok(topology) => break topology,
-            Err(error @ TopologyError::Conflict { .. }) if started.elapsed() < config.startup_timeout => {
-                tracing::warn!(
-                    error = format!("{error:#}"),
-                    "a JetStream resource has conflicting settings; retrying until it is replaced"
-                );
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(error @ TopologyError::Conflict { .. }) => {
+    let deadline = tokio::time::Instant::now() + config.startup_timeout;
+    let ensured = Backoff::new(CONFLICT_RETRY, CONFLICT_RETRY)
+        .retry_until(
+            deadline,
+            |_| topology::ensure(&js, &names, &config.topology),
+            |error, _, _| {
+                let conflict = matches!(error, TopologyError::Conflict { .. });
+                if conflict {
+                    tracing::warn!(
+                        error = format!("{error:#}"),
+                        "a JetStream resource has conflicting settings; retrying until it is replaced"
+                    );
+                }
+                conflict
+            },
+        )
+        .await;
+    let topology = match ensured {
+        Ok(topology) => topology,
+        Err(gave_up) => match gave_up.error {
+            error @ TopologyError::Conflict { .. } => {
                 return Err(error).context(format!(
                     "ensure JetStream topology (the conflicting resource was not replaced within {:?})",
                     config.startup_timeout
                 ));
             }
-            Err(error) => return Err(error).context("ensure JetStream topology"),
-        }
+            error => return Err(error).context("ensure JetStream topology"),
+        },
     };
     let mut store = DedupStore::open(&js, &names, &config.topology, &instance).await?;
     readiness.set("topology", true);
@@ -252,6 +268,7 @@ impl Alerter {
         let mut checks = tokio::time::interval(self.check_interval);
         checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut lease_retry: Option<tokio::time::Instant> = None;
+        let mut pull_pause = Backoff::new(PULL_RETRY_FIRST, PULL_RETRY_MAX);
         loop {
             let now = Utc::now();
             let deadline =
@@ -318,11 +335,14 @@ impl Alerter {
                 _ = checks.tick() => self.check().await,
                 // Last: always ready under load.
                 next = messages.next() => match next {
-                    Some(Ok(message)) => self.on_message(message).await,
+                    Some(Ok(message)) => {
+                        pull_pause.reset();
+                        self.on_message(message).await
+                    }
                     Some(Err(error)) => {
                         self.metrics.errors.with_label_values(&["pull"]).inc();
                         tracing::warn!(%error, "pulling events failed; continuing");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        tokio::time::sleep(pull_pause.next_delay()).await;
                     }
                     None => anyhow::bail!("event message stream ended"),
                 },

@@ -11,6 +11,7 @@ use async_nats::jetstream::{
     consumer::{AckPolicy, PullConsumer, pull},
 };
 use futures::StreamExt;
+use jetsched_shared::backoff::Backoff;
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::{TaskSpec, validate_id};
@@ -21,6 +22,11 @@ use crate::api::{Limits, check_size, precondition};
 use crate::metrics::Metrics;
 use crate::spans;
 use crate::tasks::TaskStore;
+
+/// First pause after an intake pull error; it doubles up to [`PULL_RETRY_MAX`] while errors
+/// last and starts over after a message.
+const PULL_RETRY_FIRST: Duration = Duration::from_millis(200);
+const PULL_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// Creates (or binds to) the registry's durable consumer on the intake stream.
 pub(crate) async fn consumer(js: &jetstream::Context, names: &Names) -> anyhow::Result<PullConsumer> {
@@ -58,6 +64,8 @@ pub(crate) async fn run(
         .messages()
         .await
         .context("start pulling intake submissions")?;
+    // Pull errors (a server restarting, a cluster electing) are waited out, longer each time.
+    let mut pause = Backoff::new(PULL_RETRY_FIRST, PULL_RETRY_MAX);
     loop {
         let message = tokio::select! {
             biased;
@@ -65,10 +73,13 @@ pub(crate) async fn run(
             next = messages.next() => next,
         };
         let message = match message {
-            Some(Ok(message)) => message,
+            Some(Ok(message)) => {
+                pause.reset();
+                message
+            }
             Some(Err(error)) => {
                 tracing::warn!(%error, "intake pull failed; continuing");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(pause.next_delay()).await;
                 continue;
             }
             None => anyhow::bail!("intake message stream ended"),
