@@ -117,3 +117,34 @@ where
     telemetry.shutdown().await;
     code
 }
+
+/// A service binary's whole `main.rs`: the mimalloc allocator (fewer allocator lock waits and
+/// less CPU than glibc malloc on the hot paths) and a `main` that parses and validates `Config`
+/// (through `$parse`, `Config::parse` by default) and hands it to [`main`]. The binary crate
+/// depends on `mimalloc`, `clap` and `tokio`.
+///
+/// `service_main!("jetsched-registry", jetsched_registry::Config, jetsched_registry::build);`
+#[macro_export]
+macro_rules! service_main {
+    ($binary:literal, $config:ty, $build:expr) => {
+        $crate::service_main!($binary, $config, $build, <$config as clap::Parser>::parse());
+    };
+    ($binary:literal, $config:ty, $build:expr, $parse:expr) => {
+        #[global_allocator]
+        static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+        #[tokio::main]
+        async fn main() -> std::process::ExitCode {
+            let config: $config = $parse;
+            let valid = config.validate().map(|()| config);
+            $crate::service::main(
+                $binary,
+                valid,
+                |config| &config.common,
+                $build,
+                |service, shutdown| service.run(shutdown),
+            )
+            .await
+        }
+    };
+}
