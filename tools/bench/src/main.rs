@@ -15,6 +15,8 @@ mod system;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use jetsched_shared::config::LogFormat;
+use jetsched_shared::telemetry::{self, TraceSettings};
 use serde_json::{Value, json};
 
 #[derive(Debug, Parser)]
@@ -50,6 +52,19 @@ enum Scenario {
     Soak(soak::Args),
     /// Every scenario at one size; one table and one JSON report.
     All(AllArgs),
+    /// A local OTLP/HTTP receiver that takes spans and counts them, for measuring the cost of
+    /// trace export (run a scenario beside it with `OTEL_EXPORTER_OTLP_ENDPOINT` pointing here).
+    TraceSink(TraceSinkArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct TraceSinkArgs {
+    /// Port to listen on (127.0.0.1).
+    #[arg(long, default_value_t = 4318)]
+    port: u16,
+    /// How long to run before printing what it received.
+    #[arg(long, default_value_t = 600)]
+    seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -158,6 +173,14 @@ fn print_summary(report: &serde_json::Map<String, Value>) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // In-process services (the workers of `e2e`, the scheduler of `steady`) export spans when
+    // the standard OpenTelemetry variables ask for it, as the binaries do; otherwise nothing is
+    // installed and the services log nothing.
+    let settings = TraceSettings::from_env("jetsched-bench", "bench").map_err(anyhow::Error::msg)?;
+    let telemetry = match settings.exporter {
+        Some(_) => Some(telemetry::init(LogFormat::Plain, &settings)?),
+        None => None,
+    };
     let report = match cli.scenario {
         Scenario::Registry(args) => registry::run(args).await?,
         Scenario::Raw(args) => raw::run(args).await?,
@@ -169,11 +192,24 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Scale(args) => scheduler::scale(args).await?,
         Scenario::Soak(args) => soak::run(args).await?,
         Scenario::All(args) => all(args.size).await?,
+        Scenario::TraceSink(args) => trace_sink(args).await,
     };
+    if let Some(telemetry) = telemetry {
+        let dropped = jetsched_shared::telemetry::spans_dropped();
+        telemetry.shutdown().await;
+        eprintln!("trace export: {dropped} spans dropped");
+    }
     let text = serde_json::to_string_pretty(&report)?;
     println!("{text}");
     if let Some(path) = cli.json {
         std::fs::write(&path, &text)?;
     }
     Ok(())
+}
+
+async fn trace_sink(args: TraceSinkArgs) -> Value {
+    let receiver = jetsched_tests::otlp::OtlpReceiver::start_on(args.port).await;
+    eprintln!("trace sink: listening on {}", receiver.endpoint());
+    tokio::time::sleep(std::time::Duration::from_secs(args.seconds)).await;
+    serde_json::json!({"scenario": "trace-sink", "requests": receiver.requests(), "spans": receiver.spans().len()})
 }
