@@ -72,6 +72,7 @@ pub mod millis {
 pub const HDR_STATUS: &str = "Jetsched-Status";
 
 mod api;
+mod breaker;
 mod dead_letter;
 mod dispatch;
 mod event;
@@ -81,6 +82,7 @@ mod state;
 pub use api::{
     DeleteReply, ListReply, ListRequest, NextReply, NextRequest, TaskRef, TaskReply, TriggerReply,
 };
+pub use breaker::{BREAKER_SLOTS, BreakerRecord, BreakerSlot, BreakerState};
 pub use dead_letter::{DeadLetter, DeadLetterSource};
 pub use dispatch::{Dispatch, Trigger, execution_id_of_fire, fresh_execution_id, scheduled_execution_id};
 pub use event::{Event, EventKind};
