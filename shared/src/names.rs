@@ -12,6 +12,18 @@ pub const DEFAULT_PREFIX: &str = "jetsched";
 /// Namespace used in event subjects for events that concern no task (leader changes).
 pub const SYSTEM_NAMESPACE: &str = "_system";
 
+/// Namespace used in event subjects for a named (shared) breaker's events; the id is its key.
+pub const BREAKER_NAMESPACE: &str = "_breaker";
+
+/// Reasons carried by breaker and auto-pause events.
+pub mod breaker_reason {
+    /// `run.skipped`'s reason when the run's breaker was open (`on_open: skip`).
+    pub const BREAKER_OPEN: &str = "breaker_open";
+    /// `task.paused`'s reason (and the task's `paused_reason`) when the registry paused the task
+    /// after `pause_after_failures` consecutive failed runs.
+    pub const CONSECUTIVE_FAILURES: &str = "consecutive_failures";
+}
+
 /// Names derived from a prefix: `jetsched` gives streams `JETSCHED_*` and subjects `jetsched.*`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
@@ -65,6 +77,11 @@ impl Names {
     pub fn runs_bucket(&self) -> String {
         format!("{}_RUNS", self.upper)
     }
+    /// Circuit breakers shared by every worker: [`breaker_task_key`] → a task's own breaker and
+    /// its consecutive-failure count, [`breaker_named_key`] → a named breaker.
+    pub fn breakers_bucket(&self) -> String {
+        format!("{}_BREAKERS", self.upper)
+    }
 
     /// The stream subject a KV bucket stores `key` under (`$KV.<bucket>.<key>`), for reads that
     /// must come from the stream leader rather than a possibly lagging replica.
@@ -97,6 +114,10 @@ impl Names {
     pub fn alerts_stream(&self) -> String {
         format!("{}_ALERTS", self.upper)
     }
+    /// Requests from workers to the registry (pause a task), consumed durably.
+    pub fn control_stream(&self) -> String {
+        format!("{}_CONTROL", self.upper)
+    }
 
     // ---- subjects ---------------------------------------------------------------------
 
@@ -110,6 +131,23 @@ impl Names {
     /// Splits an intake subject back into `(namespace, task_id)`.
     pub fn parse_submit_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str)> {
         let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".submit.")?;
+        let (namespace, task_id) = rest.split_once('.')?;
+        (!namespace.is_empty() && !task_id.is_empty() && !task_id.contains('.'))
+            .then_some((namespace, task_id))
+    }
+
+    /// A worker's request that the registry pause a task (after `pause_after_failures`
+    /// consecutive failed runs): `jetsched.control.pause.<namespace>.<task_id>`.
+    pub fn pause_request_subject(&self, namespace: &str, task_id: &str) -> String {
+        format!("{}.control.pause.{namespace}.{task_id}", self.prefix)
+    }
+    /// Every pause request: `jetsched.control.pause.>`.
+    pub fn pause_request_wildcard(&self) -> String {
+        format!("{}.control.pause.>", self.prefix)
+    }
+    /// Splits a pause-request subject back into `(namespace, task_id)`.
+    pub fn parse_pause_request_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str)> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".control.pause.")?;
         let (namespace, task_id) = rest.split_once('.')?;
         (!namespace.is_empty() && !task_id.is_empty() && !task_id.contains('.'))
             .then_some((namespace, task_id))
@@ -200,6 +238,14 @@ impl Names {
     pub fn dlq_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
         format!("{}.{endpoint}.{namespace}", self.dlq_api_group())
     }
+    /// `jetsched.api.breaker` — the group of the breaker endpoints (`list`, `get`, `reset`).
+    pub fn breaker_api_group(&self) -> String {
+        format!("{}.api.breaker", self.prefix)
+    }
+    /// `jetsched.api.breaker.<endpoint>`.
+    pub fn breaker_api_subject(&self, endpoint: &str) -> String {
+        format!("{}.{endpoint}", self.breaker_api_group())
+    }
     /// `jetsched.api.runs` — run records read through the registry (namespaced only: a run
     /// record's key carries no namespace, so only the registry can check it).
     pub fn runs_api_group(&self) -> String {
@@ -246,6 +292,10 @@ impl Names {
     pub fn intake_consumer(&self) -> &'static str {
         "registry-intake"
     }
+    /// The registry's durable consumer of pause requests (shared by replicas).
+    pub fn pause_consumer(&self) -> &'static str {
+        "registry-pause"
+    }
     /// The durable pull consumer of one queue, shared by every worker replica.
     pub fn worker_consumer(&self, queue: &str) -> String {
         format!("workers-{queue}")
@@ -271,6 +321,22 @@ impl Names {
     pub fn leader_key(&self) -> &'static str {
         "scheduler"
     }
+    /// The subject a scheduler replica answers on while its connection lives:
+    /// `jetsched.scheduler.leader.<instance>`. Followers ask the lease holder's; "no
+    /// responders" means the server has dropped the holder's connection.
+    pub fn scheduler_presence_subject(&self, instance: &str) -> String {
+        format!("{}.scheduler.leader.{}", self.prefix, token(instance))
+    }
+    /// A scheduler replica's clock heartbeat in the leader bucket: `clock.<instance>`. The
+    /// server's timestamp on it gives the replica's clock offset.
+    pub fn clock_key(&self, instance: &str) -> String {
+        format!("clock.{}", token(instance))
+    }
+}
+
+/// `text` as one subject token and key part: characters outside `[-_=A-Za-z0-9]` become `_`.
+fn token(text: &str) -> String {
+    text.chars().map(|c| if c.is_ascii_alphanumeric() || "-_=".contains(c) { c } else { '_' }).collect()
 }
 
 /// `<namespace>.<task_id>`: the key in the tasks and state buckets.
@@ -281,6 +347,53 @@ pub fn task_key(namespace: &str, task_id: &str) -> String {
 /// Splits a task key back into `(namespace, task_id)`.
 pub fn split_task_key(key: &str) -> Option<(&str, &str)> {
     key.split_once('.')
+}
+
+/// A task's own breaker (and auto-pause count) in the breakers bucket: `task.<namespace>.<id>`.
+pub fn breaker_task_key(namespace: &str, task_id: &str) -> String {
+    format!("task.{namespace}.{task_id}")
+}
+
+/// A named breaker in the breakers bucket: `key.<key>`.
+pub fn breaker_named_key(key: &str) -> String {
+    format!("key.{key}")
+}
+
+/// What a breakers-bucket key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerKey<'a> {
+    /// A task's own breaker: `(namespace, task_id)`.
+    Task(&'a str, &'a str),
+    /// A named breaker.
+    Named(&'a str),
+}
+
+impl<'a> BreakerKey<'a> {
+    /// Parses a breakers-bucket key; `None` for anything else.
+    pub fn parse(key: &'a str) -> Option<BreakerKey<'a>> {
+        if let Some(rest) = key.strip_prefix("task.") {
+            let (namespace, task_id) = rest.split_once('.')?;
+            return (!namespace.is_empty() && !task_id.is_empty() && !task_id.contains('.'))
+                .then_some(BreakerKey::Task(namespace, task_id));
+        }
+        let name = key.strip_prefix("key.")?;
+        (!name.is_empty() && !name.contains('.')).then_some(BreakerKey::Named(name))
+    }
+
+    /// The `(namespace, id)` its events are published under: the task's, or
+    /// ([`BREAKER_NAMESPACE`], key) for a named breaker.
+    pub fn event_target(self) -> (&'a str, &'a str) {
+        match self {
+            BreakerKey::Task(namespace, task_id) => (namespace, task_id),
+            BreakerKey::Named(name) => (BREAKER_NAMESPACE, name),
+        }
+    }
+}
+
+/// The de-duplication id of a pause request: `pause:<namespace>.<task_id>:<execution_id>` (the
+/// execution whose failure reached the count), so a retried publish is absorbed.
+pub fn pause_request_msg_id(namespace: &str, task_id: &str, execution_id: &str) -> String {
+    format!("pause:{namespace}.{task_id}:{execution_id}")
 }
 
 /// The de-duplication id of a fire: `<namespace>.<task_id>:<nominal_unix_ms>`. Derived from the
@@ -359,6 +472,13 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_instance_is_one_token_of_its_presence_subject_and_clock_key() {
+        let names = Names::new("acme").unwrap();
+        assert_eq!(names.scheduler_presence_subject("host.lan-42"), "acme.scheduler.leader.host_lan-42");
+        assert_eq!(names.clock_key("a b*>"), "clock.a_b__");
+    }
+
+    #[test]
     fn namespaced_api_subjects_carry_the_namespace_last() {
         let names = Names::new("acme").unwrap();
         assert_eq!(names.task_api_namespaced("put", "demo"), "acme.api.task.put.demo");
@@ -373,6 +493,26 @@ mod tests {
         assert_eq!(Names::namespace_inbox_prefix("demo"), "_INBOX.demo");
         assert_eq!(names.parse_dlq_subject("acme.dlq.q.demo.t"), Some(("q", "demo", "t")));
         assert_eq!(names.parse_dlq_subject("acme.dlq.q.demo"), None);
+    }
+
+    #[test]
+    fn breaker_names_and_keys() {
+        let names = Names::new("acme").unwrap();
+        assert_eq!(names.breakers_bucket(), "ACME_BREAKERS");
+        assert_eq!(names.control_stream(), "ACME_CONTROL");
+        assert_eq!(names.pause_request_subject("ns", "t"), "acme.control.pause.ns.t");
+        assert_eq!(names.parse_pause_request_subject("acme.control.pause.ns.t"), Some(("ns", "t")));
+        assert_eq!(names.parse_pause_request_subject("acme.control.pause.ns"), None);
+        assert_eq!(names.breaker_api_subject("reset"), "acme.api.breaker.reset");
+        assert_eq!(breaker_task_key("ns", "t"), "task.ns.t");
+        assert_eq!(breaker_named_key("payments-api"), "key.payments-api");
+        assert_eq!(BreakerKey::parse("task.ns.t"), Some(BreakerKey::Task("ns", "t")));
+        assert_eq!(BreakerKey::parse("key.pay"), Some(BreakerKey::Named("pay")));
+        assert_eq!(BreakerKey::parse("key.pay").unwrap().event_target(), (BREAKER_NAMESPACE, "pay"));
+        for bad in ["task.ns", "task.ns.t.x", "key.", "other.x", "key.a.b"] {
+            assert_eq!(BreakerKey::parse(bad), None, "{bad}");
+        }
+        assert_eq!(pause_request_msg_id("ns", "t", "e1"), "pause:ns.t:e1");
     }
 
     #[test]

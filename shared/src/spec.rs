@@ -6,6 +6,7 @@
 //! are rejected at every level. [`TaskSpec::parse`] is structural (no clock); [`TaskSpec::admit`]
 //! adds the checks that need the registration time.
 
+mod breaker;
 mod executor;
 mod fast;
 mod retry;
@@ -19,6 +20,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 
+pub use self::breaker::{BreakerSpec, OnOpen};
 pub use self::executor::Executor;
 pub use self::retry::RetryPolicy;
 use crate::error::{ApiError, ApiErrors, ErrorCode};
@@ -47,6 +49,13 @@ pub struct TaskSpec {
     pub overlap: OverlapPolicy,
     pub jitter: Option<Jitter>,
     pub paused: bool,
+    /// Why the task is paused (`consecutive_failures` when auto-paused, or a user's text), at
+    /// most 256 characters; only with `paused`. Resuming clears it.
+    pub paused_reason: Option<String>,
+    /// The circuit breaker runs of this task go through, if any.
+    pub breaker: Option<BreakerSpec>,
+    /// Pause the task after this many consecutive runs ended `failed` or `dead` (at least 1).
+    pub pause_after_failures: Option<u32>,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
     pub labels: BTreeMap<String, String>,
 }
@@ -117,6 +126,9 @@ const FIELDS: &[&str] = &[
     "overlap",
     "jitter",
     "paused",
+    "paused_reason",
+    "breaker",
+    "pause_after_failures",
     "labels",
 ];
 
@@ -124,6 +136,31 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 const DEFAULT_CATCHUP_WINDOW: Duration = Duration::from_secs(3600);
 const MAX_LABELS: usize = 64;
+const MAX_PAUSED_REASON: usize = 256;
+
+/// Checks a `paused_reason`: 1 to [`MAX_PAUSED_REASON`] characters, and only on a paused task.
+fn check_paused_reason(reason: &str, paused: bool) -> Result<(), ApiError> {
+    let length = reason.chars().count();
+    if length == 0 || length > MAX_PAUSED_REASON {
+        return Err(err(
+            ErrorCode::InvalidValue,
+            "paused_reason",
+            format!("must be 1 to {MAX_PAUSED_REASON} characters"),
+        ));
+    }
+    if !paused {
+        return Err(err(ErrorCode::InvalidValue, "paused_reason", "only a paused task has a reason"));
+    }
+    Ok(())
+}
+
+/// Checks `pause_after_failures`: at least 1.
+fn check_pause_after_failures(n: u32) -> Result<(), ApiError> {
+    if n == 0 {
+        return Err(err(ErrorCode::InvalidValue, "pause_after_failures", "must be at least 1"));
+    }
+    Ok(())
+}
 
 /// Checks an id or namespace against `[A-Za-z0-9_-]{1,128}` (`invalid_id` at `field`).
 pub fn validate_id(field: &str, value: &str) -> Result<(), ApiError> {
@@ -296,6 +333,16 @@ impl TaskSpec {
         // Outer `Some`: given; inner `None`: refused.
         let jitter = obj.get("jitter").map(|jitter| read_jitter(jitter, problems));
         let paused = problems.take_opt(obj.bool("paused")).unwrap_or(false);
+        let paused_reason = problems.take(obj.string("paused_reason").and_then(|reason| match reason {
+            Some(reason) => check_paused_reason(reason, paused).map(|()| Some(reason.to_owned())),
+            None => Ok(None),
+        }));
+        // Outer `Some`: given; inner `None`: refused.
+        let breaker = obj.get("breaker").map(|breaker| BreakerSpec::read(breaker, problems));
+        let pause_after_failures = problems.take(obj.u32("pause_after_failures").and_then(|n| match n {
+            Some(n) => check_pause_after_failures(n).map(|()| Some(n)),
+            None => Ok(None),
+        }));
         let labels = read_labels(&obj, problems);
         if !problems.is_empty() {
             return None;
@@ -318,6 +365,12 @@ impl TaskSpec {
                 None => None,
             },
             paused,
+            paused_reason: paused_reason?,
+            breaker: match breaker {
+                Some(breaker) => Some(breaker?),
+                None => None,
+            },
+            pause_after_failures: pause_after_failures?,
             labels: labels?,
         })
     }
@@ -406,6 +459,15 @@ impl TaskSpec {
                 j["max_random"] = Value::String(format_duration(max_random));
             }
             v["jitter"] = j;
+        }
+        if let Some(reason) = &self.paused_reason {
+            v["paused_reason"] = Value::String(reason.clone());
+        }
+        if let Some(breaker) = &self.breaker {
+            v["breaker"] = breaker.to_json();
+        }
+        if let Some(n) = self.pause_after_failures {
+            v["pause_after_failures"] = json!(n);
         }
         v
     }

@@ -101,6 +101,8 @@ pub struct Topology {
     pub leader: kv::Store,
     pub state: kv::Store,
     pub runs: kv::Store,
+    /// Circuit breakers and auto-pause counts shared by every worker.
+    pub breakers: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -179,6 +181,7 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         leader,
         base(names.state_bucket(), "jetsched per-task fire state", 1, Duration::ZERO),
         base(names.runs_bucket(), "jetsched run records", 1, args.runs_ttl),
+        base(names.breakers_bucket(), "jetsched circuit breakers and failure counts", 1, Duration::ZERO),
     ]
 }
 
@@ -233,6 +236,15 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
             retention: RetentionPolicy::Limits,
             max_age: args.events_max_age,
             ..base(names.alerts_stream(), vec![names.alerts_wildcard()], "jetsched alerts history")
+        },
+        stream::Config {
+            retention: RetentionPolicy::WorkQueue,
+            max_age: args.intake_max_age,
+            ..base(
+                names.control_stream(),
+                vec![names.pause_request_wildcard()],
+                "jetsched requests from workers to the registry (pause a task)",
+            )
         },
     ]
 }
@@ -300,8 +312,8 @@ async fn ensure_once(
         stores.push(ensure_bucket(js, config, &mut changes).await?);
     }
     let mut stores = stores.into_iter();
-    let mut next = || stores.next().expect("four buckets");
-    Ok(Topology { tasks: next(), leader: next(), state: next(), runs: next(), changes })
+    let mut next = || stores.next().expect("five buckets");
+    Ok(Topology { tasks: next(), leader: next(), state: next(), runs: next(), breakers: next(), changes })
 }
 
 /// One setting that differs between an existing resource and the desired configuration.

@@ -76,6 +76,7 @@ mod breaker;
 mod dead_letter;
 mod dispatch;
 mod event;
+mod pause;
 mod run;
 mod state;
 
@@ -86,5 +87,6 @@ pub use breaker::{BREAKER_SLOTS, BreakerRecord, BreakerSlot, BreakerState};
 pub use dead_letter::{DeadLetter, DeadLetterSource};
 pub use dispatch::{Dispatch, Trigger, execution_id_of_fire, fresh_execution_id, scheduled_execution_id};
 pub use event::{Event, EventKind};
+pub use pause::PauseRequest;
 pub use run::{AttemptOutcome, AttemptRecord, MAX_KEPT_ATTEMPTS, RunRecord, RunStatus};
 pub use state::{FireState, LeaderRecord};

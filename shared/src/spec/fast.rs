@@ -1,7 +1,7 @@
 //! The fast path of [`TaskSpec::parse`]: the spec, its schedule and its executor (except
 //! `shell`) are deserialized into typed fields (strings borrowed from the input where they have
 //! no escapes) instead of a `serde_json::Value` tree, then checked with the same validators as
-//! the reference reader in `spec.rs`; `retry` and `jitter` go through the reference parsers.
+//! the reference reader in `spec.rs`; `retry`, `jitter` and `breaker` go through the reference parsers.
 //!
 //! It only ever answers "valid, and here is the spec" or "not mine": every input it does not
 //! accept (a type error, a duplicate key, a value that fails validation) goes to the reference
@@ -21,8 +21,9 @@ use serde_json::Value;
 
 use super::executor::{check_header, parse_method, validate_handler_name, validate_subject, validate_url};
 use super::{
-    DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, MAX_LABELS, MAX_TIMEOUT, MISFIRE, OVERLAP,
-    RetryPolicy, TaskSpec, check_label, lookup, read_jitter, validate_id, validate_name,
+    BreakerSpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, MAX_LABELS, MAX_TIMEOUT, MISFIRE,
+    OVERLAP, RetryPolicy, TaskSpec, check_label, check_pause_after_failures, check_paused_reason, lookup,
+    read_jitter, validate_id, validate_name,
 };
 use crate::field::{Problems, parse_duration, parse_instant};
 use crate::schedule::{CronSchedule, Schedule, check_interval};
@@ -54,6 +55,10 @@ struct Doc<'a> {
     overlap: Option<Cow<'a, str>>,
     jitter: Option<Value>,
     paused: Option<bool>,
+    #[serde(borrow)]
+    paused_reason: Option<Cow<'a, str>>,
+    breaker: Option<Value>,
+    pause_after_failures: Option<u32>,
     labels: Option<BTreeMap<String, String>>,
 }
 
@@ -250,6 +255,17 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         Some(jitter) => Some(Problems::collect(|problems| read_jitter(jitter, problems)).ok()?),
         None => None,
     };
+    let paused = doc.paused.unwrap_or(false);
+    if let Some(reason) = &doc.paused_reason {
+        check_paused_reason(reason, paused).ok()?;
+    }
+    let breaker = match &doc.breaker {
+        Some(breaker) => Some(Problems::collect(|problems| BreakerSpec::read(breaker, problems)).ok()?),
+        None => None,
+    };
+    if let Some(n) = doc.pause_after_failures {
+        check_pause_after_failures(n).ok()?;
+    }
     let labels = doc.labels.unwrap_or_default();
     if labels.len() > MAX_LABELS {
         return None;
@@ -271,7 +287,10 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         catchup_window,
         overlap,
         jitter,
-        paused: doc.paused.unwrap_or(false),
+        paused,
+        paused_reason: doc.paused_reason.map(Cow::into_owned),
+        breaker,
+        pause_after_failures: doc.pause_after_failures,
         labels,
     })
 }

@@ -512,6 +512,112 @@ fn invalid_specs_report_code_and_field() {
             Some("labels.team"),
         ),
         ("65 labels", patched(json!({"labels": many_labels})), InvalidValue, Some("labels")),
+        // breaker, auto-pause and the pause reason
+        ("breaker is a string", patched(json!({"breaker": "on"})), InvalidType, Some("breaker")),
+        (
+            "unknown breaker field",
+            patched(json!({"breaker": {"colour": "red"}})),
+            UnknownField,
+            Some("breaker.colour"),
+        ),
+        (
+            "breaker key with a dot",
+            patched(json!({"breaker": {"key": "a.b"}})),
+            InvalidId,
+            Some("breaker.key"),
+        ),
+        (
+            "breaker key of 65 chars",
+            patched(json!({"breaker": {"key": long(65)}})),
+            InvalidId,
+            Some("breaker.key"),
+        ),
+        (
+            "failure rate 0",
+            patched(json!({"breaker": {"failure_rate": 0}})),
+            InvalidValue,
+            Some("breaker.failure_rate"),
+        ),
+        (
+            "failure rate above 1",
+            patched(json!({"breaker": {"failure_rate": 1.5}})),
+            InvalidValue,
+            Some("breaker.failure_rate"),
+        ),
+        (
+            "failure rate as a string",
+            patched(json!({"breaker": {"failure_rate": "half"}})),
+            InvalidType,
+            Some("breaker.failure_rate"),
+        ),
+        ("min runs 0", patched(json!({"breaker": {"min_runs": 0}})), InvalidValue, Some("breaker.min_runs")),
+        (
+            "window not a duration",
+            patched(json!({"breaker": {"window": "soon"}})),
+            InvalidDuration,
+            Some("breaker.window"),
+        ),
+        (
+            "window under a second",
+            patched(json!({"breaker": {"window": "500ms"}})),
+            InvalidValue,
+            Some("breaker.window"),
+        ),
+        (
+            "open for 0s",
+            patched(json!({"breaker": {"open_for": "0s"}})),
+            InvalidDuration,
+            Some("breaker.open_for"),
+        ),
+        (
+            "max open for below open for",
+            patched(json!({"breaker": {"open_for": "30s", "max_open_for": "10s"}})),
+            InvalidValue,
+            Some("breaker.max_open_for"),
+        ),
+        (
+            "half-open runs 0",
+            patched(json!({"breaker": {"half_open_runs": 0}})),
+            InvalidValue,
+            Some("breaker.half_open_runs"),
+        ),
+        (
+            "on open unknown",
+            patched(json!({"breaker": {"on_open": "queue"}})),
+            InvalidValue,
+            Some("breaker.on_open"),
+        ),
+        (
+            "pause after 0 failures",
+            patched(json!({"pause_after_failures": 0})),
+            InvalidValue,
+            Some("pause_after_failures"),
+        ),
+        (
+            "pause after failures as a string",
+            patched(json!({"pause_after_failures": "3"})),
+            InvalidType,
+            Some("pause_after_failures"),
+        ),
+        (
+            "paused reason on a running task",
+            patched(json!({"paused_reason": "maintenance"})),
+            InvalidValue,
+            Some("paused_reason"),
+        ),
+        (
+            "empty paused reason",
+            patched(json!({"paused": true, "paused_reason": ""})),
+            InvalidValue,
+            Some("paused_reason"),
+        ),
+        (
+            "paused reason of 257 chars",
+            patched(json!({"paused": true, "paused_reason": long(257)})),
+            InvalidValue,
+            Some("paused_reason"),
+        ),
+        ("paused reason a number", patched(json!({"paused_reason": 1})), InvalidType, Some("paused_reason")),
     ];
     assert!(cases.len() >= 45, "{} cases", cases.len());
     let mut failures = Vec::new();
@@ -658,6 +764,17 @@ fn valid_specs() -> Vec<Value> {
         json!({
             "id": "h2", "schedule": {"cron": "0 15 10 ? * FRI#3 2027", "timezone": "Australia/Lord_Howe"},
             "executor": {"kind": "http", "method": "HEAD", "url": "http://h:80"}
+        }),
+        json!({
+            "id": "b", "schedule": {"every": "10s"}, "executor": {"kind": "http", "url": "http://pay/x"},
+            "paused": true, "paused_reason": "consecutive_failures",
+            "breaker": {"key": "payments-api", "failure_rate": 0.25, "min_runs": 4, "window": "2s",
+                        "open_for": "1s", "max_open_for": "8s", "half_open_runs": 2, "on_open": "skip"},
+            "pause_after_failures": 3
+        }),
+        json!({
+            "id": "b2", "schedule": {"every": "10s"}, "executor": {"kind": "nats", "subject": "x"},
+            "breaker": {"open_for": "20m"}
         }),
     ]
 }
@@ -1099,6 +1216,24 @@ fn every_problem_of_a_spec_is_reported_with_its_path() {
             ],
         ),
         (
+            "breaker and auto-pause",
+            json!({"id": "t", "schedule": {"every": "1m"}, "executor": nats, "paused_reason": "",
+                   "breaker": {"mode": "x", "key": "a b", "failure_rate": 2, "min_runs": -1,
+                   "window": "1h", "open_for": "1m", "max_open_for": "30s", "half_open_runs": 0,
+                   "on_open": "wait"}, "pause_after_failures": 0}),
+            vec![
+                (InvalidValue, "paused_reason"),
+                (UnknownField, "breaker.mode"),
+                (InvalidId, "breaker.key"),
+                (InvalidValue, "breaker.failure_rate"),
+                (InvalidValue, "breaker.min_runs"),
+                (InvalidValue, "breaker.max_open_for"),
+                (InvalidValue, "breaker.half_open_runs"),
+                (InvalidValue, "breaker.on_open"),
+                (InvalidValue, "pause_after_failures"),
+            ],
+        ),
+        (
             "a nested object of the wrong type and the fields after it",
             json!({"id": "t", "schedule": "@daily", "queue": "q*", "executor": [], "timeout": "25h"}),
             vec![
@@ -1142,4 +1277,46 @@ fn an_error_reply_carries_the_first_error_and_the_list() {
     assert_eq!(old.into_errors().as_slice().len(), 1);
     let each: Vec<String> = errors.as_slice().iter().map(ToString::to_string).collect();
     assert_eq!(errors.to_string(), each.join("; "));
+}
+
+#[test]
+fn breaker_defaults_canonical_form_and_bucket_key() {
+    let spec = TaskSpec::parse(&patched(json!({"breaker": {}, "pause_after_failures": 3}))).unwrap();
+    let breaker = spec.breaker.clone().unwrap();
+    assert_eq!(breaker, BreakerSpec::default());
+    assert_eq!(
+        breaker,
+        BreakerSpec {
+            key: None,
+            failure_rate: 0.5,
+            min_runs: 10,
+            window: Duration::from_secs(60),
+            open_for: Duration::from_secs(30),
+            max_open_for: Duration::from_secs(600),
+            half_open_runs: 1,
+            on_open: OnOpen::Delay,
+        }
+    );
+    assert_eq!(spec.pause_after_failures, Some(3));
+    assert_eq!(spec.paused_reason, None);
+    assert_eq!(
+        spec.to_json()["breaker"],
+        json!({"failure_rate": 0.5, "min_runs": 10, "window": "1m", "open_for": "30s",
+               "max_open_for": "10m", "half_open_runs": 1, "on_open": "delay"})
+    );
+    assert_eq!(spec.to_json()["pause_after_failures"], json!(3));
+    assert_eq!(breaker.bucket_key("billing", "nightly-report"), "task.billing.nightly-report");
+    let named = BreakerSpec { key: Some("payments-api".into()), ..breaker };
+    assert_eq!(named.bucket_key("billing", "nightly-report"), "key.payments-api");
+    // A long open period raises the default ceiling with it.
+    let long = TaskSpec::parse(&patched(json!({"breaker": {"open_for": "20m"}}))).unwrap();
+    assert_eq!(long.breaker.unwrap().max_open_for, Duration::from_secs(1200));
+    // Without the new fields the canonical form has none of them.
+    let plain = TaskSpec::parse(&serde_json::to_vec(&base()).unwrap()).unwrap().to_json();
+    for key in ["breaker", "pause_after_failures", "paused_reason"] {
+        assert!(plain.get(key).is_none(), "{key} in {plain}");
+    }
+    let paused = TaskSpec::parse(&patched(json!({"paused": true, "paused_reason": "maintenance"}))).unwrap();
+    assert_eq!(paused.paused_reason.as_deref(), Some("maintenance"));
+    assert_eq!(TaskSpec::parse_value(paused.to_json()).unwrap(), paused);
 }
