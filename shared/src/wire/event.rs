@@ -36,6 +36,15 @@ pub enum EventKind {
     RunRetrying,
     #[serde(rename = "run.dead")]
     RunDead,
+    /// A run not executed because its breaker was open (`on_open: skip`; reason `breaker_open`).
+    #[serde(rename = "run.skipped")]
+    RunSkipped,
+    #[serde(rename = "breaker.opened")]
+    BreakerOpened,
+    #[serde(rename = "breaker.half_opened")]
+    BreakerHalfOpened,
+    #[serde(rename = "breaker.closed")]
+    BreakerClosed,
     #[serde(rename = "leader.acquired")]
     LeaderAcquired,
     #[serde(rename = "leader.lost")]
@@ -60,6 +69,10 @@ impl EventKind {
             EventKind::RunFailed => "run.failed",
             EventKind::RunRetrying => "run.retrying",
             EventKind::RunDead => "run.dead",
+            EventKind::RunSkipped => "run.skipped",
+            EventKind::BreakerOpened => "breaker.opened",
+            EventKind::BreakerHalfOpened => "breaker.half_opened",
+            EventKind::BreakerClosed => "breaker.closed",
             EventKind::LeaderAcquired => "leader.acquired",
             EventKind::LeaderLost => "leader.lost",
         }
@@ -103,6 +116,24 @@ pub struct Event {
     /// Trace id of the execution (32 hex digits), from the dispatch's `traceparent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// Breaker events: the breaker's key in the breakers bucket (`key.<key>`, `task.<ns>.<id>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Breaker events: `closed`, `open` or `half_open`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Breaker events: the failure rate of the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_rate: Option<f64>,
+    /// Breaker events: failed attempts in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<u64>,
+    /// Breaker events: attempts in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<u64>,
+    /// Breaker events: when an open breaker lets probes through.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub open_until: Option<DateTime<Utc>>,
 }
 
 impl Event {
@@ -125,6 +156,12 @@ impl Event {
             instance: None,
             term: None,
             trace_id: None,
+            key: None,
+            state: None,
+            failure_rate: None,
+            failures: None,
+            runs: None,
+            open_until: None,
         }
     }
 }
