@@ -153,6 +153,18 @@ impl Names {
             .then_some((namespace, task_id))
     }
 
+    /// A run delayed by its open breaker, held by the server until its time (one subject per
+    /// execution, since a schedule rolls up its subject): `jetsched.delayed.<queue>.<execution_id>`.
+    /// No worker consumer's filter matches it: at its time the server publishes a copy to the
+    /// run's dispatch subject.
+    pub fn delayed_subject(&self, queue: &str, execution_id: &str) -> String {
+        format!("{}.delayed.{queue}.{execution_id}", self.prefix)
+    }
+    /// Every delayed run: `jetsched.delayed.>`.
+    pub fn delayed_wildcard(&self) -> String {
+        format!("{}.delayed.>", self.prefix)
+    }
+
     /// `jetsched.dispatch.<queue>.<namespace>.<task_id>`.
     pub fn dispatch_subject(&self, queue: &str, namespace: &str, task_id: &str) -> String {
         format!("{}.dispatch.{queue}.{namespace}.{task_id}", self.prefix)
@@ -504,6 +516,7 @@ mod tests {
         assert_eq!(names.parse_pause_request_subject("acme.control.pause.ns.t"), Some(("ns", "t")));
         assert_eq!(names.parse_pause_request_subject("acme.control.pause.ns"), None);
         assert_eq!(names.breaker_api_subject("reset"), "acme.api.breaker.reset");
+        assert_eq!(names.delayed_subject("q", "e1"), "acme.delayed.q.e1");
         assert_eq!(breaker_task_key("ns", "t"), "task.ns.t");
         assert_eq!(breaker_named_key("payments-api"), "key.payments-api");
         assert_eq!(BreakerKey::parse("task.ns.t"), Some(BreakerKey::Task("ns", "t")));

@@ -209,7 +209,15 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
         stream::Config {
             retention: RetentionPolicy::WorkQueue,
             duplicate_window: args.duplicate_window,
-            ..base(names.dispatch_stream(), vec![names.dispatch_wildcard()], "jetsched dispatched runs")
+            // Runs delayed by an open breaker wait in the stream as server-scheduled messages
+            // (the server turns rollups on for them; declared so a start finds no difference).
+            allow_message_schedules: true,
+            allow_rollup: true,
+            ..base(
+                names.dispatch_stream(),
+                vec![names.dispatch_wildcard(), names.delayed_wildcard()],
+                "jetsched dispatched runs",
+            )
         },
         stream::Config {
             retention: RetentionPolicy::Limits,
@@ -359,6 +367,15 @@ pub fn differences(existing: &stream::Config, desired: &stream::Config) -> Vec<D
         limit(desired.max_messages_per_subject).to_string(),
         true,
     );
+    // Message schedules can be turned on by an update, never off.
+    if desired.allow_message_schedules {
+        check(
+            "allow_message_schedules",
+            existing.allow_message_schedules.to_string(),
+            desired.allow_message_schedules.to_string(),
+            true,
+        );
+    }
     if !desired.duplicate_window.is_zero() {
         check(
             "duplicate_window",
@@ -433,6 +450,8 @@ async fn ensure_stream(
     updated.max_bytes = desired.max_bytes;
     updated.discard = desired.discard;
     updated.max_messages_per_subject = desired.max_messages_per_subject;
+    updated.allow_message_schedules |= desired.allow_message_schedules;
+    updated.allow_rollup |= desired.allow_rollup;
     if !desired.duplicate_window.is_zero() {
         updated.duplicate_window = desired.duplicate_window;
     }
