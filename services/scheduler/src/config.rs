@@ -42,6 +42,11 @@ pub struct Config {
     /// Publish a `fire.dispatched` event per fire (the metric is kept either way).
     #[arg(long, env = "JETSCHED_SCHEDULER_FIRE_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub fire_events: bool,
+    /// Largest offset of the local clock from the NATS server's before this replica counts as
+    /// skewed: it then campaigns one lease later and publishes a `scheduler.clock_skew` event
+    /// (fires follow the server's clock either way).
+    #[arg(long, env = "JETSCHED_SCHEDULER_MAX_CLOCK_SKEW", default_value = "1s", value_parser = parse_duration)]
+    pub max_clock_skew: Duration,
 }
 
 /// Default admin listener of the scheduler.
@@ -62,6 +67,7 @@ impl Config {
             catchup_max: 100,
             catchup_rate: 5000,
             fire_events: true,
+            max_clock_skew: Duration::from_secs(1),
         }
     }
 
@@ -75,6 +81,7 @@ impl Config {
         problems.positive("misfire-threshold", self.misfire_threshold);
         problems.at_least("catchup-max", self.catchup_max, 1);
         problems.at_least("catchup-rate", self.catchup_rate, 1);
+        problems.positive("max-clock-skew", self.max_clock_skew);
         problems.finish::<Config>()
     }
 }
@@ -97,10 +104,12 @@ mod tests {
             "2s",
             "--lease-margin",
             "2s",
+            "--max-clock-skew",
+            "0s",
         ]);
         let error = config.validate().unwrap_err();
         let flags: Vec<&str> = error.problems().map(|p| p.flag.as_str()).collect();
-        assert_eq!(flags, ["publish-window", "lease-margin", "catchup-rate"], "{error}");
+        assert_eq!(flags, ["publish-window", "lease-margin", "catchup-rate", "max-clock-skew"], "{error}");
         let text = error.to_string();
         assert!(text.contains("--publish-window (JETSCHED_SCHEDULER_PUBLISH_WINDOW) = 0"), "{text}");
     }

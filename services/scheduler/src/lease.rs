@@ -2,6 +2,13 @@
 //! every lease/3, step down on any error; followers watch the key and campaign on Delete/Purge
 //! (expiry arrives as Purge) and at the expected expiry.
 //!
+//! Followers also ask the holder's presence subject every 100 ms ([`crate::presence`]): once
+//! the server answers "no responders" (the holder's connection is gone) they take over with a
+//! compare-and-set on the lease revision they last saw, without waiting for the lease to run
+//! out. A leader that sees another replica's record written after its own term on the watch
+//! steps down at once. A replica whose clock is skewed ([`crate::skew`]) takes over only at
+//! expiry, one lease later than the others.
+//!
 //! The lease runs in one task of its own ([`Campaign`] starts and stops it) so a slow server
 //! never stalls the dispatch loop. It reports [`LeaseEvent`]s; the loop keeps the local
 //! monotonic deadline ([`Timing::valid_until`]) and checks it before every publish (fencing).
@@ -17,7 +24,7 @@ use async_nats::jetstream::kv::{self, Operation};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use jetsched_shared::cas::is_already_exists;
+use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
 use jetsched_shared::wire::LeaderRecord;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -25,6 +32,8 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
+use crate::presence::{self, Probe, Responder};
+use crate::skew::Guard;
 
 /// What the lease task tells the dispatch loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,9 +79,22 @@ enum Role {
     Leader { revision: u64, term: u64, acquired_at: DateTime<Utc>, renew_at: Instant },
 }
 
+/// How a replica claims the lease.
+#[derive(Debug, Clone, Copy)]
+enum Claim {
+    /// Nobody holds it: `create`.
+    Free,
+    /// Its holder is gone: `update` expecting the revision last seen.
+    Takeover { revision: u64 },
+}
+
 /// The lease task.
 struct Lease {
     store: kv::Store,
+    client: async_nats::Client,
+    names: jetsched_shared::names::Names,
+    guard: Guard,
+    _responder: Responder,
     key: String,
     instance: String,
     timing: Timing,
@@ -95,18 +117,36 @@ pub(crate) struct Campaign {
 }
 
 impl Campaign {
-    /// A campaign for `key` of the leader bucket `store`, not started yet.
-    pub(crate) fn new(
+    /// A campaign for `key` of the leader bucket `store`, not started yet; this replica
+    /// answers its presence subject from now on.
+    #[allow(clippy::too_many_arguments)] // the lease's handles and settings, each used
+    pub(crate) async fn new(
+        client: async_nats::Client,
+        names: jetsched_shared::names::Names,
         store: kv::Store,
-        key: String,
         instance: String,
         timing: Timing,
         clock: SharedClock,
-    ) -> Campaign {
+        guard: Guard,
+    ) -> anyhow::Result<Campaign> {
+        let responder = Responder::start(&client, names.scheduler_presence_subject(&instance)).await?;
         let (tx, events) = mpsc::channel(64);
         let release = CancellationToken::new();
-        let lease = Lease { store, key, instance, timing, clock, events: tx, release: release.clone() };
-        Campaign { lease: Some(lease), task: None, events, open: true, release }
+        let key = names.leader_key().to_string();
+        let lease = Lease {
+            store,
+            client,
+            names,
+            guard,
+            _responder: responder,
+            key,
+            instance,
+            timing,
+            clock,
+            events: tx,
+            release: release.clone(),
+        };
+        Ok(Campaign { lease: Some(lease), task: None, events, open: true, release })
     }
 
     /// A campaign that never runs (unit tests of the parts around it).
@@ -153,16 +193,23 @@ impl Campaign {
 
 impl Lease {
     async fn run(self) {
+        // A first clock measurement decides whether this replica may campaign at once.
+        self.guard.measured(self.timing.lease).await;
         let mut role = Role::Follower { campaign_at: Instant::now() };
         let mut watch = None;
         let mut rewatch_at = Instant::now();
+        let mut probe = Probe::default();
+        let mut probe_at = Instant::now();
+        // A skewed replica has already waited its extra lease for this campaign.
+        let mut delayed = false;
         loop {
             let wake = match role {
                 Role::Follower { campaign_at } => campaign_at,
                 Role::Leader { renew_at, .. } => renew_at,
             };
             if watch.is_none() && Instant::now() >= rewatch_at {
-                match self.store.watch(&self.key).await {
+                // With history: the current holder at once, then every change.
+                match self.store.watch_with_history(&self.key).await {
                     Ok(w) => watch = Some(w),
                     Err(error) => {
                         tracing::warn!(%error, "cannot watch the leader key; retrying");
@@ -176,6 +223,8 @@ impl Lease {
                     None => std::future::pending().await,
                 }
             };
+            let probing =
+                matches!(role, Role::Follower { .. }) && probe.target().is_some() && !self.guard.skewed();
             tokio::select! {
                 biased;
                 _ = self.release.cancelled() => {
@@ -192,21 +241,57 @@ impl Lease {
                 }
                 _ = sleep_until(wake) => {
                     role = match role {
-                        Role::Follower { .. } => self.campaign().await,
+                        Role::Follower { .. } if self.guard.skewed() && !delayed => {
+                            delayed = true;
+                            tracing::warn!("clock skewed: campaigning one lease later");
+                            Role::Follower { campaign_at: Instant::now() + self.timing.lease }
+                        }
+                        Role::Follower { .. } => {
+                            delayed = false;
+                            self.claim(Claim::Free).await
+                        }
                         Role::Leader { revision, term, acquired_at, .. } => {
                             self.renew(revision, term, acquired_at).await
                         }
                     };
                 }
+                _ = sleep_until(probe_at), if probing => {
+                    let holder = probe.target().unwrap_or_default().to_string();
+                    let answer = presence::ask(&self.client, self.names.scheduler_presence_subject(&holder)).await;
+                    probe_at = Instant::now() + presence::PROBE_EVERY;
+                    if let Some(revision) = probe.answered(answer) {
+                        tracing::info!(%holder, revision, "the lease holder's connection is gone; taking over");
+                        probe.released();
+                        role = self.claim(Claim::Takeover { revision }).await;
+                    }
+                }
                 entry = next_entry => match entry {
-                    Some(Ok(entry)) => {
-                        if let Role::Follower { campaign_at } = &mut role {
-                            match entry.operation {
-                                Operation::Delete | Operation::Purge => *campaign_at = Instant::now(),
-                                Operation::Put => *campaign_at = self.timing.campaign_at(Instant::now()),
+                    Some(Ok(entry)) => match (&mut role, entry.operation) {
+                        (Role::Follower { campaign_at }, Operation::Delete | Operation::Purge) => {
+                            probe.released();
+                            *campaign_at = Instant::now();
+                        }
+                        (Role::Follower { campaign_at }, Operation::Put) => {
+                            delayed = false;
+                            if let Ok(record) = serde_json::from_slice::<LeaderRecord>(&entry.value) {
+                                probe.held(&record.instance, entry.revision);
+                            }
+                            *campaign_at = self.timing.campaign_at(Instant::now());
+                        }
+                        (Role::Leader { term, .. }, Operation::Put) if entry.revision > *term => {
+                            // Another replica wrote the lease after this term began: it took
+                            // over (this replica's connection was gone for a while).
+                            let foreign = serde_json::from_slice::<LeaderRecord>(&entry.value)
+                                .map_or(true, |record| record.instance != self.instance);
+                            if foreign {
+                                let reason = "another replica took the lease over".to_string();
+                                tracing::warn!(revision = entry.revision, "stepping down: {reason}");
+                                let _ = self.events.send(LeaseEvent::Lost { reason }).await;
+                                role = Role::Follower { campaign_at: self.timing.campaign_at(Instant::now()) };
                             }
                         }
-                    }
+                        (Role::Leader { .. }, _) => {}
+                    },
                     Some(Err(error)) => tracing::debug!(%error, "leader key watch error"),
                     None => {
                         tracing::debug!("leader key watch ended; re-opening");
@@ -228,7 +313,9 @@ impl Lease {
         Ok(serde_json::to_vec(&record).context("encode leader record")?.into())
     }
 
-    async fn campaign(&self) -> Role {
+    /// Claims the lease: `create` when free, `update` on the revision last seen when its holder
+    /// is gone. The record's term 0 means "this entry's revision" until the first renewal.
+    async fn claim(&self, claim: Claim) -> Role {
         let sent = Instant::now();
         let acquired_at = crate::tasks::from_ms(self.clock.now_ms());
         let record = match self.record(0, acquired_at) {
@@ -238,8 +325,15 @@ impl Lease {
                 return Role::Follower { campaign_at: sent + self.timing.lease };
             }
         };
-        match tokio::time::timeout(self.timing.request_timeout(), self.store.create(&self.key, record)).await
-        {
+        let request = async {
+            match claim {
+                Claim::Free => self.store.create(&self.key, record).await.map_err(ClaimError::Create),
+                Claim::Takeover { revision } => {
+                    self.store.update(&self.key, record, revision).await.map_err(ClaimError::Update)
+                }
+            }
+        };
+        match tokio::time::timeout(self.timing.request_timeout(), request).await {
             Ok(Ok(revision)) => {
                 tracing::info!(term = revision, instance = %self.instance, "leadership acquired");
                 let valid_until = self.timing.valid_until(sent);
@@ -249,9 +343,7 @@ impl Lease {
                 // Renewed at once: the renewal stores the term in the record.
                 Role::Leader { revision, term: revision, acquired_at, renew_at: Instant::now() }
             }
-            Ok(Err(error)) if is_already_exists(&error) => {
-                Role::Follower { campaign_at: self.timing.campaign_at(sent) }
-            }
+            Ok(Err(error)) if error.lost() => Role::Follower { campaign_at: self.timing.campaign_at(sent) },
             Ok(Err(error)) => {
                 tracing::warn!(%error, "campaign failed");
                 Role::Follower { campaign_at: sent + self.timing.renew_every() }
@@ -293,6 +385,32 @@ impl Lease {
                 let _ = self.events.send(LeaseEvent::Lost { reason }).await;
                 Role::Follower { campaign_at: self.timing.campaign_at(sent) }
             }
+        }
+    }
+}
+
+/// A claim's failure.
+#[derive(Debug)]
+enum ClaimError {
+    Create(kv::CreateError),
+    Update(kv::UpdateError),
+}
+
+impl std::fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClaimError::Create(error) => write!(f, "create: {error}"),
+            ClaimError::Update(error) => write!(f, "takeover: {error}"),
+        }
+    }
+}
+
+impl ClaimError {
+    /// Another replica claimed first (the key exists, or its revision moved on).
+    fn lost(&self) -> bool {
+        match self {
+            ClaimError::Create(error) => is_already_exists(error),
+            ClaimError::Update(error) => is_revision_mismatch(error),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Scheduler metrics, registered on the registry passed in (no global registry).
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 
 #[derive(Clone)]
@@ -26,6 +26,8 @@ pub(crate) struct Metrics {
     pub(crate) timers: IntGauge,
     pub(crate) state_writes: IntCounterVec,
     pub(crate) load_seconds: Histogram,
+    /// `jetsched_scheduler_clock_offset_seconds`: local clock minus the server's.
+    pub(crate) clock_offset: Gauge,
 }
 
 impl Metrics {
@@ -87,7 +89,12 @@ impl Metrics {
         registry.register(Box::new(invalid_specs.clone()))?;
         registry.register(Box::new(timers.clone()))?;
         registry.register(Box::new(state_writes.clone()))?;
+        let clock_offset = Gauge::new(
+            "jetsched_scheduler_clock_offset_seconds",
+            "Local clock minus the NATS server's (positive: the local clock is ahead)",
+        )?;
         registry.register(Box::new(load_seconds.clone()))?;
+        registry.register(Box::new(clock_offset.clone()))?;
         Ok(Metrics {
             is_leader,
             leader_changes,
@@ -103,6 +110,7 @@ impl Metrics {
             timers,
             state_writes,
             load_seconds,
+            clock_offset,
         })
     }
 }

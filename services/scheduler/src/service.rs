@@ -2,8 +2,9 @@
 //! admin port) and `Scheduler::run` (the dispatch loop of `core.rs`, the lease task and the
 //! events task, then an orderly stop).
 //!
-//! The scheduler's wall clock is a parameter ([`build_with_clock`]): the system clock in
-//! production, a clock the test moves in tests.
+//! The scheduler's wall clock is a parameter ([`build_with_clock`]): the system clock corrected
+//! by the clock guard's measured offset in production (fires follow the server's clock), a
+//! clock the test moves in tests (no guard).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use crate::lease::{Campaign, Timing};
 use crate::metrics::Metrics;
 use crate::overlap::Overlap;
 use crate::pipeline::Pipeline;
+use crate::skew::{Guard, Meter};
 use crate::takeover::Takeover;
 use crate::tasks::Tasks;
 use crate::wake::Wake;
@@ -50,17 +52,24 @@ pub struct Scheduler {
     event_pump: EventPump,
     /// `jetsched-scheduler` micro service: lets `jetsched status` count live replicas.
     presence: async_nats::service::Service,
+    /// The clock guard's heartbeat (none on a test clock).
+    meter: Option<Meter>,
 }
 
 /// Connects, ensures the topology, opens the tasks watch and binds the admin listener; the
 /// scheduler runs on the system clock.
 pub async fn build(config: Config) -> anyhow::Result<Scheduler> {
-    build_with_clock(config, Arc::new(SystemClock)).await
+    build_on(config, Arc::new(SystemClock), true).await
 }
 
 /// [`build`] with the wall clock the scheduler fires by (tests pass a
 /// [`ManualClock`](crate::ManualClock)).
 pub async fn build_with_clock(config: Config, clock: SharedClock) -> anyhow::Result<Scheduler> {
+    build_on(config, clock, false).await
+}
+
+/// [`build`] on the `local` clock, corrected by the clock guard when `guarded`.
+async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::Result<Scheduler> {
     let registry = MetricsRegistry::new();
     let metrics = Metrics::register(&registry)?;
     let role = Role {
@@ -77,17 +86,32 @@ pub async fn build_with_clock(config: Config, clock: SharedClock) -> anyhow::Res
     // The bucket's message count bounds the number of tasks (history adds more): pre-size.
     let capacity = usize::try_from(messages).unwrap_or(usize::MAX).min(MAX_PRESIZE);
 
-    let campaign = Campaign::new(
-        leader,
-        names.leader_key().to_string(),
-        instance.clone(),
-        Timing { lease: config.topology.lease, margin: config.lease_margin },
-        clock.clone(),
-    );
     // Events go through the shared publisher's queue (`jetsched_events_failed_total` counts
     // those not stored, a full queue included): the loop never waits for them.
     let (events, event_pump) =
         EventPublisher::with_metrics(js.clone(), names.clone(), &registry)?.queue(EVENT_QUEUE, EVENT_WINDOW);
+    // The clock is corrected before the loop first reads it.
+    let (meter, guard, clock) = if guarded {
+        let key = names.clock_key(&instance);
+        let gauge = metrics.clock_offset.clone();
+        let (mut meter, guard) =
+            Meter::new(leader.clone(), key, instance.clone(), local, config.max_clock_skew, gauge);
+        meter.first(&events).await;
+        let clock = meter.server_clock();
+        (Some(meter), guard, clock)
+    } else {
+        (None, Guard::off(), local)
+    };
+    let campaign = Campaign::new(
+        client.clone(),
+        names.clone(),
+        leader,
+        instance.clone(),
+        Timing { lease: config.topology.lease, margin: config.lease_margin },
+        clock.clone(),
+        guard,
+    )
+    .await?;
     let limits = Limits { threshold: config.misfire_threshold, max: config.catchup_max };
     let time = Time::new(clock);
     let core = Core {
@@ -114,7 +138,7 @@ pub async fn build_with_clock(config: Config, clock: SharedClock) -> anyhow::Res
     )
     .await?;
     tracing::info!(admin = %admin.local_addr(), instance = %core.report.instance, "scheduler ready");
-    Ok(Scheduler { client, core, admin, event_pump, presence })
+    Ok(Scheduler { client, core, admin, event_pump, presence, meter })
 }
 
 impl Scheduler {
@@ -125,13 +149,17 @@ impl Scheduler {
     /// Follows the tasks, campaigns for the lease and dispatches while leader, until `shutdown`;
     /// then waits for pending acks, writes the fire state, releases the lease and drains.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Scheduler { client, mut core, admin, event_pump, presence } = self;
+        let Scheduler { client, mut core, admin, event_pump, presence, meter } = self;
         let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
         let events_task = tokio::spawn(event_pump.run());
+        let meter_task = meter.map(|m| tokio::spawn(m.run(core.report.events.clone(), shutdown.clone())));
 
         core.run(&shutdown).await;
         core.drain().await;
         drop(core);
+        if let Some(task) = meter_task {
+            let _ = task.await;
+        }
 
         if tokio::time::timeout(SHUTDOWN_GRACE, events_task).await.is_err() {
             tracing::warn!("events not all published before shutdown");

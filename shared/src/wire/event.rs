@@ -49,6 +49,9 @@ pub enum EventKind {
     LeaderAcquired,
     #[serde(rename = "leader.lost")]
     LeaderLost,
+    /// A scheduler replica's clock is off the server's by more than `--max-clock-skew`.
+    #[serde(rename = "scheduler.clock_skew")]
+    SchedulerClockSkew,
 }
 
 impl EventKind {
@@ -75,6 +78,7 @@ impl EventKind {
             EventKind::BreakerClosed => "breaker.closed",
             EventKind::LeaderAcquired => "leader.acquired",
             EventKind::LeaderLost => "leader.lost",
+            EventKind::SchedulerClockSkew => "scheduler.clock_skew",
         }
     }
 }
