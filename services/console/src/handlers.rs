@@ -1,0 +1,211 @@
+//! The read-only pages: each gathers its data (index, recent activity, registry API, buckets)
+//! and hands it to its renderer in `pages`.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::sse::{self, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use jetsched_shared::wire::{Event, RunRecord};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::api::{CallError, DlqRequest};
+use crate::http::{AppState, html};
+use crate::index::TaskQuery;
+use crate::pages::{self, dlq::DlqFilter, events::EventFilter, tasks::TaskView};
+use crate::runs::runs_from_events;
+use crate::status;
+
+/// Events listed on a task's page and on the events page.
+const EVENTS_SHOWN: usize = 100;
+/// Dead letters per page.
+const DLQ_PAGE: usize = 50;
+
+fn not_found(what: &str) -> Response {
+    html(StatusCode::NOT_FOUND, pages::problem("Not found", &[what.to_string()]))
+}
+
+fn failed(title: &str, error: &CallError) -> Response {
+    let status = if error.is_not_found() { StatusCode::NOT_FOUND } else { StatusCode::BAD_GATEWAY };
+    html(status, pages::problem(title, &error.messages))
+}
+
+pub(crate) async fn overview(State(state): State<AppState>) -> Response {
+    let tasks = state.index.read().expect("task index lock").len();
+    let overview = status::overview(&state.client, &state.js, &state.names, &state.activity, tasks).await;
+    html(StatusCode::OK, pages::overview::page(&overview))
+}
+
+pub(crate) async fn tasks(
+    State(state): State<AppState>,
+    Query(query): Query<TaskQuery>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let (page, queues) = {
+        let index = state.index.read().expect("task index lock");
+        (index.search(&query, state.page_size), index.queues())
+    };
+    html(StatusCode::OK, pages::tasks::list(&page, &query, raw.as_deref().unwrap_or(""), &queues))
+}
+
+pub(crate) async fn task(
+    State(state): State<AppState>,
+    Path((namespace, id)): Path<(String, String)>,
+) -> Response {
+    let reference = json!({"namespace": namespace, "id": id});
+    let (stored, next) =
+        tokio::join!(state.api.task("get", &namespace, reference), state.api.next(&namespace, &id, 10));
+    let stored = match stored {
+        Ok(stored) => stored,
+        Err(error) => return failed(&format!("Task {id}"), &error),
+    };
+    let spec = stored.get("task").cloned().unwrap_or(Value::Null);
+    let revision = stored.get("revision").and_then(Value::as_u64).unwrap_or(0);
+    let (runs, events) = {
+        let activity = state.activity.read().expect("activity lock");
+        let of_task = |e: &&Event| e.namespace == namespace && e.task_id == id;
+        let runs = runs_from_events(activity.events().filter(of_task), |_| true);
+        let events: Vec<Event> = activity.events().filter(of_task).take(EVENTS_SHOWN).cloned().collect();
+        (runs, events)
+    };
+    let view = TaskView {
+        namespace: &namespace,
+        id: &id,
+        spec: &spec,
+        revision,
+        next: next.map_err(|e| e.to_string()),
+        runs: &runs,
+        events: &events,
+    };
+    html(StatusCode::OK, pages::tasks::task(&state.ctx(), &view))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct RunsQuery {
+    #[serde(default)]
+    outcome: String,
+}
+
+pub(crate) async fn runs(State(state): State<AppState>, Query(query): Query<RunsQuery>) -> Response {
+    let rows = {
+        let activity = state.activity.read().expect("activity lock");
+        runs_from_events(activity.events(), |row| {
+            query.outcome.is_empty()
+                || row.outcome == query.outcome
+                || (query.outcome == "skipped" && row.outcome.starts_with("skipped"))
+        })
+    };
+    html(StatusCode::OK, pages::runs::list(&rows, &query.outcome))
+}
+
+/// Keys the runs bucket accepts.
+fn is_valid_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 256
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'=' | b'.' | b'/'))
+}
+
+pub(crate) async fn run(State(state): State<AppState>, Path(execution): Path<String>) -> Response {
+    if !is_valid_key(&execution) {
+        return not_found("No run has that id.");
+    }
+    let record = match state.runs.get(&execution).await {
+        Ok(Some(value)) => serde_json::from_slice::<RunRecord>(&value).ok(),
+        Ok(None) => None,
+        Err(error) => {
+            return html(
+                StatusCode::BAD_GATEWAY,
+                pages::problem("Run", &[format!("read the run record: {error}")]),
+            );
+        }
+    };
+    let events: Vec<Event> = {
+        let activity = state.activity.read().expect("activity lock");
+        activity.events().filter(|e| e.execution_id.as_deref() == Some(execution.as_str())).cloned().collect()
+    };
+    html(StatusCode::OK, pages::runs::run(&execution, record.as_ref(), &events))
+}
+
+fn non_empty(value: &str) -> Option<String> {
+    let value = value.trim();
+    (!value.is_empty()).then(|| value.to_string())
+}
+
+pub(crate) async fn dlq(State(state): State<AppState>, Query(filter): Query<DlqFilter>) -> Response {
+    let request = DlqRequest {
+        namespace: non_empty(&filter.namespace),
+        task_id: non_empty(&filter.task_id),
+        queue: non_empty(&filter.queue),
+        limit: Some(DLQ_PAGE),
+        cursor: filter.cursor,
+        ..Default::default()
+    };
+    let listed = match state.api.dlq("list", &request).await {
+        Ok(listed) => listed,
+        Err(error) => return failed("Dead letters", &error),
+    };
+    let entries = listed.get("entries").and_then(Value::as_array).cloned().unwrap_or_default();
+    let next = listed.get("next_cursor").and_then(Value::as_u64);
+    let total = async {
+        let mut stream = state.js.get_stream(state.names.dlq_stream()).await.ok()?;
+        Some(stream.info().await.ok()?.state.messages)
+    }
+    .await;
+    html(StatusCode::OK, pages::dlq::list(&entries, next, &filter, total))
+}
+
+pub(crate) async fn dlq_entry(State(state): State<AppState>, Path(sequence): Path<u64>) -> Response {
+    let request = DlqRequest { sequence: Some(sequence), ..Default::default() };
+    match state.api.dlq("get", &request).await {
+        Ok(listed) => {
+            let entry = listed.get("entry").cloned().unwrap_or(Value::Null);
+            html(StatusCode::OK, pages::dlq::entry(&state.ctx(), sequence, &entry))
+        }
+        Err(error) => failed(&format!("Dead letter {sequence}"), &error),
+    }
+}
+
+pub(crate) async fn events(State(state): State<AppState>, Query(filter): Query<EventFilter>) -> Response {
+    let events: Vec<Event> = {
+        let activity = state.activity.read().expect("activity lock");
+        activity.events().filter(|e| filter.matches(e)).take(EVENTS_SHOWN).cloned().collect()
+    };
+    html(StatusCode::OK, pages::events::page(&events, &filter))
+}
+
+/// New events matching the filter as they are stored, each a rendered table row.
+pub(crate) async fn event_stream(
+    State(state): State<AppState>,
+    Query(filter): Query<EventFilter>,
+) -> Sse<impl Stream<Item = Result<sse::Event, Infallible>>> {
+    let receiver = state.live.subscribe();
+    let stream = futures::stream::unfold((receiver, filter), |(mut receiver, filter)| async move {
+        loop {
+            match receiver.recv().await {
+                Ok(event) if filter.matches(&event) => {
+                    let row = pages::events::row(&event).into_string();
+                    let message = sse::Event::default().event("event").data(row);
+                    return Some((Ok(message), (receiver, filter)));
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(missed)) => {
+                    let message = sse::Event::default().event("lagged").data(missed.to_string());
+                    return Some((Ok(message), (receiver, filter)));
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+impl IntoResponse for CallError {
+    fn into_response(self) -> Response {
+        failed("Request failed", &self)
+    }
+}

@@ -1,0 +1,20 @@
+//! jetsched-console: a web console for operators. Pages are rendered on the server from a task
+//! index fed by a watch of the tasks bucket, the recent events and alerts, the leader lease,
+//! presence pings and the registry API; actions go through the registry API only.
+
+mod access;
+mod actions;
+mod activity;
+mod api;
+mod config;
+mod handlers;
+mod http;
+mod index;
+mod pages;
+mod runs;
+mod service;
+mod status;
+
+pub use config::{Config, DEFAULT_ADMIN_ADDR, DEFAULT_HTTP_ADDR};
+pub use index::{TaskIndex, TaskQuery, TaskSummary};
+pub use service::{Console, build};

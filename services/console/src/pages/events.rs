@@ -1,0 +1,163 @@
+//! `/events`: recent events with filters by kind and task, and the live tail (Server-Sent
+//! Events carrying rendered rows; without JavaScript the page still lists the recent ones).
+
+use jetsched_shared::wire::{Event, EventKind};
+use maud::{Markup, html};
+use serde::Deserialize;
+
+use super::{layout, task_href, time};
+
+/// Every kind, for the filter.
+pub(crate) const KINDS: [EventKind; 16] = [
+    EventKind::TaskRegistered,
+    EventKind::TaskUpdated,
+    EventKind::TaskDeleted,
+    EventKind::TaskPaused,
+    EventKind::TaskResumed,
+    EventKind::TaskRejected,
+    EventKind::FireDispatched,
+    EventKind::FireSkipped,
+    EventKind::FireMissed,
+    EventKind::RunStarted,
+    EventKind::RunSucceeded,
+    EventKind::RunFailed,
+    EventKind::RunRetrying,
+    EventKind::RunDead,
+    EventKind::LeaderAcquired,
+    EventKind::LeaderLost,
+];
+
+/// The filters of the events page and its stream.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct EventFilter {
+    /// A kind (`run.failed`) or a family (`run`); empty: all.
+    #[serde(default)]
+    pub(crate) kind: String,
+    /// `namespace/id`, or part of a task id; empty: all.
+    #[serde(default)]
+    pub(crate) task: String,
+}
+
+impl EventFilter {
+    pub(crate) fn matches(&self, event: &Event) -> bool {
+        let kind = event.kind.as_str();
+        let kind_ok = self.kind.is_empty()
+            || kind == self.kind
+            || kind.split_once('.').is_some_and(|(family, _)| family == self.kind);
+        let task = self.task.trim();
+        let task_ok = task.is_empty()
+            || match task.split_once('/') {
+                Some((namespace, id)) => event.namespace == namespace && event.task_id == id,
+                None => event.task_id.contains(task),
+            };
+        kind_ok && task_ok
+    }
+
+    /// The query string of the live stream.
+    pub(crate) fn query(&self) -> String {
+        let mut url = String::new();
+        for (key, value) in [("kind", &self.kind), ("task", &self.task)] {
+            if !value.is_empty() {
+                url.push_str(if url.is_empty() { "?" } else { "&" });
+                url.push_str(key);
+                url.push('=');
+                url.push_str(&encode(value));
+            }
+        }
+        url
+    }
+}
+
+/// Percent-encodes a query value.
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'/' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// One event as a table row (also what the live stream sends).
+pub(crate) fn row(event: &Event) -> Markup {
+    html! {
+        tr class="event" {
+            td { (time(event.time)) }
+            td { span class={"badge " (event.kind.as_str().replace('.', "-"))} { (event.kind.as_str()) } }
+            td { a href=(task_href(&event.namespace, &event.task_id)) { (event.namespace) "/" (event.task_id) } }
+            td { @if let Some(execution) = &event.execution_id { a href={"/runs/" (execution)} { code { (execution) } } } }
+            td { @if let Some(attempt) = event.attempt { (attempt) } }
+            td.error-text {
+                @if let Some(error) = &event.error { (error) }
+                @if let Some(reason) = &event.reason { " " (reason) }
+                @if let Some(instance) = &event.instance { " " (instance) }
+            }
+        }
+    }
+}
+
+/// Events, newest first.
+pub(crate) fn table(events: &[Event]) -> Markup {
+    html! {
+        table.events {
+            thead { tr { th { "Time" } th { "Kind" } th { "Task" } th { "Execution" } th { "Attempt" } th { "Details" } } }
+            tbody #event-rows { @for event in events { (row(event)) } }
+        }
+        @if events.is_empty() { p.empty { "No event yet." } }
+    }
+}
+
+pub(crate) fn page(events: &[Event], filter: &EventFilter) -> Markup {
+    layout(
+        "Events",
+        "/events",
+        html! {
+            form.filters method="get" action="/events" {
+                label { "Kind "
+                    select name="kind" {
+                        option value="" selected[filter.kind.is_empty()] { "any" }
+                        @for family in ["task", "fire", "run", "leader"] { option value=(family) selected[filter.kind == family] { (family) ".*" } }
+                        @for kind in KINDS { option value=(kind.as_str()) selected[filter.kind == kind.as_str()] { (kind.as_str()) } }
+                    }
+                }
+                label { "Task " input type="text" name="task" value=(filter.task) placeholder="namespace/id"; }
+                " " button type="submit" { "Filter" }
+            }
+            p #live-status data-stream={"/events/stream" (filter.query())} { "Live: waiting for events (needs JavaScript; reload otherwise)." }
+            (table(events))
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_by_kind_family_and_task() {
+        let event = Event::new(EventKind::RunFailed, "billing", "nightly");
+        let matches =
+            |kind: &str, task: &str| EventFilter { kind: kind.into(), task: task.into() }.matches(&event);
+        assert!(matches("", ""));
+        assert!(
+            matches("run", "")
+                && matches("run.failed", "")
+                && !matches("run.succeeded", "")
+                && !matches("fire", "")
+        );
+        assert!(matches("", "billing/nightly") && matches("", "night") && !matches("", "ops/nightly"));
+        let filter = EventFilter { kind: "run".into(), task: "a b&c".into() };
+        assert_eq!(filter.query(), "?kind=run&task=a%20b%26c");
+    }
+
+    #[test]
+    fn rows_escape_errors() {
+        let event = Event {
+            error: Some("<svg onload=alert(1)>".into()),
+            ..Event::new(EventKind::RunFailed, "n", "t")
+        };
+        let html = row(&event).into_string();
+        assert!(html.contains("&lt;svg onload=alert(1)&gt;") && !html.contains("<svg"), "{html}");
+    }
+}

@@ -1,0 +1,122 @@
+//! `/runs` (recent executions across tasks, filter by outcome) and `/runs/<execution id>`
+//! (every attempt of the run record, its events, the trace id).
+
+use jetsched_shared::wire::{Event, RunRecord};
+use maud::{Markup, html};
+
+use super::{layout, task_href, time, time_opt};
+use crate::runs::{OUTCOMES, RunRow};
+
+/// The runs table (`with_task`: a column naming the task).
+pub(crate) fn table(rows: &[RunRow], with_task: bool) -> Markup {
+    html! {
+        @if rows.is_empty() { p.empty { "No run in the last hour." } } @else {
+            table.runs {
+                thead { tr {
+                    th { "Execution" } @if with_task { th { "Task" } } th { "Nominal" } th { "Trigger" }
+                    th { "Attempts" } th { "Worker" } th { "Outcome" } th { "Duration" } th { "Error" }
+                } }
+                tbody {
+                    @for row in rows {
+                        tr class=(row.outcome) {
+                            td { a href={"/runs/" (row.execution_id)} { code { (row.execution_id) } } }
+                            @if with_task { td { a href=(task_href(&row.namespace, &row.task_id)) { (row.namespace) "/" (row.task_id) } } }
+                            td { (time_opt(row.nominal)) }
+                            td { (row.trigger) }
+                            td { (row.attempts) }
+                            td { (row.worker) }
+                            td { span class={"badge " (row.outcome)} { (row.outcome) } }
+                            td { @if let Some(ms) = row.duration_ms { (ms) " ms" } }
+                            td.error-text { (row.error) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn list(rows: &[RunRow], outcome: &str) -> Markup {
+    layout(
+        "Runs",
+        "/runs",
+        html! {
+            form.filters method="get" action="/runs" {
+                label { "Outcome "
+                    select name="outcome" onchange="this.form.submit()" {
+                        option value="" selected[outcome.is_empty()] { "any" }
+                        @for value in OUTCOMES { option value=(value) selected[outcome == value] { (value) } }
+                    }
+                }
+                " " button type="submit" { "Filter" }
+            }
+            p.count { (rows.len()) " runs seen in the last hour" }
+            (table(rows, true))
+        },
+    )
+}
+
+/// One run: its record (every attempt) when the runs bucket still has it, and its events.
+pub(crate) fn run(execution_id: &str, record: Option<&RunRecord>, events: &[Event]) -> Markup {
+    layout(
+        &format!("Run {execution_id}"),
+        "/runs",
+        html! {
+            @match record {
+                Some(record) => {
+                    dl.facts {
+                        dt { "Task" } dd { a href=(task_href(&record.namespace, &record.task_id)) { (record.namespace) "/" (record.task_id) } }
+                        dt { "Status" } dd { span class={"badge " (record.status.as_str())} { (record.status.as_str()) } }
+                        dt { "Nominal time" } dd { (time(record.nominal_time)) }
+                        dt { "Trigger" } dd { (record.trigger.as_str()) }
+                        dt { "Queue" } dd { (record.queue) }
+                        dt { "Trace id" } dd { code #trace-id { (record.trace_id.as_deref().unwrap_or("-")) } }
+                        @if let Some(error) = &record.error { dt { "Error" } dd.error-text { (error) } }
+                    }
+                    h2 { "Attempts" }
+                    table #attempts {
+                        thead { tr { th { "#" } th { "Worker" } th { "Started" } th { "Finished" } th { "Outcome" } th { "Error" } th { "Detail" } } }
+                        tbody {
+                            @for attempt in &record.attempts {
+                                tr {
+                                    td { (attempt.attempt) }
+                                    td { (attempt.worker) }
+                                    td { (time(attempt.started)) }
+                                    td { (time_opt(attempt.finished)) }
+                                    td { (attempt.outcome.map(|o| format!("{o:?}").to_lowercase()).unwrap_or_else(|| "running".into())) }
+                                    td.error-text { (attempt.error.as_deref().unwrap_or("")) }
+                                    td { @if let Some(detail) = &attempt.detail { pre { (detail) } } }
+                                }
+                            }
+                        }
+                    }
+                }
+                None => p.empty { "The runs bucket has no record of this execution (expired, or it has not started)." }
+            }
+            h2 { "Events" }
+            (super::events::table(events))
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_texts_are_escaped_and_outcomes_filterable() {
+        let rows = [RunRow {
+            execution_id: "e1".into(),
+            namespace: "ns".into(),
+            task_id: "t".into(),
+            outcome: "failed".into(),
+            error: "HTTP 500: <html><script>x()</script>".into(),
+            ..RunRow::default()
+        }];
+        let html = list(&rows, "failed").into_string();
+        assert!(!html.contains("<script>x()"), "{html}");
+        assert!(html.contains("&lt;script&gt;x()"));
+        assert!(html.contains(r#"<option value="failed" selected>"#), "{html}");
+        assert!(html.contains(r#"href="/runs/e1""#));
+    }
+}

@@ -1,0 +1,242 @@
+//! `/tasks` (searchable, filterable, paginated list from the index) and `/tasks/<ns>/<id>`
+//! (spec, next fires in UTC and the task's zone with DST changes marked, recent runs, events).
+
+use chrono::DateTime;
+use jetsched_shared::wire::Event;
+use maud::{Markup, html};
+use serde_json::Value;
+
+use super::{Ctx, action, layout, pager, task_href};
+use crate::index::{TaskPage, TaskQuery};
+use crate::runs::RunRow;
+
+/// The list page; the table alone is what htmx swaps while typing.
+pub(crate) fn list(page: &TaskPage, query: &TaskQuery, query_string: &str, queues: &[String]) -> Markup {
+    let filtered = html! {
+        form.filters method="get" action="/tasks" hx-get="/tasks" hx-target="#task-table" hx-select="#task-table"
+            hx-swap="outerHTML" hx-push-url="true" hx-trigger="input changed delay:250ms, change, submit" {
+            label { "Id " input type="search" name="q" value=(query.q) placeholder="part of the id"; }
+            label { "Namespace " input type="text" name="namespace" value=(query.namespace) size="12"; }
+            label { "Labels " input type="text" name="label" value=(query.label) placeholder="team=billing" size="16"; }
+            label { "State "
+                select name="state" {
+                    @for (value, text) in [("", "any"), ("active", "active"), ("paused", "paused")] {
+                        option value=(value) selected[query.state == value] { (text) }
+                    }
+                }
+            }
+            label { "Executor "
+                select name="executor" {
+                    @for value in ["", "http", "nats", "shell", "handler"] {
+                        option value=(value) selected[query.executor == value] { (if value.is_empty() { "any" } else { value }) }
+                    }
+                }
+            }
+            label { "Queue "
+                select name="queue" {
+                    option value="" selected[query.queue.is_empty()] { "any" }
+                    @for queue in queues { option value=(queue) selected[&query.queue == queue] { (queue) } }
+                }
+            }
+            button type="submit" { "Search" }
+        }
+        div #task-table {
+            p.count { (page.matching) " of " (page.total) " tasks" }
+            table {
+                thead { tr { th { "Namespace" } th { "Id" } th { "Schedule" } th { "Executor" } th { "Queue" } th { "State" } th { "Labels" } } }
+                tbody {
+                    @for task in &page.tasks {
+                        tr {
+                            td { (task.namespace) }
+                            td { a href=(task_href(&task.namespace, &task.id)) { (task.id) } }
+                            td { code { (task.schedule) } }
+                            td { (task.executor) }
+                            td { (task.queue) }
+                            td { @if task.paused { span.badge.paused { "paused" } } @else { span.badge.active { "active" } } }
+                            td.labels { @for (key, value) in &task.labels { span.label { (key) "=" (value) } " " } }
+                        }
+                    }
+                }
+            }
+            @if page.tasks.is_empty() { p.empty { "No task matches." } }
+            (pager("/tasks", &without_page(query_string), page.page, page.pages))
+        }
+    };
+    layout("Tasks", "/tasks", filtered)
+}
+
+/// The query string without its `page` parameter (the pager adds its own).
+fn without_page(query_string: &str) -> String {
+    query_string.split('&').filter(|p| !p.is_empty() && !p.starts_with("page=")).collect::<Vec<_>>().join("&")
+}
+
+/// One upcoming fire: UTC, the zone's wall clock, and whether the zone's offset changed since
+/// the fire before (a DST change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fire {
+    pub(crate) utc: String,
+    pub(crate) local: String,
+    pub(crate) offset_change: Option<String>,
+}
+
+/// The fires of the registry's `next` reply (`times`, `local_times`, `timezone`).
+pub(crate) fn fires(next: &Value) -> (String, Vec<Fire>) {
+    let zone = next.get("timezone").and_then(Value::as_str).unwrap_or("UTC").to_string();
+    let list = |key: &str| -> Vec<String> {
+        next.get(key)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    let (times, locals) = (list("times"), list("local_times"));
+    let mut previous = None;
+    let mut out = Vec::new();
+    for (n, utc) in times.iter().enumerate() {
+        let local = locals.get(n).cloned().unwrap_or_default();
+        let offset = DateTime::parse_from_rfc3339(&local).ok().map(|t| *t.offset());
+        let offset_change = match (previous, offset) {
+            (Some(before), Some(now)) if before != now => Some(format!("offset {before} → {now}")),
+            _ => None,
+        };
+        previous = offset.or(previous);
+        out.push(Fire { utc: utc.clone(), local, offset_change });
+    }
+    (zone, out)
+}
+
+/// What the task page shows.
+pub(crate) struct TaskView<'a> {
+    pub(crate) namespace: &'a str,
+    pub(crate) id: &'a str,
+    pub(crate) spec: &'a Value,
+    pub(crate) revision: u64,
+    pub(crate) next: Result<Value, String>,
+    pub(crate) runs: &'a [RunRow],
+    pub(crate) events: &'a [Event],
+}
+
+pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
+    let href = task_href(view.namespace, view.id);
+    let paused = view.spec.get("paused").and_then(Value::as_bool).unwrap_or(false);
+    let spec = serde_json::to_string_pretty(view.spec).unwrap_or_default();
+    let body = html! {
+        p.sub {
+            "namespace " strong { (view.namespace) } " · revision " (view.revision) " · "
+            @if paused { span.badge.paused #task-state { "paused" } } @else { span.badge.active #task-state { "active" } }
+        }
+        div.actions {
+            @if paused { (action(ctx, &format!("{href}/resume"), "Resume", None)) }
+            @else { (action(ctx, &format!("{href}/pause"), "Pause", None)) }
+            (action(ctx, &format!("{href}/trigger"), "Trigger now", None))
+            (action(ctx, &format!("{href}/delete"), "Delete", Some("yes, delete this task")))
+        }
+        section {
+            h2 { "Next fires" }
+            @match &view.next {
+                Ok(next) => {
+                    @let (zone, fires) = fires(next);
+                    @if fires.is_empty() { p.empty { "No fire ahead." } } @else {
+                        table #next-fires {
+                            thead { tr { th { "UTC" } th { (zone) } th { "" } } }
+                            tbody {
+                                @for fire in &fires {
+                                    tr class=[fire.offset_change.is_some().then_some("dst")] {
+                                        td { (fire.utc) } td { (fire.local) }
+                                        td { @if let Some(change) = &fire.offset_change { span.badge.dst { "DST change: " (change) } } }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(error) => p.error { "Next fires unavailable: " (error) }
+            }
+        }
+        section {
+            h2 { "Recent runs" }
+            (super::runs::table(view.runs, false))
+        }
+        section {
+            h2 { "Events" }
+            (super::events::table(view.events))
+        }
+        section {
+            h2 { "Spec" }
+            pre.spec { code { (spec) } }
+        }
+    };
+    layout(&format!("Task {}", view.id), "/tasks", body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::TaskSummary;
+    use serde_json::json;
+
+    fn hostile_page() -> TaskPage {
+        TaskPage {
+            tasks: vec![TaskSummary {
+                namespace: "ns".into(),
+                id: "ok-id".into(),
+                labels: vec![("team".into(), "<script>alert(1)</script>".into())],
+                paused: false,
+                executor: "http".into(),
+                queue: "default".into(),
+                schedule: "cron 0 0 * * * * (UTC)".into(),
+                revision: 1,
+            }],
+            matching: 1,
+            total: 3,
+            page: 1,
+            pages: 1,
+        }
+    }
+
+    #[test]
+    fn hostile_labels_are_escaped() {
+        let query = TaskQuery { q: "\"><img src=x onerror=alert(1)>".into(), ..Default::default() };
+        let html = list(&hostile_page(), &query, "q=x", &["default".into()]).into_string();
+        assert!(!html.contains("<script>alert(1)"), "{html}");
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(!html.contains("<img src=x"), "{html}");
+        assert!(html.contains("1 of 3 tasks"));
+    }
+
+    #[test]
+    fn fires_mark_offset_changes() {
+        let next = json!({
+            "timezone": "Europe/Berlin",
+            "times": ["2026-03-28T01:30:00.000Z", "2026-03-29T00:30:00.000Z", "2026-03-30T00:30:00.000Z"],
+            "local_times": ["2026-03-28T02:30:00+01:00", "2026-03-29T02:30:00+02:00", "2026-03-30T02:30:00+02:00"],
+        });
+        let (zone, fires) = fires(&next);
+        assert_eq!(zone, "Europe/Berlin");
+        assert_eq!(fires[0].offset_change, None);
+        assert_eq!(fires[1].offset_change.as_deref(), Some("offset +01:00 → +02:00"));
+        assert_eq!(fires[2].offset_change, None);
+    }
+
+    #[test]
+    fn the_task_page_escapes_errors_and_the_spec() {
+        let ctx = Ctx { csrf: "c".into(), allow_actions: true };
+        let spec = json!({"id": "t", "labels": {"x": "</pre><b>bold</b>"}, "paused": true});
+        let events = [Event {
+            error: Some("<i>bad</i>".into()),
+            ..Event::new(jetsched_shared::wire::EventKind::RunFailed, "ns", "t")
+        }];
+        let view = TaskView {
+            namespace: "ns",
+            id: "t",
+            spec: &spec,
+            revision: 3,
+            next: Err("<u>no registry</u>".into()),
+            runs: &[],
+            events: &events,
+        };
+        let html = task(&ctx, &view).into_string();
+        assert!(!html.contains("<b>bold") && !html.contains("<i>bad") && !html.contains("<u>no"), "{html}");
+        assert!(html.contains("/tasks/ns/t/resume") && !html.contains("/tasks/ns/t/pause"));
+        assert!(html.contains("revision 3"));
+    }
+}

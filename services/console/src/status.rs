@@ -1,0 +1,115 @@
+//! The overview's live facts, read when the page is asked for: the leader lease, presence
+//! pings of every role, the dispatch consumers' depths and the dead-letter count; the rest
+//! comes from the recent activity kept in memory.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::{self, kv::Operation};
+use chrono::Utc;
+use futures::StreamExt;
+use jetsched_shared::names::Names;
+use jetsched_shared::presence;
+use jetsched_shared::wire::{EventKind, LeaderRecord};
+
+use crate::activity::{HORIZON, SharedActivity};
+use crate::pages::overview::{Leader, Overview, QueueDepth};
+
+/// The roles whose replicas the overview counts.
+const ROLES: [&str; 5] = ["registry", "scheduler", "worker", "alerter", "console"];
+/// How long presence pings collect answers.
+const PING_WAIT: Duration = Duration::from_millis(250);
+/// Recent failures listed.
+const FAILURES: usize = 10;
+
+/// Reads everything the overview shows; what cannot be read is named in `problems`.
+pub(crate) async fn overview(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    names: &Names,
+    activity: &SharedActivity,
+    tasks: usize,
+) -> Overview {
+    let mut overview = Overview { tasks, ..Overview::default() };
+    let pings = futures::future::join_all(ROLES.iter().map(|role| {
+        let service = names.presence_service(role);
+        async move { presence::ping(client, &service, PING_WAIT).await }
+    }));
+    let (pings, leader, queues, dead_letters) =
+        tokio::join!(pings, leader(js, names), queues(js, names), dead_letters(js, names));
+    for (role, found) in ROLES.iter().zip(pings) {
+        match found {
+            Ok(found) => {
+                let mut instances: Vec<String> = found
+                    .iter()
+                    .map(|r| r.metadata.get("instance").cloned().unwrap_or_else(|| r.id.clone()))
+                    .collect();
+                instances.sort();
+                overview.replicas.push((role.to_string(), instances));
+            }
+            Err(error) => overview.problems.push(format!("{role} presence: {error:#}")),
+        }
+    }
+    match leader {
+        Ok(leader) => overview.leader = leader,
+        Err(error) => overview.problems.push(format!("leader: {error:#}")),
+    }
+    match queues {
+        Ok(queues) => overview.queues = queues,
+        Err(error) => overview.problems.push(format!("queues: {error:#}")),
+    }
+    match dead_letters {
+        Ok(count) => overview.dead_letters = Some(count),
+        Err(error) => overview.problems.push(format!("dead letters: {error:#}")),
+    }
+    let now = Utc::now();
+    let activity = activity.read().expect("activity lock");
+    (overview.fires_per_second, overview.runs_per_second) = activity.rates(now);
+    overview.minutes = activity.per_minute(now, 60);
+    overview.failures = activity
+        .events()
+        .filter(|e| matches!(e.kind, EventKind::RunFailed | EventKind::RunDead))
+        .take(FAILURES)
+        .cloned()
+        .collect();
+    overview.alerts = activity.alerts_since(now - chrono::Duration::from_std(HORIZON).expect("an hour"));
+    overview
+}
+
+async fn leader(js: &jetstream::Context, names: &Names) -> anyhow::Result<Option<Leader>> {
+    let kv = js.get_key_value(names.leader_bucket()).await.context("open the leader bucket")?;
+    let Some(entry) = kv.entry(names.leader_key()).await.context("read the leader lease")? else {
+        return Ok(None);
+    };
+    if entry.operation != Operation::Put {
+        return Ok(None);
+    }
+    let record: LeaderRecord = serde_json::from_slice(&entry.value).context("decode the lease")?;
+    Ok(Some(Leader {
+        instance: record.instance,
+        term: if record.term == 0 { entry.revision } else { record.term },
+        since: record.acquired_at,
+    }))
+}
+
+async fn queues(js: &jetstream::Context, names: &Names) -> anyhow::Result<Vec<QueueDepth>> {
+    let stream = js.get_stream(names.dispatch_stream()).await.context("open the dispatch stream")?;
+    let mut consumers = stream.consumers();
+    let mut out = Vec::new();
+    while let Some(consumer) = consumers.next().await {
+        let consumer = consumer.context("list dispatch consumers")?;
+        let queue = names.queue_of_worker_consumer(&consumer.name).unwrap_or(&consumer.name).to_string();
+        out.push(QueueDepth {
+            queue,
+            pending: consumer.num_pending,
+            in_flight: consumer.num_ack_pending as u64,
+        });
+    }
+    out.sort_by(|a, b| a.queue.cmp(&b.queue));
+    Ok(out)
+}
+
+async fn dead_letters(js: &jetstream::Context, names: &Names) -> anyhow::Result<u64> {
+    let mut stream = js.get_stream(names.dlq_stream()).await.context("open the dead-letter stream")?;
+    Ok(stream.info().await.context("dead-letter stream info")?.state.messages)
+}
