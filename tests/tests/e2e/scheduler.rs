@@ -27,7 +27,7 @@ const NS: &str = "e2e";
 
 /// One message of the dispatch stream.
 #[derive(Debug, Clone)]
-struct Seen {
+pub(crate) struct Seen {
     msg_id: String,
     task: String,
     nominal_ms: i64,
@@ -95,7 +95,7 @@ async fn put_every_second(topology: &Topology, ids: impl IntoIterator<Item = Str
 }
 
 /// Reads the whole dispatch stream (nothing consumes it in these tests) without removing anything.
-async fn read_dispatches(js: &jetstream::Context) -> Vec<Seen> {
+pub(crate) async fn read_dispatches(js: &jetstream::Context) -> Vec<Seen> {
     let names = Names::default();
     let messages = read_stream(js, &names.dispatch_stream(), Duration::from_secs(60))
         .await
@@ -123,7 +123,7 @@ async fn read_dispatches(js: &jetstream::Context) -> Vec<Seen> {
 }
 
 /// Nominal fire times per task, checking each message's id, headers and body agree.
-fn per_task(seen: &[Seen]) -> BTreeMap<String, Vec<i64>> {
+pub(crate) fn per_task(seen: &[Seen]) -> BTreeMap<String, Vec<i64>> {
     let mut ids = HashSet::new();
     let mut out: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for s in seen {
@@ -142,7 +142,7 @@ fn per_task(seen: &[Seen]) -> BTreeMap<String, Vec<i64>> {
 }
 
 /// Each nominal second at most once and none missing between the first and the last.
-fn assert_contiguous(task: &str, nominals: &[i64], step_ms: i64) {
+pub(crate) fn assert_contiguous(task: &str, nominals: &[i64], step_ms: i64) {
     for pair in nominals.windows(2) {
         assert!(pair[1] != pair[0], "{task}: nominal {} dispatched twice", pair[0]);
         assert_eq!(pair[1] - pair[0], step_ms, "{task}: fires missing between {} and {}", pair[0], pair[1]);
@@ -415,7 +415,7 @@ async fn scheduler_applies_updates_deletes_pause_and_resume() {
 }
 
 /// Spawns a scheduler process with a short lease.
-fn spawn_scheduler(url: &str, instance: &str, lease: Duration) -> ChildProcess {
+pub(crate) fn spawn_scheduler(url: &str, instance: &str, lease: Duration) -> ChildProcess {
     let mut command: Command = ChildProcess::command("jetsched-scheduler");
     command
         .env("NATS_URL", url)
@@ -427,7 +427,7 @@ fn spawn_scheduler(url: &str, instance: &str, lease: Duration) -> ChildProcess {
 }
 
 /// Waits until a scheduler process has loaded the tasks (it logs so).
-async fn tasks_loaded(process: &ChildProcess) {
+pub(crate) async fn tasks_loaded(process: &ChildProcess) {
     eventually(WAIT, &format!("{} loaded the tasks", process.pid()), || async {
         process.output().contains("tasks loaded")
     })

@@ -105,7 +105,7 @@ async fn all(size: Size) -> anyhow::Result<Value> {
     report.insert("e2e".into(), e2e::run(e2e::Args::sized(runs, workers)).await?);
     report.insert(
         "failover".into(),
-        failover::run(failover::Args { kills, lease_ms: 2000, tasks: 100 }).await?,
+        failover::run(failover::Args { kills, lease_ms: 3000, tasks: 100, stops: 3 }).await?,
     );
     let (tasks, rate, seconds) = match size {
         Size::Tiny => (1_000, 200, 2),
@@ -176,7 +176,8 @@ async fn main() -> anyhow::Result<()> {
     // In-process services (the workers of `e2e`, the scheduler of `steady`) export spans when
     // the standard OpenTelemetry variables ask for it, as the binaries do; otherwise nothing is
     // installed and the services log nothing.
-    let settings = TraceSettings::from_env("jetsched-bench", "bench").map_err(anyhow::Error::msg)?;
+    let settings = TraceSettings::from_env("jetsched-bench", "bench")
+        .map_err(|problems| anyhow::anyhow!(problems.join("; ")))?;
     let telemetry = match settings.exporter {
         Some(_) => Some(telemetry::init(LogFormat::Plain, &settings)?),
         None => None,
