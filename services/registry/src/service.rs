@@ -18,14 +18,14 @@ use prometheus::Registry as MetricsRegistry;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::Instrument;
 
 use crate::api::{self, Endpoint, Limits};
+use crate::breakers::{BreakerApi, BreakerEndpoint};
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::dlq::{DlqApi, DlqEndpoint};
-use crate::intake;
 use crate::metrics::Metrics;
 use crate::tasks::TaskStore;
+use crate::{intake, pause};
 use crate::{runs, scope, spans};
 
 /// How long a stopping registry waits for its queued events to be stored.
@@ -41,8 +41,10 @@ pub struct Registry {
     service: async_nats::service::Service,
     requests: Requests,
     intake: PullConsumer,
+    pauses: PullConsumer,
     store: TaskStore,
     dlq: DlqApi,
+    breakers: BreakerApi,
     runs: async_nats::jetstream::kv::Store,
     event_pump: EventPump,
     names: Names,
@@ -60,7 +62,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
     let role = Role {
         name: "registry",
         default_admin: DEFAULT_ADMIN_ADDR,
-        checks: &["api", "intake"],
+        checks: &["api", "intake", "pause"],
         subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
     };
     let base = Base::start(role, &config.common, &config.nats, registry.clone()).await?;
@@ -74,6 +76,8 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
     // Task-change events carry no de-duplication id: a rare duplicate after a retried publish
     // misleads nobody, and the id costs the server a de-duplication entry per put.
     let event_pump = event_pump.without_dedup_ids();
+    let breakers =
+        BreakerApi::new(topology.breakers.clone(), topology.tasks.clone(), events.clone(), instance.clone());
     let store = TaskStore::new(
         js.clone(),
         topology.tasks,
@@ -125,6 +129,20 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             requests.push(stream.map(move |r| (Endpoint::Dlq(endpoint), scoped, r)).boxed());
         }
     }
+    // Breakers span namespaces: administrators only, no namespaced form.
+    let breaker_group = service.group(names.breaker_api_group());
+    for endpoint in BreakerEndpoint::ALL {
+        let stream = breaker_group
+            .endpoint_builder()
+            .name(endpoint.label())
+            .metadata(namespaced(false))
+            .add(endpoint.name())
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("add endpoint {}: {e}", names.breaker_api_subject(endpoint.name()))
+            })?;
+        requests.push(stream.map(move |r| (Endpoint::Breaker(endpoint), false, r)).boxed());
+    }
     // Run records only per namespace: administrators read the runs bucket directly.
     let runs_get = service
         .group(names.runs_api_group())
@@ -150,6 +168,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             .iter()
             .map(|e| names.task_api_subject(e.name()))
             .chain(DlqEndpoint::ALL.iter().map(|e| names.dlq_api_subject(e.name())))
+            .chain(BreakerEndpoint::ALL.iter().map(|e| names.breaker_api_subject(e.name())))
             .collect(),
     );
     let known_namespaced = Arc::new(
@@ -171,14 +190,18 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
 
     let intake = intake::consumer(&js, &names).await?;
     readiness.set("intake", true);
+    let pauses = pause::consumer(&js, &names).await?;
+    readiness.set("pause", true);
     tracing::info!(admin = %admin.local_addr(), service = %names.service_name(), instance = %instance, "registry ready");
     Ok(Registry {
         client,
         service,
         requests,
         intake,
+        pauses,
         store,
         dlq: DlqApi::new(js.clone(), names.clone()),
+        breakers,
         runs: topology.runs,
         event_pump,
         names,
@@ -202,8 +225,10 @@ impl Registry {
             service,
             mut requests,
             intake,
+            pauses,
             store,
             dlq,
+            breakers,
             runs,
             event_pump,
             names,
@@ -218,11 +243,13 @@ impl Registry {
         let intake_task = tokio::spawn(intake::run(
             intake,
             store.clone(),
-            names,
+            names.clone(),
             limits,
             metrics.clone(),
             shutdown.clone(),
         ));
+        let pause_task =
+            tokio::spawn(pause::run(pauses, store.clone(), names, metrics.clone(), shutdown.clone()));
         let permits = Arc::new(Semaphore::new(concurrency));
         loop {
             let permit = tokio::select! {
@@ -238,11 +265,12 @@ impl Registry {
             let Some((endpoint, scoped, request)) = next else { anyhow::bail!("API subscriptions ended") };
             let store = store.clone();
             let dlq = dlq.clone();
+            let breakers = breakers.clone();
             let runs = runs.clone();
             let metrics = metrics.clone();
             tracker.spawn(async move {
                 let _permit = permit;
-                let handlers = Handlers { store: &store, dlq: &dlq, runs: &runs };
+                let handlers = Handlers { store: &store, dlq: &dlq, breakers: &breakers, runs: &runs };
                 serve(handlers, limits, &metrics, endpoint, scoped, request).await;
             });
         }
@@ -256,9 +284,15 @@ impl Registry {
             Err(error) => tracing::warn!(%error, "intake consumer panicked"),
             Ok(Ok(())) => {}
         }
+        match pause_task.await {
+            Ok(Err(error)) => tracing::warn!(error = format!("{error:#}"), "pause consumer stopped"),
+            Err(error) => tracing::warn!(%error, "pause consumer panicked"),
+            Ok(Ok(())) => {}
+        }
         // The last sink goes with the store: the pump then stores what is queued and ends.
         // Bounded: the pump retries an event for up to a minute while JetStream cannot store it.
         drop(store);
+        drop(breakers);
         match tokio::time::timeout(EVENTS_GRACE, pump).await {
             Err(_) => tracing::warn!("events not all published before shutdown"),
             Ok(Err(error)) => tracing::warn!(%error, "event pump panicked"),
@@ -274,6 +308,7 @@ impl Registry {
 struct Handlers<'a> {
     store: &'a TaskStore,
     dlq: &'a DlqApi,
+    breakers: &'a BreakerApi,
     runs: &'a async_nats::jetstream::kv::Store,
 }
 
@@ -291,7 +326,7 @@ async fn serve(
     scoped: bool,
     request: Request,
 ) {
-    let Handlers { store, dlq, runs } = handlers;
+    let Handlers { store, dlq, breakers, runs } = handlers;
     let started = Instant::now();
     let subject = request.message.subject.clone();
     let scope = scoped.then(|| subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
@@ -301,6 +336,9 @@ async fn serve(
             (Endpoint::Dlq(endpoint), scope) => {
                 dlq.handle_in(endpoint, scope, &request.message.payload).await.map_err(Into::into)
             }
+            (Endpoint::Breaker(endpoint), _) => {
+                breakers.handle(endpoint, &request.message.payload).await.map_err(Into::into)
+            }
             (Endpoint::RunsGet, scope) => {
                 runs::get(runs, scope.unwrap_or_default(), &request.message.payload).await.map_err(Into::into)
             }
@@ -308,10 +346,7 @@ async fn serve(
             (_, None) => api::handle(store, limits, endpoint, &request).await,
         }
     };
-    let result = match span {
-        Some(span) => handling.instrument(span).await,
-        None => handling.await,
-    };
+    let result = span.around(handling).await;
     let outcome = match &result {
         Ok(_) => "ok",
         Err(errors) => errors.first().code.as_str(),
