@@ -30,7 +30,9 @@ use tracing_subscriber::{EnvFilter, Layer, filter};
 use crate::config::LogFormat;
 use crate::trace;
 
-/// Spans waiting for export (queued or in a batch being sent) beyond which new ones are dropped.
+/// Spans waiting for export (queued or in a batch being sent) beyond which new ones are dropped,
+/// unless `OTEL_BSP_MAX_QUEUE_SIZE` says otherwise: twice the standard 2,048, as a burst of runs
+/// on a busy worker (two or three spans each) fills 2,048 between two exports.
 pub const SPAN_QUEUE_CAPACITY: usize = 4096;
 /// How long shutdown waits for the last spans to leave.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -49,7 +51,10 @@ Tracing (OpenTelemetry; standard variables, no flags):
   Service name (default: the binary's name) [env: OTEL_SERVICE_NAME]
   More resource attributes, key=value,... [env: OTEL_RESOURCE_ATTRIBUTES]
   Sampler (default parentbased_always_on; always_off, traceidratio, ...) [env: OTEL_TRACES_SAMPLER]
-  Sampler argument (the ratio of traceidratio) [env: OTEL_TRACES_SAMPLER_ARG]";
+  Sampler argument (the ratio of traceidratio) [env: OTEL_TRACES_SAMPLER_ARG]
+  Spans waiting for export before new ones are dropped (default 4096) [env: OTEL_BSP_MAX_QUEUE_SIZE]
+  Longest wait before queued spans are sent, ms (default 5000) [env: OTEL_BSP_SCHEDULE_DELAY]
+  Most spans per export request (default 512) [env: OTEL_BSP_MAX_EXPORT_BATCH_SIZE]";
 
 /// How spans are exported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +67,7 @@ pub enum Protocol {
 
 /// Which trace export a process runs: read from the environment by a binary
 /// ([`TraceSettings::from_env`]), built directly by tests and embedding programs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TraceSettings {
     /// `None`: no exporter (no OTLP endpoint configured).
     pub exporter: Option<Protocol>,
@@ -71,7 +76,21 @@ pub struct TraceSettings {
     pub default_service_name: String,
     /// `service.instance.id`: the `--instance-id`.
     pub instance_id: String,
+    /// The sampler (`OTEL_TRACES_SAMPLER`, `_ARG`): it decides the sampled flag of the traces
+    /// this process starts, whether or not it exports spans.
+    pub sampling: trace::Sampling,
+    /// Spans waiting for export beyond which new ones are dropped (`OTEL_BSP_MAX_QUEUE_SIZE`).
+    pub queue_size: usize,
+    /// Longest wait before queued spans leave (`OTEL_BSP_SCHEDULE_DELAY`, milliseconds).
+    pub schedule_delay: Duration,
+    /// Most spans in one export request (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
+    pub max_export_batch: usize,
 }
+
+/// `OTEL_BSP_SCHEDULE_DELAY`'s standard default.
+const SCHEDULE_DELAY: Duration = Duration::from_millis(5000);
+/// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`'s standard default.
+const MAX_EXPORT_BATCH: usize = 512;
 
 impl TraceSettings {
     /// No export.
@@ -80,28 +99,63 @@ impl TraceSettings {
             exporter: None,
             default_service_name: binary.to_string(),
             instance_id: instance_id.to_string(),
+            sampling: trace::Sampling::default(),
+            queue_size: SPAN_QUEUE_CAPACITY,
+            schedule_delay: SCHEDULE_DELAY,
+            max_export_batch: MAX_EXPORT_BATCH,
         }
     }
 
-    /// The settings of binary `binary` from the standard OpenTelemetry variables; an error
-    /// names a variable whose value is not understood.
-    pub fn from_env(binary: &str, instance_id: &str) -> Result<TraceSettings, String> {
-        let var = |name: &str| std::env::var(name).ok().filter(|value| !value.trim().is_empty());
+    /// The settings of binary `binary` from the standard OpenTelemetry variables; the errors
+    /// name every variable whose value is not understood.
+    pub fn from_env(binary: &str, instance_id: &str) -> Result<TraceSettings, Vec<String>> {
+        TraceSettings::from_vars(binary, instance_id, |name| std::env::var(name).ok())
+    }
+
+    /// As [`TraceSettings::from_env`], the variables read through `var`.
+    pub fn from_vars(
+        binary: &str,
+        instance_id: &str,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<TraceSettings, Vec<String>> {
+        let var = |name: &str| var(name).filter(|value| !value.trim().is_empty());
         let mut settings = TraceSettings::off(binary, instance_id);
-        if var("OTEL_EXPORTER_OTLP_ENDPOINT").is_none() && var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_none()
-        {
-            return Ok(settings);
+        let mut problems = Vec::new();
+        let sampler = var("OTEL_TRACES_SAMPLER");
+        match trace::Sampling::parse(sampler.as_deref(), var("OTEL_TRACES_SAMPLER_ARG").as_deref()) {
+            Ok(sampling) => settings.sampling = sampling,
+            Err(found) => problems.extend(found),
         }
-        let (name, protocol) = match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") {
-            Some(protocol) => ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", Some(protocol)),
-            None => ("OTEL_EXPORTER_OTLP_PROTOCOL", var("OTEL_EXPORTER_OTLP_PROTOCOL")),
-        };
-        settings.exporter = Some(match protocol.as_deref().map(str::trim) {
-            None | Some("http/protobuf") => Protocol::HttpProtobuf,
-            Some("grpc") => Protocol::Grpc,
-            Some(other) => return Err(format!("{name} = {other:?}: must be http/protobuf or grpc")),
-        });
-        Ok(settings)
+        if var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() || var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
+        {
+            let (name, protocol) = match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") {
+                Some(protocol) => ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", Some(protocol)),
+                None => ("OTEL_EXPORTER_OTLP_PROTOCOL", var("OTEL_EXPORTER_OTLP_PROTOCOL")),
+            };
+            match protocol.as_deref().map(str::trim) {
+                None | Some("http/protobuf") => settings.exporter = Some(Protocol::HttpProtobuf),
+                Some("grpc") => settings.exporter = Some(Protocol::Grpc),
+                Some(other) => problems.push(format!("{name} = {other:?}: must be http/protobuf or grpc")),
+            }
+            let mut number = |name: &str, min: u64, default: u64| match var(name) {
+                None => default,
+                Some(text) => match text.trim().parse::<u64>() {
+                    Ok(value) if value >= min => value,
+                    _ => {
+                        problems.push(format!("{name} = {text:?}: must be a whole number from {min}"));
+                        default
+                    }
+                },
+            };
+            let queue_size = number("OTEL_BSP_MAX_QUEUE_SIZE", 1, SPAN_QUEUE_CAPACITY as u64);
+            let delay = number("OTEL_BSP_SCHEDULE_DELAY", 1, SCHEDULE_DELAY.as_millis() as u64);
+            let batch = number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 1, MAX_EXPORT_BATCH as u64);
+            settings.queue_size = usize::try_from(queue_size).unwrap_or(usize::MAX);
+            settings.schedule_delay = Duration::from_millis(delay);
+            // The standard: a batch larger than the queue is the queue.
+            settings.max_export_batch = usize::try_from(batch).unwrap_or(usize::MAX).min(settings.queue_size);
+        }
+        if problems.is_empty() { Ok(settings) } else { Err(problems) }
     }
 }
 
@@ -135,8 +189,13 @@ impl Telemetry {
 /// What a binary calls once its configuration is valid: trace settings from the environment
 /// (an error names a variable the binary must refuse, exit status 2), then [`init`].
 pub fn start(binary: &str, common: &crate::config::CommonArgs) -> Result<Telemetry, String> {
-    let settings = TraceSettings::from_env(binary, &common.instance_id())
-        .map_err(|problem| format!("{binary}: invalid configuration (1 problem):\n  {problem}"))?;
+    let settings = TraceSettings::from_env(binary, &common.instance_id()).map_err(|problems| {
+        let count = match problems.len() {
+            1 => "1 problem".to_string(),
+            n => format!("{n} problems"),
+        };
+        format!("{binary}: invalid configuration ({count}):\n  {}", problems.join("\n  "))
+    })?;
     init(common.log_format, &settings)
         .map_err(|error| format!("{binary}: cannot start trace export: {error:#}"))
 }
@@ -151,6 +210,7 @@ pub fn init(format: LogFormat, settings: &TraceSettings) -> anyhow::Result<Telem
         LogFormat::Plain => fmt.with_filter(filter).boxed(),
         LogFormat::Json => fmt.json().flatten_event(true).with_current_span(true).with_filter(filter).boxed(),
     };
+    trace::set_sampling(settings.sampling);
     let Some(protocol) = settings.exporter else {
         let _already_set = tracing_subscriber::registry().with(fmt).try_init();
         return Ok(Telemetry::default());
@@ -196,11 +256,16 @@ fn provider(protocol: Protocol, settings: &TraceSettings) -> anyhow::Result<SdkT
     let exporter = Counted { inner: exporter, queued: queued.clone() };
     // The batch queue is twice the gate's capacity so only the gate ever refuses a span (and
     // counts it).
-    let config = BatchConfigBuilder::default().with_max_queue_size(SPAN_QUEUE_CAPACITY * 2).build();
+    let config = BatchConfigBuilder::default()
+        .with_max_queue_size(settings.queue_size.saturating_mul(2))
+        .with_scheduled_delay(settings.schedule_delay)
+        .with_max_export_batch_size(settings.max_export_batch)
+        .build();
     let batch = BatchSpanProcessor::builder(exporter, Tokio).with_batch_config(config).build();
-    let gate = Bounded { inner: batch, queued, capacity: SPAN_QUEUE_CAPACITY };
+    let gate = Bounded { inner: batch, queued, capacity: settings.queue_size };
     Ok(SdkTracerProvider::builder()
         .with_span_processor(gate)
+        .with_sampler(Box::new(settings.sampling.sdk()) as Box<dyn opentelemetry_sdk::trace::ShouldSample>)
         .with_id_generator(trace::ExecutionIds::default())
         .with_resource(resource)
         .build())
@@ -393,10 +458,62 @@ mod tests {
         assert!(spans_dropped() >= dropped_before + 2, "the failed batch is counted");
     }
 
+    fn settings(vars: &[(&str, &str)]) -> Result<TraceSettings, Vec<String>> {
+        let vars: std::collections::HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        TraceSettings::from_vars("jetsched-worker", "w1", |name| vars.get(name).cloned())
+    }
+
     #[test]
-    fn no_endpoint_means_no_exporter() {
-        let settings = TraceSettings::off("jetsched-worker", "w1");
+    fn no_endpoint_means_no_exporter_but_the_sampler_is_read() {
+        let settings =
+            settings(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "0.01")])
+                .expect("valid");
         assert_eq!(settings.exporter, None);
         assert_eq!(settings.default_service_name, "jetsched-worker");
+        assert_eq!(settings.sampling, trace::Sampling { parent_based: false, ratio: 0.01 });
+        // Export variables are not looked at without an endpoint.
+        assert!(self::settings(&[("OTEL_BSP_MAX_QUEUE_SIZE", "lots")]).is_ok());
+    }
+
+    #[test]
+    fn the_batch_variables_are_honoured_and_every_bad_one_is_named() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+        let defaults = settings(&[endpoint]).expect("valid");
+        assert_eq!(defaults.exporter, Some(Protocol::HttpProtobuf));
+        assert_eq!(defaults.queue_size, SPAN_QUEUE_CAPACITY);
+        assert_eq!(defaults.schedule_delay, Duration::from_millis(5000));
+        assert_eq!(defaults.max_export_batch, 512);
+
+        let set = settings(&[
+            endpoint,
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "2048"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096"),
+        ])
+        .expect("valid");
+        assert_eq!(set.exporter, Some(Protocol::Grpc));
+        assert_eq!(set.queue_size, 2048);
+        assert_eq!(set.schedule_delay, Duration::from_millis(100));
+        assert_eq!(set.max_export_batch, 2048, "a batch is at most the queue");
+
+        let problems = settings(&[
+            endpoint,
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "soon"),
+            ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ])
+        .unwrap_err();
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+        for name in [
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_BSP_MAX_QUEUE_SIZE",
+            "OTEL_BSP_SCHEDULE_DELAY",
+            "OTEL_TRACES_SAMPLER",
+        ] {
+            assert!(problems.iter().any(|p| p.starts_with(name)), "{name} named in {problems:#?}");
+        }
     }
 }

@@ -6,7 +6,8 @@
 //! digits), so every leader, worker and tool derives the same trace id for the same fire.
 //! With no exporter, no span is created on the hot paths ([`enabled`] is false), yet every
 //! dispatch still carries a `traceparent` ([`fallback_traceparent`]) so a traced downstream
-//! joins the execution's trace.
+//! joins the execution's trace; its sampled flag is the process's sampler's decision for the
+//! trace ([`sampling`]), so the share configured at the root holds end to end.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +19,11 @@ use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, Tra
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+mod sampling;
+
+pub use sampling::Sampling;
+pub(crate) use sampling::set_process as set_sampling;
 
 /// W3C Trace Context header carrying trace id, parent span id and flags.
 pub const TRACEPARENT: &str = "traceparent";
@@ -62,11 +68,47 @@ fn fallback_span_id(execution_id: &str) -> SpanId {
     SpanId::from(bits.max(1))
 }
 
-/// `00-<trace id>-<span id>-01` of an execution for which no span was created (tracing off):
-/// the same trace id a traced fire would have, sampled so a traced downstream records its part.
+/// `00-<trace id>-<span id>-<flags>` of an execution for which no span was created (tracing
+/// off): the same trace id a traced fire would have, and sampled (`01`) when the process's
+/// sampler samples that trace id as a root, so a parent-based downstream records its part
+/// exactly when a traced root would have been sampled.
 pub fn fallback_traceparent(execution_id: &str) -> Option<String> {
     let trace_id = trace_id_of(execution_id)?;
-    Some(format!("00-{trace_id}-{}-01", fallback_span_id(execution_id)))
+    let flags = if sampling::process().samples_root(trace_id) { "01" } else { "00" };
+    Some(format!("00-{trace_id}-{}-{flags}", fallback_span_id(execution_id)))
+}
+
+/// The process's sampler (the standard default until telemetry is started).
+pub fn sampling() -> Sampling {
+    sampling::process()
+}
+
+/// Whether a span started now as the root of `execution_id`'s trace would be recorded: spans
+/// are exported and the sampler samples the trace. Hot paths build no span otherwise.
+pub fn records_root(execution_id: &str) -> bool {
+    enabled() && trace_id_of(execution_id).is_some_and(|id| sampling::process().samples_root(id))
+}
+
+/// Whether a span continuing the trace context in `headers` would be recorded: spans are
+/// exported and the sampler samples it (a parent-based one follows the `traceparent` flag).
+pub fn records_child(headers: Option<&HeaderMap>) -> bool {
+    if !enabled() {
+        return false;
+    }
+    let parent = headers.and_then(|h| h.get(TRACEPARENT)).and_then(|v| extract_span_context(v.as_str()));
+    match parent {
+        Some(parent) => sampling::process().samples(Some(&parent), parent.trace_id()),
+        // A new trace with a random id: decided by the SDK when the span starts.
+        None => true,
+    }
+}
+
+/// The trace context a request's `headers` carry, when it is valid (a caller's context to
+/// pass on as it came while no span of ours continues it).
+pub fn caller(headers: Option<&HeaderMap>) -> Option<Context> {
+    let headers = headers.filter(|headers| headers.get(TRACEPARENT).is_some())?;
+    let cx = extract(Some(headers));
+    cx.span().span_context().is_valid().then_some(cx)
 }
 
 /// The `traceparent` of a span context (`None` when it is not valid).
@@ -161,6 +203,17 @@ pub fn record_ids(span: &tracing::Span, cx: &Context) {
         span.record("trace_id", tracing::field::display(context.trace_id()));
         span.record("span_id", tracing::field::display(context.span_id()));
     }
+}
+
+/// Runs `future` with `cx` as the current trace context (no span of ours: a caller's context,
+/// kept for what the future sends).
+pub fn with_context<F: Future>(cx: Context, future: F) -> impl Future<Output = F::Output> {
+    opentelemetry::context::FutureExt::with_context(future, cx)
+}
+
+/// The current trace context set by [`with_context`], when it holds a valid span context.
+pub fn kept_context() -> Option<Context> {
+    Some(Context::current()).filter(|cx| cx.span().span_context().is_valid())
 }
 
 /// The context of the current tracing span (empty when it has none).

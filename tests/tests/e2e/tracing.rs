@@ -390,3 +390,166 @@ async fn a_registry_request_with_a_traceparent_continues_the_callers_trace() {
     assert_eq!(intake.parent_span_id, publisher_span, "the publisher's span is the parent");
     assert_eq!(intake.attr("jetsched.task"), Some("traced/submitted"));
 }
+
+/// The trace context of a caller: trace id, span id and vendor state.
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+const CALLER_STATE: &str = "vendor=abc";
+
+fn caller_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01").as_str());
+    headers.insert("tracestate", CALLER_STATE);
+    headers
+}
+
+/// The `traceparent` and `tracestate` of the last dispatch of `namespace/id` on queue default.
+async fn dispatch_trace_headers(
+    js: &async_nats::jetstream::Context,
+    namespace: &str,
+    id: &str,
+) -> (Option<String>, Option<String>) {
+    let names = Names::default();
+    let stream = js.get_stream(names.dispatch_stream()).await.expect("dispatch stream");
+    let subject = names.dispatch_subject("default", namespace, id);
+    let message = eventually(WAIT, "the dispatch is stored", || async {
+        stream.get_last_raw_message_by_subject(&subject).await.ok()
+    })
+    .await;
+    let get = |name: &str| message.headers.get(name).map(|v| v.as_str().to_string());
+    (get("traceparent"), get("tracestate"))
+}
+
+#[tokio::test]
+async fn trigger_and_replay_dispatches_carry_the_callers_trace_context_without_export() {
+    let server = NatsServer::start().await;
+    // In-process registry: this test process exports nothing.
+    let _registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
+    let client = server.client().await;
+    let js = async_nats::jetstream::new(client.clone());
+    let task = spec("carried", "manual").every("1h");
+    let reply = request(&client, "put", &task.json(), HeaderMap::new()).await;
+    assert!(reply.get("error").is_none(), "stored: {reply}");
+
+    // A trigger with the caller's context: the dispatch carries it as it came.
+    let body = json!({"namespace": "carried", "id": "manual"});
+    let reply = request(&client, "trigger", &body, caller_headers()).await;
+    assert!(reply.get("error").is_none(), "triggered: {reply}");
+    let expected = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let (traceparent, tracestate) = dispatch_trace_headers(&js, "carried", "manual").await;
+    assert_eq!(traceparent.as_deref(), Some(expected.as_str()), "the caller's traceparent");
+    assert_eq!(tracestate.as_deref(), Some(CALLER_STATE), "the caller's tracestate");
+
+    // Without one: a traceparent derived from the new execution id.
+    let reply = request(&client, "trigger", &body, HeaderMap::new()).await;
+    let execution_id = reply["execution_id"].as_str().unwrap_or_else(|| panic!("{reply}")).to_string();
+    let (traceparent, tracestate) = dispatch_trace_headers(&js, "carried", "manual").await;
+    let traceparent = traceparent.expect("a derived traceparent");
+    assert_eq!(trace_id_in(&traceparent), trace_id_of(&execution_id));
+    assert_eq!(tracestate, None);
+
+    // A dead letter replayed with the caller's context.
+    let names = Names::default();
+    let dead = json!({
+        "execution_id": "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60",
+        "namespace": "carried", "task_id": "replayed", "queue": "default",
+        "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule", "term": 1, "revision": 1,
+        "spec": spec("carried", "replayed").json(),
+        "reason": "failed for good", "source": "verdict", "dead_at": "2026-01-01T00:00:01.000Z",
+        "worker": "w1", "attempts": [], "dispatch_sequence": 1,
+    });
+    let ack = js
+        .publish(
+            names.dlq_subject("default", "carried", "replayed"),
+            serde_json::to_vec(&dead).unwrap().into(),
+        )
+        .await
+        .expect("publish the dead letter")
+        .await
+        .expect("dead letter stored");
+    let subject = names.dlq_api_subject("replay");
+    let payload = serde_json::to_vec(&json!({"sequence": ack.sequence})).unwrap().into();
+    let reply =
+        client.request_with_headers(subject, caller_headers(), payload).await.expect("replay answered");
+    let reply: Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    assert!(reply.get("error").is_none(), "replayed: {reply}");
+    let (traceparent, tracestate) = dispatch_trace_headers(&js, "carried", "replayed").await;
+    assert_eq!(traceparent.as_deref(), Some(expected.as_str()), "the caller's traceparent");
+    assert_eq!(tracestate.as_deref(), Some(CALLER_STATE), "the caller's tracestate");
+}
+
+/// Runs `count` one-shot tasks through a scheduler that exports nothing and samples roots at
+/// `ratio`, and a worker exporting with its default (parent-based) sampler; then one triggered
+/// run whose caller's trace is sampled, whose run span, once exported, shows the worker's
+/// export has passed the scheduled runs. Returns how many scheduled runs had a run span.
+async fn worker_runs_exported_with_root_ratio(ratio: &str, count: usize) -> usize {
+    let server = NatsServer::start().await;
+    let receiver = OtlpReceiver::start().await;
+    let downstream = Downstream::start().await;
+    let root = [("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", ratio)];
+    let _scheduler = service("jetsched-scheduler", &server, "sched-root", free_addr(), &root);
+    let endpoint = receiver.endpoint();
+    let _worker = service(
+        "jetsched-worker",
+        &server,
+        "worker-follows",
+        free_addr(),
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())],
+    );
+    let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
+    let client = server.client().await;
+    let js = async_nats::jetstream::new(client.clone());
+    let at_ms = soon_ms(3);
+    let at = chrono::DateTime::from_timestamp_millis(at_ms).expect("valid time").to_rfc3339();
+    let executor = json!({"kind": "http", "method": "POST", "url": downstream.url()});
+    let mut executions = Vec::new();
+    for n in 0..count {
+        let id = format!("root-{n}");
+        let task = spec("sampled", &id).executor(executor.clone()).schedule(json!({"at": at}));
+        let reply = request(&client, "put", &task.json(), HeaderMap::new()).await;
+        assert!(reply.get("error").is_none(), "stored: {reply}");
+        executions.push(scheduled_execution_id("sampled", &id, at_ms));
+    }
+    for execution_id in &executions {
+        wait_run_status(&js, &Names::default(), execution_id, RunStatus::Succeeded, WAIT).await;
+    }
+    for headers in downstream.requests() {
+        let flags = headers["traceparent"].rsplit('-').next().unwrap_or_default().to_string();
+        let expected = if ratio == "0.0" { "00" } else { "01" };
+        assert_eq!(flags, expected, "the root's decision travels: {headers:?}");
+    }
+
+    let control = spec("sampled", "control").executor(executor).every("1h");
+    let reply = request(&client, "put", &control.json(), HeaderMap::new()).await;
+    assert!(reply.get("error").is_none(), "stored: {reply}");
+    let body = json!({"namespace": "sampled", "id": "control"});
+    let reply = request(&client, "trigger", &body, caller_headers()).await;
+    assert!(reply.get("error").is_none(), "triggered: {reply}");
+    eventually(WAIT, "the control run's span exported", || async {
+        receiver.trace(CALLER_TRACE).iter().any(|s| s.kind == KIND_CONSUMER).then_some(())
+    })
+    .await;
+    let spans = receiver.spans();
+    assert!(
+        !spans.iter().any(|s| s.service == "jetsched-scheduler"),
+        "the scheduler exports nothing: {spans:#?}"
+    );
+    drop(registry);
+    executions
+        .iter()
+        .filter(|execution_id| {
+            let trace_id = trace_id_of(execution_id);
+            spans.iter().any(|s| s.trace_id == trace_id && s.kind == KIND_CONSUMER)
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn a_root_sampling_none_leaves_every_worker_span_unexported() {
+    assert_eq!(worker_runs_exported_with_root_ratio("0.0", 4).await, 0);
+}
+
+#[tokio::test]
+async fn a_root_sampling_all_gets_every_worker_span_exported() {
+    assert_eq!(worker_runs_exported_with_root_ratio("1.0", 4).await, 4);
+}
