@@ -83,7 +83,10 @@ mod state;
 pub use api::{
     DeleteReply, ListReply, ListRequest, NextReply, NextRequest, TaskRef, TaskReply, TriggerReply,
 };
-pub use breaker::{BREAKER_SLOTS, BreakerRecord, BreakerSlot, BreakerState};
+pub use breaker::{
+    BREAKER_SLOTS, BreakerRecord, BreakerSlot, BreakerState, HDR_ATTEMPTS_SPENT, HDR_DELAYS, HDR_SCHEDULE,
+    HDR_SCHEDULE_TARGET,
+};
 pub use dead_letter::{DeadLetter, DeadLetterSource};
 pub use dispatch::{Dispatch, Trigger, execution_id_of_fire, fresh_execution_id, scheduled_execution_id};
 pub use event::{Event, EventKind};

@@ -97,11 +97,12 @@ pub enum RunEvents {
 impl RunEvents {
     /// Whether events of `kind` are published.
     pub fn wants(self, kind: jetsched_shared::wire::EventKind) -> bool {
-        use jetsched_shared::wire::EventKind::{RunStarted, RunSucceeded};
+        use jetsched_shared::wire::EventKind::{RunSkipped, RunStarted, RunSucceeded};
         match self {
             RunEvents::All => true,
             RunEvents::Outcomes => kind != RunStarted,
-            RunEvents::Failures => !matches!(kind, RunStarted | RunSucceeded),
+            // A run skipped by its open breaker did not fail (the breaker's events tell why).
+            RunEvents::Failures => !matches!(kind, RunStarted | RunSucceeded | RunSkipped),
         }
     }
 }

@@ -17,6 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::breaker::Breakers;
 use crate::config::{RunEvents, RunRecords};
 use crate::delivery::process;
 use crate::dlq::DeadLetters;
@@ -27,6 +28,8 @@ use crate::runs::RunStore;
 /// Everything a delivery needs, shared by the pull loops and run tasks.
 pub(crate) struct Shared {
     pub(crate) names: Names,
+    pub(crate) js: jetstream::Context,
+    pub(crate) breakers: Arc<Breakers>,
     pub(crate) worker: String,
     pub(crate) runs: RunStore,
     pub(crate) dlq: DeadLetters,

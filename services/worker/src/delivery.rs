@@ -9,9 +9,11 @@ use chrono::Utc;
 use jetsched_shared::events::EventBatch;
 use jetsched_shared::spec::OverlapPolicy;
 use jetsched_shared::trace;
-use jetsched_shared::wire::{Dispatch, Event, EventKind};
+use jetsched_shared::wire::{Dispatch, Event, EventKind, HDR_ATTEMPTS_SPENT};
 use tracing::Instrument;
 
+use crate::breaker::shortcut::header_count;
+use crate::breaker::{Admission, Gate};
 use crate::config::RunRecords;
 use crate::consumer::Shared;
 use crate::dlq::{DeadLetter, undecodable};
@@ -35,7 +37,10 @@ pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Me
                 .queue_depth
                 .with_label_values(&[queue])
                 .set(i64::try_from(info.pending).unwrap_or(i64::MAX));
-            (u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1), info.stream_sequence)
+            // A run delayed by its breaker is a new message: it carries the attempts before.
+            let spent = header_count(message.headers.as_ref(), HDR_ATTEMPTS_SPENT);
+            let delivered = u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1);
+            (delivered.saturating_add(spent), info.stream_sequence)
         }
         Err(error) => {
             shared.metrics.errors.with_label_values(&["message_info"]).inc();
@@ -84,6 +89,7 @@ pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Me
         sequence,
         stored: None,
         elapsed: None,
+        gate: None,
         events: shared.events.batch(),
     };
     delivery.deliver().instrument(span).await;
@@ -96,7 +102,8 @@ pub(crate) struct Delivery<'a> {
     pub(crate) queue: &'a str,
     pub(crate) message: &'a jetstream::Message,
     pub(crate) dispatch: &'a Dispatch,
-    /// The delivery count (1-based).
+    /// The attempt number (1-based): the delivery count, plus the attempts made before a
+    /// delay by the breaker.
     pub(crate) attempt: u32,
     /// The dispatch message's stream sequence.
     pub(crate) sequence: u64,
@@ -104,12 +111,22 @@ pub(crate) struct Delivery<'a> {
     pub(crate) stored: Option<Stored>,
     /// How long the attempt ran, if it ran.
     pub(crate) elapsed: Option<Duration>,
+    /// The breaker's admission of this delivery, if the task has a breaker.
+    gate: Option<Gate>,
     /// The run events told so far, their acknowledgements awaited at the end.
     events: EventBatch<'a>,
 }
 
 impl Delivery<'_> {
     async fn deliver(mut self) {
+        if let Some(gate) = self.shared.breakers.admit(self.dispatch).await {
+            if gate.admission == Admission::ShortCircuit {
+                self.short_circuit(&gate).await;
+                self.events.flush(EVENT_RETRY_FOR, &self.shared.hard_stop).await;
+                return;
+            }
+            self.gate = Some(gate);
+        }
         let ending = self.run().await;
         self.conclude(ending).await;
         self.events.flush(EVENT_RETRY_FOR, &self.shared.hard_stop).await;
@@ -178,7 +195,12 @@ impl Delivery<'_> {
             return Ending::Interrupted;
         };
         let since_first = (Utc::now() - first_started).to_std().unwrap_or_default();
-        decide(&dispatch.spec.retry, outcome, attempt, since_first, rand::random::<f64>())
+        let ending = decide(&dispatch.spec.retry, outcome, attempt, since_first, rand::random::<f64>());
+        if let Some(gate) = &self.gate {
+            let failed = matches!(ending, Ending::Retrying { .. } | Ending::Failed { .. });
+            shared.breakers.report(gate, failed).await;
+        }
+        ending
     }
 
     /// Publishes a run event, if the worker tells events of its kind (`--run-events`).

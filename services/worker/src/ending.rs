@@ -171,6 +171,12 @@ impl Delivery<'_> {
     pub(crate) async fn conclude(&mut self, ending: Ending) {
         let plan = plan(&ending);
         self.announce(&ending);
+        // Auto-pause counts runs that ended for good (a success resets the count).
+        let ended_failed = match &ending {
+            Ending::Succeeded { .. } => Some(false),
+            Ending::Failed { .. } => Some(true),
+            _ => None,
+        };
         crate::spans::outcome(ending.name());
         let Texts { error, detail, reason } = ending.into_texts();
         let mut stored = self.stored.take();
@@ -191,6 +197,9 @@ impl Delivery<'_> {
             };
         }
         let shared = self.shared;
+        if let Some(failed) = ended_failed {
+            shared.breakers.run_ended(self.dispatch, failed).await;
+        }
         if let Some(counted) = plan.counted {
             shared.metrics.runs.with_label_values(&[self.queue, counted]).inc();
         }

@@ -16,6 +16,7 @@
 //! # }
 //! ```
 
+mod breaker;
 mod config;
 mod consumer;
 mod delivery;

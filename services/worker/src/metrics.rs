@@ -30,6 +30,12 @@ pub(crate) struct Metrics {
     /// ack, run record, advisory). Events given up are counted by the event publisher
     /// (`jetsched_events_failed_total`).
     pub(crate) errors: IntCounterVec,
+    /// `jetsched_worker_breaker_state{key}`: 0 closed, 1 half open, 2 open, as this worker
+    /// last saw the breaker (key = its key in the breakers bucket).
+    pub(crate) breaker_state: prometheus::IntGaugeVec,
+    /// `jetsched_worker_runs_short_circuited_total{key, action}`: deliveries an open breaker
+    /// did not let through, `delay`ed or `skip`ped.
+    pub(crate) short_circuited: IntCounterVec,
 }
 
 impl Metrics {
@@ -68,6 +74,22 @@ impl Metrics {
             Opts::new("jetsched_queue_depth", "Dispatches waiting in the queue, as of the latest delivery"),
             &["queue"],
         )?;
+        let breaker_state = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "jetsched_worker_breaker_state",
+                "Circuit breaker state: 0 closed, 1 half open, 2 open",
+            ),
+            &["key"],
+        )?;
+        let short_circuited = IntCounterVec::new(
+            Opts::new(
+                "jetsched_worker_runs_short_circuited_total",
+                "Deliveries an open circuit breaker delayed or skipped",
+            ),
+            &["key", "action"],
+        )?;
+        registry.register(Box::new(breaker_state.clone()))?;
+        registry.register(Box::new(short_circuited.clone()))?;
         registry.register(Box::new(queue_depth.clone()))?;
         registry.register(Box::new(runs.clone()))?;
         registry.register(Box::new(duration.clone()))?;
@@ -89,6 +111,8 @@ impl Metrics {
             dlq_depth,
             queue_depth,
             errors,
+            breaker_state,
+            short_circuited,
         })
     }
 }

@@ -104,7 +104,7 @@ impl RunStore {
                 }
             };
             match record.status {
-                RunStatus::Succeeded => return Ok(Begin::AlreadySucceeded),
+                RunStatus::Succeeded | RunStatus::Skipped => return Ok(Begin::AlreadySucceeded),
                 RunStatus::Dead => return Ok(Begin::AlreadyDead),
                 RunStatus::Failed => {
                     return Ok(Begin::DeadLetterPending { record: Box::new(record), revision });
@@ -116,6 +116,43 @@ impl RunStore {
                 Ok(revision) => return Ok(Begin::Run { record: Box::new(record), revision, rerun }),
                 Err(error) if is_revision_mismatch(&error) => continue,
                 Err(error) => return Err(error).with_context(|| format!("update run record {key}")),
+            }
+        }
+        anyhow::bail!("run record {key}: compare-and-set kept failing")
+    }
+
+    /// Records a run its open breaker skipped (`on_open: skip`): status `skipped`, finished
+    /// now. Returns false when the record says the run is final already (nothing written).
+    pub(crate) async fn skip(&self, dispatch: &Dispatch, attempt: u32, worker: &str) -> anyhow::Result<bool> {
+        let key = dispatch.execution_id.as_str();
+        let skip = |record: &mut RunRecord| {
+            let now = Utc::now();
+            record.status = RunStatus::Skipped;
+            record.worker = worker.to_string();
+            record.finished = Some(now);
+        };
+        for _ in 0..CAS_ROUNDS {
+            match self.get(key).await? {
+                Some((record, _)) if record.status.is_final() => return Ok(false),
+                Some((mut record, revision)) => {
+                    skip(&mut record);
+                    match self.kv.update(key, encode(&record)?, revision).await {
+                        Ok(_) => return Ok(true),
+                        Err(error) if is_revision_mismatch(&error) => continue,
+                        Err(error) => return Err(error).with_context(|| format!("update run record {key}")),
+                    }
+                }
+                None => {
+                    let mut record = RunRecord::new(dispatch, attempt, worker, Utc::now());
+                    // Nothing was executed.
+                    record.attempts.clear();
+                    skip(&mut record);
+                    match self.kv.create(key, encode(&record)?).await {
+                        Ok(_) => return Ok(true),
+                        Err(error) if is_already_exists(&error) => continue,
+                        Err(error) => return Err(error).with_context(|| format!("create run record {key}")),
+                    }
+                }
             }
         }
         anyhow::bail!("run record {key}: compare-and-set kept failing")

@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::breaker::Breakers;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::consumer::{Pull, Shared, run_queue};
 use crate::dlq::{DeadLetters, Mover, advisory_consumer};
@@ -31,6 +32,8 @@ pub struct Worker {
     /// Presence (`jetsched-worker` micro service): `jetsched status` counts live replicas.
     presence: async_nats::service::Service,
     shared: Arc<Shared>,
+    /// The breakers watch, loaded in `build`.
+    breakers_watch: async_nats::jetstream::kv::Watch,
     queues: Vec<(String, PullConsumer)>,
     advisories: PullConsumer,
     mover: Mover,
@@ -124,8 +127,19 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         metrics: metrics.clone(),
         worker: instance.clone(),
     };
+    let breakers = Arc::new(Breakers::new(
+        topology.breakers,
+        js.clone(),
+        names.clone(),
+        instance.clone(),
+        events.clone(),
+        metrics.clone(),
+    ));
+    let breakers_watch = breakers.load().await?;
     let shared = Arc::new(Shared {
         names,
+        js: js.clone(),
+        breakers,
         worker: instance.clone(),
         runs,
         dlq,
@@ -147,6 +161,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         client,
         presence,
         shared,
+        breakers_watch,
         queues,
         advisories,
         mover,
@@ -169,6 +184,7 @@ impl Worker {
             client,
             presence,
             shared,
+            breakers_watch,
             queues,
             advisories,
             mover,
@@ -181,6 +197,10 @@ impl Worker {
         let admin_stop = CancellationToken::new();
         background.spawn(admin.serve(admin_stop.clone()));
         background.spawn(mover.run(advisories, shutdown.clone()));
+        // The breakers follow the bucket and merge counts until the last run has ended.
+        let breakers_stop = CancellationToken::new();
+        background.spawn(shared.breakers.clone().follow(breakers_watch, breakers_stop.clone()));
+        background.spawn(shared.breakers.clone().merge_loop(breakers_stop.clone()));
 
         let runs = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(concurrency));
@@ -208,6 +228,7 @@ impl Worker {
             shared.hard_stop.cancel();
             runs.wait().await;
         }
+        breakers_stop.cancel();
         if let Err(error) = presence.stop().await {
             tracing::warn!(%error, "stopping the presence service");
         }

@@ -9,6 +9,18 @@ use serde::{Deserialize, Serialize};
 
 use super::millis;
 
+/// On a run re-published because its breaker was open (`on_open: delay`): attempts the run
+/// had executed before (its next delivery is attempt `spent + delivery count`), so delays never
+/// spend `retry.max_attempts`.
+pub const HDR_ATTEMPTS_SPENT: &str = "Jetsched-Attempts-Spent";
+/// On a delayed run: how many times its breaker delayed it (part of the re-published message's
+/// `Nats-Msg-Id`, `<execution_id>:delay:<n>`).
+pub const HDR_DELAYS: &str = "Jetsched-Delays";
+/// Server-scheduled message (ADR-51): `@at <RFC 3339>` publishes the message's copy then.
+pub const HDR_SCHEDULE: &str = "Nats-Schedule";
+/// Server-scheduled message: the subject the copy is published on.
+pub const HDR_SCHEDULE_TARGET: &str = "Nats-Schedule-Target";
+
 /// Where a breaker stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -75,6 +87,9 @@ pub struct BreakerRecord {
     /// `max_open_for`; back to `open_for` when the breaker closes). 0 = not opened yet.
     #[serde(default)]
     pub open_for_ms: u64,
+    /// Half-open rounds so far: a probe's verdict counts only in the round that granted it.
+    #[serde(default)]
+    pub probe_round: u64,
     /// Probe attempts granted in the current half-open round.
     #[serde(default)]
     pub probes_granted: u32,

@@ -23,6 +23,8 @@ pub enum RunStatus {
     Failed,
     /// Stored in the dead-letter stream.
     Dead,
+    /// Not executed: its circuit breaker was open and the task says `on_open: skip`.
+    Skipped,
 }
 
 impl RunStatus {
@@ -33,12 +35,13 @@ impl RunStatus {
             RunStatus::Succeeded => "succeeded",
             RunStatus::Failed => "failed",
             RunStatus::Dead => "dead",
+            RunStatus::Skipped => "skipped",
         }
     }
 
-    /// True once the run will not execute again (succeeded, or failed for good).
+    /// True once the run will not execute again (succeeded, failed for good, or skipped).
     pub fn is_final(self) -> bool {
-        matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead)
+        matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead | RunStatus::Skipped)
     }
 }
 
@@ -184,7 +187,7 @@ impl RunRecord {
         if error.is_some() {
             self.error = error;
         }
-        if matches!(status, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead) {
+        if status.is_final() {
             self.finished.get_or_insert(now);
         }
     }

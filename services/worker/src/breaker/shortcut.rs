@@ -1,0 +1,121 @@
+//! A delivery its open breaker does not let through: skipped (`on_open: skip`: a final
+//! `skipped` run record and a `run.skipped` event) or delayed (`on_open: delay`: re-published
+//! as a message the server holds until the breaker lets calls through again, then acked).
+//!
+//! A delayed run is a new message: it holds no place in `max_ack_pending`, its delivery count
+//! starts again (so `max_deliver` and the dead-letter stream never see the delay), and it
+//! carries the attempts executed so far ([`HDR_ATTEMPTS_SPENT`]), so delays spend none of
+//! `retry.max_attempts`. It keeps its execution id and its headers; its `Nats-Msg-Id` is
+//! `<execution_id>:delay:<n>` (the dispatch stream de-duplicates, and a retried publish of the
+//! same delay is stored once).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::AckKind;
+use async_nats::{HeaderMap, HeaderValue};
+use chrono::Utc;
+use jetsched_shared::names::breaker_reason;
+use jetsched_shared::spec::OnOpen;
+use jetsched_shared::wire::{
+    EventKind, HDR_ATTEMPTS_SPENT, HDR_DELAYS, HDR_SCHEDULE, HDR_SCHEDULE_TARGET, format_time,
+};
+
+use super::Gate;
+use crate::delivery::{Delivery, acknowledge};
+
+/// When a delivery whose skip or delay could not be stored is delivered again.
+const RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// The number in a header (0 when absent or not a number).
+pub(crate) fn header_count(headers: Option<&HeaderMap>, name: &str) -> u32 {
+    headers.and_then(|h| h.get(name)).and_then(|v| v.as_str().parse().ok()).unwrap_or(0)
+}
+
+impl Delivery<'_> {
+    /// Ends a delivery its breaker short-circuited, as the task's `on_open` says.
+    pub(crate) async fn short_circuit(&mut self, gate: &Gate) {
+        crate::spans::outcome("short_circuited");
+        match gate.spec.on_open {
+            OnOpen::Skip => self.skip(gate).await,
+            OnOpen::Delay => self.delay(gate).await,
+        }
+    }
+
+    async fn skip(&mut self, gate: &Gate) {
+        let shared = self.shared;
+        match shared.runs.skip(self.dispatch, self.attempt, &shared.worker).await {
+            Ok(skipped) => {
+                if skipped {
+                    shared.metrics.short_circuited.with_label_values(&[&gate.key, "skip"]).inc();
+                    shared.metrics.runs.with_label_values(&[self.queue, "skipped"]).inc();
+                    tracing::info!(key = gate.key, "breaker open: run skipped");
+                    let mut event = self.event(EventKind::RunSkipped, self.attempt);
+                    event.reason = Some(breaker_reason::BREAKER_OPEN.to_string());
+                    event.key = Some(gate.key.clone());
+                    self.tell(event).await;
+                }
+                acknowledge(shared, self.message, AckKind::Ack).await;
+            }
+            Err(error) => {
+                shared.metrics.errors.with_label_values(&["run_record"]).inc();
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "cannot record the skipped run; handing it back"
+                );
+                acknowledge(shared, self.message, AckKind::Nak(Some(RETRY_DELAY))).await;
+            }
+        }
+    }
+
+    async fn delay(&mut self, gate: &Gate) {
+        let shared = self.shared;
+        let at = gate.comeback(Utc::now(), rand::random::<f64>());
+        match self.republish(at).await {
+            Ok(()) => {
+                shared.metrics.short_circuited.with_label_values(&[&gate.key, "delay"]).inc();
+                tracing::info!(key = gate.key, until = %format_time(at), "breaker open: run delayed");
+                acknowledge(shared, self.message, AckKind::Ack).await;
+            }
+            Err(error) => {
+                shared.metrics.errors.with_label_values(&["delay"]).inc();
+                tracing::warn!(error = format!("{error:#}"), "cannot delay the run; handing it back");
+                acknowledge(shared, self.message, AckKind::Nak(Some(RETRY_DELAY))).await;
+            }
+        }
+    }
+
+    /// Publishes the dispatch again as a message the server holds until `at`, on the queue's
+    /// delayed subject, aimed at the original dispatch subject; awaits the stream's ack.
+    async fn republish(&self, at: chrono::DateTime<Utc>) -> anyhow::Result<()> {
+        let message = self.message;
+        let delays = header_count(message.headers.as_ref(), HDR_DELAYS) + 1;
+        let mut headers = HeaderMap::new();
+        if let Some(original) = message.headers.as_ref() {
+            for (name, values) in original.iter() {
+                let name: &str = name.as_ref();
+                // Server headers (message id, a previous schedule's) are not carried over.
+                if name.starts_with("Nats-") || name == HDR_ATTEMPTS_SPENT || name == HDR_DELAYS {
+                    continue;
+                }
+                for value in values {
+                    headers.append(name, value.clone());
+                }
+            }
+        }
+        let id = format!("{}:delay:{delays}", self.dispatch.execution_id);
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+        headers.insert(HDR_ATTEMPTS_SPENT, HeaderValue::from(self.attempt.saturating_sub(1).to_string()));
+        headers.insert(HDR_DELAYS, HeaderValue::from(delays.to_string()));
+        headers.insert(HDR_SCHEDULE, HeaderValue::from(format!("@at {}", format_time(at))));
+        headers.insert(HDR_SCHEDULE_TARGET, HeaderValue::from(message.subject.to_string()));
+        let subject = self.shared.names.delayed_subject(self.queue, &self.dispatch.execution_id);
+        let js = &self.shared.js;
+        let ack = js
+            .publish_with_headers(subject.clone(), headers, message.payload.clone())
+            .await
+            .with_context(|| format!("publish delayed run on {subject}"))?;
+        ack.await.with_context(|| format!("store delayed run on {subject}"))?;
+        Ok(())
+    }
+}

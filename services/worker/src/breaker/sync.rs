@@ -1,0 +1,150 @@
+//! Keeping the breakers in step with the bucket: the merge loop (this worker's counts into the
+//! records, every [`MERGE_EVERY`] while there are any) and the watch (every worker's writes
+//! into this worker's copy).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::kv;
+use chrono::Utc;
+use futures::StreamExt;
+use jetsched_shared::backoff::Backoff;
+use tokio_util::sync::CancellationToken;
+
+use super::store::{Versioned, decode};
+use super::{Breakers, MERGE_EVERY, Pending, machine};
+
+impl Breakers {
+    /// Opens the watch of the bucket and loads every record (the watch delivers the last value
+    /// per key, then every change; the load ends with the entry whose `delta` is 0).
+    pub(crate) async fn load(&self) -> anyhow::Result<kv::Watch> {
+        let kv = self.store.kv();
+        let mut watch =
+            kv.watch_with_history(">").await.with_context(|| format!("watch bucket {}", kv.name))?;
+        let mut stream = kv.stream.clone();
+        let info = stream.info().await.with_context(|| format!("read stream info of bucket {}", kv.name))?;
+        if info.state.messages == 0 {
+            return Ok(watch);
+        }
+        while let Some(entry) = watch.next().await {
+            let entry = entry.with_context(|| format!("load bucket {}", kv.name))?;
+            let last = entry.delta == 0;
+            self.seen(&entry);
+            if last {
+                break;
+            }
+        }
+        Ok(watch)
+    }
+
+    /// Follows the bucket until `stop`, re-opening the watch after an error.
+    pub(crate) async fn follow(self: Arc<Self>, mut watch: kv::Watch, stop: CancellationToken) {
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                next = watch.next() => next,
+            };
+            match next {
+                Some(Ok(entry)) => {
+                    backoff.reset();
+                    self.seen(&entry);
+                    continue;
+                }
+                Some(Err(error)) => {
+                    self.metrics.errors.with_label_values(&["breaker_watch"]).inc();
+                    tracing::warn!(%error, "breakers watch failed; re-opening it");
+                }
+                None => tracing::warn!("breakers watch ended; re-opening it"),
+            }
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+                match self.store.kv().watch_with_history(">").await {
+                    Ok(fresh) => {
+                        watch = fresh;
+                        break;
+                    }
+                    Err(error) => tracing::warn!(%error, "re-opening the breakers watch"),
+                }
+            }
+        }
+    }
+
+    fn seen(&self, entry: &kv::Entry) {
+        if entry.operation == kv::Operation::Put {
+            let record = decode(&entry.key, entry);
+            self.remember(&entry.key, Versioned { record, revision: entry.revision });
+        } else {
+            self.forget(&entry.key, entry.revision);
+        }
+    }
+
+    /// Merges this worker's counts every [`MERGE_EVERY`] while there are any, until `stop`;
+    /// then merges what is left once more.
+    pub(crate) async fn merge_loop(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                _ = self.counted.notified() => {}
+            }
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(MERGE_EVERY) => {}
+            }
+            self.merge_pending().await;
+        }
+        self.merge_pending().await;
+    }
+
+    /// Merges every key's counts into its record with compare-and-set; counts that could not
+    /// be merged wait for the next round.
+    pub(crate) async fn merge_pending(&self) {
+        let pending: HashMap<String, Pending> =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for (key, counts) in pending {
+            if counts.delta.is_empty() {
+                continue;
+            }
+            let merged = self
+                .store
+                .modify(&key, self.known(&key), |record| {
+                    let before = record.clone();
+                    let transition = machine::merge(record, &counts.delta, &counts.spec, Utc::now());
+                    (transition, *record != before)
+                })
+                .await;
+            match merged {
+                Ok((transition, stored)) => {
+                    if let Some(transition) = transition {
+                        self.tell(&key, transition, &stored);
+                    }
+                    self.remember(&key, stored);
+                }
+                Err(error) => {
+                    self.metrics.errors.with_label_values(&["breaker"]).inc();
+                    tracing::warn!(
+                        error = format!("{error:#}"),
+                        key,
+                        "cannot merge breaker counts; keeping them"
+                    );
+                    let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                    let entry = pending
+                        .entry(key)
+                        .or_insert(Pending { spec: counts.spec.clone(), delta: Default::default() });
+                    entry.delta.absorb(&counts.delta);
+                    drop(pending);
+                    self.counted.notify_one();
+                }
+            }
+        }
+    }
+}
