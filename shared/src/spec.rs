@@ -136,7 +136,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 const DEFAULT_CATCHUP_WINDOW: Duration = Duration::from_secs(3600);
 const MAX_LABELS: usize = 64;
-const MAX_PAUSED_REASON: usize = 256;
+/// The longest `paused_reason`, in characters.
+pub const MAX_PAUSED_REASON: usize = 256;
 
 /// Checks a `paused_reason`: 1 to [`MAX_PAUSED_REASON`] characters, and only on a paused task.
 fn check_paused_reason(reason: &str, paused: bool) -> Result<(), ApiError> {

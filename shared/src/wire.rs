@@ -73,6 +73,7 @@ pub const HDR_STATUS: &str = "Jetsched-Status";
 
 mod api;
 mod breaker;
+mod breaker_api;
 mod dead_letter;
 mod dispatch;
 mod event;
@@ -87,6 +88,7 @@ pub use breaker::{
     BREAKER_SLOTS, BreakerRecord, BreakerSlot, BreakerState, HDR_ATTEMPTS_SPENT, HDR_DELAYS, HDR_SCHEDULE,
     HDR_SCHEDULE_TARGET,
 };
+pub use breaker_api::{BreakerInfo, BreakerListReply, BreakerRef, BreakerResetReply};
 pub use dead_letter::{DeadLetter, DeadLetterSource};
 pub use dispatch::{Dispatch, Trigger, execution_id_of_fire, fresh_execution_id, scheduled_execution_id};
 pub use event::{Event, EventKind};

@@ -11,12 +11,12 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::schedule::Schedule;
-use jetsched_shared::spec::{TaskSpec, validate_id};
+use jetsched_shared::spec::{MAX_PAUSED_REASON, TaskSpec, validate_id};
 use jetsched_shared::wire::{
     self, HDR_CREATE_ONLY, HDR_EXPECTED_REVISION, ListRequest, NextReply, NextRequest, TaskRef,
 };
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::tasks::{Precondition, TaskStore};
 
@@ -33,6 +33,8 @@ pub enum Endpoint {
     Next,
     /// A dead-letter endpoint (`<prefix>.api.dlq.*`), served by [`crate::dlq`].
     Dlq(crate::dlq::DlqEndpoint),
+    /// A breaker endpoint (`<prefix>.api.breaker.*`), served by [`crate::breakers`].
+    Breaker(crate::breakers::BreakerEndpoint),
     /// Reading a run record (`<prefix>.api.runs.get.<namespace>`), served by [`crate::runs`].
     RunsGet,
     /// Anything else under `<prefix>.api.>`.
@@ -62,6 +64,7 @@ impl Endpoint {
             Endpoint::Trigger => "trigger",
             Endpoint::Next => "next",
             Endpoint::Dlq(endpoint) => endpoint.label(),
+            Endpoint::Breaker(endpoint) => endpoint.label(),
             Endpoint::RunsGet => "runs-get",
             Endpoint::Unknown => "unknown",
         }
@@ -84,14 +87,25 @@ pub enum NextSource {
 /// A decoded, validated request: everything a client sent, parsed at the edge.
 #[derive(Debug, Clone)]
 pub enum ApiRequest {
-    Put { spec: Box<TaskSpec>, precondition: Precondition },
+    Put {
+        spec: Box<TaskSpec>,
+        precondition: Precondition,
+    },
     Get(TaskRef),
     List(ListRequest),
     Delete(TaskRef),
-    Pause(TaskRef),
+    /// `{"namespace", "id", "reason"?}`: the reason becomes the task's `paused_reason`.
+    Pause {
+        task: TaskRef,
+        reason: Option<String>,
+    },
     Resume(TaskRef),
     Trigger(TaskRef),
-    Next { source: NextSource, count: usize, after: DateTime<Utc> },
+    Next {
+        source: NextSource,
+        count: usize,
+        after: DateTime<Utc>,
+    },
 }
 
 /// Decodes and validates a request without touching NATS: size, JSON, every field, headers.
@@ -125,7 +139,7 @@ pub fn decode_request(
             ApiRequest::List(request)
         }
         Endpoint::Delete => ApiRequest::Delete(task_ref(payload)?),
-        Endpoint::Pause => ApiRequest::Pause(task_ref(payload)?),
+        Endpoint::Pause => decode_pause(payload)?,
         Endpoint::Resume => ApiRequest::Resume(task_ref(payload)?),
         Endpoint::Trigger => ApiRequest::Trigger(task_ref(payload)?),
         Endpoint::Next => decode_next(payload, limits, now)?,
@@ -138,6 +152,13 @@ pub fn decode_request(
         }
         Endpoint::RunsGet => {
             return Err(ApiError::new(ErrorCode::Internal, "run requests are decoded by the runs API").into());
+        }
+        Endpoint::Breaker(_) => {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                "breaker requests are decoded by the breaker API",
+            )
+            .into());
         }
         Endpoint::Unknown => {
             return Err(ApiError::new(
@@ -170,8 +191,10 @@ pub(crate) async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec
         ApiRequest::Get(task) => encode(&store.get(&task.namespace, &task.id).await?),
         ApiRequest::List(request) => encode(&store.list(&request).await?),
         ApiRequest::Delete(task) => encode(&store.delete(&task.namespace, &task.id).await?),
-        ApiRequest::Pause(task) => encode(&store.set_paused(&task.namespace, &task.id, true).await?),
-        ApiRequest::Resume(task) => encode(&store.set_paused(&task.namespace, &task.id, false).await?),
+        ApiRequest::Pause { task, reason } => {
+            encode(&store.pause(&task.namespace, &task.id, reason.as_deref()).await?)
+        }
+        ApiRequest::Resume(task) => encode(&store.resume(&task.namespace, &task.id).await?),
         ApiRequest::Trigger(task) => encode(&store.trigger(&task.namespace, &task.id).await?),
         ApiRequest::Next { source, count, after } => {
             let spec = match source {
@@ -237,6 +260,42 @@ fn task_ref(payload: &[u8]) -> Result<TaskRef, ApiError> {
     validate_id("namespace", &task.namespace)?;
     validate_id("id", &task.id)?;
     Ok(task)
+}
+
+/// The body of `pause`: a task and an optional reason (1 to 256 characters).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    #[serde(default = "default_namespace")]
+    namespace: String,
+    id: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+fn default_namespace() -> String {
+    "default".to_string()
+}
+
+fn decode_pause(payload: &[u8]) -> Result<ApiRequest, ApiErrors> {
+    let body: PauseBody = decode(payload, false)?;
+    let mut problems = Vec::new();
+    problems.extend(validate_id("namespace", &body.namespace).err());
+    problems.extend(validate_id("id", &body.id).err());
+    if let Some(reason) = &body.reason {
+        let length = reason.chars().count();
+        if length == 0 || length > MAX_PAUSED_REASON {
+            problems.push(ApiError::at(
+                ErrorCode::InvalidValue,
+                "reason",
+                format!("must be 1 to {MAX_PAUSED_REASON} characters"),
+            ));
+        }
+    }
+    if let Some(errors) = ApiErrors::from_vec(problems) {
+        return Err(errors);
+    }
+    Ok(ApiRequest::Pause { task: TaskRef { namespace: body.namespace, id: body.id }, reason: body.reason })
 }
 
 fn decode_next(payload: &[u8], limits: Limits, now: DateTime<Utc>) -> Result<ApiRequest, ApiErrors> {

@@ -1,12 +1,15 @@
-//! jetsched-registry: the task API as a NATS micro service (`jetsched.api.task.*`) and the
-//! durable intake consumer (`jetsched.submit.<namespace>.<id>`), both writing the tasks bucket
-//! through [`tasks::TaskStore`].
+//! jetsched-registry: the task API as a NATS micro service (`jetsched.api.task.*`, with the
+//! dead-letter and breaker APIs), the durable intake consumer (`jetsched.submit.<namespace>.<id>`)
+//! and the durable consumer of workers' pause requests, all writing the tasks bucket through
+//! [`tasks::TaskStore`].
 
 pub mod api;
+pub mod breakers;
 mod config;
 pub mod dlq;
 mod intake;
 mod metrics;
+mod pause;
 mod runs;
 pub mod scope;
 mod service;

@@ -9,6 +9,8 @@ pub(crate) struct Metrics {
     pub(crate) request_seconds: HistogramVec,
     /// `jetsched_intake_messages_total{outcome}`: applied, rejected, retried.
     pub(crate) intake: IntCounterVec,
+    /// `jetsched_registry_pause_requests_total{outcome}`: paused, gone, invalid, retried.
+    pub(crate) pause_requests: IntCounterVec,
     /// `jetsched_task_changes_total{kind}`: events emitted by the registry (task.registered, ...).
     pub(crate) changes: IntCounterVec,
 }
@@ -30,6 +32,10 @@ impl Metrics {
             Opts::new("jetsched_intake_messages_total", "Intake submissions by outcome"),
             &["outcome"],
         )?;
+        let pause_requests = IntCounterVec::new(
+            Opts::new("jetsched_registry_pause_requests_total", "Workers' pause requests by outcome"),
+            &["outcome"],
+        )?;
         let changes = IntCounterVec::new(
             Opts::new("jetsched_task_changes_total", "Changes written to the tasks bucket by kind"),
             &["kind"],
@@ -37,7 +43,8 @@ impl Metrics {
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(request_seconds.clone()))?;
         registry.register(Box::new(intake.clone()))?;
+        registry.register(Box::new(pause_requests.clone()))?;
         registry.register(Box::new(changes.clone()))?;
-        Ok(Metrics { requests, request_seconds, intake, changes })
+        Ok(Metrics { requests, request_seconds, intake, pause_requests, changes })
     }
 }

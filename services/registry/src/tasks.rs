@@ -294,23 +294,51 @@ impl TaskStore {
         Ok(DeleteReply { namespace: namespace.to_string(), id: id.to_string(), deleted: true })
     }
 
-    /// Pauses or resumes a task with compare-and-set; a task already in that state is returned
-    /// unchanged, without a new revision or event.
-    pub async fn set_paused(&self, namespace: &str, id: &str, paused: bool) -> Result<TaskReply, ApiError> {
+    /// Pauses a task with compare-and-set, recording `reason` (`paused_reason`) and giving it to
+    /// the `task.paused` event; a task already paused is returned unchanged (its reason kept),
+    /// without a new revision or event.
+    pub async fn pause(
+        &self,
+        namespace: &str,
+        id: &str,
+        reason: Option<&str>,
+    ) -> Result<TaskReply, ApiError> {
+        self.set_paused(namespace, id, true, reason).await
+    }
+
+    /// Resumes a task with compare-and-set and clears its `paused_reason`; a running task is
+    /// returned unchanged, without a new revision or event.
+    pub async fn resume(&self, namespace: &str, id: &str) -> Result<TaskReply, ApiError> {
+        self.set_paused(namespace, id, false, None).await
+    }
+
+    async fn set_paused(
+        &self,
+        namespace: &str,
+        id: &str,
+        paused: bool,
+        reason: Option<&str>,
+    ) -> Result<TaskReply, ApiError> {
         crate::spans::task(namespace, id);
         let key = task_key(namespace, id);
         for _ in 0..CAS_ATTEMPTS {
             let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
             let mut task = decode(&entry)?;
-            if task.paused == paused {
+            if task.paused == paused && (paused || task.paused_reason.is_none()) {
                 return Ok(TaskReply { task, revision: entry.revision });
             }
             task.paused = paused;
+            task.paused_reason = reason.filter(|_| paused).map(str::to_owned);
             let body = bytes::Bytes::from(serde_json::to_vec(&task.to_json()).expect("a spec serializes"));
             match self.tasks.update(&key, body, entry.revision).await {
                 Ok(revision) => {
                     let kind = if paused { EventKind::TaskPaused } else { EventKind::TaskResumed };
-                    self.emit(Event { revision: Some(revision), ..Event::new(kind, namespace, id) }).await;
+                    let event = Event {
+                        revision: Some(revision),
+                        reason: task.paused_reason.clone(),
+                        ..Event::new(kind, namespace, id)
+                    };
+                    self.emit(event).await;
                     return Ok(TaskReply { task, revision });
                 }
                 Err(e) if is_revision_mismatch(&e) => continue,

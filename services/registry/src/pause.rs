@@ -1,0 +1,206 @@
+//! The durable consumer of pause requests (`<prefix>.control.pause.<namespace>.<id>` on the
+//! control stream): a worker whose run brought a task's consecutive failures to its
+//! `pause_after_failures` asks for the pause there, and the registry (the only writer of the
+//! tasks bucket) pauses the task with compare-and-set, sets its `paused_reason` and publishes
+//! `task.paused`. A request is acked once the task is paused (or already was, or is gone).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::{
+    self, AckKind,
+    consumer::{AckPolicy, PullConsumer, pull},
+};
+use futures::StreamExt;
+use jetsched_shared::backoff::Backoff;
+use jetsched_shared::error::{ApiError, ErrorCode};
+use jetsched_shared::names::Names;
+use jetsched_shared::spec::{MAX_PAUSED_REASON, validate_id};
+use jetsched_shared::wire::PauseRequest;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::tasks::TaskStore;
+
+const PULL_RETRY_FIRST: Duration = Duration::from_millis(200);
+const PULL_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Creates (or binds to) the registry's durable consumer of pause requests.
+pub(crate) async fn consumer(js: &jetstream::Context, names: &Names) -> anyhow::Result<PullConsumer> {
+    let stream = js.get_stream(names.control_stream()).await.context("open control stream")?;
+    let durable = names.pause_consumer();
+    stream
+        .get_or_create_consumer(
+            durable,
+            pull::Config {
+                durable_name: Some(durable.to_string()),
+                description: Some("jetsched registry: pauses tasks on workers' requests".to_string()),
+                filter_subject: names.pause_request_wildcard(),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                max_ack_pending: 1000,
+                ..Default::default()
+            },
+        )
+        .await
+        .with_context(|| format!("ensure consumer {durable}"))
+}
+
+/// What became of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Paused now, or already paused.
+    Paused,
+    /// The task no longer exists.
+    Gone,
+    /// Not a pause request (subject or body): acked so it is not redelivered forever.
+    Invalid,
+    /// The tasks bucket could not be written: redelivered later.
+    Retry,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Paused => "paused",
+            Outcome::Gone => "gone",
+            Outcome::Invalid => "invalid",
+            Outcome::Retry => "retried",
+        }
+    }
+}
+
+/// Applies pause requests one at a time until `shutdown`.
+pub(crate) async fn run(
+    consumer: PullConsumer,
+    store: TaskStore,
+    names: Names,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(16)
+        .messages()
+        .await
+        .context("start pulling pause requests")?;
+    let mut pause = Backoff::new(PULL_RETRY_FIRST, PULL_RETRY_MAX);
+    loop {
+        let message = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Ok(()),
+            next = messages.next() => next,
+        };
+        let message = match message {
+            Some(Ok(message)) => {
+                pause.reset();
+                message
+            }
+            Some(Err(error)) => {
+                tracing::warn!(%error, "pause request pull failed; continuing");
+                tokio::time::sleep(pause.next_delay()).await;
+                continue;
+            }
+            None => anyhow::bail!("pause request stream ended"),
+        };
+        let outcome = apply(&store, &names, &message.subject, &message.payload).await;
+        metrics.pause_requests.with_label_values(&[outcome.label()]).inc();
+        let ack =
+            if outcome == Outcome::Retry { AckKind::Nak(Some(Duration::from_secs(1))) } else { AckKind::Ack };
+        if let Err(error) = message.ack_with(ack).await {
+            tracing::warn!(%error, subject = %message.subject, "pause request ack failed; it will be redelivered");
+        }
+    }
+}
+
+/// The request of a message, checked: its subject names the task the body names, the reason
+/// is a valid `paused_reason`.
+fn decode(names: &Names, subject: &str, payload: &[u8]) -> Result<PauseRequest, ApiError> {
+    let (namespace, id) = names.parse_pause_request_subject(subject).ok_or_else(|| {
+        ApiError::new(ErrorCode::BadRequest, format!("subject {subject} is not a pause request subject"))
+    })?;
+    let request: PauseRequest = serde_json::from_slice(payload)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("pause request is not valid: {e}")))?;
+    validate_id("namespace", namespace)?;
+    validate_id("id", id)?;
+    if request.namespace != namespace || request.task_id != id {
+        return Err(ApiError::new(
+            ErrorCode::InvalidValue,
+            format!(
+                "request for {}/{} on the subject of {namespace}/{id}",
+                request.namespace, request.task_id
+            ),
+        ));
+    }
+    let length = request.reason.chars().count();
+    if length == 0 || length > MAX_PAUSED_REASON {
+        return Err(ApiError::at(
+            ErrorCode::InvalidValue,
+            "reason",
+            format!("must be 1 to {MAX_PAUSED_REASON} characters"),
+        ));
+    }
+    Ok(request)
+}
+
+async fn apply(store: &TaskStore, names: &Names, subject: &str, payload: &[u8]) -> Outcome {
+    let request = match decode(names, subject, payload) {
+        Ok(request) => request,
+        Err(error) => {
+            tracing::warn!(%subject, %error, "pause request ignored");
+            return Outcome::Invalid;
+        }
+    };
+    let (namespace, id) = (&request.namespace, &request.task_id);
+    match store.pause(namespace, id, Some(&request.reason)).await {
+        Ok(reply) => {
+            tracing::info!(
+                namespace = %namespace, task = %id, reason = %request.reason, count = request.count,
+                execution = request.execution_id.as_deref().unwrap_or(""), revision = reply.revision,
+                "task paused on request"
+            );
+            Outcome::Paused
+        }
+        Err(error) if error.code == ErrorCode::NotFound => Outcome::Gone,
+        Err(error) if error.code == ErrorCode::Unavailable => {
+            tracing::warn!(namespace = %namespace, task = %id, %error, "pause failed; will retry");
+            Outcome::Retry
+        }
+        Err(error) => {
+            tracing::error!(namespace = %namespace, task = %id, %error, "pause request not applied");
+            Outcome::Invalid
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(namespace: &str, id: &str, reason: &str) -> Vec<u8> {
+        serde_json::to_vec(&PauseRequest {
+            namespace: namespace.into(),
+            task_id: id.into(),
+            reason: reason.into(),
+            count: 3,
+            execution_id: Some("e1".into()),
+            time: chrono::Utc::now(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_request_must_match_its_subject_and_carry_a_reason() {
+        let names = Names::default();
+        let subject = names.pause_request_subject("ns", "t");
+        let ok = decode(&names, &subject, &body("ns", "t", "consecutive_failures")).unwrap();
+        assert_eq!((ok.namespace.as_str(), ok.task_id.as_str(), ok.count), ("ns", "t", 3));
+        let code = |subject: &str, payload: &[u8]| decode(&names, subject, payload).unwrap_err().code;
+        assert_eq!(code(&subject, &body("ns", "other", "x")), ErrorCode::InvalidValue);
+        assert_eq!(code(&subject, &body("ns", "t", "")), ErrorCode::InvalidValue);
+        assert_eq!(code(&subject, b"{"), ErrorCode::InvalidJson);
+        assert_eq!(code("jetsched.control.pause.ns", &body("ns", "t", "x")), ErrorCode::BadRequest);
+        let bad = names.pause_request_subject("n s", "t");
+        assert_eq!(code(&bad, &body("n s", "t", "x")), ErrorCode::InvalidId);
+    }
+}
