@@ -1,6 +1,7 @@
-//! Tracing test servers: an OTLP/HTTP receiver (`POST /v1/traces`, protobuf
-//! `ExportTraceServiceRequest`) that keeps every span with its service name, and an HTTP
-//! downstream that records the headers of every request it answers.
+//! Tracing test servers: an OTLP receiver, over HTTP (`POST /v1/traces`, protobuf
+//! `ExportTraceServiceRequest`) or gRPC (the collector's trace service), that keeps every span
+//! with its service name, and an HTTP downstream that records the headers of every request it
+//! answers.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -10,7 +11,12 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{any, post};
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::common::v1::{AnyValue as Any, KeyValue};
 use prost::Message;
@@ -80,6 +86,22 @@ impl OtlpReceiver {
         OtlpReceiver { addr, spans, requests, task }
     }
 
+    /// A receiver of OTLP over gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc`) on a free port.
+    pub async fn start_grpc() -> OtlpReceiver {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind the OTLP/gRPC receiver");
+        let addr = listener.local_addr().expect("receiver address");
+        let spans: Arc<Mutex<Vec<ReceivedSpan>>> = Arc::default();
+        let requests: Arc<Mutex<u64>> = Arc::default();
+        let service =
+            TraceServiceServer::new(GrpcReceiver { spans: spans.clone(), requests: requests.clone() });
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let task = tokio::spawn(async move {
+            let _ =
+                tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await;
+        });
+        OtlpReceiver { addr, spans, requests, task }
+    }
+
     /// `http://127.0.0.1:<port>`: the value of `OTEL_EXPORTER_OTLP_ENDPOINT`.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
@@ -118,6 +140,30 @@ async fn receive(State((spans, requests)): State<Received>, body: Bytes) -> Stat
         return StatusCode::BAD_REQUEST;
     };
     *requests.lock().expect("requests") += 1;
+    spans.lock().expect("spans").extend(flatten(request));
+    StatusCode::OK
+}
+
+/// The collector's trace service, keeping what it receives.
+struct GrpcReceiver {
+    spans: Arc<Mutex<Vec<ReceivedSpan>>>,
+    requests: Arc<Mutex<u64>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for GrpcReceiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        *self.requests.lock().expect("requests") += 1;
+        self.spans.lock().expect("spans").extend(flatten(request.into_inner()));
+        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
+    }
+}
+
+/// Every span of an export request, flattened.
+fn flatten(request: ExportTraceServiceRequest) -> Vec<ReceivedSpan> {
     let mut received = Vec::new();
     for resource_spans in request.resource_spans {
         let resource = resource_spans.resource.map(|r| attributes(&r.attributes)).unwrap_or_default();
@@ -138,8 +184,7 @@ async fn receive(State((spans, requests)): State<Received>, body: Bytes) -> Stat
             }
         }
     }
-    spans.lock().expect("spans").extend(received);
-    StatusCode::OK
+    received
 }
 
 fn hex(bytes: &[u8]) -> String {

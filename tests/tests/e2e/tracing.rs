@@ -553,3 +553,156 @@ async fn a_root_sampling_none_leaves_every_worker_span_unexported() {
 async fn a_root_sampling_all_gets_every_worker_span_exported() {
     assert_eq!(worker_runs_exported_with_root_ratio("1.0", 4).await, 4);
 }
+
+/// A NATS responder on `subject` answering every request after `delay`.
+async fn slow_handler(client: async_nats::Client, subject: &str, delay: Duration) {
+    let mut sub = client.subscribe(subject.to_string()).await.expect("subscribe");
+    client.flush().await.expect("flush");
+    tokio::spawn(async move {
+        while let Some(request) = sub.next().await {
+            let client = client.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Some(reply) = request.reply {
+                    let _ = client.publish(reply, "ok".into()).await;
+                }
+            });
+        }
+    });
+}
+
+#[tokio::test]
+async fn a_fire_skipped_for_overlap_is_a_short_span_with_its_reason() {
+    let server = NatsServer::start().await;
+    let receiver = OtlpReceiver::start().await;
+    slow_handler(server.client().await, "traced.slow", Duration::from_millis(2500)).await;
+    let (_scheduler, _worker, _, _) = scheduler_and_worker(&server, &receiver.endpoint(), &[]);
+    let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
+    let task =
+        spec("traced", "slow").every("1s").nats("traced.slow").timeout("10s").field("overlap", "skip").json();
+    let reply = request(&server.client().await, "put", &task, HeaderMap::new()).await;
+    assert!(reply.get("error").is_none(), "stored: {reply}");
+
+    let skipped = eventually(WAIT, "a skipped fire's span exported", || async {
+        receiver.spans().into_iter().find(|s| s.attr("jetsched.skip_reason").is_some())
+    })
+    .await;
+    assert_eq!(skipped.name, "fire traced/slow skipped");
+    assert_eq!(skipped.service, "jetsched-scheduler");
+    assert_eq!(skipped.attr("jetsched.skip_reason"), Some("overlap"));
+    assert_eq!(skipped.attr("jetsched.task"), Some("traced/slow"));
+    assert!(skipped.parent_span_id.is_empty(), "a root of its own: {skipped:?}");
+    let execution_id = skipped.attr("jetsched.execution_id").expect("the skipped execution");
+    assert_eq!(skipped.trace_id, trace_id_of(execution_id), "the skipped fire's own trace");
+    assert!(skipped.attr("jetsched.nominal_time").is_some(), "{skipped:?}");
+    drop(registry);
+}
+
+/// The spans of the caller's trace once `count` request, run and HTTP spans are in it (each
+/// service exports on its own schedule).
+async fn caller_trace_with_runs(receiver: &OtlpReceiver, count: usize) -> Vec<ReceivedSpan> {
+    eventually(WAIT, "the requests' and runs' spans in the caller's trace", || async {
+        let spans = receiver.trace(CALLER_TRACE);
+        let of = |kind: i32| spans.iter().filter(|s| s.kind == kind).count();
+        [KIND_SERVER, KIND_CONSUMER, KIND_CLIENT].iter().all(|k| of(*k) >= count).then_some(spans)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn trigger_and_replay_spans_join_the_callers_trace_with_the_runs_they_dispatch() {
+    let server = NatsServer::start().await;
+    let receiver = OtlpReceiver::start().await;
+    let downstream = Downstream::start().await;
+    let endpoint = receiver.endpoint();
+    let otel = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let _registry = service("jetsched-registry", &server, "registry-traced", free_addr(), &otel);
+    let _worker = service("jetsched-worker", &server, "worker-traced", free_addr(), &otel);
+    let client = server.client().await;
+    let executor = json!({"kind": "http", "method": "POST", "url": downstream.url()});
+    let task = spec("traced", "manual").every("1h").executor(executor.clone()).json();
+    let reply = eventually(WAIT, "the registry answers", || async {
+        let subject = Names::default().task_api_subject("put");
+        let payload = serde_json::to_vec(&task).expect("JSON").into();
+        let reply = client.request(subject, payload).await.ok()?;
+        serde_json::from_slice::<Value>(&reply.payload).ok()
+    })
+    .await;
+    assert!(reply.get("error").is_none(), "stored: {reply}");
+
+    let reply =
+        request(&client, "trigger", &json!({"namespace": "traced", "id": "manual"}), caller_headers()).await;
+    assert!(reply.get("error").is_none(), "triggered: {reply}");
+    let spans = caller_trace_with_runs(&receiver, 1).await;
+    let trigger = one(&spans, "trigger", |s| s.kind == KIND_SERVER);
+    assert_eq!(trigger.name, "trigger");
+    assert_eq!(trigger.service, "jetsched-registry");
+    assert_eq!(trigger.parent_span_id, CALLER_SPAN, "the caller's span is the parent");
+    assert_eq!(trigger.attr("jetsched.task"), Some("traced/manual"));
+    let run = one(&spans, "run", |s| s.kind == KIND_CONSUMER);
+    assert_eq!(run.parent_span_id, trigger.span_id, "the run is the trigger's child");
+    assert_eq!(run.attr("jetsched.trigger"), Some("manual"));
+    let http = one(&spans, "http", |s| s.kind == KIND_CLIENT);
+    assert_eq!(http.parent_span_id, run.span_id);
+
+    // A dead letter replayed by another span of the same caller.
+    let names = Names::default();
+    let replayer_span = "00f067aa0ba902b9";
+    let dead = json!({
+        "execution_id": "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60",
+        "namespace": "traced", "task_id": "replayed", "queue": "default",
+        "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule", "term": 1, "revision": 1,
+        "spec": spec("traced", "replayed").every("1h").executor(executor).json(),
+        "reason": "failed for good", "source": "verdict", "dead_at": "2026-01-01T00:00:01.000Z",
+        "worker": "w1", "attempts": [], "dispatch_sequence": 1,
+    });
+    let js = async_nats::jetstream::new(client.clone());
+    let ack = js
+        .publish(
+            names.dlq_subject("default", "traced", "replayed"),
+            serde_json::to_vec(&dead).unwrap().into(),
+        )
+        .await
+        .expect("publish the dead letter")
+        .await
+        .expect("dead letter stored");
+    let mut headers = HeaderMap::new();
+    headers.insert("traceparent", format!("00-{CALLER_TRACE}-{replayer_span}-01").as_str());
+    let payload = serde_json::to_vec(&json!({"sequence": ack.sequence})).unwrap().into();
+    let reply = client
+        .request_with_headers(names.dlq_api_subject("replay"), headers, payload)
+        .await
+        .expect("replay answered");
+    let reply: Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    assert!(reply.get("error").is_none(), "replayed: {reply}");
+    let spans = caller_trace_with_runs(&receiver, 2).await;
+    let replay = one(&spans, "replay", |s| s.kind == KIND_SERVER && s.parent_span_id == replayer_span);
+    assert_eq!(replay.name, "dlq replay");
+    let run = one(&spans, "replayed run", |s| s.kind == KIND_CONSUMER && s.parent_span_id == replay.span_id);
+    assert_eq!(run.attr("jetsched.trigger"), Some("replay"));
+}
+
+#[tokio::test]
+async fn spans_are_exported_over_grpc_when_asked() {
+    let server = NatsServer::start().await;
+    let receiver = OtlpReceiver::start_grpc().await;
+    let downstream = Downstream::start().await;
+    let grpc = [("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")];
+    let (_scheduler, _worker, _, _) = scheduler_and_worker(&server, &receiver.endpoint(), &grpc);
+    let builder =
+        spec("traced", "grpc").executor(json!({"kind": "http", "method": "POST", "url": downstream.url()}));
+    let (_registry, execution_id) = put_one_shot(&server, builder, soon_ms(3)).await;
+    let trace_id = trace_id_of(&execution_id);
+    let spans = eventually(WAIT, "fire and run spans received over gRPC", || async {
+        let spans = receiver.trace(&trace_id);
+        let kinds: Vec<i32> = spans.iter().map(|s| s.kind).collect();
+        [KIND_PRODUCER, KIND_CONSUMER, KIND_CLIENT].iter().all(|k| kinds.contains(k)).then_some(spans)
+    })
+    .await;
+    let fire = one(&spans, "fire", |s| s.kind == KIND_PRODUCER);
+    assert_eq!(fire.service, "jetsched-scheduler");
+    let run = one(&spans, "run", |s| s.kind == KIND_CONSUMER);
+    assert_eq!(run.service, "jetsched-worker");
+    assert_eq!(run.parent_span_id, fire.span_id);
+    assert!(receiver.requests() > 0);
+}
