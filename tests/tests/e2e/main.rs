@@ -3,6 +3,7 @@
 
 mod alerter;
 mod bench;
+mod breakers;
 mod chaos;
 mod cli;
 mod config;
