@@ -8,13 +8,20 @@
 //!
 //! Services run in-process through [`App`] (admin address, `admin_get`, stop on Drop); the
 //! [`fixtures`] build specs, publish dispatches and read run records and dead letters back.
+//!
+//! Partition tests run a cluster in network namespaces ([`NsCluster`] on a [`NetLab`]), with
+//! services behind a delaying [`Proxy`] and stores on a [`SmallDisk`] (root only).
 
 mod app;
 mod cluster;
+mod disk;
 pub mod fixtures;
 mod monitor;
+mod netns;
+mod nscluster;
 pub mod otlp;
 mod process;
+mod proxy;
 mod server;
 mod streams;
 
@@ -24,8 +31,12 @@ use std::time::Duration;
 
 pub use app::{AdminReply, App, STOP_WAIT, admin_get, metric_value};
 pub use cluster::{CLUSTER_SIZE, NatsCluster};
+pub use disk::SmallDisk;
 pub use fixtures::{SpecBuilder, spec};
+pub use netns::{NetLab, sweep as sweep_netns};
+pub use nscluster::{NsCluster, NsService};
 pub use process::{ChildProcess, workspace_bin};
+pub use proxy::{Delay, Proxy};
 pub use server::{NatsServer, ServerOpts};
 pub use streams::read_stream;
 

@@ -5,6 +5,8 @@
 //! reads events, run records and the DLQ and proves that no fire was lost or doubled and that
 //! no execution ran twice unless a worker death or a failed attempt is recorded.
 //!
+//! The checker ([`check`]) and the workload's parts are shared with the nemesis suite.
+//!
 //! The short plan runs in CI; `JETSCHED_CHAOS=long` runs the long plan (20 leader
 //! kills, 20 worker kills, 5 server restarts, 3 cluster-node kills).
 
@@ -23,9 +25,9 @@ use jetsched_worker::dlq::DeadLetter;
 use jetsched_worker::runs::{RunRecord, RunStatus};
 use serde_json::json;
 
-const NS: &str = "chaos";
-const LEASE: Duration = Duration::from_secs(2);
-const WAIT: Duration = Duration::from_secs(40);
+pub(super) const NS: &str = "chaos";
+pub(super) const LEASE: Duration = Duration::from_secs(2);
+pub(super) const WAIT: Duration = Duration::from_secs(40);
 
 /// How much chaos one run applies.
 #[derive(Debug, Clone, Copy)]
@@ -140,7 +142,7 @@ fn spawn_service(urls: &str, replicas: usize, n: usize, binary: &str, role: &str
     Service { instance: instance.clone(), process: ChildProcess::spawn_command(&instance, command) }
 }
 
-async fn leader(topology: &Topology) -> Option<LeaderRecord> {
+pub(super) async fn leader(topology: &Topology) -> Option<LeaderRecord> {
     let entry = topology.leader.entry(Names::default().leader_key()).await.ok()??;
     if entry.operation != jetstream::kv::Operation::Put {
         return None;
@@ -157,7 +159,7 @@ async fn live_leader(topology: &Topology, services: &Services) -> usize {
     .await
 }
 
-fn periodic_spec(
+pub(super) fn periodic_spec(
     id: &str,
     schedule: serde_json::Value,
     subject: &str,
@@ -176,7 +178,7 @@ fn periodic_spec(
 
 /// Answers `chaos.ok` (success) and `chaos.fail` (retryable failure), counting requests per
 /// execution id.
-fn responder(
+pub(super) fn responder(
     client: async_nats::Client,
     mut sub: async_nats::Subscriber,
 ) -> Arc<Mutex<HashMap<String, u32>>> {
@@ -206,16 +208,19 @@ fn responder(
 /// Every message of `stream` (limits streams: events, DLQ), without consuming anything; reads
 /// until the count the stream reported is reached (a fetch may come back empty while a
 /// cluster node catches up).
-async fn read_stream(js: &jetstream::Context, stream: &str) -> Vec<async_nats::jetstream::Message> {
+pub(super) async fn read_stream(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Vec<async_nats::jetstream::Message> {
     jetsched_tests::read_stream(js, stream, WAIT).await.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Every run record (see [`fixtures::run_records`]).
-async fn run_records(topology: &Topology) -> Result<HashMap<String, RunRecord>, String> {
+pub(super) async fn run_records(topology: &Topology) -> Result<HashMap<String, RunRecord>, String> {
     fixtures::run_records(&topology.runs).await
 }
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
@@ -234,40 +239,7 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
     let calls = responder(client.clone(), sub);
     let mut services = Services::start(urls, nats.replicas(), workers);
 
-    // Periodic tasks through the registry API: (id, period ms).
-    let mut periodic: Vec<(String, i64)> = Vec::new();
-    let mut specs = Vec::new();
-    for i in 0..4 {
-        specs.push((format!("cron-{i}"), json!({"cron": "* * * * * *"}), "chaos.ok", 3, 1000, "fire_all"));
-        specs.push((format!("every-{i}"), json!({"every": "2s"}), "chaos.ok", 3, 2000, "fire_all"));
-    }
-    for i in 0..2 {
-        specs.push((
-            format!("fail-{i}"),
-            json!({"cron": "*/3 * * * * *"}),
-            "chaos.fail",
-            2,
-            3000,
-            "fire_all",
-        ));
-        // Misfire `skip`: fires missed over a failover are skipped, each one recorded.
-        specs.push((format!("skip-{i}"), json!({"every": "1s"}), "chaos.ok", 3, 1000, "skip"));
-    }
-    for (id, schedule, subject, attempts, period, misfire) in specs {
-        let body = periodic_spec(&id, schedule, subject, attempts, misfire);
-        eventually(WAIT, "registry accepts a put", || {
-            let client = client.clone();
-            let body = body.clone();
-            async move {
-                let reply =
-                    client.request(Names::default().task_api_subject("put"), body.into()).await.ok()?;
-                serde_json::from_slice::<serde_json::Value>(&reply.payload).ok()?.get("revision").map(|_| ())
-            }
-        })
-        .await;
-        periodic.push((id, period));
-    }
-    let registered = now_ms();
+    let (periodic, registered) = register_workload(&client).await;
 
     // The driver: every kind of fault in turn, one-shots submitted through the intake.
     let mut actions: Vec<&str> = Vec::new();
@@ -303,19 +275,7 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
     let mut killed_workers: HashSet<String> = HashSet::new();
     let mut done: BTreeMap<&str, usize> = BTreeMap::new();
     for (step, action) in actions.iter().enumerate() {
-        let at = (now_ms() / 1000 + 3) * 1000;
-        let id = format!("once-{step}");
-        let body = json!({
-            "schedule": {"at": format_time(chrono::DateTime::from_timestamp_millis(at).expect("at"))},
-            "executor": {"kind": "nats", "subject": "chaos.ok"}, "timeout": "2s",
-            "retry": {"max_attempts": 3, "initial": "200ms"}, "misfire": "fire_all", "catchup_window": "10m",
-        });
-        js.publish(names.submit_subject(NS, &id), serde_json::to_vec(&body).expect("json").into())
-            .await
-            .expect("publish one-shot")
-            .await
-            .expect("intake stored the one-shot");
-        one_shots.push((id, at));
+        one_shots.push(submit_one_shot(&js, step).await);
         tokio::time::sleep(Duration::from_millis(700 + (step as u64 * 389) % 900)).await;
         match *action {
             "kill-leader" => {
@@ -390,6 +350,125 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
     for scheduler in &mut services.schedulers {
         scheduler.process.kill9();
     }
+    let observed = Observed {
+        label: format!("{plan:?}"),
+        periodic,
+        registered,
+        one_shots,
+        server_restarts,
+        killed_workers,
+        faults: done.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+        started,
+        end,
+        leader_kills: plan.leader_kills,
+    };
+    check(&js, &topology, calls, observed).await;
+}
+
+/// Registers the periodic tasks of the workload through the registry API; returns them as
+/// (id, period ms) with the time they were all registered.
+pub(super) async fn register_workload(client: &async_nats::Client) -> (Vec<(String, i64)>, i64) {
+    // Periodic tasks through the registry API: (id, period ms).
+    let mut periodic: Vec<(String, i64)> = Vec::new();
+    let mut specs = Vec::new();
+    for i in 0..4 {
+        specs.push((format!("cron-{i}"), json!({"cron": "* * * * * *"}), "chaos.ok", 3, 1000, "fire_all"));
+        specs.push((format!("every-{i}"), json!({"every": "2s"}), "chaos.ok", 3, 2000, "fire_all"));
+    }
+    for i in 0..2 {
+        specs.push((
+            format!("fail-{i}"),
+            json!({"cron": "*/3 * * * * *"}),
+            "chaos.fail",
+            2,
+            3000,
+            "fire_all",
+        ));
+        // Misfire `skip`: fires missed over a failover are skipped, each one recorded.
+        specs.push((format!("skip-{i}"), json!({"every": "1s"}), "chaos.ok", 3, 1000, "skip"));
+    }
+    for (id, schedule, subject, attempts, period, misfire) in specs {
+        let body = periodic_spec(&id, schedule, subject, attempts, misfire);
+        eventually(WAIT, "registry accepts a put", || {
+            let client = client.clone();
+            let body = body.clone();
+            async move {
+                let reply =
+                    client.request(Names::default().task_api_subject("put"), body.into()).await.ok()?;
+                serde_json::from_slice::<serde_json::Value>(&reply.payload).ok()?.get("revision").map(|_| ())
+            }
+        })
+        .await;
+        periodic.push((id, period));
+    }
+    let registered = now_ms();
+    (periodic, registered)
+}
+
+/// Submits one-shot `once-<step>` through the intake, due 2-3 s from now; returns (id, at ms).
+pub(super) async fn submit_one_shot(js: &jetstream::Context, step: usize) -> (String, i64) {
+    let at = (now_ms() / 1000 + 3) * 1000;
+    let id = format!("once-{step}");
+    let body = json!({
+        "schedule": {"at": format_time(chrono::DateTime::from_timestamp_millis(at).expect("at"))},
+        "executor": {"kind": "nats", "subject": "chaos.ok"}, "timeout": "2s",
+        "retry": {"max_attempts": 3, "initial": "200ms"}, "misfire": "fire_all", "catchup_window": "10m",
+    });
+    js.publish(Names::default().submit_subject(NS, &id), serde_json::to_vec(&body).expect("json").into())
+        .await
+        .expect("publish one-shot")
+        .await
+        .expect("intake stored the one-shot");
+    (id, at)
+}
+
+/// What a fault driver saw, besides what the services stored, for [`check`].
+pub(super) struct Observed {
+    /// Names the run in the summary line.
+    pub(super) label: String,
+    /// Periodic tasks as (id, period ms), registered at `registered` (Unix ms).
+    pub(super) periodic: Vec<(String, i64)>,
+    pub(super) registered: i64,
+    /// One-shots as (id, due Unix ms).
+    pub(super) one_shots: Vec<(String, i64)>,
+    /// Windows (from, to Unix ms) in which a server lost its de-duplication memory.
+    pub(super) server_restarts: Vec<(i64, i64)>,
+    /// Workers killed or cut off: a run they abandoned is re-run by design.
+    pub(super) killed_workers: HashSet<String>,
+    /// How often each fault was applied.
+    pub(super) faults: BTreeMap<String, usize>,
+    /// When the run started (the summary gives its length).
+    pub(super) started: Instant,
+    /// Fires up to this time (Unix ms) are expected.
+    pub(super) end: i64,
+    /// Leader kills: ten or more must make a `skip` task skip.
+    pub(super) leader_kills: usize,
+}
+
+/// The checker's counts, for the results tables.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Report {
+    pub(super) expected: usize,
+    pub(super) dispatched: usize,
+    pub(super) skipped_by_policy: usize,
+    pub(super) reruns: usize,
+    pub(super) retried: usize,
+    pub(super) dead_lettered: usize,
+}
+
+/// Waits for the workers to drain the dispatch stream (the schedulers must be stopped) and
+/// every run to end, then reads events, run records and the DLQ and proves the invariants:
+/// every nominal fire up to `end` dispatched exactly once or skipped by policy with an event,
+/// every dispatched run succeeded or dead-lettered, no execution run twice unless a worker
+/// death (or cut) or a failed attempt is recorded, no dead run missing from the DLQ. Panics
+/// listing every violation.
+pub(super) async fn check(
+    js: &jetstream::Context,
+    topology: &Topology,
+    calls: Arc<Mutex<HashMap<String, u32>>>,
+    observed: Observed,
+) -> Report {
+    let names = Names::default();
     let dispatch_stream = names.dispatch_stream();
     eventually(WAIT, "workers drained the dispatch stream", || async {
         let mut stream = js.get_stream(&dispatch_stream).await.ok()?;
@@ -422,6 +501,18 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
         .map(|d| d.execution_id)
         .collect();
     let calls = calls.lock().expect("calls").clone();
+    let Observed {
+        label,
+        periodic,
+        registered,
+        one_shots,
+        server_restarts,
+        killed_workers,
+        faults,
+        started,
+        end,
+        leader_kills,
+    } = observed;
 
     // Dispatched (task, nominal): fire.dispatched events, plus run records (an event is lost
     // when its scheduler dies between the dispatch ack and the event publish).
@@ -568,12 +659,11 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
         .filter(|r| !r.task_id.starts_with("fail-") && calls.get(&r.execution_id).is_some_and(|&c| c > 1))
         .count();
     eprintln!(
-        "chaos ({:?}, {} s): faults {done:?}; expected fires {expected}, dispatched {}, skipped by policy {skipped_by_policy}, \
+        "chaos ({label}, {} s): faults {faults:?}; expected fires {expected}, dispatched {}, skipped by policy {skipped_by_policy}, \
          succeeded {succeeded}, dead-lettered {dead_lettered} (DLQ {}), retried {retried}, re-run after a worker death {reruns} \
          (abandoned attempts: {abandoned_by_killed} on a killed worker, {} on a live one), \
          successful executions run more than once {executed_twice} (each with a worker death or failed attempt recorded), re-dispatched after a server restart {redispatched_after_restart}, \
          fire.dispatched events missing (dispatch proven by its run record) {events_lost}, violations {}",
-        plan,
         started.elapsed().as_secs(),
         dispatched.len(),
         dead.len(),
@@ -595,11 +685,11 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
     // One failover skips a fire only when it lasts over a fire's lateness threshold, which
     // a short plan's one or three kills may not; twenty always do.
     assert!(
-        plan.leader_kills < 10 || skipped_by_policy > 0,
-        "{} leaders were killed, yet no fire of a `skip` task was skipped: the policy went untested",
-        plan.leader_kills
+        leader_kills < 10 || skipped_by_policy > 0,
+        "{leader_kills} leaders were killed, yet no fire of a `skip` task was skipped: the policy went untested",
     );
     assert!(expected > 0 && succeeded > 0 && dead_lettered > 0, "the workload did not run");
+    Report { expected, dispatched: dispatched.len(), skipped_by_policy, reruns, retried, dead_lettered }
 }
 
 #[tokio::test]
