@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use async_nats::jetstream::kv;
+use async_nats::jetstream::{self, kv};
 use chrono::Utc;
 use futures::StreamExt;
 use jetsched_shared::cas::is_revision_mismatch;
@@ -106,6 +106,7 @@ pub fn resolve(request: &BreakerRef) -> Result<String, ApiError> {
 /// Reads the breakers bucket and the specs that use it.
 #[derive(Clone)]
 pub struct BreakerApi {
+    js: jetstream::Context,
     breakers: kv::Store,
     tasks: kv::Store,
     events: EventSink,
@@ -113,8 +114,14 @@ pub struct BreakerApi {
 }
 
 impl BreakerApi {
-    pub fn new(breakers: kv::Store, tasks: kv::Store, events: EventSink, instance: String) -> BreakerApi {
-        BreakerApi { breakers, tasks, events, instance }
+    pub fn new(
+        js: jetstream::Context,
+        breakers: kv::Store,
+        tasks: kv::Store,
+        events: EventSink,
+        instance: String,
+    ) -> BreakerApi {
+        BreakerApi { js, breakers, tasks, events, instance }
     }
 
     /// Handles one request; returns the reply body.
@@ -145,7 +152,7 @@ impl BreakerApi {
 
     /// Every breaker: the bucket's records and those the specs name without a record yet.
     pub async fn list(&self) -> Result<BreakerListReply, ApiError> {
-        let (records, mut users) = tokio::try_join!(latest(&self.breakers), self.users())?;
+        let (records, mut users) = tokio::try_join!(latest(&self.js, &self.breakers), self.users())?;
         let mut breakers = Vec::new();
         for (key, (revision, value)) in records {
             let tasks = users.remove(&key).unwrap_or_default();
@@ -224,7 +231,7 @@ impl BreakerApi {
     /// its own key when it counts consecutive failures.
     async fn users(&self) -> Result<BTreeMap<String, Vec<String>>, ApiError> {
         let mut users: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (_, (_, value)) in latest(&self.tasks).await? {
+        for (_, (_, value)) in latest(&self.js, &self.tasks).await? {
             let Ok(spec) = TaskSpec::parse(&value) else { continue };
             let name = format!("{}/{}", spec.namespace, spec.id);
             let mut keys = Vec::new();
@@ -246,10 +253,15 @@ impl BreakerApi {
 
 /// The latest live value of every key of a bucket, through one ordered consumer that delivers
 /// the last message per key (fast, and consistent with writes that happen meanwhile).
-async fn latest(store: &kv::Store) -> Result<BTreeMap<String, (u64, bytes::Bytes)>, ApiError> {
+async fn latest(
+    js: &jetstream::Context,
+    store: &kv::Store,
+) -> Result<BTreeMap<String, (u64, bytes::Bytes)>, ApiError> {
     let mut out = BTreeMap::new();
-    let status = store.status().await.map_err(|e| unavailable("read bucket status", e))?;
-    if status.info.state.messages == 0 {
+    // An empty bucket delivers nothing to a watch: learn first whether there is anything to
+    // wait for (a store's own status is the one cached when it was opened).
+    let stream = js.get_stream(&store.stream_name).await.map_err(|e| unavailable("read bucket status", e))?;
+    if stream.cached_info().state.messages == 0 {
         return Ok(out);
     }
     let mut watch = store.watch_with_history(">").await.map_err(|e| unavailable("watch bucket", e))?;

@@ -76,8 +76,13 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
     // Task-change events carry no de-duplication id: a rare duplicate after a retried publish
     // misleads nobody, and the id costs the server a de-duplication entry per put.
     let event_pump = event_pump.without_dedup_ids();
-    let breakers =
-        BreakerApi::new(topology.breakers.clone(), topology.tasks.clone(), events.clone(), instance.clone());
+    let breakers = BreakerApi::new(
+        js.clone(),
+        topology.breakers.clone(),
+        topology.tasks.clone(),
+        events.clone(),
+        instance.clone(),
+    );
     let store = TaskStore::new(
         js.clone(),
         topology.tasks,
