@@ -2,6 +2,7 @@
 //! processes where a crash is involved). One module per service.
 
 mod alerter;
+mod autopause;
 mod bench;
 mod breakers;
 mod chaos;

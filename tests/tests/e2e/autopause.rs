@@ -1,0 +1,323 @@
+//! Auto-pause and the breaker API end to end: a pause request published while the registry is
+//! down pauses the task once with its reason when it comes back; `pause_after_failures: 3`
+//! pauses an always-failing task after its third failed run in a row (a success in between
+//! starts the count over), with every run event published and with failures only; resume
+//! clears the reason; the breaker endpoints list, get and reset the breakers bucket.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_nats::jetstream;
+use chrono::Utc;
+use jetsched_shared::names::{Names, breaker_reason, pause_request_msg_id};
+use jetsched_shared::wire::{BreakerRecord, BreakerState, Event, EventKind, PauseRequest, RunStatus};
+use jetsched_tests::fixtures::{dispatch, spec, wait_run_status};
+use jetsched_tests::{App, NatsServer, eventually, init_test_logging, read_stream};
+use jetsched_worker::RunEvents;
+use jetsched_worker::{Handlers, Outcome, RunContext};
+use serde_json::{Value, json};
+
+use crate::worker_support::{WAIT, config as worker_config, server_with_topology};
+
+/// Sends a request to an API subject; returns the JSON reply.
+async fn api(client: &async_nats::Client, subject: String, body: Value) -> Value {
+    let reply =
+        tokio::time::timeout(WAIT, client.request(subject, serde_json::to_vec(&body).unwrap().into()))
+            .await
+            .expect("reply in time")
+            .expect("request succeeds");
+    serde_json::from_slice(&reply.payload).expect("reply is JSON")
+}
+
+async fn task_call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
+    api(client, Names::default().task_api_subject(endpoint), body).await
+}
+
+async fn breaker_call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
+    api(client, Names::default().breaker_api_subject(endpoint), body).await
+}
+
+/// Every stored event of `kind` about `(namespace, id)`.
+async fn events(js: &jetstream::Context, kind: EventKind, namespace: &str, id: &str) -> Vec<Event> {
+    read_stream(js, &Names::default().events_stream(), WAIT)
+        .await
+        .expect("read events")
+        .iter()
+        .filter_map(|m| serde_json::from_slice::<Event>(&m.payload).ok())
+        .filter(|e| e.kind == kind && e.namespace == namespace && e.task_id == id)
+        .collect()
+}
+
+/// Publishes a pause request as a worker does, awaiting the stream's ack.
+async fn request_pause(js: &jetstream::Context, namespace: &str, id: &str, execution: &str) {
+    let names = Names::default();
+    let request = PauseRequest {
+        namespace: namespace.into(),
+        task_id: id.into(),
+        reason: breaker_reason::CONSECUTIVE_FAILURES.into(),
+        count: 3,
+        execution_id: Some(execution.into()),
+        time: Utc::now(),
+    };
+    let message = jetstream::message::PublishMessage::build()
+        .payload(serde_json::to_vec(&request).unwrap().into())
+        .message_id(pause_request_msg_id(namespace, id, execution));
+    js.send_publish(names.pause_request_subject(namespace, id), message)
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+}
+
+/// Waits until the registry's pause consumer has handled every request.
+async fn pause_requests_drained(js: &jetstream::Context) {
+    let names = Names::default();
+    eventually(WAIT, "every pause request handled", || async {
+        let mut consumer: jetstream::consumer::PullConsumer =
+            js.get_consumer_from_stream(names.pause_consumer(), names.control_stream()).await.ok()?;
+        let info = consumer.info().await.ok()?;
+        (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_request_pauses_the_task_once_with_its_reason_even_sent_while_the_registry_was_down() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    let registry = App::registry(crate::registry::config(&server.url(), 1)).await;
+    let task = spec("ap", "report").field("pause_after_failures", 3).json();
+    let put = task_call(&client, "put", task).await;
+    let revision = put["revision"].as_u64().unwrap_or_else(|| panic!("{put}"));
+    registry.stop().await;
+
+    // Requests wait in the control stream while no registry runs.
+    request_pause(&js, "ap", "report", "e3").await;
+    request_pause(&js, "ap", "gone", "e9").await;
+    js.publish(Names::default().pause_request_subject("ap", "report"), "{not json".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let registry = App::registry(crate::registry::config(&server.url(), 1)).await;
+    let paused = eventually(WAIT, "the task is paused", || async {
+        let got = task_call(&client, "get", json!({"namespace": "ap", "id": "report"})).await;
+        (got["task"]["paused"] == json!(true)).then_some(got)
+    })
+    .await;
+    assert_eq!(paused["task"]["paused_reason"], json!("consecutive_failures"), "{paused}");
+    assert_eq!(paused["revision"].as_u64(), Some(revision + 1), "one write: {paused}");
+
+    // A second request (another failing run) changes nothing: already paused.
+    request_pause(&js, "ap", "report", "e4").await;
+    pause_requests_drained(&js).await;
+    let again = task_call(&client, "get", json!({"namespace": "ap", "id": "report"})).await;
+    assert_eq!(again["revision"], paused["revision"], "{again}");
+    let events = eventually(WAIT, "task.paused stored", || async {
+        let found = events(&js, EventKind::TaskPaused, "ap", "report").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].reason.as_deref(), Some("consecutive_failures"));
+    let metrics = registry.metrics().await;
+    for (outcome, count) in [("paused", 2.0), ("gone", 1.0), ("invalid", 1.0)] {
+        let series = format!("jetsched_registry_pause_requests_total{{outcome=\"{outcome}\"}}");
+        assert_eq!(jetsched_tests::metric_value(&metrics, &series), Some(count), "{series}\n{metrics}");
+    }
+
+    // Resume clears the reason; a user's pause records theirs; a bad reason is refused by name.
+    let resumed = task_call(&client, "resume", json!({"namespace": "ap", "id": "report"})).await;
+    assert_eq!(resumed["task"]["paused"], json!(false), "{resumed}");
+    assert!(resumed["task"].get("paused_reason").is_none(), "{resumed}");
+    let by_user =
+        task_call(&client, "pause", json!({"namespace": "ap", "id": "report", "reason": "maintenance"}))
+            .await;
+    assert_eq!(by_user["task"]["paused_reason"], json!("maintenance"), "{by_user}");
+    let refused =
+        task_call(&client, "pause", json!({"namespace": "ap", "id": "nope id", "reason": ""})).await;
+    let fields: Vec<&str> =
+        refused["errors"].as_array().expect("errors").iter().filter_map(|e| e["field"].as_str()).collect();
+    assert_eq!(fields, ["id", "reason"], "{refused}");
+    registry.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_them() {
+    let (server, client, js) = server_with_topology().await;
+    let names = Names::default();
+    let registry = App::registry(crate::registry::config(&server.url(), 1)).await;
+    for (id, breaker) in [("a", json!({"key": "pay"})), ("b", json!({"key": "pay"})), ("c", json!({}))] {
+        let put = task_call(&client, "put", spec("brapi", id).field("breaker", breaker).json()).await;
+        assert!(put["revision"].as_u64().is_some(), "{put}");
+    }
+    let store = js.get_key_value(names.breakers_bucket()).await.expect("breakers bucket");
+    let open_until = Utc::now() + chrono::Duration::seconds(30);
+    let record =
+        BreakerRecord { state: BreakerState::Open, open_until: Some(open_until), ..BreakerRecord::default() };
+    store.put("key.pay", serde_json::to_vec(&record).unwrap().into()).await.expect("record stored");
+
+    let listed = breaker_call(&client, "list", json!({})).await;
+    let breakers = listed["breakers"].as_array().unwrap_or_else(|| panic!("{listed}"));
+    let keys: Vec<&str> = breakers.iter().filter_map(|b| b["key"].as_str()).collect();
+    assert_eq!(keys, ["key.pay", "task.brapi.c"], "{listed}");
+    assert_eq!(breakers[0]["state"], json!("open"));
+    assert_eq!(breakers[0]["tasks"], json!(["brapi/a", "brapi/b"]));
+    assert!(breakers[0]["open_until"].is_string(), "{listed}");
+    assert_eq!((&breakers[1]["state"], &breakers[1]["revision"]), (&json!("closed"), &json!(0)));
+
+    let got = breaker_call(&client, "get", json!({"namespace": "brapi", "id": "c"})).await;
+    assert_eq!(got["name"], json!("brapi/c"), "{got}");
+    let reset = breaker_call(&client, "reset", json!({"key": "pay"})).await;
+    assert_eq!(reset["previous_state"], json!("open"), "{reset}");
+    assert_eq!(reset["breaker"]["state"], json!("closed"), "{reset}");
+    let stored: BreakerRecord =
+        serde_json::from_slice(&store.get("key.pay").await.unwrap().unwrap()).unwrap();
+    assert_eq!(stored.state, BreakerState::Closed);
+    let closed = eventually(WAIT, "breaker.closed stored", || async {
+        let found = events(&js, EventKind::BreakerClosed, "_breaker", "pay").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert_eq!(closed[0].reason.as_deref(), Some("reset"));
+    assert_eq!(closed[0].key.as_deref(), Some("key.pay"));
+
+    let missing = breaker_call(&client, "get", json!({"key": "nothing"})).await;
+    assert_eq!(missing["error"]["code"], json!("not_found"), "{missing}");
+    let bad = breaker_call(&client, "reset", json!({"key": "a b"})).await;
+    assert_eq!(
+        (&bad["error"]["code"], &bad["error"]["field"]),
+        (&json!("invalid_id"), &json!("key")),
+        "{bad}"
+    );
+    let both = breaker_call(&client, "get", json!({"key": "pay", "id": "a"})).await;
+    assert_eq!(both["error"]["code"], json!("bad_request"), "{both}");
+    registry.stop().await;
+}
+
+/// `pause_after_failures: 3` on a task whose handler fails while `failing` is set: two
+/// failures, a success, then three failures: paused after the last one, not before.
+async fn auto_pause(run_events: RunEvents, id: &str) {
+    let (server, client, js) = server_with_topology().await;
+    let names = Names::default();
+    let registry = App::registry(crate::registry::config(&server.url(), 1)).await;
+    let failing = Arc::new(AtomicBool::new(true));
+    let flag = failing.clone();
+    let handlers = Handlers::new().register("flaky", move |_run: RunContext| {
+        let failing = flag.load(Ordering::SeqCst);
+        async move { if failing { Outcome::permanent("downstream is down") } else { Outcome::ok() } }
+    });
+    let mut config = worker_config(&server, &format!("{id}-w1"));
+    config.run_events = run_events;
+    let worker = App::worker(config, handlers).await;
+    let builder = spec("ap", id).handler("flaky").fast_retry(1).field("pause_after_failures", 3);
+    let put = task_call(&client, "put", builder.json()).await;
+    assert!(put["revision"].as_u64().is_some(), "{put}");
+    let task = builder.task();
+    let base = Utc::now().timestamp_millis();
+    let breakers = js.get_key_value(names.breakers_bucket()).await.expect("breakers bucket");
+    let count = || async {
+        let value = breakers.get(format!("task.ap.{id}")).await.ok()??;
+        Some(serde_json::from_slice::<BreakerRecord>(&value).ok()?.consecutive_failures)
+    };
+    let get = || task_call(&client, "get", json!({"namespace": "ap", "id": id}));
+
+    let mut nominal = base;
+    let mut run = |status: RunStatus| {
+        nominal += 1;
+        let (js, names, task) = (js.clone(), names.clone(), task.clone());
+        async move {
+            let execution = dispatch(&js, &names, &task, nominal).await;
+            wait_run_status(&js, &names, &execution, status, WAIT).await;
+        }
+    };
+    run(RunStatus::Dead).await;
+    run(RunStatus::Dead).await;
+    eventually(WAIT, "two failures counted", || async { (count().await == Some(2)).then_some(()) }).await;
+    failing.store(false, Ordering::SeqCst);
+    run(RunStatus::Succeeded).await;
+    eventually(WAIT, "the success resets the count", || async { (count().await == Some(0)).then_some(()) })
+        .await;
+    failing.store(true, Ordering::SeqCst);
+    run(RunStatus::Dead).await;
+    run(RunStatus::Dead).await;
+    eventually(WAIT, "two failures counted again", || async { (count().await == Some(2)).then_some(()) })
+        .await;
+    pause_requests_drained(&js).await;
+    assert_eq!(get().await["task"]["paused"], json!(false), "not paused after a success and two failures");
+
+    run(RunStatus::Dead).await;
+    let paused = eventually(WAIT, "paused after the third failure in a row", || async {
+        let got = get().await;
+        (got["task"]["paused"] == json!(true)).then_some(got)
+    })
+    .await;
+    assert_eq!(paused["task"]["paused_reason"], json!("consecutive_failures"), "{paused}");
+    let events = eventually(WAIT, "task.paused stored", || async {
+        let found = events(&js, EventKind::TaskPaused, "ap", id).await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].reason.as_deref(), Some("consecutive_failures"));
+
+    let resumed = task_call(&client, "resume", json!({"namespace": "ap", "id": id})).await;
+    assert_eq!(resumed["task"]["paused"], json!(false), "{resumed}");
+    assert!(resumed["task"].get("paused_reason").is_none(), "{resumed}");
+    worker.stop().await;
+    registry.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pause_after_failures_pauses_after_the_third_failed_run_in_a_row() {
+    auto_pause(RunEvents::All, "flaky-all").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pause_after_failures_counts_the_same_with_only_failure_events() {
+    auto_pause(RunEvents::Failures, "flaky-failures").await;
+}
+
+#[tokio::test]
+async fn bad_breaker_specs_are_refused_with_every_field_path() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let client = server.client().await;
+    let _registry = App::registry(crate::registry::config(&server.url(), 1)).await;
+    let bad = spec("ap", "bad")
+        .field(
+            "breaker",
+            json!({"key": "a.b", "failure_rate": 0, "min_runs": 0, "window": "fast", "open_for": "1m",
+                   "max_open_for": "10s", "half_open_runs": 0, "on_open": "wait", "colour": "red"}),
+        )
+        .field("pause_after_failures", 0)
+        .field("paused_reason", "x")
+        .json();
+    let reply = task_call(&client, "put", bad).await;
+    let fields: Vec<(&str, &str)> = reply["errors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reply}"))
+        .iter()
+        .map(|e| (e["code"].as_str().unwrap(), e["field"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ("invalid_value", "paused_reason"),
+            ("unknown_field", "breaker.colour"),
+            ("invalid_id", "breaker.key"),
+            ("invalid_value", "breaker.failure_rate"),
+            ("invalid_value", "breaker.min_runs"),
+            ("invalid_duration", "breaker.window"),
+            ("invalid_value", "breaker.max_open_for"),
+            ("invalid_value", "breaker.half_open_runs"),
+            ("invalid_value", "breaker.on_open"),
+            ("invalid_value", "pause_after_failures"),
+        ],
+        "{reply}"
+    );
+    let listed = task_call(&client, "list", json!({"namespace": "ap"})).await;
+    assert_eq!(listed["tasks"], json!([]), "nothing stored: {listed}");
+}
