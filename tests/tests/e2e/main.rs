@@ -8,6 +8,7 @@ mod breakers;
 mod chaos;
 mod cli;
 mod config;
+mod console;
 mod deploy;
 mod docs;
 mod events;
