@@ -4,7 +4,7 @@
 
 pub mod throttle;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -35,10 +35,12 @@ pub enum Rule {
     DlqGrowing,
     /// The dead-letter stream is nearly full (it then refuses new dead letters).
     DlqFull,
+    /// A circuit breaker opened (`breaker.opened`); once per episode, until it closes.
+    BreakerOpen,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 9] = [
+    pub const ALL: [Rule; 10] = [
         Rule::RunFailed,
         Rule::RunDead,
         Rule::QueueBacklog,
@@ -48,6 +50,7 @@ impl Rule {
         Rule::LeaderFlapping,
         Rule::DlqGrowing,
         Rule::DlqFull,
+        Rule::BreakerOpen,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,12 +64,13 @@ impl Rule {
             Rule::LeaderFlapping => "leader_flapping",
             Rule::DlqGrowing => "dlq_growing",
             Rule::DlqFull => "dlq_full",
+            Rule::BreakerOpen => "breaker_open",
         }
     }
 
     pub fn severity(self) -> Severity {
         match self {
-            Rule::RunFailed | Rule::FireLag | Rule::DlqGrowing => Severity::Warning,
+            Rule::RunFailed | Rule::FireLag | Rule::DlqGrowing | Rule::BreakerOpen => Severity::Warning,
             Rule::RunDead
             | Rule::QueueBacklog
             | Rule::LeaderChanged
@@ -153,6 +157,33 @@ impl Candidate {
     }
 }
 
+/// The `breaker_open` alert of a `breaker.opened` event. Its subject is the event's: the task
+/// for a task's own breaker, `_breaker/<key>` for a named one.
+fn breaker_open(event: &Event) -> Candidate {
+    let (ns, task) = (event.namespace.as_str(), event.task_id.as_str());
+    let name = event.key.as_deref().unwrap_or(task);
+    let rate = event.failure_rate.map(|r| format!("{:.0}%", r * 100.0)).unwrap_or_else(|| "?".into());
+    let counts = match (event.failures, event.runs) {
+        (Some(failures), Some(runs)) => format!(" ({failures} of {runs} attempts)"),
+        _ => String::new(),
+    };
+    let until = event.open_until.map(|t| format!("; probes after {}", format_time(t))).unwrap_or_default();
+    let summary = format!("circuit breaker {name} opened: failure rate {rate}{counts}{until}");
+    let mut candidate = Candidate::new(Rule::BreakerOpen, ns, task, event.time, summary);
+    for (key, value) in [
+        ("key", event.key.clone()),
+        ("failure_rate", event.failure_rate.map(|r| r.to_string())),
+        ("failures", event.failures.map(|n| n.to_string())),
+        ("runs", event.runs.map(|n| n.to_string())),
+        ("open_until", event.open_until.map(format_time)),
+    ] {
+        if let Some(value) = value {
+            candidate = candidate.detail(key, value);
+        }
+    }
+    candidate
+}
+
 /// A std duration as a chrono one, capped at 100 years so instant arithmetic cannot overflow.
 pub(crate) fn chrono_duration(d: Duration) -> chrono::Duration {
     const CAP: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -172,6 +203,9 @@ pub struct Detector {
     dlq_depth: Option<u64>,
     /// Whether the current nearly-full episode alerted.
     dlq_full: bool,
+    /// Breakers (`(namespace, id)` of their events) open since their alert: a breaker that
+    /// re-opens after a failed probe does not alert again until it has closed.
+    open_breakers: HashSet<(String, String)>,
 }
 
 impl Detector {
@@ -183,6 +217,7 @@ impl Detector {
             leaderless: None,
             dlq_depth: None,
             dlq_full: false,
+            open_breakers: HashSet::new(),
         }
     }
 
@@ -242,6 +277,14 @@ impl Detector {
                         );
                     }
                 }
+            }
+            EventKind::BreakerOpened if self.on(Rule::BreakerOpen) => {
+                if self.open_breakers.insert((ns.to_string(), task.to_string())) {
+                    out.push(breaker_open(event));
+                }
+            }
+            EventKind::BreakerClosed => {
+                self.open_breakers.remove(&(ns.to_string(), task.to_string()));
             }
             EventKind::LeaderAcquired => {
                 let instance = event.instance.as_deref().unwrap_or("unknown");
@@ -428,6 +471,36 @@ mod tests {
 
     fn event(kind: EventKind, time: DateTime<Utc>) -> Event {
         Event { time, ..Event::new(kind, "billing", "report") }
+    }
+
+    #[test]
+    fn an_open_breaker_alerts_once_per_episode_until_it_closes() {
+        let mut d = Detector::new(Thresholds::default());
+        let opened = |s: i64| Event {
+            key: Some("key.pay".into()),
+            failure_rate: Some(0.75),
+            failures: Some(3),
+            runs: Some(4),
+            open_until: Some(at(s + 30)),
+            ..Event { time: at(s), ..Event::new(EventKind::BreakerOpened, "_breaker", "pay") }
+        };
+        let out = d.on_event(&opened(0));
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].rule, out[0].rule.severity()), (Rule::BreakerOpen, Severity::Warning));
+        assert_eq!((out[0].namespace.as_str(), out[0].task_id.as_str()), ("_breaker", "pay"));
+        assert!(out[0].summary.contains("75%") && out[0].summary.contains("3 of 4"), "{}", out[0].summary);
+        assert_eq!(out[0].details.get("key").map(String::as_str), Some("key.pay"));
+        // Re-opened after a failed probe: the same episode.
+        assert!(d.on_event(&event(EventKind::BreakerHalfOpened, at(31))).is_empty());
+        assert!(d.on_event(&opened(32)).is_empty());
+        // Another breaker alerts on its own.
+        let other = Event { namespace: "billing".into(), task_id: "report".into(), ..opened(33) };
+        assert_eq!(d.on_event(&other).len(), 1);
+        // Closed: the next opening is a new episode.
+        d.on_event(&Event { time: at(40), ..Event::new(EventKind::BreakerClosed, "_breaker", "pay") });
+        assert_eq!(d.on_event(&opened(50)).len(), 1);
+        let mut off = Detector::new(Thresholds { enabled: vec![Rule::RunFailed], ..Thresholds::default() });
+        assert!(off.on_event(&opened(0)).is_empty());
     }
 
     #[test]
