@@ -131,6 +131,17 @@ impl Api {
         decode(endpoint, reply)
     }
 
+    /// A breaker endpoint (`list`, `get`, `reset`).
+    pub(crate) async fn breaker<R: Serialize, T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        request: &R,
+    ) -> Result<T, Failure> {
+        let body = serde_json::to_vec(request).context("encode the request")?;
+        let reply = self.request(self.names.breaker_api_subject(endpoint), body, HeaderMap::new()).await?;
+        decode(endpoint, reply)
+    }
+
     async fn request(&self, subject: String, body: Vec<u8>, headers: HeaderMap) -> Result<Value, Failure> {
         let reply = tokio::time::timeout(
             REPLY_WAIT,

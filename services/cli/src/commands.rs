@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api::{Api, Failure, task_ref};
+use crate::breakers::BreakerCommand;
 use crate::dlq::DlqCommand;
 use crate::files::read_specs;
 use crate::output;
@@ -63,7 +64,12 @@ enum Command {
     /// Delete a task.
     Rm { task: String },
     /// Pause a task: it stops firing until resumed.
-    Pause { task: String },
+    Pause {
+        task: String,
+        /// Why (shown by `get` and `ls` until the task is resumed).
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Resume a paused task.
     Resume { task: String },
     /// Dispatch one run of a task now.
@@ -94,6 +100,12 @@ enum Command {
     /// Dead letters: runs that exhausted their retries or failed for good.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Circuit breakers shared by the workers: state, failure rate, counts, open until, the
+    /// consecutive failures of a task's own, and the tasks using each.
+    Breakers,
+    /// One circuit breaker: show it, or reset it (closed, counts cleared).
+    #[command(subcommand)]
+    Breaker(BreakerCommand),
 }
 
 #[derive(Debug, Args)]
@@ -126,7 +138,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Ls { namespace, labels } => list(&api, namespace, &labels, json_out).await,
         Command::Rm { task } => control(&api, "delete", &task, "deleted", json_out).await,
-        Command::Pause { task } => control(&api, "pause", &task, "paused", json_out).await,
+        Command::Pause { task, reason } => pause(&api, &task, reason, json_out).await,
         Command::Resume { task } => control(&api, "resume", &task, "resumed", json_out).await,
         Command::Trigger { task } => trigger(&api, &task, json_out).await,
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
@@ -145,6 +157,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Runs { task, last } => crate::inspect::runs(&client, &names, &task, last, json_out).await,
         Command::Status => crate::inspect::status(&client, &names, json_out).await,
         Command::Dlq(command) => crate::dlq::run(&api, command, json_out).await,
+        Command::Breakers => crate::breakers::list(&api, json_out).await,
+        Command::Breaker(command) => crate::breakers::run(&api, command, json_out).await,
     };
     let _ = client.flush().await;
     result
@@ -166,6 +180,18 @@ async fn control(api: &Api, endpoint: &str, task: &str, did: &str, json_out: boo
     let reference = task_ref(task);
     let reply: Value = api.task_in(endpoint, &reference.namespace, &reference).await?;
     done(json_out, &reply, &format!("{task} {did}"));
+    Ok(())
+}
+
+/// `pause`, with the reason recorded as the task's `paused_reason`.
+async fn pause(api: &Api, task: &str, reason: Option<String>, json_out: bool) -> Result<(), Failure> {
+    let reference = task_ref(task);
+    let mut request = serde_json::json!({"namespace": reference.namespace, "id": reference.id});
+    if let Some(reason) = reason {
+        request["reason"] = Value::String(reason);
+    }
+    let reply: Value = api.task_in("pause", &reference.namespace, &request).await?;
+    done(json_out, &reply, &format!("{task} paused"));
     Ok(())
 }
 
@@ -194,6 +220,7 @@ struct TaskView {
     executor: ExecutorView,
     queue: String,
     paused: bool,
+    paused_reason: Option<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -319,7 +346,11 @@ async fn list(
             output::schedule(&task.schedule),
             task.executor.kind,
             task.queue,
-            if task.paused { "paused" } else { "active" }.to_string(),
+            match (task.paused, task.paused_reason) {
+                (true, Some(reason)) => format!("paused: {reason}"),
+                (true, None) => "paused".to_string(),
+                (false, _) => "active".to_string(),
+            },
             revision.to_string(),
         ]);
     }

@@ -3,6 +3,7 @@
 //! problems.
 
 mod api;
+mod breakers;
 mod commands;
 mod dlq;
 mod files;
