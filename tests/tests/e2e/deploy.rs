@@ -294,6 +294,16 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     }
     let manual = call(&client.client, "get", json!({"namespace": "secure", "id": "manual"})).await;
     assert_eq!(manual["revision"], 1, "tasks bucket changed: {manual}");
+    // Breakers: the worker writes the breakers bucket, never the tasks, and asks the registry
+    // for a pause through the control stream; the client cannot write either.
+    let breakers = worker_js.get_key_value(names.breakers_bucket()).await.expect("breakers bucket");
+    breakers.put("key.secure-probe", "{}".into()).await.expect("the worker writes the breakers bucket");
+    let forged_breaker = format!("$KV.{}.key.secure-probe", names.breakers_bucket());
+    client.client.publish(forged_breaker.clone(), "{}".into()).await.expect("send");
+    client.expect_violation(&format!("publish to \"{forged_breaker}\"")).await;
+    let forged_pause = names.pause_request_subject("secure", "manual");
+    client.client.publish(forged_pause.clone(), "{}".into()).await.expect("send");
+    client.expect_violation(&format!("publish to \"{forged_pause}\"")).await;
 
     // The whole system on its own users: a scheduled task fires and is executed.
     let mut scheduler_config = jetsched_scheduler::Config::for_tests(&server.url);
@@ -323,8 +333,13 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     let alerter = App::alerter(alerter_config).await;
 
     // A run that fails for good is dead-lettered by the worker; the registry's user reads it
-    // the way the DLQ endpoints do; the alerter raises an alert for it.
-    let put = call(&client.client, "put", secured_spec("doomed", json!({"every": "1h"}))).await;
+    // the way the DLQ endpoints do; the alerter raises an alert for it. Behind a named breaker
+    // and with `pause_after_failures: 1`, the worker counts it in the breakers bucket and its
+    // pause request reaches the registry, which pauses the task.
+    let mut doomed = secured_spec("doomed", json!({"every": "1h"}));
+    doomed["breaker"] = json!({"key": "secure-downstream"});
+    doomed["pause_after_failures"] = json!(1);
+    let put = call(&client.client, "put", doomed).await;
     assert!(put["revision"].is_u64(), "{put}");
     call(&client.client, "trigger", json!({"namespace": "secure", "id": "doomed"})).await;
     let registry_probe = server.connect("registry").await;
@@ -344,6 +359,12 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
         anyhow::Ok(())
     })
     .await;
+    let paused = eventually(WAIT, "the doomed task is paused on the worker's request", || async {
+        let reply = call(&client.client, "get", json!({"namespace": "secure", "id": "doomed"})).await;
+        if reply["task"]["paused"] == json!(true) { Ok(reply) } else { Err(reply) }
+    })
+    .await;
+    assert_eq!(paused["task"]["paused_reason"], "consecutive_failures", "{paused}");
     // Give the alerter's periodic checks (queue and DLQ depth) a round under its permissions.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
@@ -352,6 +373,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
         ("client", vec!["get", "secure/manual"]),
         ("client", vec!["ls", "--namespace", "secure"]),
         ("client", vec!["next", "secure/ticking"]),
+        ("client", vec!["breakers"]),
         ("operator", vec!["status"]),
         ("operator", vec!["events", "--last", "5"]),
         ("operator", vec!["runs", "secure/ticking"]),
