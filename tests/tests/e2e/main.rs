@@ -7,6 +7,7 @@ mod bench;
 mod breakers;
 mod chaos;
 mod cli;
+mod clock_guard;
 mod config;
 mod console;
 mod deploy;

@@ -28,12 +28,12 @@ const NS: &str = "e2e";
 /// One message of the dispatch stream.
 #[derive(Debug, Clone)]
 pub(crate) struct Seen {
-    msg_id: String,
-    task: String,
-    nominal_ms: i64,
-    term: u64,
-    published: SystemTime,
-    body: wire::Dispatch,
+    pub(crate) msg_id: String,
+    pub(crate) task: String,
+    pub(crate) nominal_ms: i64,
+    pub(crate) term: u64,
+    pub(crate) published: SystemTime,
+    pub(crate) body: wire::Dispatch,
 }
 
 fn scheduler_config(url: &str, instance: &str, lease: Duration) -> Config {

@@ -1,0 +1,227 @@
+//! End-to-end tests of the scheduler's clock guard with real processes whose clocks are moved
+//! by libfaketime (preloaded into the scheduler itself rather than through the `faketime`
+//! wrapper, which forks: killing the wrapper would leave the scheduler running; the monotonic
+//! clock is left alone so timers stay sane): a replica
+//! 5 s ahead never leads while a correct one runs, and with only skewed replicas (5 s ahead,
+//! 5 s behind) the fires still happen on the server's clock: the server's timestamp of each
+//! dispatch minus its nominal time stays within milliseconds, under either leader.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_nats::jetstream::{self, kv::Operation};
+use futures::StreamExt;
+use jetsched_shared::names::{Names, task_key};
+use jetsched_shared::topology::{self, Topology, TopologyArgs};
+use jetsched_shared::wire::{Event, LeaderRecord, Trigger};
+use jetsched_tests::{ChildProcess, NatsServer, eventually, init_test_logging, read_stream, workspace_bin};
+use serde_json::json;
+
+use crate::scheduler::{Seen, read_dispatches, spawn_scheduler, tasks_loaded};
+
+const WAIT: Duration = Duration::from_secs(20);
+const NS: &str = "clock";
+const LEASE: Duration = Duration::from_secs(3);
+
+/// Where Debian's `faketime` package puts the library.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// libfaketime is there (CI installs it); elsewhere the test says why it did nothing.
+fn faketime_available() -> bool {
+    let found = std::path::Path::new(LIBFAKETIME).exists();
+    if !found {
+        eprintln!("SKIPPED: clock guard test because {LIBFAKETIME} is missing (apt-get install faketime)");
+    }
+    found
+}
+
+/// A scheduler process whose wall clock is `offset` off (`+5s`, `-5s`).
+fn spawn_skewed(url: &str, instance: &str, offset: &str) -> ChildProcess {
+    let mut command = Command::new(workspace_bin("jetsched-scheduler"));
+    command
+        .env("LD_PRELOAD", LIBFAKETIME)
+        .env("FAKETIME", offset)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("NATS_URL", url)
+        .env("RUST_LOG", "info")
+        .args(["--instance-id", instance, "--admin-addr", "127.0.0.1:0", "--fire-events", "false"])
+        .args(["--lease", &format!("{}ms", LEASE.as_millis())])
+        .args(["--lease-margin", &format!("{}ms", LEASE.as_millis() / 4)]);
+    ChildProcess::spawn_command(instance, command)
+}
+
+async fn setup(server: &NatsServer) -> (jetstream::Context, Topology) {
+    let js = jetstream::new(server.client().await);
+    let args = TopologyArgs { lease: LEASE, ..TopologyArgs::default() };
+    let topology = topology::ensure(&js, &Names::default(), &args).await.expect("topology");
+    // Every second, phases spread over the second (a fire due every 50 ms).
+    for i in 0..20 {
+        let id = format!("tick-{i:02}");
+        let anchor = format!("1970-01-01T00:00:00.{:03}Z", i * 50);
+        let spec = json!({
+            "id": id, "namespace": NS, "schedule": {"every": "1s", "anchor": anchor},
+            "executor": {"kind": "nats", "subject": "jobs.run"}, "misfire": "fire_all",
+        });
+        topology.tasks.put(task_key(NS, &id), spec.to_string().into()).await.expect("put task");
+    }
+    (js, topology)
+}
+
+/// Every instance that ever held the lease, from a watch of the lease key.
+fn record_holders(topology: &Topology) -> Arc<Mutex<Vec<String>>> {
+    let holders = Arc::new(Mutex::new(Vec::new()));
+    let (leader, seen) = (topology.leader.clone(), holders.clone());
+    tokio::spawn(async move {
+        let mut watch =
+            leader.watch_with_history(Names::default().leader_key()).await.expect("watch the lease");
+        while let Some(Ok(entry)) = watch.next().await {
+            if entry.operation == Operation::Put
+                && let Ok(record) = serde_json::from_slice::<LeaderRecord>(&entry.value)
+            {
+                seen.lock().expect("holders").push(record.instance);
+            }
+        }
+    });
+    holders
+}
+
+async fn holder(topology: &Topology) -> Option<String> {
+    let entry = topology.leader.entry(Names::default().leader_key()).await.ok()??;
+    let record: LeaderRecord =
+        serde_json::from_slice(&entry.value).ok().filter(|_| entry.operation == Operation::Put)?;
+    Some(record.instance)
+}
+
+/// The `scheduler.clock_skew` events, by instance.
+async fn skew_events(js: &jetstream::Context) -> HashMap<String, Event> {
+    let names = Names::default();
+    let messages = read_stream(js, &names.events_stream(), WAIT).await.expect("read events");
+    let subject = names.event_subject("scheduler.clock_skew", "_system", "scheduler");
+    messages
+        .iter()
+        .filter(|m| m.subject.as_str() == subject)
+        .filter_map(|m| serde_json::from_slice::<Event>(&m.payload).ok())
+        .filter_map(|e| Some((e.instance.clone()?, e)))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_scheduler_five_seconds_ahead_never_leads_while_a_correct_one_runs() {
+    init_test_logging();
+    if !faketime_available() {
+        return;
+    }
+    let server = NatsServer::start().await;
+    let (js, topology) = setup(&server).await;
+    let holders = record_holders(&topology);
+    let url = server.url();
+    let mut skewed = spawn_skewed(&url, "ahead", "+5s");
+    let mut procs: BTreeMap<String, ChildProcess> = BTreeMap::new();
+    for instance in ["right-1", "right-2"] {
+        procs.insert(instance.to_string(), spawn_scheduler(&url, instance, LEASE));
+    }
+    tasks_loaded(&skewed).await;
+    // A crash: the other correct replica takes over, fast; the skewed one does not probe.
+    let first = eventually(WAIT, "a correct leader", || async {
+        holder(&topology).await.filter(|h| procs.contains_key(h))
+    })
+    .await;
+    for proc in procs.values() {
+        tasks_loaded(proc).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    procs.get_mut(&first).expect("ours").kill9();
+    let second = eventually(WAIT, "another correct leader", || async {
+        holder(&topology).await.filter(|h| h != &first && procs.contains_key(h))
+    })
+    .await;
+    // A graceful handover: the released lease goes to a correct replica started meanwhile.
+    procs.insert("right-3".into(), spawn_scheduler(&url, "right-3", LEASE));
+    tasks_loaded(&procs["right-3"]).await;
+    let leader = procs.get_mut(&second).expect("ours");
+    leader.sigterm();
+    assert!(leader.wait_exit(WAIT).await.is_some(), "the leader stops");
+    eventually(WAIT, "the third correct replica leads", || async {
+        holder(&topology).await.filter(|h| h == "right-3")
+    })
+    .await;
+    // Longer than the skewed replica's extra lease.
+    tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
+    assert_eq!(holder(&topology).await.as_deref(), Some("right-3"));
+    let all = holders.lock().expect("holders").clone();
+    assert!(!all.contains(&"ahead".to_string()), "the skewed replica led: {all:?}");
+    assert!(skewed.output().contains("campaigning one lease later"), "{}", skewed.output());
+    let events = skew_events(&js).await;
+    let offset = events.get("ahead").and_then(|e| e.reason.clone()).expect("a clock_skew event of 'ahead'");
+    assert!(offset.contains("+4.9") || offset.contains("+5.0"), "{offset}");
+    assert!(!events.contains_key("right-1"), "no event from a correct replica: {events:?}");
+    skewed.kill9();
+}
+
+/// Server timestamp minus nominal time of each term's ordinary fires, once the term has
+/// settled (after its first second: a new leader catches up what it missed, late by design).
+fn lags_by_term(seen: &[Seen]) -> BTreeMap<u64, Vec<i64>> {
+    let ms =
+        |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).expect("after epoch").as_micros() as i64;
+    let mut start: BTreeMap<u64, i64> = BTreeMap::new();
+    for s in seen {
+        let at = ms(s.published);
+        start.entry(s.term).and_modify(|v| *v = (*v).min(at)).or_insert(at);
+    }
+    let mut lags: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+    for s in seen.iter().filter(|s| s.body.trigger == Trigger::Schedule) {
+        if s.nominal_ms * 1000 > start[&s.term] + 1_000_000 {
+            lags.entry(s.term).or_default().push(ms(s.published) - s.nominal_ms * 1000);
+        }
+    }
+    for v in lags.values_mut() {
+        v.sort_unstable();
+    }
+    lags
+}
+
+#[tokio::test]
+async fn with_only_skewed_replicas_fires_follow_the_servers_clock() {
+    init_test_logging();
+    if !faketime_available() {
+        return;
+    }
+    let server = NatsServer::start().await;
+    let (js, topology) = setup(&server).await;
+    let url = server.url();
+    let mut procs: BTreeMap<String, ChildProcess> = BTreeMap::new();
+    procs.insert("ahead".into(), spawn_skewed(&url, "ahead", "+5s"));
+    procs.insert("behind".into(), spawn_skewed(&url, "behind", "-5s"));
+    let first = eventually(WAIT, "a skewed replica leads", || holder(&topology)).await;
+    let settled = SystemTime::now() + Duration::from_secs(5);
+    eventually(WAIT, "5 s of fires", || async {
+        read_dispatches(&js).await.iter().any(|s| s.published > settled)
+    })
+    .await;
+    // The other one takes over only at expiry plus its extra lease; then fires on time again.
+    procs.get_mut(&first).expect("ours").kill9();
+    let second =
+        eventually(WAIT, "the other leads", || async { holder(&topology).await.filter(|h| h != &first) })
+            .await;
+    let settled = SystemTime::now() + Duration::from_secs(5);
+    eventually(WAIT, "5 s of its fires", || async {
+        read_dispatches(&js).await.iter().any(|s| s.published > settled)
+    })
+    .await;
+    let lags = lags_by_term(&read_dispatches(&js).await);
+    assert_eq!(lags.len(), 2, "both leaders fired: {first} then {second}");
+    for (term, lags) in &lags {
+        let n = lags.len();
+        assert!(n >= 60, "term {term}: {n} fires");
+        let (min, p99, max) = (lags[0], lags[(n - 1) * 99 / 100], lags[n - 1]);
+        eprintln!("term {term}: {n} fires, server time minus nominal min {min} / p99 {p99} / max {max} µs");
+        assert!(p99 <= 10_000, "term {term}: p99 {p99} µs");
+        assert!(max <= 50_000, "term {term}: max {max} µs");
+        assert!(min >= -2_000, "term {term}: a fire {min} µs early on the server's clock");
+    }
+    let events = skew_events(&js).await;
+    assert!(events.contains_key("ahead") && events.contains_key("behind"), "{events:?}");
+    assert!(events["behind"].reason.as_deref().is_some_and(|r| r.contains("-4.9") || r.contains("-5.0")));
+}
