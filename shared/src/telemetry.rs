@@ -217,9 +217,12 @@ pub fn init(format: LogFormat, settings: &TraceSettings) -> anyhow::Result<Telem
     };
     let provider = provider(protocol, settings)?;
     let tracer = provider.tracer("jetsched");
-    // Only the product's own spans and their events go out, whatever RUST_LOG says.
+    // Only the product's own spans and their events go out, whatever RUST_LOG says, and never
+    // a span its code marked untraced (its trace is not sampled: nothing to build).
     let ours = filter::filter_fn(|meta| {
-        meta.target().starts_with("jetsched") && *meta.level() <= tracing::Level::INFO
+        meta.target().starts_with("jetsched")
+            && !meta.target().ends_with(trace::UNTRACED_SUFFIX)
+            && *meta.level() <= tracing::Level::INFO
     });
     let otel = tracing_opentelemetry::layer().with_tracer(tracer).with_location(false).with_filter(ours);
     if tracing_subscriber::registry().with(fmt).with(otel).try_init().is_err() {

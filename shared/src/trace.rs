@@ -95,12 +95,44 @@ pub fn records_child(headers: Option<&HeaderMap>) -> bool {
     if !enabled() {
         return false;
     }
-    let parent = headers.and_then(|h| h.get(TRACEPARENT)).and_then(|v| extract_span_context(v.as_str()));
+    let parent = headers.and_then(|h| h.get(TRACEPARENT)).and_then(|v| parse_traceparent(v.as_str()));
     match parent {
-        Some(parent) => sampling::process().samples(Some(&parent), parent.trace_id()),
+        Some((trace_id, sampled)) => {
+            let sampling = sampling::process();
+            if sampling.parent_based { sampled } else { sampling.samples_root(trace_id) }
+        }
         // A new trace with a random id: decided by the SDK when the span starts.
         None => true,
     }
+}
+
+/// The trace id and sampled flag of a `traceparent`, read without allocating (a later version
+/// is read as version 00, as the W3C recommendation says).
+fn parse_traceparent(value: &str) -> Option<(TraceId, bool)> {
+    let mut parts = value.trim().split('-');
+    let (version, trace_id, span_id, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let version = u8::from_str_radix(version, 16).ok().filter(|v| *v != 0xff)?;
+    if (version == 0 && parts.next().is_some())
+        || trace_id.len() != 32
+        || span_id.len() != 16
+        || flags.len() != 2
+    {
+        return None;
+    }
+    let trace_id = TraceId::from_hex(trace_id).ok().filter(|id| *id != TraceId::INVALID)?;
+    SpanId::from_hex(span_id).ok().filter(|id| *id != SpanId::INVALID)?;
+    let flags = u8::from_str_radix(flags, 16).ok()?;
+    Some((trace_id, flags & TraceFlags::SAMPLED.to_u8() != 0))
+}
+
+/// The end of the target of a span that stays out of trace export (a run whose trace is not
+/// sampled): the export layer never builds it, only the logs see it.
+pub const UNTRACED_SUFFIX: &str = "::untraced";
+
+/// Whether the current span is one that trace export never sees ([`UNTRACED_SUFFIX`]) or
+/// there is none.
+pub fn current_is_untraced() -> bool {
+    tracing::Span::current().metadata().is_none_or(|meta| meta.target().ends_with(UNTRACED_SUFFIX))
 }
 
 /// The trace context a request's `headers` carry, when it is valid (a caller's context to
@@ -315,6 +347,30 @@ mod tests {
         assert_eq!(back.span().span_context().trace_id(), context.trace_id());
         assert_eq!(back.span().span_context().span_id(), context.span_id());
         assert!(!extract(None).span().span_context().is_valid());
+    }
+
+    #[test]
+    fn a_traceparent_is_read_without_the_propagator() {
+        let sampled = "00-0b2f9c8e61a45d2b9b5e3f1c2d4e5f60-00f067aa0ba902b7-01";
+        let (trace_id, flag) = parse_traceparent(sampled).expect("valid");
+        assert_eq!(trace_id.to_string(), "0b2f9c8e61a45d2b9b5e3f1c2d4e5f60");
+        assert!(flag);
+        assert_eq!(
+            parse_traceparent("00-0b2f9c8e61a45d2b9b5e3f1c2d4e5f60-00f067aa0ba902b7-00").map(|p| p.1),
+            Some(false)
+        );
+        assert!(parse_traceparent("01-0b2f9c8e61a45d2b9b5e3f1c2d4e5f60-00f067aa0ba902b7-01-more").is_some());
+        for bad in [
+            "",
+            "ff-0b2f9c8e61a45d2b9b5e3f1c2d4e5f60-00f067aa0ba902b7-01",
+            "00-0b2f9c8e61a45d2b9b5e3f1c2d4e5f60-00f067aa0ba902b7-01-extra",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-0b2f9c8e61a45d2b9b5e3f1c2d4e5f60-0000000000000000-01",
+            "00-0b2f9c8e61a45d2b9b5e3f1c2d4e5f6-00f067aa0ba902b7-01",
+            "00-0b2f9c8e61a45d2b9b5e3f1c2d4e5f60-00f067aa0ba902b7-zz",
+        ] {
+            assert_eq!(parse_traceparent(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Spans of fires, created only while spans are exported: a fire is the root span of its
-//! execution's trace (trace id = execution id), a skipped fire a short span with its reason.
+//! Spans of fires, created only while spans are exported and the sampler samples the fire's
+//! trace: a fire is the root span of its execution's trace (trace id = execution id), a
+//! skipped fire a short span with its reason. An unsampled fire's dispatch carries a derived
+//! `traceparent` with the same (unsampled) decision.
 
 use jetsched_shared::trace::{self, Context};
 use jetsched_shared::wire::{self, Trigger, scheduled_execution_id};
@@ -25,6 +27,10 @@ pub(crate) fn fire(facts: FireFacts<'_>) -> Option<(tracing::Span, Context)> {
     }
     let FireFacts { namespace, task_id, nominal_ms, trigger, term, now_ms } = facts;
     let execution_id = scheduled_execution_id(namespace, task_id, nominal_ms);
+    if !trace::records_root(&execution_id) {
+        // Not sampled: no span to build; the dispatch's derived traceparent says so.
+        return None;
+    }
     let span = tracing::info_span!(
         parent: None,
         "fire",
@@ -51,6 +57,9 @@ pub(crate) fn skipped(namespace: &str, task_id: &str, nominal_ms: i64, reason: &
         return;
     }
     let execution_id = scheduled_execution_id(namespace, task_id, nominal_ms);
+    if !trace::records_root(&execution_id) {
+        return;
+    }
     let span = tracing::info_span!(
         parent: None,
         "fire skipped",

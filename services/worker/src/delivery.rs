@@ -69,17 +69,7 @@ pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Me
         }
     };
     dispatch.trace_id = trace::trace_id_in(message.headers.as_ref());
-    let span = tracing::info_span!(
-        "run",
-        namespace = %dispatch.namespace,
-        task = %dispatch.task_id,
-        execution = %dispatch.execution_id,
-        attempt,
-        otel.kind = "consumer",
-        trace_id = tracing::field::Empty,
-        span_id = tracing::field::Empty,
-    );
-    spans::start_run(&span, &dispatch, attempt, &message.subject, message.headers.as_ref());
+    let span = spans::run(&dispatch, attempt, &message.subject, message.headers.as_ref());
     let delivery = Delivery {
         shared,
         queue,

@@ -1,7 +1,8 @@
-//! Spans of runs, created only while spans are exported: a `run` span (kind consumer) per
-//! delivery, child of the dispatch's trace context, and one span per executor call below it
-//! (HTTP client, NATS request, shell process, embedded handler) whose context the executor
-//! passes on. With spans off, the dispatch's own `traceparent` is passed on unchanged.
+//! Spans of runs, built for export only while spans are exported and the run's trace is
+//! sampled: a `run` span (kind consumer) per delivery, child of the dispatch's trace context,
+//! and one span per executor call below it (HTTP client, NATS request, shell process, embedded
+//! handler) whose context the executor passes on. Otherwise the `run` span is one only the logs
+//! see, and the dispatch's own `traceparent` is passed on unchanged.
 
 use async_nats::HeaderMap;
 use jetsched_shared::spec::Executor;
@@ -42,17 +43,50 @@ impl Propagated {
     }
 }
 
-/// The `run` span's attributes, then its parent from the dispatch headers (spans on only).
-pub(crate) fn start_run(
+/// The `run` span of a delivery. Built for export (attributes, the dispatch's trace context as
+/// its parent) only when spans are exported and its trace is sampled; otherwise a span under an
+/// untraced target that only the logs see, carrying the dispatch's trace id for them.
+pub(crate) fn run(
+    dispatch: &Dispatch,
+    attempt: u32,
+    subject: &str,
+    headers: Option<&HeaderMap>,
+) -> tracing::Span {
+    if !trace::records_child(headers) {
+        let span = tracing::info_span!(
+            target: "jetsched_worker::delivery::untraced",
+            "run",
+            namespace = %dispatch.namespace,
+            task = %dispatch.task_id,
+            execution = %dispatch.execution_id,
+            attempt,
+            trace_id = dispatch.trace_id.as_deref(),
+        );
+        return span;
+    }
+    let span = tracing::info_span!(
+        target: "jetsched_worker::delivery",
+        "run",
+        namespace = %dispatch.namespace,
+        task = %dispatch.task_id,
+        execution = %dispatch.execution_id,
+        attempt,
+        otel.kind = "consumer",
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    start_run(&span, dispatch, attempt, subject, headers);
+    span
+}
+
+/// The `run` span's attributes, then its parent from the dispatch headers.
+fn start_run(
     span: &tracing::Span,
     dispatch: &Dispatch,
     attempt: u32,
     subject: &str,
     headers: Option<&HeaderMap>,
 ) {
-    if !trace::enabled() {
-        return;
-    }
     trace::set_attribute(span, trace::ATTR_TASK, format!("{}/{}", dispatch.namespace, dispatch.task_id));
     trace::set_attribute(span, trace::ATTR_EXECUTION_ID, dispatch.execution_id.clone());
     trace::set_attribute(span, trace::ATTR_ATTEMPT, i64::from(attempt));
@@ -66,15 +100,15 @@ pub(crate) fn start_run(
 
 /// Records how the attempt ended on the current (`run`) span.
 pub(crate) fn outcome(outcome: &'static str) {
-    if trace::enabled() {
+    if trace::enabled() && !trace::current_is_untraced() {
         trace::set_attribute(&tracing::Span::current(), trace::ATTR_OUTCOME, outcome);
     }
 }
 
 /// The executor's span (child of the current `run` span) and the context to pass downstream;
-/// `None` with spans off.
+/// `None` with spans off or when the run is not traced (the dispatch's context goes on then).
 pub(crate) fn executor(executor: &Executor) -> Option<(tracing::Span, Propagated)> {
-    if !trace::enabled() {
+    if !trace::enabled() || trace::current_is_untraced() {
         return None;
     }
     let span = match executor {
