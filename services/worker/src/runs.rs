@@ -255,6 +255,38 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_off_workers_late_verdict_never_overwrites_the_rerun_that_succeeded() {
+        // Attempt 1's worker was cut off past ack_wait; attempt 2 ran elsewhere and succeeded.
+        let mut r = record();
+        r.start_attempt(2, "w2", Utc::now());
+        r.end_attempt(2, AttemptOutcome::Succeeded, None, None, RunStatus::Succeeded, Utc::now());
+        // The cut-off worker comes back and closes attempt 1 as a retryable failure.
+        r.end_attempt(
+            1,
+            AttemptOutcome::Failed,
+            Some("no reply".into()),
+            None,
+            RunStatus::Retrying,
+            Utc::now(),
+        );
+        assert_eq!(r.status, RunStatus::Succeeded);
+        assert_eq!(r.attempt, 2);
+        assert!(r.error.is_none());
+        // Nor the status of a later attempt still running.
+        let mut r = record();
+        r.start_attempt(2, "w2", Utc::now());
+        r.end_attempt(
+            1,
+            AttemptOutcome::Failed,
+            Some("no reply".into()),
+            None,
+            RunStatus::Retrying,
+            Utc::now(),
+        );
+        assert_eq!(r.status, RunStatus::Running);
+    }
+
+    #[test]
     fn the_history_is_bounded_and_keeps_the_first_attempt() {
         let mut r = record();
         for n in 2..(MAX_KEPT_ATTEMPTS as u32 + 50) {

@@ -165,7 +165,8 @@ impl RunRecord {
         rerun
     }
 
-    /// Closes attempt `attempt` with its outcome and sets the run's status.
+    /// Closes attempt `attempt` with its outcome and sets the run's status, unless a later
+    /// attempt holds the run or it ended already.
     pub fn end_attempt(
         &mut self,
         attempt: u32,
@@ -182,6 +183,11 @@ impl RunRecord {
             entry.outcome = Some(outcome);
             entry.error = error.clone();
             entry.detail = detail;
+        }
+        // A stale attempt (a later delivery took the run over, or the run ended already)
+        // closes its own entry only: the run's status is its newer holder's.
+        if self.attempt > attempt || self.status.is_final() {
+            return;
         }
         self.status = status;
         if error.is_some() {
