@@ -82,12 +82,35 @@ async fn every_subcommand_against_a_running_registry() {
     );
     assert!(table.contains("offset change -05:00 -> -04:00"), "{table}");
 
-    let paused = jetsched(&url, &["pause", "billing/pulse"]).await;
+    let paused = jetsched(&url, &["pause", "billing/pulse", "--reason", "card processor maintenance"]).await;
     assert!(stdout(&paused).contains("billing/pulse paused"), "{}", stderr(&paused));
     let state = json_out(&jetsched(&url, &["get", "billing/pulse"]).await);
     assert_eq!(state["task"]["paused"], true);
+    assert_eq!(state["task"]["paused_reason"], "card processor maintenance");
+    let table = stdout(&jetsched(&url, &["ls", "--namespace", "billing"]).await);
+    assert!(table.contains("paused: card processor maintenance"), "{table}");
     let resumed = jetsched(&url, &["resume", "billing/pulse"]).await;
     assert!(resumed.status.success(), "{}", stderr(&resumed));
+    let state = json_out(&jetsched(&url, &["get", "billing/pulse"]).await);
+    assert!(state["task"].get("paused_reason").is_none(), "resume clears the reason: {state}");
+
+    // Breakers: the task's own breaker is listed (no record yet: closed), shown and reset.
+    let breaker = json!({"id": "guarded", "namespace": "billing", "schedule": {"every": "1h"},
+        "executor": {"kind": "nats", "subject": "jobs.x"}, "breaker": {"key": "payments-api"}});
+    let mut file = tempfile::Builder::new().suffix(".json").tempfile().expect("temp file");
+    std::io::Write::write_all(&mut file, breaker.to_string().as_bytes()).expect("write spec");
+    let applied = jetsched(&url, &["apply", "-f", &file.path().display().to_string()]).await;
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    let table = stdout(&jetsched(&url, &["breakers"]).await);
+    assert!(table.contains("BREAKER") && table.contains("payments-api"), "{table}");
+    assert!(table.contains("billing/guarded") && table.contains("closed"), "{table}");
+    let listed = json_out(&jetsched(&url, &["breakers", "--json"]).await);
+    assert_eq!(listed["breakers"][0]["key"], "key.payments-api", "{listed}");
+    let reset = jetsched(&url, &["breaker", "reset", "payments-api"]).await;
+    assert!(stdout(&reset).contains("payments-api reset (was closed)"), "{}", stderr(&reset));
+    let missing = jetsched(&url, &["breaker", "show", "no-such-breaker"]).await;
+    assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
+    assert!(stderr(&missing).contains("not_found"), "{}", stderr(&missing));
 
     let triggered = json_out(&jetsched(&url, &["trigger", "billing/pulse", "--json"]).await);
     assert!(triggered["execution_id"].as_str().is_some_and(|id| !id.is_empty()), "{triggered}");
