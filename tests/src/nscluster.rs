@@ -136,6 +136,30 @@ impl NsCluster {
         self.wait_ready().await
     }
 
+    /// Stops every node (SIGTERM, so each writes what it holds; SIGKILL after 15 s), starts
+    /// them again on their stores and waits for the cluster: what brings JetStream back after
+    /// a full disk (the server disables it until restarted).
+    pub async fn restart_all(&mut self) -> anyhow::Result<()> {
+        for node in &mut self.nodes {
+            if let Some(process) = node.process.as_mut()
+                && process.is_running()
+            {
+                process.sigterm();
+            }
+        }
+        for node in &mut self.nodes {
+            if let Some(mut process) = node.process.take()
+                && process.wait_exit(Duration::from_secs(15)).await.is_none()
+            {
+                process.kill9();
+            }
+        }
+        for i in 0..self.nodes.len() {
+            self.spawn(i);
+        }
+        self.wait_ready().await
+    }
+
     /// Starts service `binary` as `instance` in node `node`'s namespace, connected to that node
     /// only, through a proxy listening on the namespace's loopback; `args` and `env` added.
     pub async fn service(

@@ -414,11 +414,15 @@ pub(super) async fn submit_one_shot(js: &jetstream::Context, step: usize) -> (St
         "executor": {"kind": "nats", "subject": "chaos.ok"}, "timeout": "2s",
         "retry": {"max_attempts": 3, "initial": "200ms"}, "misfire": "fire_all", "catchup_window": "10m",
     });
-    js.publish(Names::default().submit_subject(NS, &id), serde_json::to_vec(&body).expect("json").into())
-        .await
-        .expect("publish one-shot")
-        .await
-        .expect("intake stored the one-shot");
+    let subject = Names::default().submit_subject(NS, &id);
+    let body = serde_json::to_vec(&body).expect("json");
+    // Right after a node kill or a partition the intake's stream leader can be in election
+    // (no responders): submit again; the same spec twice is still one task with one fire.
+    eventually(WAIT, "intake stored the one-shot", || async {
+        let ack = js.publish(subject.clone(), body.clone().into()).await.map_err(|e| e.to_string())?;
+        ack.await.map(|_| ()).map_err(|e| e.to_string())
+    })
+    .await;
     (id, at)
 }
 
@@ -480,9 +484,21 @@ pub(super) async fn check(
         let open: Vec<_> = records
             .values()
             .filter(|r| matches!(r.status, RunStatus::Running | RunStatus::Retrying | RunStatus::Failed))
-            .map(|r| (r.task_id.clone(), r.status))
+            .map(|r| {
+                let at: Vec<String> =
+                    r.attempts.iter().map(|a| format!("{}@{}", a.attempt, a.worker)).collect();
+                format!(
+                    "{} {} {:?} attempt {} on {} ({})",
+                    r.task_id,
+                    r.execution_id,
+                    r.status,
+                    r.attempt,
+                    r.worker,
+                    at.join(" ")
+                )
+            })
             .collect();
-        if open.is_empty() { Ok(()) } else { Err(format!("{open:?}")) }
+        if open.is_empty() { Ok(()) } else { Err(open.join("; ")) }
     })
     .await;
 

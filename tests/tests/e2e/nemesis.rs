@@ -3,7 +3,8 @@
 //! reaching its node through a proxy of its own), while a driver partitions a leader
 //! scheduler from its node, isolates the node holding the leader's connection in the
 //! minority, partitions nodes from nodes (both ways and one way) while workers run, slows the
-//! leader's link (200 ms ± 100 ms) and drops 5% of its packets, and cuts a worker off mid-run.
+//! leader's link (200 ms ± 100 ms) and drops 5% of its packets, and cuts a worker off mid-run,
+//! with two more scheduler replicas running 5 s ahead and 5 s behind (libfaketime).
 //! The chaos checker then proves that no fire was lost or doubled and no run executed twice
 //! unless a cut worker's abandoned attempt is recorded.
 //!
@@ -11,7 +12,8 @@
 //! default (and with `JETSCHED_CHAOS=nemesis-short`) one fault of each kind runs;
 //! `JETSCHED_CHAOS=nemesis` runs three of each.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
@@ -68,12 +70,28 @@ fn rounds() -> usize {
 struct Cast {
     schedulers: Vec<NsService>,
     workers: Vec<NsService>,
-    _registry: NsService,
-    _alerter: NsService,
+    registry: NsService,
+    alerter: NsService,
 }
 
-async fn spawn(cluster: &NsCluster, node: usize, binary: &str, instance: &str) -> NsService {
+/// The library that moves a process's clock (libfaketime, multithreaded variant).
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// The skewed scheduler replicas: (instance, node, clock offset for `FAKETIME`).
+const SKEWED: [(&str, usize, &str); 2] = [("scheduler-ahead", 2, "+5s"), ("scheduler-behind", 0, "-5s")];
+
+/// Starts `binary` as `instance` on node `node` with the test's settings, `extra` arguments
+/// and `env`.
+async fn spawn_with(
+    cluster: &NsCluster,
+    node: usize,
+    binary: &str,
+    instance: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> NsService {
     let mut args = vec!["--admin-addr", "127.0.0.1:0", "--replicas", "3", "--lease", "2s"];
+    args.extend_from_slice(extra);
     match binary {
         "jetsched-scheduler" => {
             args.extend(["--lease-margin", "500ms", "--fire-events", "true", "--misfire-threshold", "1s"])
@@ -81,26 +99,48 @@ async fn spawn(cluster: &NsCluster, node: usize, binary: &str, instance: &str) -
         "jetsched-worker" => args.extend(["--ack-wait", "2s", "--concurrency", "32"]),
         _ => {}
     }
+    let mut env = env.to_vec();
+    env.push(("RUST_LOG", "info"));
     cluster
-        .service(node, binary, instance, &args, &[("RUST_LOG", "info")])
+        .service(node, binary, instance, &args, &env)
         .await
         .unwrap_or_else(|e| panic!("start {instance}: {e:#}"))
 }
 
 impl Cast {
-    async fn start(cluster: &NsCluster) -> Self {
-        Self {
-            _registry: spawn(cluster, 2, "jetsched-registry", "registry-1").await,
-            _alerter: spawn(cluster, 0, "jetsched-alerter", "alerter-1").await,
+    /// Starts the cast; with `skewed`, two more scheduler replicas whose clocks run 5 s ahead
+    /// and 5 s behind (libfaketime), which the clock guard keeps from leading while a correct
+    /// replica runs and whose fires are timed on the server's clock when they do lead.
+    async fn start(cluster: &NsCluster, skewed: bool, extra: &[&str]) -> Self {
+        let spawn = |node, binary, instance| spawn_with(cluster, node, binary, instance, extra, &[]);
+        let mut cast = Self {
+            registry: spawn(2, "jetsched-registry", "registry-1").await,
+            alerter: spawn(0, "jetsched-alerter", "alerter-1").await,
             schedulers: vec![
-                spawn(cluster, 0, "jetsched-scheduler", "scheduler-1").await,
-                spawn(cluster, 1, "jetsched-scheduler", "scheduler-2").await,
+                spawn(0, "jetsched-scheduler", "scheduler-1").await,
+                spawn(1, "jetsched-scheduler", "scheduler-2").await,
             ],
             workers: vec![
-                spawn(cluster, 1, "jetsched-worker", "worker-1").await,
-                spawn(cluster, 2, "jetsched-worker", "worker-2").await,
+                spawn(1, "jetsched-worker", "worker-1").await,
+                spawn(2, "jetsched-worker", "worker-2").await,
             ],
+        };
+        if skewed {
+            for (instance, node, offset) in SKEWED {
+                let env = [("LD_PRELOAD", FAKETIME_LIB), ("FAKETIME", offset), ("DONT_FAKE_MONOTONIC", "1")];
+                cast.schedulers
+                    .push(spawn_with(cluster, node, "jetsched-scheduler", instance, extra, &env).await);
+            }
         }
+        cast
+    }
+
+    /// Every service process.
+    fn all(&mut self) -> impl Iterator<Item = &mut NsService> {
+        [&mut self.registry, &mut self.alerter]
+            .into_iter()
+            .chain(&mut self.schedulers)
+            .chain(&mut self.workers)
     }
 
     /// The scheduler holding the lease (waits for one).
@@ -200,6 +240,111 @@ async fn apply(
     }
 }
 
+/// Disk size of each node in the full-disk test, and the JetStream limit inside it.
+const DISK_MB: u64 = 128;
+const STORE_LIMITS: &str = "max_file_store: 100MB";
+
+/// Reservations of the events and DLQ streams lowered to fit the small disks.
+const SMALL_STREAM_BYTES: i64 = 8 << 20;
+
+/// A running workload on a cluster in namespaces.
+struct Setup {
+    started: Instant,
+    cluster: NsCluster,
+    client: async_nats::Client,
+    js: jetstream::Context,
+    topology: Topology,
+    calls: Arc<Mutex<HashMap<String, u32>>>,
+    cast: Cast,
+    skewed: bool,
+    periodic: Vec<(String, i64)>,
+    registered: i64,
+}
+
+impl Setup {
+    /// A cluster (on small disks when `small`), the topology, the responder, the cast and the
+    /// workload's periodic tasks.
+    async fn start(small: bool) -> Self {
+        let started = Instant::now();
+        let (disk, limits) = if small { (Some(DISK_MB), STORE_LIMITS) } else { (None, "") };
+        let cluster = NsCluster::start(disk, limits).await.unwrap_or_else(|e| panic!("{e:#}"));
+        let client = cluster.client().await;
+        let js = jetstream::new(client.clone());
+        let names = Names::default();
+        let mut args = TopologyArgs { replicas: 3, lease: LEASE, ..TopologyArgs::default() };
+        if small {
+            args.events_max_bytes = SMALL_STREAM_BYTES;
+            args.dlq_max_bytes = SMALL_STREAM_BYTES;
+        }
+        let topology =
+            eventually(WAIT, "the topology", || async { topology::ensure(&js, &names, &args).await.ok() })
+                .await;
+        let sub = client.subscribe("chaos.*").await.expect("responder subscription");
+        let calls = chaos::responder(client.clone(), sub);
+        let skewed = std::path::Path::new(FAKETIME_LIB).is_file();
+        if !skewed {
+            eprintln!(
+                "nemesis: no skewed scheduler replicas: {FAKETIME_LIB} is missing (Debian package libfaketime)"
+            );
+        }
+        let small_args = ["--events-max-bytes", "8388608", "--dlq-max-bytes", "8388608"];
+        let extra: &[&str] = if small { &small_args } else { &[] };
+        let cast = Cast::start(&cluster, skewed && !small, extra).await;
+        let (periodic, registered) = chaos::register_workload(&client).await;
+        Self { started, cluster, client, js, topology, calls, cast, skewed, periodic, registered }
+    }
+
+    /// Calm (a leader, then the schedulers stopped and the workers drained) and the checker.
+    async fn finish(
+        mut self,
+        label: &str,
+        one_shots: Vec<(String, i64)>,
+        cut: HashSet<String>,
+        faults: BTreeMap<String, usize>,
+        server_restarts: Vec<(i64, i64)>,
+    ) -> chaos::Report {
+        self.cast.leader(&self.topology).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let end = chaos::now_ms() - 2500;
+        for service in self.cast.all() {
+            assert!(
+                service.process.is_running(),
+                "{} exited during the faults:\n{}",
+                service.instance,
+                service.process.output()
+            );
+        }
+        for scheduler in &mut self.cast.schedulers {
+            scheduler.process.kill9();
+        }
+        let observed = Observed {
+            label: format!("{label}, skewed replicas: {}", self.skewed && self.cluster.disk(0).is_none()),
+            periodic: self.periodic,
+            registered: self.registered,
+            one_shots,
+            server_restarts,
+            killed_workers: cut,
+            faults,
+            started: self.started,
+            end,
+            leader_kills: 0,
+        };
+        let report = chaos::check(&self.js, &self.topology, self.calls, observed).await;
+        // The README's results row: faults, fires expected / dispatched / skipped, re-runs, lost.
+        eprintln!(
+            "nemesis results ({label}, namespace {NS}): expected {} / dispatched {} / skipped by policy {}, \
+             runs retried {}, re-run {}, dead-lettered {}, lost 0",
+            report.expected,
+            report.dispatched,
+            report.skipped_by_policy,
+            report.retried,
+            report.reruns,
+            report.dead_lettered
+        );
+        report
+    }
+}
+
 #[tokio::test]
 async fn nemesis_partitions_slow_lossy_links_and_cut_workers_lose_and_double_nothing() {
     init_test_logging();
@@ -211,64 +356,85 @@ async fn nemesis_partitions_slow_lossy_links_and_cut_workers_lose_and_double_not
     if rounds == 1 {
         eprintln!("nemesis: short variant (JETSCHED_CHAOS=nemesis runs three of each fault)");
     }
-    let started = Instant::now();
-    let cluster = NsCluster::start(None, "").await.unwrap_or_else(|e| panic!("{e:#}"));
-    let client = cluster.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
-    let args = TopologyArgs { replicas: 3, lease: LEASE, ..TopologyArgs::default() };
-    let topology =
-        eventually(WAIT, "the topology", || async { topology::ensure(&js, &names, &args).await.ok() }).await;
-    let sub = client.subscribe("chaos.*").await.expect("responder subscription");
-    let calls = chaos::responder(client.clone(), sub);
-    let mut cast = Cast::start(&cluster).await;
-    let leases = Leases::open(&cluster).await;
-    let (periodic, registered) = chaos::register_workload(&client).await;
-
+    let setup = Setup::start(false).await;
+    let leases = Leases::open(&setup.cluster).await;
     let mut one_shots = Vec::new();
     let mut cut = HashSet::new();
     let mut faults: BTreeMap<String, usize> = BTreeMap::new();
     for round in 0..rounds {
         for (k, fault) in FAULTS.into_iter().enumerate() {
             let step = round * FAULTS.len() + k;
-            one_shots.push(chaos::submit_one_shot(&js, step).await);
+            one_shots.push(chaos::submit_one_shot(&setup.js, step).await);
             tokio::time::sleep(Duration::from_millis(700 + (step as u64 * 389) % 900)).await;
-            apply(fault, step + round, &cluster, &cast, &topology, &leases, &mut cut).await;
+            apply(fault, step + round, &setup.cluster, &setup.cast, &setup.topology, &leases, &mut cut).await;
             *faults.entry(format!("{fault:?}")).or_default() += 1;
         }
     }
-
-    // Calm: a leader, then stop dispatching and let the workers drain.
-    cast.leader(&topology).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let end = chaos::now_ms() - 2500;
-    for scheduler in &mut cast.schedulers {
-        scheduler.process.kill9();
-    }
-    let observed = Observed {
-        label: format!("nemesis, {rounds} round(s)"),
-        periodic,
-        registered,
-        one_shots,
-        server_restarts: Vec::new(),
-        killed_workers: cut,
-        faults,
-        started,
-        end,
-        leader_kills: 0,
-    };
-    let report = chaos::check(&js, &topology, calls, observed).await;
+    let report =
+        setup.finish(&format!("partitions, {rounds} round(s)"), one_shots, cut, faults, Vec::new()).await;
     // A worker cut off for longer than `ack_wait` leaves its runs to be re-run, recorded.
     assert!(report.reruns > 0, "a worker was cut off mid-run, yet no run records a re-run");
-    // The README's results row: faults, fires expected / dispatched / skipped, re-runs, lost.
-    eprintln!(
-        "nemesis results (namespace {NS}): expected {} / dispatched {} / skipped by policy {}, \
-         runs retried {}, re-run after a cut {}, dead-lettered {}, lost 0",
-        report.expected,
-        report.dispatched,
-        report.skipped_by_policy,
-        report.retried,
-        report.reruns,
-        report.dead_lettered
-    );
+}
+
+/// Puts a paused task (it never fires) through the registry; the error code when refused.
+async fn put_probe(client: &async_nats::Client, id: &str) -> Result<(), String> {
+    let body = jetsched_tests::spec(NS, id)
+        .schedule(serde_json::json!({"every": "1h"}))
+        .nats("chaos.ok")
+        .field("paused", true)
+        .bytes();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.request(Names::default().task_api_subject("put"), body.into()),
+    )
+    .await
+    .map_err(|_| "no answer".to_owned())?
+    .map_err(|e| e.to_string())?;
+    let reply: serde_json::Value = serde_json::from_slice(&reply.payload).map_err(|e| e.to_string())?;
+    match reply.pointer("/error/code").and_then(|c| c.as_str()) {
+        None => Ok(()),
+        Some(code) => Err(code.to_owned()),
+    }
+}
+
+#[tokio::test]
+async fn nemesis_full_disks_refuse_writes_and_resume_after_a_restart_losing_nothing() {
+    init_test_logging();
+    if let Some(why) = NetLab::unavailable() {
+        eprintln!("SKIPPED nemesis full disks: {why}");
+        return;
+    }
+    if rounds() == 1 {
+        eprintln!("SKIPPED nemesis full disks: a long fault, run with JETSCHED_CHAOS=nemesis");
+        return;
+    }
+    let mut setup = Setup::start(true).await;
+    let mut one_shots = Vec::new();
+    let mut restarts = Vec::new();
+    let mut faults: BTreeMap<String, usize> = BTreeMap::new();
+    for episode in 0..2 {
+        one_shots.push(chaos::submit_one_shot(&setup.js, episode).await);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let from = chaos::now_ms();
+        for i in 0..CLUSTER_SIZE {
+            setup.cluster.disk(i).expect("small disk").fill().expect("fill the disk");
+        }
+        // JetStream stops on a write it cannot make; the registry then refuses with `unavailable`.
+        let probe = format!("probe-{episode}");
+        eventually(WAIT, "the registry refuses a put with `unavailable`", || async {
+            matches!(put_probe(&setup.client, &probe).await, Err(code) if code == "unavailable")
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for i in 0..CLUSTER_SIZE {
+            setup.cluster.disk(i).expect("small disk").free().expect("free the disk");
+        }
+        setup.cluster.restart_all().await.unwrap_or_else(|e| panic!("{e:#}"));
+        restarts.push((from, chaos::now_ms()));
+        // Every service resumes on its own: the registry stores again.
+        eventually(WAIT, "the registry stores again after the restart", || put_probe(&setup.client, &probe))
+            .await;
+        *faults.entry("FullDisks".to_owned()).or_default() += 1;
+    }
+    setup.finish("full disks", one_shots, HashSet::new(), faults, restarts).await;
 }
