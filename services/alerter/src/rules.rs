@@ -37,10 +37,13 @@ pub enum Rule {
     DlqFull,
     /// A circuit breaker opened (`breaker.opened`); once per episode, until it closes.
     BreakerOpen,
+    /// A scheduler replica's clock is off the server's by more than its maximum skew
+    /// (`scheduler.clock_skew`).
+    ClockSkew,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 10] = [
+    pub const ALL: [Rule; 11] = [
         Rule::RunFailed,
         Rule::RunDead,
         Rule::QueueBacklog,
@@ -51,6 +54,7 @@ impl Rule {
         Rule::DlqGrowing,
         Rule::DlqFull,
         Rule::BreakerOpen,
+        Rule::ClockSkew,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,12 +69,15 @@ impl Rule {
             Rule::DlqGrowing => "dlq_growing",
             Rule::DlqFull => "dlq_full",
             Rule::BreakerOpen => "breaker_open",
+            Rule::ClockSkew => "clock_skew",
         }
     }
 
     pub fn severity(self) -> Severity {
         match self {
-            Rule::RunFailed | Rule::FireLag | Rule::DlqGrowing | Rule::BreakerOpen => Severity::Warning,
+            Rule::RunFailed | Rule::FireLag | Rule::DlqGrowing | Rule::BreakerOpen | Rule::ClockSkew => {
+                Severity::Warning
+            }
             Rule::RunDead
             | Rule::QueueBacklog
             | Rule::LeaderChanged
@@ -284,6 +291,17 @@ impl Detector {
                     && self.open_breakers.insert((ns.to_string(), task.to_string())) =>
             {
                 out.push(breaker_open(event));
+            }
+            EventKind::SchedulerClockSkew if self.on(Rule::ClockSkew) => {
+                // One alert subject per replica: `_system/<instance>`.
+                let instance = event.instance.as_deref().unwrap_or(SCHEDULER_SUBJECT);
+                let offset = event.reason.as_deref().unwrap_or("offset unknown");
+                let summary =
+                    format!("scheduler {instance}: clock skewed ({offset}); it campaigns one lease later");
+                out.push(
+                    Candidate::new(Rule::ClockSkew, SYSTEM_NAMESPACE, instance, event.time, summary)
+                        .detail("instance", instance),
+                );
             }
             EventKind::BreakerClosed => {
                 self.open_breakers.remove(&(ns.to_string(), task.to_string()));
@@ -503,6 +521,24 @@ mod tests {
         assert_eq!(d.on_event(&opened(50)).len(), 1);
         let mut off = Detector::new(Thresholds { enabled: vec![Rule::RunFailed], ..Thresholds::default() });
         assert!(off.on_event(&opened(0)).is_empty());
+    }
+
+    #[test]
+    fn a_skewed_scheduler_clock_raises_a_warning_per_replica() {
+        let mut d = Detector::new(Thresholds::default());
+        let skewed = |instance: &str| Event {
+            instance: Some(instance.into()),
+            reason: Some("local clock minus server clock: +5.000 s".into()),
+            ..event(EventKind::SchedulerClockSkew, at(0))
+        };
+        let out = d.on_event(&skewed("sched-a"));
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].rule.name(), out[0].rule.severity()), ("clock_skew", Severity::Warning));
+        assert_eq!((out[0].namespace.as_str(), out[0].task_id.as_str()), (SYSTEM_NAMESPACE, "sched-a"));
+        assert!(out[0].summary.contains("+5.000 s"), "{}", out[0].summary);
+        assert_eq!(d.on_event(&skewed("sched-b"))[0].task_id, "sched-b");
+        let mut off = Detector::new(Thresholds { enabled: vec![Rule::RunFailed], ..Thresholds::default() });
+        assert!(off.on_event(&skewed("sched-a")).is_empty());
     }
 
     #[test]
