@@ -2,7 +2,8 @@
 //! kind, queue, schedule text), fed by one ordered watch of the tasks bucket (last value per
 //! key, then every change) and searched and paginated in memory, so no page reads the bucket.
 
-use std::collections::BTreeMap;
+use std::borrow::Borrow;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
@@ -11,19 +12,22 @@ use futures::StreamExt;
 use jetsched_shared::admin::Readiness;
 use jetsched_shared::names::split_task_key;
 use serde::Deserialize;
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-/// What the task list shows of one task.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the task list shows of one task, compact: a hundred thousand of them stay within a
+/// few tens of MiB (one string holds namespace and id; queue names and label keys are shared).
+#[derive(Debug, Clone)]
 pub struct TaskSummary {
-    pub namespace: String,
-    pub id: String,
-    pub labels: Vec<(String, String)>,
+    /// `<namespace>\0<id>`: sorts by namespace, then id.
+    key: Box<str>,
+    namespace_len: usize,
+    /// The id in lower case when it differs from the id (what the id search looks in).
+    lowered: Option<Box<str>>,
+    pub labels: Box<[(Arc<str>, Box<str>)]>,
     pub paused: bool,
-    pub executor: String,
-    pub queue: String,
-    pub schedule: String,
+    pub executor: &'static str,
+    pub queue: Arc<str>,
+    pub schedule: Box<str>,
     pub revision: u64,
 }
 
@@ -36,51 +40,80 @@ struct SpecView {
     #[serde(default)]
     paused: bool,
     #[serde(default)]
-    labels: BTreeMap<String, String>,
+    labels: std::collections::BTreeMap<String, String>,
     #[serde(default)]
-    executor: Option<Value>,
+    executor: Option<ExecutorView>,
     #[serde(default)]
-    schedule: Option<Value>,
+    schedule: Option<ScheduleView>,
 }
+
+#[derive(Deserialize)]
+struct ExecutorView {
+    #[serde(default)]
+    kind: Option<String>,
+}
+
+#[derive(Default, Deserialize)]
+struct ScheduleView {
+    #[serde(default)]
+    cron: Option<String>,
+    #[serde(default)]
+    timezone: Option<String>,
+    #[serde(default)]
+    every: Option<String>,
+    #[serde(default)]
+    at: Option<String>,
+    #[serde(default)]
+    after: Option<String>,
+}
+
+/// The executor kinds the console knows; anything else shows as `?`.
+const EXECUTORS: [&str; 4] = ["http", "nats", "shell", "handler"];
 
 impl TaskSummary {
     /// The summary of the spec stored under `key`, `None` when the key or value is not a task's.
     pub fn decode(key: &str, value: &[u8], revision: u64) -> Option<TaskSummary> {
         let (namespace, id) = split_task_key(key)?;
         let view: SpecView = serde_json::from_slice(value).ok()?;
-        let executor = view
-            .executor
-            .as_ref()
-            .and_then(|e| e.get("kind"))
-            .and_then(Value::as_str)
-            .unwrap_or("?")
-            .to_string();
+        let kind = view.executor.and_then(|e| e.kind).unwrap_or_default();
+        let lowered = id.to_lowercase();
         Some(TaskSummary {
-            namespace: namespace.to_string(),
-            id: id.to_string(),
-            labels: view.labels.into_iter().collect(),
+            key: format!("{namespace}\0{id}").into(),
+            namespace_len: namespace.len(),
+            lowered: (lowered != id).then(|| lowered.into()),
+            labels: view.labels.into_iter().map(|(k, v)| (Arc::from(k), v.into())).collect(),
             paused: view.paused,
-            executor,
-            queue: view.queue.unwrap_or_else(|| "default".to_string()),
-            schedule: view.schedule.as_ref().map(schedule_text).unwrap_or_default(),
+            executor: EXECUTORS.into_iter().find(|known| *known == kind).unwrap_or("?"),
+            queue: Arc::from(view.queue.as_deref().unwrap_or("default")),
+            schedule: view.schedule.map(|s| schedule_text(&s)).unwrap_or_default().into(),
             revision,
         })
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.key[..self.namespace_len]
+    }
+
+    pub fn id(&self) -> &str {
+        &self.key[self.namespace_len + 1..]
+    }
+
+    fn search_text(&self) -> &str {
+        self.lowered.as_deref().unwrap_or_else(|| self.id())
     }
 }
 
 /// `cron 0 30 2 * * * (Asia/Shanghai)`, `every 5m`, `at 2026-…`, `after 10s`.
-pub(crate) fn schedule_text(schedule: &Value) -> String {
-    let text = |key: &str| schedule.get(key).and_then(Value::as_str);
-    if let Some(cron) = text("cron") {
-        let zone = text("timezone").unwrap_or("UTC");
-        return format!("cron {cron} ({zone})");
+fn schedule_text(schedule: &ScheduleView) -> String {
+    if let Some(cron) = &schedule.cron {
+        return format!("cron {cron} ({})", schedule.timezone.as_deref().unwrap_or("UTC"));
     }
-    for kind in ["every", "at", "after"] {
-        if let Some(value) = text(kind) {
+    for (kind, value) in [("every", &schedule.every), ("at", &schedule.at), ("after", &schedule.after)] {
+        if let Some(value) = value {
             return format!("{kind} {value}");
         }
     }
-    schedule.to_string()
+    String::new()
 }
 
 /// A search of the task list; empty fields match everything.
@@ -106,34 +139,42 @@ pub struct TaskQuery {
     pub page: Option<usize>,
 }
 
-impl TaskQuery {
-    fn matches(&self, task: &TaskSummary, needle: &str) -> bool {
-        (needle.is_empty() || contains_ignore_case(&task.id, needle))
-            && (self.namespace.is_empty() || task.namespace == self.namespace)
-            && (self.executor.is_empty() || task.executor == self.executor)
-            && (self.queue.is_empty() || task.queue == self.queue)
-            && match self.state.as_str() {
+/// A query prepared once per search: the needle lowered, the label filters split.
+struct Matcher<'a> {
+    needle: String,
+    query: &'a TaskQuery,
+    labels: Vec<(&'a str, Option<&'a str>)>,
+}
+
+impl<'a> Matcher<'a> {
+    fn new(query: &'a TaskQuery) -> Matcher<'a> {
+        let labels = query
+            .label
+            .split(',')
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|wanted| match wanted.split_once('=') {
+                Some((key, value)) => (key, Some(value)),
+                None => (wanted, None),
+            })
+            .collect();
+        Matcher { needle: query.q.trim().to_lowercase(), query, labels }
+    }
+
+    fn matches(&self, task: &TaskSummary) -> bool {
+        let query = self.query;
+        (self.needle.is_empty() || task.search_text().contains(self.needle.as_str()))
+            && (query.namespace.is_empty() || task.namespace() == query.namespace)
+            && (query.executor.is_empty() || task.executor == query.executor)
+            && (query.queue.is_empty() || *task.queue == *query.queue)
+            && match query.state.as_str() {
                 "paused" => task.paused,
                 "active" => !task.paused,
                 _ => true,
             }
-            && self.label.split(',').map(str::trim).filter(|l| !l.is_empty()).all(|wanted| {
-                match wanted.split_once('=') {
-                    Some((key, value)) => task.labels.iter().any(|(k, v)| k == key && v == value),
-                    None => task.labels.iter().any(|(k, _)| k == wanted),
-                }
+            && self.labels.iter().all(|(key, value)| {
+                task.labels.iter().any(|(k, v)| &**k == *key && value.is_none_or(|value| &**v == value))
             })
-    }
-}
-
-fn contains_ignore_case(haystack: &str, lowered_needle: &str) -> bool {
-    if haystack.is_ascii() {
-        haystack
-            .as_bytes()
-            .windows(lowered_needle.len())
-            .any(|w| w.eq_ignore_ascii_case(lowered_needle.as_bytes()))
-    } else {
-        haystack.to_lowercase().contains(lowered_needle)
     }
 }
 
@@ -149,23 +190,57 @@ pub struct TaskPage {
     pub pages: usize,
 }
 
-/// Every task's summary, ordered by namespace and id.
+/// Every task's summary, ordered by namespace and id, with the queues in use (counted) and the
+/// label keys seen, shared by the summaries that name them.
 #[derive(Debug, Default)]
 pub struct TaskIndex {
-    tasks: BTreeMap<(String, String), TaskSummary>,
+    tasks: BTreeSet<TaskSummary>,
+    queues: HashMap<Arc<str>, usize>,
+    label_keys: HashSet<Arc<str>>,
+}
+
+fn sort_key(namespace: &str, id: &str) -> String {
+    format!("{namespace}\0{id}")
 }
 
 impl TaskIndex {
-    pub fn put(&mut self, task: TaskSummary) {
-        self.tasks.insert((task.namespace.clone(), task.id.clone()), task);
+    pub fn put(&mut self, mut task: TaskSummary) {
+        let queue = match self.queues.get_key_value(&task.queue) {
+            Some((queue, _)) => queue.clone(),
+            None => task.queue.clone(),
+        };
+        *self.queues.entry(queue.clone()).or_default() += 1;
+        task.queue = queue;
+        for (key, _) in task.labels.iter_mut() {
+            match self.label_keys.get(key) {
+                Some(shared) => *key = shared.clone(),
+                None => {
+                    self.label_keys.insert(key.clone());
+                }
+            }
+        }
+        if let Some(old) = self.tasks.replace(task) {
+            self.forget_queue(&old.queue);
+        }
     }
 
     pub fn remove(&mut self, namespace: &str, id: &str) {
-        self.tasks.remove(&(namespace.to_string(), id.to_string()));
+        if let Some(old) = self.tasks.take(sort_key(namespace, id).as_str()) {
+            self.forget_queue(&old.queue);
+        }
+    }
+
+    fn forget_queue(&mut self, queue: &Arc<str>) {
+        if let Some(count) = self.queues.get_mut(queue) {
+            *count -= 1;
+            if *count == 0 {
+                self.queues.remove(queue);
+            }
+        }
     }
 
     pub fn get(&self, namespace: &str, id: &str) -> Option<&TaskSummary> {
-        self.tasks.get(&(namespace.to_string(), id.to_string()))
+        self.tasks.get(sort_key(namespace, id).as_str())
     }
 
     pub fn len(&self) -> usize {
@@ -178,23 +253,22 @@ impl TaskIndex {
 
     /// Queues named by any task, sorted.
     pub fn queues(&self) -> Vec<String> {
-        let mut queues: Vec<String> = self.tasks.values().map(|t| t.queue.clone()).collect();
+        let mut queues: Vec<String> = self.queues.keys().map(|q| q.to_string()).collect();
         queues.sort();
-        queues.dedup();
         queues
     }
 
     /// Page `query.page` (1-based, clamped) of `page_size` tasks matching `query`; one pass
     /// over the summaries, cloning only the page.
     pub fn search(&self, query: &TaskQuery, page_size: usize) -> TaskPage {
-        let needle = query.q.trim().to_lowercase();
+        let matcher = Matcher::new(query);
         let page_size = page_size.max(1);
         let wanted = query.page.unwrap_or(1).max(1);
         let skip = (wanted - 1) * page_size;
         let mut matching = 0;
         let mut tasks = Vec::with_capacity(page_size);
-        for task in self.tasks.values() {
-            if query.matches(task, &needle) {
+        for task in &self.tasks {
+            if matcher.matches(task) {
                 if matching >= skip && tasks.len() < page_size {
                     tasks.push(task.clone());
                 }
@@ -207,6 +281,33 @@ impl TaskIndex {
             return self.search(&TaskQuery { page: Some(pages), ..query.clone() }, page_size);
         }
         TaskPage { tasks, matching, total: self.tasks.len(), page: wanted, pages }
+    }
+}
+
+// Summaries are ordered and found by their key alone (namespace, then id).
+impl PartialEq for TaskSummary {
+    fn eq(&self, other: &TaskSummary) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for TaskSummary {}
+
+impl PartialOrd for TaskSummary {
+    fn partial_cmp(&self, other: &TaskSummary) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TaskSummary {
+    fn cmp(&self, other: &TaskSummary) -> std::cmp::Ordering {
+        self.key.cmp(&other.key)
+    }
+}
+
+impl Borrow<str> for TaskSummary {
+    fn borrow(&self) -> &str {
+        &self.key
     }
 }
 
@@ -283,18 +384,17 @@ impl IndexFeed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use std::collections::BTreeMap;
 
     fn task(namespace: &str, id: &str, labels: &[(&str, &str)], paused: bool) -> TaskSummary {
-        TaskSummary {
-            namespace: namespace.into(),
-            id: id.into(),
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            paused,
-            executor: if paused { "http".into() } else { "nats".into() },
-            queue: "default".into(),
-            schedule: "every 1m".into(),
-            revision: 1,
-        }
+        let spec = json!({
+            "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+            "paused": paused,
+            "executor": {"kind": if paused { "http" } else { "nats" }},
+            "schedule": {"every": "1m"},
+        });
+        TaskSummary::decode(&format!("{namespace}.{id}"), spec.to_string().as_bytes(), 1).unwrap()
     }
 
     fn index() -> TaskIndex {
@@ -318,10 +418,10 @@ mod tests {
         let first = index.search(&TaskQuery::default(), 50);
         assert_eq!((first.matching, first.total, first.page, first.pages), (120, 120, 1, 3));
         assert_eq!(first.tasks.len(), 50);
-        assert_eq!(first.tasks[0].id, "Report-000");
+        assert_eq!((first.tasks[0].namespace(), first.tasks[0].id()), ("billing", "Report-000"));
         let last = index.search(&TaskQuery { page: Some(3), ..Default::default() }, 50);
         assert_eq!(last.tasks.len(), 20);
-        assert_eq!(last.tasks[19].id, "Report-119");
+        assert_eq!(last.tasks[19].id(), "Report-119");
         let beyond = index.search(&TaskQuery { page: Some(9), ..Default::default() }, 50);
         assert_eq!((beyond.page, beyond.tasks.len()), (3, 20));
     }
@@ -351,17 +451,40 @@ mod tests {
     }
 
     #[test]
+    fn updates_replace_and_removals_forget_queues() {
+        let mut index = TaskIndex::default();
+        let put = |index: &mut TaskIndex, id: &str, queue: &str| {
+            let spec = json!({"queue": queue, "labels": {"team": "a"}});
+            index.put(TaskSummary::decode(&format!("ns.{id}"), spec.to_string().as_bytes(), 1).unwrap());
+        };
+        put(&mut index, "a", "fast");
+        put(&mut index, "b", "fast");
+        put(&mut index, "a", "slow");
+        assert_eq!((index.len(), index.queues()), (2, vec!["fast".to_string(), "slow".to_string()]));
+        assert_eq!(&*index.get("ns", "a").unwrap().queue, "slow");
+        index.remove("ns", "b");
+        index.remove("ns", "zzz");
+        assert_eq!((index.len(), index.queues()), (1, vec!["slow".to_string()]));
+        assert!(index.get("ns", "b").is_none());
+        // Namespaces sort before longer ones sharing their start.
+        put(&mut index, "x", "slow");
+        let spec = json!({}).to_string();
+        index.put(TaskSummary::decode("ns-2.a", spec.as_bytes(), 1).unwrap());
+        let page = index.search(&TaskQuery::default(), 10);
+        let order: Vec<_> = page.tasks.iter().map(|t| format!("{}/{}", t.namespace(), t.id())).collect();
+        assert_eq!(order, ["ns/a", "ns/x", "ns-2/a"]);
+    }
+
+    #[test]
     fn summaries_decode_tolerantly() {
         let value =
             br#"{"id":"x","namespace":"ns","schedule":{"cron":"0 0 2 * * *","timezone":"Europe/Berlin"},
             "executor":{"kind":"http","url":"http://a"},"labels":{"a":"<b>"},"paused":true,"future":1}"#;
         let summary = TaskSummary::decode("ns.x", value, 7).unwrap();
-        assert_eq!(summary.schedule, "cron 0 0 2 * * * (Europe/Berlin)");
-        assert_eq!(
-            (summary.executor.as_str(), summary.queue.as_str(), summary.paused),
-            ("http", "default", true)
-        );
-        assert_eq!(summary.labels, vec![("a".to_string(), "<b>".to_string())]);
+        assert_eq!(&*summary.schedule, "cron 0 0 2 * * * (Europe/Berlin)");
+        assert_eq!((summary.executor, &*summary.queue, summary.paused), ("http", "default", true));
+        assert_eq!((&*summary.labels[0].0, &*summary.labels[0].1), ("a", "<b>"));
+        assert_eq!((summary.namespace(), summary.id()), ("ns", "x"));
         assert!(TaskSummary::decode("nokey", value, 1).is_none());
         assert!(TaskSummary::decode("ns.x", b"not json", 1).is_none());
     }

@@ -6,7 +6,6 @@ use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
 use jetsched_shared::admin::AdminServer;
-use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::service::{Base, Role};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
@@ -20,6 +19,9 @@ use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::http::{self, AppState};
 use crate::index::{IndexFeed, TaskIndex};
 
+/// Messages buffered per subscription: the tasks watch is flow-controlled by the server, so a
+/// small buffer keeps a large initial load from piling up in memory.
+const SUBSCRIPTION_CAPACITY: usize = 2048;
 /// Live events buffered per page listening (a slow page skips the ones it missed).
 const LIVE_BUFFER: usize = 1024;
 
@@ -42,7 +44,7 @@ pub async fn build(config: Config) -> anyhow::Result<Console> {
         name: "console",
         default_admin: DEFAULT_ADMIN_ADDR,
         checks: &["task_index"],
-        subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
+        subscription_capacity: SUBSCRIPTION_CAPACITY,
     };
     let base = Base::start(role, &config.common, &config.nats, prometheus::Registry::new()).await?;
     let Base { names, instance, readiness, admin, client, js } = base;

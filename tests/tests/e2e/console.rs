@@ -7,6 +7,7 @@
 //! `JETSCHED_CONSOLE_SCREENSHOTS=<dir>` writes a screenshot of each page into `<dir>`.
 
 mod browser;
+mod perf;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

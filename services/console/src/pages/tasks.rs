@@ -47,8 +47,8 @@ pub(crate) fn list(page: &TaskPage, query: &TaskQuery, query_string: &str, queue
                 tbody {
                     @for task in &page.tasks {
                         tr {
-                            td { (task.namespace) }
-                            td { a href=(task_href(&task.namespace, &task.id)) { (task.id) } }
+                            td { (task.namespace()) }
+                            td { a href=(task_href(task.namespace(), task.id())) { (task.id()) } }
                             td { code { (task.schedule) } }
                             td { (task.executor) }
                             td { (task.queue) }
@@ -176,16 +176,14 @@ mod tests {
 
     fn hostile_page() -> TaskPage {
         TaskPage {
-            tasks: vec![TaskSummary {
-                namespace: "ns".into(),
-                id: "ok-id".into(),
-                labels: vec![("team".into(), "<script>alert(1)</script>".into())],
-                paused: false,
-                executor: "http".into(),
-                queue: "default".into(),
-                schedule: "cron 0 0 * * * * (UTC)".into(),
-                revision: 1,
-            }],
+            tasks: vec![
+                TaskSummary::decode(
+                    "ns.ok-id",
+                    br#"{"labels": {"team": "<script>alert(1)</script>"}, "executor": {"kind": "http"}}"#,
+                    1,
+                )
+                .unwrap(),
+            ],
             matching: 1,
             total: 3,
             page: 1,
