@@ -1,13 +1,14 @@
 #!/bin/bash
 # Entry point of the jetsched container image: one image, the command picks the binary.
 #
-#   docker run IMAGE registry|scheduler|worker|alerter [flags]   a service
+#   docker run IMAGE registry|scheduler|worker|alerter|console [flags]   a service
 #   docker run IMAGE jetsched ls                                 the CLI (also: cli ls)
 #   docker run IMAGE healthcheck [/readyz]                       probe the local admin port
 #   docker run IMAGE <anything else>                             run it as given
 #
 # A service started without JETSCHED_ADMIN_ADDR listens on 0.0.0.0:<its port> (registry 9101,
-# scheduler 9102, worker 9103, alerter 9104) instead of the binaries' loopback default, so
+# scheduler 9102, worker 9103, alerter 9104, console 9105; the console's pages: set
+# JETSCHED_CONSOLE_HTTP_ADDR) instead of the binaries' loopback default, so
 # Docker / Kubernetes health checks and Prometheus can reach /healthz, /readyz and /metrics.
 # Everything else is configured through the binaries' own flags and variables (`--help`).
 set -euo pipefail
@@ -20,6 +21,7 @@ admin_port() {
         scheduler) echo 9102 ;;
         worker) echo 9103 ;;
         alerter) echo 9104 ;;
+        console) echo 9105 ;;
     esac
 }
 
@@ -42,7 +44,7 @@ healthcheck() {
 }
 
 case "${1:-}" in
-    registry | scheduler | worker | alerter)
+    registry | scheduler | worker | alerter | console)
         role="$1"
         shift
         export JETSCHED_ROLE="$role"
@@ -58,7 +60,7 @@ case "${1:-}" in
         healthcheck "$@"
         ;;
     "")
-        echo "usage: registry|scheduler|worker|alerter [flags] | jetsched <command> | healthcheck [path]" >&2
+        echo "usage: registry|scheduler|worker|alerter|console [flags] | jetsched <command> | healthcheck [path]" >&2
         exit 2
         ;;
     *)

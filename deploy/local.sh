@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs jetsched on this machine: nats-server (nats.conf), the registry, two schedulers, two
-# workers and the alerter, then applies the demo specs in deploy/examples/ and prints where to look.
+# workers, the alerter and the console, then applies the demo specs in deploy/examples/ and prints
+# where to look.
 # Ctrl-C stops everything it started. Safe to re-run: the JetStream store in .jetsched-local/
 # is reused, specs are applied idempotently, and an already running local NATS is reused.
 #
@@ -92,7 +93,8 @@ start jetsched-scheduler scheduler-2 9112 --instance-id scheduler-2
 start jetsched-worker worker-1 9103 --instance-id worker-1 --shell-allow echo,date
 start jetsched-worker worker-2 9113 --instance-id worker-2 --shell-allow echo,date
 start jetsched-alerter alerter 9104 --instance-id alerter-1
-for port in 9102 9112 9103 9113 9104; do
+start jetsched-console console 9105 --instance-id console-1 --http-addr 127.0.0.1:9180 --allow-actions
+for port in 9102 9112 9103 9113 9104 9105; do
     wait_http "http://127.0.0.1:$port/readyz" "service on admin port $port"
 done
 
@@ -101,7 +103,10 @@ echo
 
 cat <<TXT
 
-jetsched is running (logs in $logs/). Try:
+jetsched is running (logs in $logs/).
+Console (tasks, runs, dead letters, live events; actions allowed on loopback):
+  http://127.0.0.1:9180/
+Try:
   $bin/jetsched ls --namespace demo
   $bin/jetsched next demo/berlin-clock -c 5
   $bin/jetsched events --follow
@@ -111,6 +116,7 @@ Metrics and health:
   schedulers http://127.0.0.1:9102/metrics   http://127.0.0.1:9112/metrics
   workers    http://127.0.0.1:9103/metrics   http://127.0.0.1:9113/metrics
   alerter    http://127.0.0.1:9104/metrics   (alerts also go to jetsched.alert.<severity>)
+  console    http://127.0.0.1:9105/metrics
 NATS monitor:
   http://127.0.0.1:8222/jsz?streams=true&consumers=true
 The task demo/always-failing exhausts its retries and lands in the JETSCHED_DLQ stream.

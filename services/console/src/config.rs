@@ -18,6 +18,10 @@ pub struct Config {
     pub nats: NatsArgs,
     #[command(flatten)]
     pub common: CommonArgs,
+    /// The topology settings every service shares, accepted (and checked) so one shared
+    /// configuration serves the console too; the console creates and changes nothing.
+    #[command(flatten)]
+    pub topology: TopologyArgs,
     /// Listener of the pages; port 0 picks a free port.
     #[arg(long, env = "JETSCHED_CONSOLE_HTTP_ADDR", default_value_t = DEFAULT_HTTP_ADDR)]
     pub http_addr: SocketAddr,
@@ -57,6 +61,7 @@ impl Config {
         Config {
             nats: NatsArgs::plain(url),
             common: CommonArgs::for_tests("console-test"),
+            topology: TopologyArgs::default(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             allow_actions: false,
             auth_token: None,
@@ -68,7 +73,7 @@ impl Config {
 
     /// Checks every setting (the shared ones too) and reports every problem at once.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
-        let mut problems = validate_shared(&self.nats, &self.common, &TopologyArgs::default());
+        let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
         self.console_problems(&mut problems);
         problems.finish::<Config>()
     }

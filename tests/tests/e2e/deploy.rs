@@ -525,7 +525,7 @@ fn deployment_yaml_parses_and_keeps_its_promises() {
     let config = of_kind("ConfigMap").next().expect("the common ConfigMap");
     assert_eq!(config["data"]["JETSCHED_REPLICAS"], "3", "R3 in a 3-node cluster");
     let deployments: Vec<&Value> = of_kind("Deployment").collect();
-    assert_eq!(deployments.len(), 4, "registry, scheduler, worker, alerter");
+    assert_eq!(deployments.len(), 5, "registry, scheduler, worker, alerter, console");
     for deployment in deployments {
         let name = deployment["metadata"]["name"].as_str().expect("name");
         let labels = &deployment["spec"]["selector"]["matchLabels"];
@@ -639,6 +639,7 @@ fn systemd_units_are_hardened_and_verify() {
         "jetsched-scheduler@.service",
         "jetsched-worker@.service",
         "jetsched-alerter.service",
+        "jetsched-console.service",
     ];
     assert_eq!(names, expected.iter().map(|n| n.to_string()).collect(), "systemd units");
     for (path, text) in &units {
@@ -720,7 +721,8 @@ fn documents(help: &str, var: &str) -> bool {
 
 #[test]
 fn deployment_files_set_only_variables_the_binaries_document() {
-    let service_binaries = ["jetsched-registry", "jetsched-scheduler", "jetsched-worker", "jetsched-alerter"];
+    let service_binaries =
+        ["jetsched-registry", "jetsched-scheduler", "jetsched-worker", "jetsched-alerter", "jetsched-console"];
     let helps: BTreeMap<&str, String> =
         service_binaries.iter().chain(&["jetsched"]).map(|binary| (*binary, help(binary))).collect();
     // (file, binary, variable) for everything the deployment files set.
@@ -732,7 +734,7 @@ fn deployment_files_set_only_variables_the_binaries_document() {
     for (service, definition) in compose["services"].as_object().expect("services") {
         let role = definition["command"][0].as_str().unwrap_or_default();
         let binary = match role {
-            "registry" | "scheduler" | "worker" | "alerter" => format!("jetsched-{role}"),
+            "registry" | "scheduler" | "worker" | "alerter" | "console" => format!("jetsched-{role}"),
             _ if definition["entrypoint"].to_string().contains("jetsched") => "jetsched".to_string(),
             _ => continue, // nats
         };
