@@ -33,7 +33,8 @@ pub struct NetLab {
 impl NetLab {
     /// Why labs cannot be made here (not root, no `ip netns`, no iptables), or `None`.
     pub fn unavailable() -> Option<String> {
-        let probe = format!("{PREFIX}{}-probe", std::process::id());
+        // Tests of one process probe at the same time: each with a name of its own.
+        let probe = format!("{PREFIX}{}-{}-probe", std::process::id(), LABS.fetch_add(1, Ordering::Relaxed));
         let result = (|| -> anyhow::Result<()> {
             run("ip", &["netns", "add", &probe])?;
             let iptables = run("ip", &["netns", "exec", &probe, "iptables", "-S"]);
