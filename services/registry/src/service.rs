@@ -87,6 +87,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         js.clone(),
         topology.tasks,
         topology.state,
+        topology.breakers.clone(),
         names.clone(),
         events,
         metrics.changes.clone(),

@@ -11,10 +11,10 @@ use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
 use jetsched_shared::dispatch::{self, DispatchMessage, Origin, SpecBody, Target};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::events::EventSink;
-use jetsched_shared::names::{Names, task_key};
+use jetsched_shared::names::{Names, breaker_task_key, task_key};
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{
-    DeleteReply, Event, EventKind, ListReply, ListRequest, TaskReply, Trigger, TriggerReply,
+    BreakerRecord, DeleteReply, Event, EventKind, ListReply, ListRequest, TaskReply, Trigger, TriggerReply,
 };
 
 /// What a `put` requires of the stored revision.
@@ -73,6 +73,8 @@ pub struct TaskStore {
     tasks_stream: jetstream::stream::Stream<()>,
     tasks_bucket: String,
     state: kv::Store,
+    /// The breakers bucket: a resumed task's consecutive-failure count starts over there.
+    breakers: kv::Store,
     names: Names,
     events: EventSink,
     /// `jetsched_task_changes_total{kind}`.
@@ -98,6 +100,7 @@ impl TaskStore {
         js: jetstream::Context,
         tasks: kv::Store,
         state: kv::Store,
+        breakers: kv::Store,
         names: Names,
         events: EventSink,
         changes: prometheus::IntCounterVec,
@@ -107,7 +110,7 @@ impl TaskStore {
             .get_stream_no_info(Names::kv_stream(&tasks_bucket))
             .await
             .map_err(|e| anyhow::anyhow!("open the stream of bucket {tasks_bucket}: {e}"))?;
-        Ok(TaskStore { js, tasks, tasks_stream, tasks_bucket, state, names, events, changes })
+        Ok(TaskStore { js, tasks, tasks_stream, tasks_bucket, state, breakers, names, events, changes })
     }
 
     /// The latest live value of a key. Read from the stream leader, not with a direct get: on
@@ -339,6 +342,9 @@ impl TaskStore {
                         ..Event::new(kind, namespace, id)
                     };
                     self.emit(event).await;
+                    if !paused {
+                        self.restart_failure_count(namespace, id).await;
+                    }
                     return Ok(TaskReply { task, revision });
                 }
                 Err(e) if is_revision_mismatch(&e) => continue,
@@ -346,6 +352,37 @@ impl TaskStore {
             }
         }
         Err(ApiError::new(ErrorCode::Unavailable, format!("task {key} is being changed concurrently; retry")))
+    }
+
+    /// Starts a resumed task's consecutive-failure count over (in its own breaker record), so
+    /// `pause_after_failures` counts from its resumption; the breaker's state is left alone. A
+    /// failure here is logged: the task is resumed either way.
+    async fn restart_failure_count(&self, namespace: &str, id: &str) {
+        let key = breaker_task_key(namespace, id);
+        for _ in 0..CAS_ATTEMPTS {
+            let entry = match self.breakers.entry(&key).await {
+                Ok(Some(entry)) if entry.operation == kv::Operation::Put => entry,
+                Ok(_) => return,
+                Err(error) => {
+                    tracing::warn!(%error, breaker = %key, "failure count not restarted");
+                    return;
+                }
+            };
+            let Ok(mut record) = serde_json::from_slice::<BreakerRecord>(&entry.value) else { return };
+            if record.consecutive_failures == 0 {
+                return;
+            }
+            record.consecutive_failures = 0;
+            let body = serde_json::to_vec(&record).expect("a record serializes");
+            match self.breakers.update(&key, body.into(), entry.revision).await {
+                Ok(_) => return,
+                Err(e) if is_revision_mismatch(&e) => continue,
+                Err(error) => {
+                    tracing::warn!(%error, breaker = %key, "failure count not restarted");
+                    return;
+                }
+            }
+        }
     }
 
     /// Dispatches one run of a task now (trigger = manual), with a fresh execution id.

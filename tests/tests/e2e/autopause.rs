@@ -266,6 +266,15 @@ async fn auto_pause(run_events: RunEvents, id: &str) {
     let resumed = task_call(&client, "resume", json!({"namespace": "ap", "id": id})).await;
     assert_eq!(resumed["task"]["paused"], json!(false), "{resumed}");
     assert!(resumed["task"].get("paused_reason").is_none(), "{resumed}");
+    // Resumed, the count starts over: one more failure does not pause it again.
+    assert_eq!(count().await, Some(0), "resume restarts the count");
+    run(RunStatus::Dead).await;
+    eventually(WAIT, "one failure counted after the resume", || async {
+        (count().await == Some(1)).then_some(())
+    })
+    .await;
+    pause_requests_drained(&js).await;
+    assert_eq!(get().await["task"]["paused"], json!(false), "not paused by the first failure after resume");
     worker.stop().await;
     registry.stop().await;
 }
