@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use opentelemetry::trace::{Link, SpanContext, SpanKind, TraceContextExt, TraceId, TraceState};
+use opentelemetry::trace::{Link, SpanContext, SpanKind, TraceContextExt, TraceId};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SamplingDecision, SamplingResult, ShouldSample};
 
@@ -126,7 +126,7 @@ fn decide(sampled: bool, parent: Option<&Context>) -> SamplingResult {
     let trace_state = parent
         .filter(|cx| cx.has_active_span())
         .map(|cx| cx.span().span_context().trace_state().clone())
-        .unwrap_or_else(TraceState::default);
+        .unwrap_or_default();
     SamplingResult {
         decision: if sampled { SamplingDecision::RecordAndSample } else { SamplingDecision::Drop },
         attributes: Vec::new(),
@@ -155,7 +155,7 @@ pub(crate) fn process() -> Sampling {
 
 #[cfg(test)]
 mod tests {
-    use opentelemetry::trace::{SpanId, TraceFlags};
+    use opentelemetry::trace::{SpanId, TraceFlags, TraceState};
 
     use super::*;
 
