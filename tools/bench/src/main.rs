@@ -2,6 +2,7 @@
 //! measured beside raw JetStream doing the equivalent work in the same run. Prints a table
 //! and a JSON report.
 
+mod breakers;
 mod e2e;
 mod failover;
 mod raw;
@@ -41,6 +42,9 @@ enum Scenario {
     Steady(scheduler::SteadyArgs),
     /// No-op runs end to end with 1, 2, 4 worker replicas, against raw publish + pull + ack.
     E2e(e2e::Args),
+    /// No-op runs behind a closed circuit breaker against none (A/B rounds), and the time from
+    /// a breaker's threshold crossed to the last call of a failing task, over many trials.
+    Breakers(breakers::Args),
     /// Leader kill -9 to the next dispatch, over repeated kills of real scheduler processes.
     Failover(failover::Args),
     /// Graceful leader stop during steady firing; a warm follower takes over: fire lag around it.
@@ -188,6 +192,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Burst(args) => scheduler::burst(args).await?,
         Scenario::Steady(args) => scheduler::steady(args).await?,
         Scenario::E2e(args) => e2e::run(args).await?,
+        Scenario::Breakers(args) => breakers::run(args).await?,
         Scenario::Failover(args) => failover::run(args).await?,
         Scenario::Handover(args) => scheduler::handover(args).await?,
         Scenario::Scale(args) => scheduler::scale(args).await?,
