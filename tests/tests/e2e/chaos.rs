@@ -480,7 +480,7 @@ pub(super) async fn check(
     })
     .await;
     eventually(WAIT, "every run reached a final status", || async {
-        let records = run_records(&topology).await?;
+        let records = run_records(topology).await?;
         let open: Vec<_> = records
             .values()
             .filter(|r| matches!(r.status, RunStatus::Running | RunStatus::Retrying | RunStatus::Failed))
@@ -503,14 +503,14 @@ pub(super) async fn check(
     .await;
 
     // The checker.
-    let events: Vec<wire::Event> = read_stream(&js, &names.events_stream())
+    let events: Vec<wire::Event> = read_stream(js, &names.events_stream())
         .await
         .iter()
         .filter_map(|m| serde_json::from_slice::<wire::Event>(&m.payload).ok())
         .filter(|e| e.namespace == NS)
         .collect();
-    let records = eventually(WAIT, "read every run record", || run_records(&topology)).await;
-    let dead: HashSet<String> = read_stream(&js, &names.dlq_stream())
+    let records = eventually(WAIT, "read every run record", || run_records(topology)).await;
+    let dead: HashSet<String> = read_stream(js, &names.dlq_stream())
         .await
         .iter()
         .filter_map(|m| serde_json::from_slice::<DeadLetter>(&m.payload).ok())
