@@ -326,3 +326,33 @@ async fn console_refuses_without_token_csrf_or_allowed_actions() {
     }
     assert_eq!(task_call(&system.client, "get", "ops", "cleanup").await["task"]["paused"], true);
 }
+
+#[tokio::test]
+async fn console_user_of_the_secured_config_reads_every_page_without_a_violation() {
+    init_test_logging();
+    let server = crate::deploy::SecureServer::start().await;
+    let mut registry_config = jetsched_registry::Config::for_tests(&server.url);
+    registry_config.nats = server.nats_args("registry");
+    let registry = App::registry(registry_config).await;
+    eventually(WAIT, "the registry is ready", || registry.ready()).await;
+    let client = server.connect("client").await.client;
+    put(&client, spec("ops", "secured").every("1h").field("labels", json!({"team": "ops"}))).await;
+
+    let mut config = jetsched_console::Config::for_tests(&server.url);
+    config.nats = server.nats_args("console");
+    let console = jetsched_console::build(config).await.expect("the console builds as user console");
+    let addr = console.http_addr();
+    let app = App::spawn("console", console.admin_addr(), |shutdown| console.run(shutdown));
+    eventually(WAIT, "the console is ready", || app.ready()).await;
+
+    let tasks = request(addr, "GET", "/tasks", &[], "").await;
+    assert!(tasks.status == 200 && tasks.body.contains("secured"), "{}", tasks.body);
+    for path in ["/", "/tasks/ops/secured", "/runs", "/dlq", "/events"] {
+        let page = request(addr, "GET", path, &[], "").await;
+        assert_eq!(page.status, 200, "{path}: {}", page.body);
+        assert!(!page.body.contains(r#"role="alert""#), "{path} reports a problem: {}", page.body);
+    }
+    let log = server.log();
+    assert!(!log.contains("User \"console\""), "violations of user console:\n{log}");
+    app.stop().await;
+}

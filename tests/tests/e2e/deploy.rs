@@ -28,7 +28,7 @@ pub(crate) const WAIT: Duration = Duration::from_secs(20);
 pub(crate) const DENIED_WAIT: Duration = Duration::from_millis(500);
 
 /// Test-only passwords of `deploy/secure/nats.conf` (documented there as local-only).
-const USERS: [(&str, &str); 7] = [
+const USERS: [(&str, &str); 8] = [
     ("registry", "registry-local-only"),
     ("scheduler", "scheduler-local-only"),
     ("worker", "worker-local-only"),
@@ -36,6 +36,7 @@ const USERS: [(&str, &str); 7] = [
     ("client", "client-local-only"),
     ("operator", "operator-local-only"),
     ("tenant-demo", "tenant-demo-local-only"),
+    ("console", "console-local-only"),
 ];
 
 pub(crate) fn password(user: &str) -> &'static str {
