@@ -722,8 +722,13 @@ fn documents(help: &str, var: &str) -> bool {
 
 #[test]
 fn deployment_files_set_only_variables_the_binaries_document() {
-    let service_binaries =
-        ["jetsched-registry", "jetsched-scheduler", "jetsched-worker", "jetsched-alerter", "jetsched-console"];
+    let service_binaries = [
+        "jetsched-registry",
+        "jetsched-scheduler",
+        "jetsched-worker",
+        "jetsched-alerter",
+        "jetsched-console",
+    ];
     let helps: BTreeMap<&str, String> =
         service_binaries.iter().chain(&["jetsched"]).map(|binary| (*binary, help(binary))).collect();
     // (file, binary, variable) for everything the deployment files set.
