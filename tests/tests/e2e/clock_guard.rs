@@ -5,9 +5,14 @@
 //! 5 s ahead never leads while a correct one runs, and with only skewed replicas (5 s ahead,
 //! 5 s behind) the fires still happen on the server's clock: the server's timestamp of each
 //! dispatch minus its nominal time stays within milliseconds, under either leader.
+//!
+//! On a machine busy with other work a process can be descheduled for tens of milliseconds,
+//! which delays a fire whatever its clock says: the test measures how late its own short
+//! sleeps wake meanwhile and allows the fires that much more (on a quiet machine, about 1 ms).
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -182,12 +187,31 @@ fn lags_by_term(seen: &[Seen]) -> BTreeMap<u64, Vec<i64>> {
     lags
 }
 
-#[tokio::test]
+/// The longest a 5 ms sleep of this process overslept while the returned flag stayed unset:
+/// the machine's scheduling stalls during the measurement.
+fn measure_stalls() -> (Arc<AtomicBool>, tokio::task::JoinHandle<Duration>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = stop.clone();
+    let task = tokio::spawn(async move {
+        let mut worst = Duration::ZERO;
+        while !done.load(Ordering::Relaxed) {
+            let asked = Duration::from_millis(5);
+            let started = std::time::Instant::now();
+            tokio::time::sleep(asked).await;
+            worst = worst.max(started.elapsed().saturating_sub(asked));
+        }
+        worst
+    });
+    (stop, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_only_skewed_replicas_fires_follow_the_servers_clock() {
     init_test_logging();
     if !faketime_available() {
         return;
     }
+    let (stop, stalls) = measure_stalls();
     let server = NatsServer::start().await;
     let (js, topology) = setup(&server).await;
     let url = server.url();
@@ -210,15 +234,20 @@ async fn with_only_skewed_replicas_fires_follow_the_servers_clock() {
         read_dispatches(&js).await.iter().any(|s| s.published > settled)
     })
     .await;
+    stop.store(true, Ordering::Relaxed);
+    let stall = i64::try_from(stalls.await.expect("stall meter").as_micros()).unwrap_or(i64::MAX);
     let lags = lags_by_term(&read_dispatches(&js).await);
     assert_eq!(lags.len(), 2, "both leaders fired: {first} then {second}");
     for (term, lags) in &lags {
         let n = lags.len();
         assert!(n >= 60, "term {term}: {n} fires");
         let (min, p99, max) = (lags[0], lags[(n - 1) * 99 / 100], lags[n - 1]);
-        eprintln!("term {term}: {n} fires, server time minus nominal min {min} / p99 {p99} / max {max} µs");
-        assert!(p99 <= 10_000, "term {term}: p99 {p99} µs");
-        assert!(max <= 50_000, "term {term}: max {max} µs");
+        eprintln!(
+            "term {term}: {n} fires, server time minus nominal min {min} / p99 {p99} / max {max} µs \
+             (this process's longest stall {stall} µs)"
+        );
+        assert!(p99 <= 10_000 + stall, "term {term}: p99 {p99} µs (stall {stall} µs)");
+        assert!(max <= 50_000 + stall, "term {term}: max {max} µs (stall {stall} µs)");
         assert!(min >= -2_000, "term {term}: a fire {min} µs early on the server's clock");
     }
     let events = skew_events(&js).await;
