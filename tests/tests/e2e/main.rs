@@ -14,6 +14,7 @@ mod deploy;
 mod docs;
 mod events;
 mod failover;
+mod intake_recovery;
 mod invariants;
 mod local;
 mod nemesis;
