@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use async_nats::jetstream::{
     self, AckKind,
-    consumer::{AckPolicy, PullConsumer, pull, pull::MessagesErrorKind},
+    consumer::{AckPolicy, PullConsumer, pull},
 };
 use futures::StreamExt;
 use jetsched_shared::backoff::Backoff;
@@ -27,12 +27,6 @@ use crate::tasks::TaskStore;
 /// last and starts over after a message.
 const PULL_RETRY_FIRST: Duration = Duration::from_millis(200);
 const PULL_RETRY_MAX: Duration = Duration::from_secs(5);
-/// Each pull asks the server for an idle heartbeat this often and expires after
-/// [`PULL_EXPIRES`]. A pull whose heartbeats stop (its request held by a consumer leader that
-/// died or was cut off, so no error ever reaches the client) is re-opened after two missed
-/// heartbeats instead of waiting out the expiry.
-const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
-const PULL_EXPIRES: Duration = Duration::from_secs(10);
 
 /// Creates (or binds to) the registry's durable consumer on the intake stream.
 pub(crate) async fn consumer(js: &jetstream::Context, names: &Names) -> anyhow::Result<PullConsumer> {
@@ -64,7 +58,12 @@ pub(crate) async fn run(
     metrics: Metrics,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut messages = open(&consumer).await.context("start pulling intake submissions")?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(64)
+        .messages()
+        .await
+        .context("start pulling intake submissions")?;
     // Pull errors (a server restarting, a cluster electing) are waited out, longer each time.
     let mut pause = Backoff::new(PULL_RETRY_FIRST, PULL_RETRY_MAX);
     loop {
@@ -78,28 +77,12 @@ pub(crate) async fn run(
                 pause.reset();
                 message
             }
-            Some(Err(error)) if error.kind() == MessagesErrorKind::MissingHeartbeat => {
-                tracing::warn!(%error, "intake pull went silent; re-opening it");
-                match reopen(&consumer, &mut pause, &shutdown).await {
-                    Some(reopened) => messages = reopened,
-                    None => return Ok(()),
-                }
-                continue;
-            }
             Some(Err(error)) => {
                 tracing::warn!(%error, "intake pull failed; continuing");
                 tokio::time::sleep(pause.next_delay()).await;
                 continue;
             }
-            // The pull ended (the server refused a request): open a new one.
-            None => {
-                tracing::warn!("intake pull ended; re-opening it");
-                match reopen(&consumer, &mut pause, &shutdown).await {
-                    Some(reopened) => messages = reopened,
-                    None => return Ok(()),
-                }
-                continue;
-            }
+            None => anyhow::bail!("intake message stream ended"),
         };
         let applying = apply(&store, &names, limits, &message);
         let outcome = match spans::submission(&message.subject, message.headers.as_ref()) {
@@ -125,37 +108,6 @@ pub(crate) async fn run(
         };
         if let Err(error) = message.ack_with(ack).await {
             tracing::warn!(%error, subject = %message.subject, "intake ack failed; the submission will be redelivered");
-        }
-    }
-}
-
-/// Opens a pull on the intake consumer with idle heartbeats.
-async fn open(consumer: &PullConsumer) -> anyhow::Result<pull::Stream> {
-    Ok(consumer
-        .stream()
-        .max_messages_per_batch(64)
-        .expires(PULL_EXPIRES)
-        .heartbeat(PULL_HEARTBEAT)
-        .messages()
-        .await?)
-}
-
-/// Opens a new pull, retrying with a growing pause until it succeeds; `None` on shutdown.
-async fn reopen(
-    consumer: &PullConsumer,
-    pause: &mut Backoff,
-    shutdown: &CancellationToken,
-) -> Option<pull::Stream> {
-    loop {
-        match open(consumer).await {
-            Ok(messages) => return Some(messages),
-            Err(error) => {
-                tracing::warn!(error = format!("{error:#}"), "re-opening the intake pull failed; retrying")
-            }
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            _ = tokio::time::sleep(pause.next_delay()) => {}
         }
     }
 }
