@@ -17,6 +17,7 @@ use opentelemetry::trace::TraceContextExt;
 use serde::Serialize;
 
 use crate::names::{self, Names};
+use crate::priority::Priority;
 use crate::spec::TaskSpec;
 use crate::trace;
 use crate::wire::{self, Trigger};
@@ -26,6 +27,7 @@ const NOMINAL_TIME: HeaderName = HeaderName::from_static(wire::HDR_NOMINAL_TIME)
 const EXECUTION_ID: HeaderName = HeaderName::from_static(wire::HDR_EXECUTION_ID);
 const LEADER_TERM: HeaderName = HeaderName::from_static(wire::HDR_LEADER_TERM);
 const TRIGGER: HeaderName = HeaderName::from_static(wire::HDR_TRIGGER);
+const PRIORITY: HeaderName = HeaderName::from_static(wire::HDR_PRIORITY);
 
 /// The task a dispatch runs.
 #[derive(Debug, Clone, Copy)]
@@ -36,12 +38,25 @@ pub struct Target<'a> {
     pub queue: &'a str,
     /// Revision of the spec in the tasks bucket.
     pub revision: u64,
+    /// The lane the run waits in (the spec's, or a trigger's or replay's override).
+    pub priority: Priority,
 }
 
 impl<'a> Target<'a> {
     /// The target of a spec stored at `revision`.
     pub fn of(spec: &'a TaskSpec, revision: u64) -> Target<'a> {
-        Target { namespace: &spec.namespace, task_id: &spec.id, queue: &spec.queue, revision }
+        Target {
+            namespace: &spec.namespace,
+            task_id: &spec.id,
+            queue: &spec.queue,
+            revision,
+            priority: spec.priority,
+        }
+    }
+
+    /// The same target in lane `priority` instead (a trigger's or replay's override).
+    pub fn with_priority(self, priority: Option<Priority>) -> Target<'a> {
+        Target { priority: priority.unwrap_or(self.priority), ..self }
     }
 }
 
@@ -82,7 +97,8 @@ pub enum SpecBody<'a> {
 /// A dispatch ready to publish: `js.send_publish(subject, message)`.
 #[derive(Debug, Clone)]
 pub struct DispatchMessage {
-    /// `jetsched.dispatch.<queue>.<namespace>.<task_id>`.
+    /// The lane's subject: `jetsched.dispatch.<queue>.<namespace>.<task_id>` for `normal`,
+    /// `jetsched.lane.<priority>.<queue>.<namespace>.<task_id>` for the others.
     pub subject: String,
     pub execution_id: String,
     pub nominal_time: DateTime<Utc>,
@@ -102,6 +118,7 @@ struct Head<'a> {
     trigger: Trigger,
     term: u64,
     revision: u64,
+    priority: Priority,
 }
 
 /// Room for the head of a body and the `"spec"` key: ids, times and numbers.
@@ -127,7 +144,7 @@ pub fn build_traced(
     spec: SpecBody<'_>,
     parent: Option<&opentelemetry::Context>,
 ) -> Result<DispatchMessage, serde_json::Error> {
-    let Target { namespace, task_id, queue, revision } = target;
+    let Target { namespace, task_id, queue, revision, priority } = target;
     let (nominal_time, term, execution_id, msg_id) = match origin {
         Origin::Scheduled { nominal_ms, term, .. } => {
             let msg_id = names::dispatch_msg_id(namespace, task_id, nominal_ms);
@@ -144,8 +161,16 @@ pub fn build_traced(
         }
     };
     let trigger = origin.trigger();
-    let head =
-        Head { execution_id: &execution_id, namespace, task_id, nominal_time, trigger, term, revision };
+    let head = Head {
+        execution_id: &execution_id,
+        namespace,
+        task_id,
+        nominal_time,
+        trigger,
+        term,
+        revision,
+        priority,
+    };
     let spec_len = match spec {
         SpecBody::Json(json) => json.len(),
         SpecBody::Spec(_) => 512,
@@ -167,6 +192,7 @@ pub fn build_traced(
     headers.insert(EXECUTION_ID, execution_id.as_str());
     headers.insert(LEADER_TERM, term.to_string());
     headers.insert(TRIGGER, trigger.as_str());
+    headers.insert(PRIORITY, priority.as_str());
     let trace_id = match parent.filter(|cx| cx.span().span_context().is_valid()) {
         Some(cx) => {
             trace::inject(cx, &mut headers);
@@ -181,7 +207,7 @@ pub fn build_traced(
         }
     };
     Ok(DispatchMessage {
-        subject: names.dispatch_subject(queue, namespace, task_id),
+        subject: names.lane_subject(queue, priority, namespace, task_id),
         execution_id,
         nominal_time,
         trace_id,
@@ -267,6 +293,8 @@ mod tests {
                 assert_eq!(header(&message, wire::HDR_EXECUTION_ID), Some(message.execution_id.clone()));
                 assert_eq!(header(&message, wire::HDR_LEADER_TERM), Some(term.to_string()));
                 assert_eq!(header(&message, wire::HDR_TRIGGER).as_deref(), Some(trigger.as_str()));
+                assert_eq!(header(&message, wire::HDR_PRIORITY).as_deref(), Some("normal"));
+                assert_eq!(decoded.priority, Priority::Normal);
                 assert_eq!(
                     header(&message, wire::HDR_NOMINAL_TIME),
                     Some(wire::format_time(from_ms(nominal_ms)))
@@ -309,5 +337,34 @@ mod tests {
         let (first, second) = (build(replay), build(replay));
         assert_ne!(first.execution_id, second.execution_id);
         assert_eq!(header(&first, "Nats-Msg-Id"), header(&second, "Nats-Msg-Id"));
+    }
+
+    #[test]
+    fn the_priority_picks_the_lane_and_travels_in_header_and_body() {
+        let names = Names::default();
+        let spec = TaskSpec::parse(SPEC).expect("valid spec");
+        let origin = Origin::Manual { at: Utc::now() };
+        for priority in Priority::ALL {
+            let target = Target::of(&spec, 1).with_priority(Some(priority));
+            let message = build(&names, target, origin, SpecBody::Json(SPEC)).unwrap();
+            assert_eq!(message.subject, names.lane_subject("q1", priority, "billing", "report"));
+            assert_eq!(header(&message, wire::HDR_PRIORITY).as_deref(), Some(priority.as_str()));
+            assert_eq!(body(&message).priority, priority);
+        }
+        assert_eq!(Target::of(&spec, 1).with_priority(None).priority, Priority::Normal);
+    }
+
+    #[test]
+    fn a_dispatch_from_before_priorities_is_normal() {
+        let names = Names::default();
+        let spec = TaskSpec::parse(SPEC).expect("valid spec");
+        let message =
+            build(&names, Target::of(&spec, 1), Origin::Manual { at: Utc::now() }, SpecBody::Json(SPEC))
+                .unwrap();
+        let outbound = message.message.clone().outbound_message(message.subject.clone());
+        let mut old: serde_json::Value = serde_json::from_slice(&outbound.payload).unwrap();
+        old.as_object_mut().unwrap().remove("priority");
+        let decoded: wire::Dispatch = serde_json::from_value(old).unwrap();
+        assert_eq!(decoded.priority, Priority::Normal);
     }
 }

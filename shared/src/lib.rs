@@ -12,6 +12,7 @@ pub mod events;
 pub(crate) mod field;
 pub mod names;
 pub mod presence;
+pub mod priority;
 pub mod schedule;
 pub mod service;
 pub mod shutdown;

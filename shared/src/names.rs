@@ -5,6 +5,7 @@
 //! several deployments can share a NATS account.
 
 use crate::error::{ApiError, ErrorCode};
+use crate::priority::Priority;
 
 /// The default prefix.
 pub const DEFAULT_PREFIX: &str = "jetsched";
@@ -177,6 +178,42 @@ impl Names {
         format!("{}.dispatch.>", self.prefix)
     }
 
+    /// The subject of a run of `priority` in `queue`: [`dispatch_subject`](Self::dispatch_subject)
+    /// for `normal` (the layout from before priorities), `jetsched.lane.<priority>.<queue>.<namespace>.<task_id>`
+    /// for the other lanes, which the `normal` consumer's filter does not match.
+    pub fn lane_subject(&self, queue: &str, priority: Priority, namespace: &str, task_id: &str) -> String {
+        match priority {
+            Priority::Normal => self.dispatch_subject(queue, namespace, task_id),
+            _ => format!("{}.lane.{priority}.{queue}.{namespace}.{task_id}", self.prefix),
+        }
+    }
+    /// The filter of one lane's consumer (`jetsched.dispatch.<queue>.>` for `normal`).
+    pub fn lane_filter(&self, queue: &str, priority: Priority) -> String {
+        match priority {
+            Priority::Normal => self.dispatch_queue_filter(queue),
+            _ => format!("{}.lane.{priority}.{queue}.>", self.prefix),
+        }
+    }
+    /// Every run of a lane other than `normal`: `jetsched.lane.>` (in the dispatch stream).
+    pub fn lanes_wildcard(&self) -> String {
+        format!("{}.lane.>", self.prefix)
+    }
+    /// Splits a dispatch subject of any lane into `(queue, priority, namespace, task_id)`.
+    pub fn parse_lane_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, Priority, &'a str, &'a str)> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix('.')?;
+        let (priority, rest) = match rest.strip_prefix("dispatch.") {
+            Some(rest) => (Priority::Normal, rest),
+            None => {
+                let (priority, rest) = rest.strip_prefix("lane.")?.split_once('.')?;
+                (Priority::parse(priority).filter(|p| *p != Priority::Normal)?, rest)
+            }
+        };
+        let mut tokens = rest.split('.');
+        let (queue, namespace, task_id) = (tokens.next()?, tokens.next()?, tokens.next()?);
+        let ok = tokens.next().is_none() && ![queue, namespace, task_id].contains(&"");
+        ok.then_some((queue, priority, namespace, task_id))
+    }
+
     /// `jetsched.dlq.<queue>.<namespace>.<task_id>`.
     pub fn dlq_subject(&self, queue: &str, namespace: &str, task_id: &str) -> String {
         format!("{}.dlq.{queue}.{namespace}.{task_id}", self.prefix)
@@ -315,6 +352,29 @@ impl Names {
     /// The queue a `workers-<queue>` consumer serves, or `None` for other consumers.
     pub fn queue_of_worker_consumer<'a>(&self, consumer: &'a str) -> Option<&'a str> {
         consumer.strip_prefix("workers-").filter(|q| !q.is_empty())
+    }
+    /// The durable pull consumer of one lane of a queue, shared by every worker replica:
+    /// [`worker_consumer`](Self::worker_consumer) for `normal`, `lane-<priority>-<queue>` for the
+    /// others (a queue name never starts with a priority and a dash after `lane-`, since the
+    /// `workers-` and `lane-` families are told apart by their first token).
+    pub fn lane_consumer(&self, queue: &str, priority: Priority) -> String {
+        match priority {
+            Priority::Normal => self.worker_consumer(queue),
+            _ => format!("lane-{priority}-{queue}"),
+        }
+    }
+    /// The `(queue, priority)` a worker consumer of any lane serves, or `None` for other consumers.
+    pub fn lane_of_worker_consumer<'a>(&self, consumer: &'a str) -> Option<(&'a str, Priority)> {
+        if let Some(rest) = consumer.strip_prefix("lane-") {
+            let (priority, queue) = rest.split_once('-')?;
+            let priority = Priority::parse(priority).filter(|p| *p != Priority::Normal)?;
+            return (!queue.is_empty()).then_some((queue, priority));
+        }
+        // The advisory consumer shares the `workers-` family but serves no queue.
+        (consumer != self.worker_advisory_consumer())
+            .then(|| self.queue_of_worker_consumer(consumer))
+            .flatten()
+            .map(|queue| (queue, Priority::Normal))
     }
     /// The workers' durable consumer of the max-deliveries advisories (advisories stream),
     /// shared by every worker replica: it moves crash-looping runs to the DLQ.
@@ -517,6 +577,24 @@ mod tests {
         assert_eq!(names.parse_pause_request_subject("acme.control.pause.ns"), None);
         assert_eq!(names.breaker_api_subject("reset"), "acme.api.breaker.reset");
         assert_eq!(names.delayed_subject("q", "e1"), "acme.delayed.q.e1");
+        for priority in Priority::ALL {
+            let subject = names.lane_subject("q", priority, "ns", "t");
+            assert_eq!(names.parse_lane_subject(&subject), Some(("q", priority, "ns", "t")));
+            let consumer = names.lane_consumer("q-x", priority);
+            assert_eq!(names.lane_of_worker_consumer(&consumer), Some(("q-x", priority)));
+            let filter = names.lane_filter("q", priority);
+            assert!(subject.starts_with(filter.trim_end_matches('>')), "{subject} in {filter}");
+            // No other lane's filter and no delayed subject overlaps it.
+            for other in Priority::ALL.into_iter().filter(|p| *p != priority) {
+                assert!(!subject.starts_with(names.lane_filter("q", other).trim_end_matches('>')));
+            }
+            assert!(!subject.starts_with(names.delayed_wildcard().trim_end_matches('>')));
+        }
+        assert_eq!(names.lane_subject("q", Priority::Low, "ns", "t"), "acme.lane.low.q.ns.t");
+        assert_eq!(names.lane_consumer("q", Priority::Critical), "lane-critical-q");
+        assert_eq!(names.lane_consumer("q", Priority::Normal), "workers-q");
+        assert_eq!(names.lane_of_worker_consumer("workers-max-deliveries"), None);
+        assert_eq!(names.parse_lane_subject("acme.lane.normal.q.ns.t"), None);
         assert_eq!(breaker_task_key("ns", "t"), "task.ns.t");
         assert_eq!(breaker_named_key("payments-api"), "key.payments-api");
         assert_eq!(BreakerKey::parse("task.ns.t"), Some(BreakerKey::Task("ns", "t")));

@@ -25,6 +25,7 @@ pub use self::executor::Executor;
 pub use self::retry::RetryPolicy;
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{self, Obj, Problems, err, format_duration, truncate_ms};
+pub use crate::priority::Priority;
 use crate::schedule::Schedule;
 
 /// A validated task spec. See the README, "The task spec".
@@ -39,6 +40,8 @@ pub struct TaskSpec {
     pub schedule: Schedule,
     /// `[A-Za-z0-9_-]{1,64}`; default `default`.
     pub queue: String,
+    /// The lane of the queue its runs wait in; default `normal`.
+    pub priority: Priority,
     pub executor: Executor,
     /// Per-attempt limit, `0 < timeout <= 24h`; default 5m.
     pub timeout: Duration,
@@ -118,6 +121,7 @@ const FIELDS: &[&str] = &[
     "namespace",
     "schedule",
     "queue",
+    "priority",
     "executor",
     "timeout",
     "retry",
@@ -203,6 +207,13 @@ const MISFIRE: &[(&str, MisfirePolicy)] = &[
     ("skip", MisfirePolicy::Skip),
     ("fire_once", MisfirePolicy::FireOnce),
     ("fire_all", MisfirePolicy::FireAll),
+];
+/// The spellings of [`Priority`] in a spec.
+const PRIORITY: &[(&str, Priority)] = &[
+    ("critical", Priority::Critical),
+    ("high", Priority::High),
+    ("normal", Priority::Normal),
+    ("low", Priority::Low),
 ];
 const OVERLAP: &[(&str, OverlapPolicy)] = &[
     ("allow", OverlapPolicy::Allow),
@@ -316,6 +327,7 @@ impl TaskSpec {
                 validate_name("queue", queue, 64).map(|()| queue)
             }))
             .unwrap_or("default");
+        let priority = problems.take_opt(choice(&obj, "priority", PRIORITY)).unwrap_or_default();
         let executor =
             problems.take(obj.required("executor")).and_then(|v| Executor::read(v, "executor", problems));
 
@@ -355,6 +367,7 @@ impl TaskSpec {
             namespace: namespace.to_owned(),
             schedule: schedule?,
             queue: queue.to_owned(),
+            priority,
             executor: executor?,
             timeout,
             retry: retry?,
@@ -433,7 +446,8 @@ impl TaskSpec {
         key.split_once('.') == Some((self.namespace.as_str(), self.id.as_str()))
     }
 
-    /// The canonical JSON form: every default filled in, durations as humantime strings,
+    /// The canonical JSON form: every default filled in (but `priority`, written only when it
+    /// is not `normal`, so specs stored before priorities keep their bytes), durations as humantime strings,
     /// instants as RFC 3339 UTC. `TaskSpec::parse_value(spec.to_json()) == Ok(spec)`.
     pub fn to_json(&self) -> Value {
         let mut v = json!({
@@ -460,6 +474,9 @@ impl TaskSpec {
                 j["max_random"] = Value::String(format_duration(max_random));
             }
             v["jitter"] = j;
+        }
+        if self.priority != Priority::Normal {
+            v["priority"] = Value::String(self.priority.as_str().to_owned());
         }
         if let Some(reason) = &self.paused_reason {
             v["paused_reason"] = Value::String(reason.clone());

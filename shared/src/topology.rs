@@ -215,7 +215,7 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
             allow_rollup: true,
             ..base(
                 names.dispatch_stream(),
-                vec![names.dispatch_wildcard(), names.delayed_wildcard()],
+                vec![names.dispatch_wildcard(), names.lanes_wildcard(), names.delayed_wildcard()],
                 "jetsched dispatched runs",
             )
         },

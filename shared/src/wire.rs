@@ -21,6 +21,8 @@ pub const HDR_EXECUTION_ID: &str = "Jetsched-Execution-Id";
 pub const HDR_LEADER_TERM: &str = "Jetsched-Leader-Term";
 /// `schedule`, `manual`, `catchup` or `replay`.
 pub const HDR_TRIGGER: &str = "Jetsched-Trigger";
+/// `critical`, `high`, `normal` or `low` on every dispatch (absent on older ones: `normal`).
+pub const HDR_PRIORITY: &str = "Jetsched-Priority";
 /// Attempt number on executor requests (1-based).
 pub const HDR_ATTEMPT: &str = "Jetsched-Attempt";
 

@@ -1,4 +1,4 @@
-//! Reads the alerter checks periodically: pending dispatches of each queue's consumer and the
+//! Reads the alerter checks periodically: pending dispatches of each queue's lanes and the
 //! depth of the dead-letter stream.
 
 use anyhow::Context;
@@ -8,7 +8,8 @@ use jetsched_shared::names::Names;
 
 use crate::rules::DlqState;
 
-/// `(queue, pending)` for every worker queue consumer on the dispatch stream.
+/// `(queue, pending)` for every queue with worker consumers on the dispatch stream, pending
+/// summed over its lanes.
 pub(crate) async fn queue_depths(
     js: &jetstream::Context,
     names: &Names,
@@ -17,15 +18,14 @@ pub(crate) async fn queue_depths(
     let stream = js.get_stream(&name).await.with_context(|| format!("look up {name}"))?;
     let infos: Vec<_> =
         stream.consumers().try_collect().await.with_context(|| format!("list consumers of {name}"))?;
-    let mut depths: Vec<(String, u64)> = infos
-        .into_iter()
-        .filter_map(|info| {
-            let queue = names.queue_of_worker_consumer(&info.name)?.to_string();
-            Some((queue, info.num_pending))
-        })
-        .collect();
-    depths.sort();
-    Ok(depths)
+    // A queue's backlog is the sum of its lanes (one consumer per priority).
+    let mut depths = std::collections::BTreeMap::<String, u64>::new();
+    for info in infos {
+        if let Some((queue, _)) = names.lane_of_worker_consumer(&info.name) {
+            *depths.entry(queue.to_string()).or_default() += info.num_pending;
+        }
+    }
+    Ok(depths.into_iter().collect())
 }
 
 /// Messages and bytes in the dead-letter stream, and its byte limit.

@@ -66,6 +66,8 @@ pub(crate) struct DlqRequest {
     pub(crate) rate: Option<u32>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) all: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) priority: Option<String>,
 }
 
 /// The registry's API over one NATS connection.

@@ -73,7 +73,12 @@ enum Command {
     /// Resume a paused task.
     Resume { task: String },
     /// Dispatch one run of a task now.
-    Trigger { task: String },
+    Trigger {
+        task: String,
+        /// The lane of this run (critical, high, normal, low) instead of the task's priority.
+        #[arg(long)]
+        priority: Option<String>,
+    },
     /// Preview the next fire times of a stored task, or of a spec file with --file.
     Next {
         task: Option<String>,
@@ -140,7 +145,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Rm { task } => control(&api, "delete", &task, "deleted", json_out).await,
         Command::Pause { task, reason } => pause(&api, &task, reason, json_out).await,
         Command::Resume { task } => control(&api, "resume", &task, "resumed", json_out).await,
-        Command::Trigger { task } => trigger(&api, &task, json_out).await,
+        Command::Trigger { task, priority } => trigger(&api, &task, priority, json_out).await,
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
         Command::Events(args) if args.namespace.is_some() => {
             crate::tenant::events(
@@ -195,9 +200,13 @@ async fn pause(api: &Api, task: &str, reason: Option<String>, json_out: bool) ->
     Ok(())
 }
 
-async fn trigger(api: &Api, task: &str, json_out: bool) -> Result<(), Failure> {
+async fn trigger(api: &Api, task: &str, priority: Option<String>, json_out: bool) -> Result<(), Failure> {
     let reference = task_ref(task);
-    let reply: Value = api.task_in("trigger", &reference.namespace, &reference).await?;
+    let mut body = serde_json::json!({ "namespace": reference.namespace, "id": reference.id });
+    if let Some(priority) = priority {
+        body["priority"] = Value::String(priority);
+    }
+    let reply: Value = api.task_in("trigger", &reference.namespace, &body).await?;
     let run: TriggerReply = serde_json::from_value(reply.clone()).context("trigger reply")?;
     done(json_out, &reply, &format!("{task} triggered: execution {}", run.execution_id));
     Ok(())

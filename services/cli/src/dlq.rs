@@ -31,6 +31,9 @@ pub(crate) enum DlqCommand {
         /// Entries replayed per second in a bulk replay.
         #[arg(long)]
         rate: Option<u32>,
+        /// The lane of the new runs (critical, high, normal, low) instead of each entry's own.
+        #[arg(long)]
+        priority: Option<String>,
     },
     /// Delete dead letters: one by sequence, every entry matching a filter, or --all.
     Purge {
@@ -133,8 +136,9 @@ pub(crate) async fn run(api: &Api, command: DlqCommand, json_out: bool) -> Resul
             output::pretty(&api.dlq::<Value>("get", &request).await?);
             Ok(())
         }
-        DlqCommand::Replay { sequence, filter, rate } => {
+        DlqCommand::Replay { sequence, filter, rate, priority } => {
             let mut request = filter.request();
+            request.priority = priority;
             match (sequence, filter.is_empty()) {
                 (Some(sequence), true) => request.sequence = Some(sequence),
                 (None, false) => request.rate = rate,

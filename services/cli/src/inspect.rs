@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::presence;
+use jetsched_shared::priority::Priority;
 use jetsched_shared::wire::{Event, EventKind, LeaderRecord, format_time};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -247,8 +248,17 @@ struct Status {
     /// Instances per role that answered the presence ping.
     replicas: BTreeMap<&'static str, Vec<String>>,
     queues: Vec<Queue>,
+    /// Each lane of each queue (one worker consumer per priority), most urgent first.
+    lanes: Vec<Lane>,
     dead_letters: Option<u64>,
     streams: Vec<StreamView>,
+}
+
+#[derive(Serialize)]
+struct Lane {
+    queue: String,
+    priority: Priority,
+    pending: u64,
 }
 
 async fn leader(js: &jetstream::Context, names: &Names) -> anyhow::Result<Option<Leader>> {
@@ -306,6 +316,7 @@ pub(crate) async fn status(
     }
 
     let mut queues = Vec::new();
+    let mut lanes = Vec::new();
     let mut streams = Vec::new();
     let stream_names = [
         names.intake_stream(),
@@ -332,6 +343,9 @@ pub(crate) async fn status(
             let mut consumers = stream.consumers();
             while let Some(consumer) = consumers.next().await {
                 let consumer = consumer.context("list dispatch consumers")?;
+                if let Some((queue, priority)) = names.lane_of_worker_consumer(&consumer.name) {
+                    lanes.push(Lane { queue: queue.to_string(), priority, pending: consumer.num_pending });
+                }
                 queues.push(Queue {
                     consumer: consumer.name,
                     pending: consumer.num_pending,
@@ -352,7 +366,8 @@ pub(crate) async fn status(
     // The lease last (the pings above take a while), so its renewal time is as fresh as it gets.
     let leader = leader(&js, names).await?;
     let read_at = Utc::now();
-    let report = Status { leader, replicas, queues, dead_letters, streams };
+    lanes.sort_by(|a: &Lane, b: &Lane| (&a.queue, a.priority).cmp(&(&b.queue, b.priority)));
+    let report = Status { leader, replicas, queues, lanes, dead_letters, streams };
     if json_out {
         output::pretty(&serde_json::to_value(&report).context("encode the status")?);
     } else {
@@ -391,6 +406,13 @@ fn print_status(report: &Status, now: DateTime<Utc>) {
         })
         .collect();
     output::table(&["QUEUE CONSUMER", "PENDING", "ACK PENDING", "REDELIVERED", "WAITING PULLS"], &rows);
+    println!();
+    let rows: Vec<Vec<String>> = report
+        .lanes
+        .iter()
+        .map(|l| vec![l.queue.clone(), l.priority.to_string(), l.pending.to_string()])
+        .collect();
+    output::table(&["QUEUE", "PRIORITY", "PENDING"], &rows);
     println!();
     let rows: Vec<Vec<String>> = report
         .streams

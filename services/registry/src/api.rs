@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::schedule::Schedule;
-use jetsched_shared::spec::{MAX_PAUSED_REASON, TaskSpec, validate_id};
+use jetsched_shared::spec::{MAX_PAUSED_REASON, Priority, TaskSpec, validate_id};
 use jetsched_shared::wire::{
     self, HDR_CREATE_ONLY, HDR_EXPECTED_REVISION, ListRequest, NextReply, NextRequest, TaskRef,
 };
@@ -100,7 +100,11 @@ pub enum ApiRequest {
         reason: Option<String>,
     },
     Resume(TaskRef),
-    Trigger(TaskRef),
+    /// `{"namespace", "id", "priority"?}`: the priority overrides the spec's for this run.
+    Trigger {
+        task: TaskRef,
+        priority: Option<Priority>,
+    },
     Next {
         source: NextSource,
         count: usize,
@@ -141,7 +145,7 @@ pub fn decode_request(
         Endpoint::Delete => ApiRequest::Delete(task_ref(payload)?),
         Endpoint::Pause => decode_pause(payload)?,
         Endpoint::Resume => ApiRequest::Resume(task_ref(payload)?),
-        Endpoint::Trigger => ApiRequest::Trigger(task_ref(payload)?),
+        Endpoint::Trigger => decode_trigger(payload)?,
         Endpoint::Next => decode_next(payload, limits, now)?,
         Endpoint::Dlq(endpoint) => {
             return Err(ApiError::new(
@@ -195,7 +199,9 @@ pub(crate) async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec
             encode(&store.pause(&task.namespace, &task.id, reason.as_deref()).await?)
         }
         ApiRequest::Resume(task) => encode(&store.resume(&task.namespace, &task.id).await?),
-        ApiRequest::Trigger(task) => encode(&store.trigger(&task.namespace, &task.id).await?),
+        ApiRequest::Trigger { task, priority } => {
+            encode(&store.trigger(&task.namespace, &task.id, priority).await?)
+        }
         ApiRequest::Next { source, count, after } => {
             let spec = match source {
                 NextSource::Inline(spec) => *spec,
@@ -271,6 +277,42 @@ struct PauseBody {
     id: String,
     #[serde(default)]
     reason: Option<String>,
+}
+
+/// The body of `trigger`: a task and an optional priority for this run.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TriggerBody {
+    #[serde(default = "default_namespace")]
+    namespace: String,
+    id: String,
+    #[serde(default)]
+    priority: Option<String>,
+}
+
+fn decode_trigger(payload: &[u8]) -> Result<ApiRequest, ApiErrors> {
+    let body: TriggerBody = decode(payload, false)?;
+    let mut problems = Vec::new();
+    problems.extend(validate_id("namespace", &body.namespace).err());
+    problems.extend(validate_id("id", &body.id).err());
+    let priority = priority_field(body.priority.as_deref());
+    if let Some(errors) = ApiErrors::from_vec(problems.into_iter().chain(priority.clone().err()).collect()) {
+        return Err(errors);
+    }
+    let task = TaskRef { namespace: body.namespace, id: body.id };
+    Ok(ApiRequest::Trigger { task, priority: priority.ok().flatten() })
+}
+
+/// An optional `priority` field of a request: `invalid_value` naming the choices otherwise.
+pub(crate) fn priority_field(text: Option<&str>) -> Result<Option<Priority>, ApiError> {
+    let Some(text) = text else { return Ok(None) };
+    Priority::parse(text).map(Some).ok_or_else(|| {
+        ApiError::at(
+            ErrorCode::InvalidValue,
+            "priority",
+            format!("{text:?} is not one of {}", Priority::names()),
+        )
+    })
 }
 
 fn default_namespace() -> String {

@@ -21,7 +21,7 @@ use async_nats::jetstream::{self, stream::RawMessageErrorKind};
 use jetsched_shared::dispatch::{self, DispatchMessage, Origin, SpecBody, Target};
 use jetsched_shared::error::{ApiError, ErrorCode};
 use jetsched_shared::names::Names;
-use jetsched_shared::spec::validate_id;
+use jetsched_shared::spec::{Priority, validate_id};
 use jetsched_shared::wire::DeadLetter;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -88,6 +88,9 @@ struct Request {
     /// Purge: everything.
     #[serde(default)]
     all: bool,
+    /// Replay: the lane of the new runs (default: each entry's own).
+    #[serde(default)]
+    priority: Option<String>,
 }
 
 impl Request {
@@ -177,7 +180,10 @@ impl DlqApi {
                 let payload = self.entry_in(sequence, scope).await?;
                 serde_json::to_value(Listed { sequence, entry: json_or_text(&payload) }).map_err(internal)?
             }
-            DlqEndpoint::Replay => self.replay(&request, scope, limit).await?,
+            DlqEndpoint::Replay => {
+                let priority = crate::api::priority_field(request.priority.as_deref())?;
+                self.replay(&request, priority, scope, limit).await?
+            }
             DlqEndpoint::Purge => self.purge(&request, scope).await?,
         };
         serde_json::to_vec(&reply).map_err(internal)
@@ -258,7 +264,13 @@ impl DlqApi {
         }
     }
 
-    async fn replay(&self, request: &Request, scope: Option<&str>, limit: usize) -> Result<Value, ApiError> {
+    async fn replay(
+        &self,
+        request: &Request,
+        priority: Option<Priority>,
+        scope: Option<&str>,
+        limit: usize,
+    ) -> Result<Value, ApiError> {
         let entries = match request.sequence {
             Some(sequence) => vec![(sequence, self.entry_in(sequence, scope).await?)],
             None if request.has_filter() => self.scan(request, 1, limit).await?.0,
@@ -284,7 +296,7 @@ impl DlqApi {
         let mut failed = Vec::new();
         for (sequence, payload) in entries {
             pace.tick().await;
-            match self.replay_one(&stream, sequence, &payload).await {
+            match self.replay_one(&stream, sequence, &payload, priority).await {
                 Ok(done) => replayed.push(done),
                 Err(error) if request.sequence.is_some() => return Err(error),
                 Err(error) => failed.push(NotReplayed { sequence, error: error.message }),
@@ -299,6 +311,7 @@ impl DlqApi {
         stream: &jetstream::stream::Stream,
         sequence: u64,
         payload: &[u8],
+        priority: Option<Priority>,
     ) -> Result<Replayed, ApiError> {
         let entry: DeadLetter = serde_json::from_slice(payload).map_err(|e| {
             ApiError::new(ErrorCode::BadRequest, format!("dead letter {sequence} cannot be replayed: {e}"))
@@ -317,6 +330,7 @@ impl DlqApi {
             task_id: &entry.task_id,
             queue: &spec.queue,
             revision: entry.revision,
+            priority: priority.unwrap_or(entry.priority),
         };
         let origin =
             Origin::Replay { nominal_time: entry.nominal_time, dead_execution_id: &entry.execution_id };

@@ -12,7 +12,7 @@ use jetsched_shared::dispatch::{self, DispatchMessage, Origin, SpecBody, Target}
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::events::EventSink;
 use jetsched_shared::names::{Names, breaker_task_key, task_key};
-use jetsched_shared::spec::TaskSpec;
+use jetsched_shared::spec::{Priority, TaskSpec};
 use jetsched_shared::wire::{
     BreakerRecord, DeleteReply, Event, EventKind, ListReply, ListRequest, TaskReply, Trigger, TriggerReply,
 };
@@ -385,8 +385,14 @@ impl TaskStore {
         }
     }
 
-    /// Dispatches one run of a task now (trigger = manual), with a fresh execution id.
-    pub async fn trigger(&self, namespace: &str, id: &str) -> Result<TriggerReply, ApiError> {
+    /// Dispatches one run of a task now (trigger = manual), with a fresh execution id, in the
+    /// lane of `priority` or else of the spec's.
+    pub async fn trigger(
+        &self,
+        namespace: &str,
+        id: &str,
+        priority: Option<Priority>,
+    ) -> Result<TriggerReply, ApiError> {
         crate::spans::task(namespace, id);
         let key = task_key(namespace, id);
         let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
@@ -397,7 +403,7 @@ impl TaskStore {
         let parent = crate::spans::dispatch_parent();
         let DispatchMessage { subject, execution_id, message, trace_id, .. } = dispatch::build_traced(
             &self.names,
-            Target::of(&spec, entry.revision),
+            Target::of(&spec, entry.revision).with_priority(priority),
             Origin::Manual { at: now },
             SpecBody::Json(&entry.value),
             parent.as_ref(),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use jetsched_shared::schedule::Schedule;
-use jetsched_shared::spec::{MisfirePolicy, OverlapPolicy, TaskSpec};
+use jetsched_shared::spec::{MisfirePolicy, OverlapPolicy, Priority, TaskSpec};
 
 /// What the scheduler keeps of one spec revision.
 #[derive(Debug)]
@@ -23,6 +23,8 @@ pub(crate) struct TaskInfo {
     pub(crate) ns_len: u16,
     /// Interned by [`Tasks::insert`]: a million tasks usually name a handful of queues.
     pub(crate) queue: Arc<str>,
+    /// The lane of the queue its fires are dispatched to.
+    pub(crate) priority: Priority,
     pub(crate) schedule: Schedule,
     pub(crate) misfire: MisfirePolicy,
     pub(crate) catchup_window: Duration,
@@ -57,6 +59,7 @@ impl TaskInfo {
             key: Arc::from(key),
             ns_len,
             queue: Arc::from(spec.queue),
+            priority: spec.priority,
             jitter_offset_ms,
             jitter_random_ms: spec.jitter.and_then(|j| j.max_random).map(ms).unwrap_or(0),
             schedule: spec.schedule,

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, parse_duration, validate_shared};
+use jetsched_shared::priority::PerPriority;
 use jetsched_shared::topology::TopologyArgs;
+
+pub use crate::lanes::policy::PolicyKind;
 
 /// The jetsched worker: pulls dispatched runs from the shared durable consumer of each queue
 /// it serves, executes them, retries with backoff and jitter, and dead-letters what cannot
@@ -75,7 +78,27 @@ pub struct Config {
     /// When the dead-letter stream refuses an entry (full), the run is retried after this delay.
     #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_DLQ_RETRY_DELAY", default_value = "30s", value_parser = parse_duration)]
     pub dlq_retry_delay: Duration,
+    /// Which lane of a queue a free permit pulls from: `weighted` (each lane with work gets a
+    /// share of the starts by its weight, none starves) or `strict` (the most urgent lane with work).
+    #[arg(help_heading = "Priorities", long, env = "JETSCHED_WORKER_PRIORITY_POLICY", value_enum, default_value_t = PolicyKind::Weighted)]
+    pub priority_policy: PolicyKind,
+    /// Weights of the lanes under the weighted policy (each at least 1; lanes not named keep
+    /// their default).
+    #[arg(
+        help_heading = "Priorities",
+        long,
+        env = "JETSCHED_WORKER_PRIORITY_WEIGHTS",
+        default_value = "critical=8,high=4,normal=2,low=1"
+    )]
+    pub priority_weights: String,
+    /// Permits of --concurrency kept for runs of a priority (or a more urgent one), so they
+    /// start even when other runs hold every other permit: `critical=4,high=2`.
+    #[arg(help_heading = "Priorities", long, env = "JETSCHED_WORKER_RESERVE", default_value = "")]
+    pub reserve: String,
 }
+
+/// The default weights of the weighted policy.
+pub const DEFAULT_WEIGHTS: PerPriority = PerPriority([8, 4, 2, 1]);
 
 /// When run records are first written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -131,7 +154,20 @@ impl Config {
             run_events: RunEvents::All,
             run_records: RunRecords::Eager,
             dlq_retry_delay: Duration::from_secs(30),
+            priority_policy: PolicyKind::Weighted,
+            priority_weights: DEFAULT_WEIGHTS.to_string(),
+            reserve: String::new(),
         }
+    }
+
+    /// The weights of the weighted policy (defaults where not valid: `validate` refuses those).
+    pub fn weights(&self) -> PerPriority {
+        PerPriority::parse_over(DEFAULT_WEIGHTS, &self.priority_weights).unwrap_or(DEFAULT_WEIGHTS)
+    }
+
+    /// The reserved permits per priority (none where not valid: `validate` refuses those).
+    pub fn reserve(&self) -> PerPriority {
+        PerPriority::parse_over(PerPriority::default(), &self.reserve).unwrap_or_default()
     }
 
     /// The progress-ack period: the configured one or a third of `ack_wait`.
@@ -159,6 +195,34 @@ impl Config {
         problems.positive("shutdown-grace", self.shutdown_grace);
         problems.at_least_duration("pull-expires", self.pull_expires, Duration::from_millis(100));
         problems.positive("dlq-retry-delay", self.dlq_retry_delay);
+        match PerPriority::parse_over(DEFAULT_WEIGHTS, &self.priority_weights) {
+            Ok(weights) => {
+                let ok = weights.0.iter().all(|w| *w >= 1);
+                problems.check(ok, "priority-weights", &self.priority_weights, "every weight is at least 1");
+            }
+            Err(errors) => {
+                for error in errors {
+                    problems.push("priority-weights", &self.priority_weights, error);
+                }
+            }
+        }
+        match PerPriority::parse_over(PerPriority::default(), &self.reserve) {
+            Ok(reserve) => problems.check(
+                reserve.total() == 0 || reserve.total() < self.concurrency,
+                "reserve",
+                &self.reserve,
+                format!(
+                    "reserved permits ({}) must leave one of --concurrency ({}) unreserved",
+                    reserve.total(),
+                    self.concurrency
+                ),
+            ),
+            Err(errors) => {
+                for error in errors {
+                    problems.push("reserve", &self.reserve, error);
+                }
+            }
+        }
         problems.finish::<Config>()
     }
 }
@@ -194,6 +258,42 @@ mod tests {
         let text = error.to_string();
         assert!(text.contains("--queue (JETSCHED_WORKER_QUEUES) = \"a.b\""), "{text}");
         assert!(text.contains("--progress-interval (JETSCHED_WORKER_PROGRESS_INTERVAL) = 5s"), "{text}");
+    }
+
+    #[test]
+    fn priority_settings_are_validated_together() {
+        let config = Config::parse_from(["jetsched-worker"]);
+        assert_eq!((config.priority_policy, config.weights()), (PolicyKind::Weighted, DEFAULT_WEIGHTS));
+        assert_eq!(config.reserve(), PerPriority::default());
+        let config = Config::parse_from([
+            "jetsched-worker",
+            "--priority-policy",
+            "strict",
+            "--priority-weights",
+            "low=3",
+            "--reserve",
+            "critical=4,high=2",
+            "--concurrency",
+            "7",
+        ]);
+        config.validate().unwrap();
+        assert_eq!(config.weights(), PerPriority([8, 4, 2, 3]));
+        assert_eq!(config.reserve(), PerPriority([4, 2, 0, 0]));
+        let config = Config::parse_from([
+            "jetsched-worker",
+            "--priority-weights",
+            "urgent=2,low=0",
+            "--reserve",
+            "critical=4,high=2",
+            "--concurrency",
+            "6",
+        ]);
+        let error = config.validate().unwrap_err();
+        let flags: Vec<&str> = error.problems().map(|p| p.flag.as_str()).collect();
+        assert_eq!(flags, ["priority-weights", "reserve"], "{error}");
+        let text = error.to_string();
+        assert!(text.contains("JETSCHED_WORKER_PRIORITY_WEIGHTS"), "{text}");
+        assert!(text.contains("JETSCHED_WORKER_RESERVE"), "{text}");
     }
 
     #[test]

@@ -32,11 +32,6 @@ const EVENT_RETRY_FOR: Duration = Duration::from_secs(15);
 pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Message) {
     let (attempt, sequence) = match message.info() {
         Ok(info) => {
-            shared
-                .metrics
-                .queue_depth
-                .with_label_values(&[queue])
-                .set(i64::try_from(info.pending).unwrap_or(i64::MAX));
             // A run delayed by its breaker is a new message: it carries the attempts before.
             let spent = header_count(message.headers.as_ref(), HDR_ATTEMPTS_SPENT);
             let delivered = u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1);

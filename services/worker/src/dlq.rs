@@ -12,6 +12,7 @@ use futures::StreamExt;
 use jetsched_shared::backoff::Backoff;
 use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::{Names, dead_letter_msg_id, task_key};
+use jetsched_shared::priority::Priority;
 use jetsched_shared::wire::{
     Dispatch, Event, EventKind, HDR_EXECUTION_ID, HDR_NOMINAL_TIME, HDR_TASK, Trigger, format_time,
 };
@@ -262,11 +263,13 @@ pub(crate) fn undecodable(
     worker: &str,
     sequence: u64,
 ) -> DeadLetter {
-    let prefix = names.dispatch_wildcard();
-    let prefix = prefix.trim_end_matches('>');
-    let mut tokens = subject.strip_prefix(prefix).unwrap_or(subject).splitn(3, '.');
-    let mut next = || tokens.next().filter(|t| !t.is_empty()).unwrap_or("unknown").to_string();
-    let (queue, namespace, task_id) = (next(), next(), next());
+    let unknown = || "unknown".to_string();
+    let (queue, priority, namespace, task_id) = match names.parse_lane_subject(subject) {
+        Some((queue, priority, namespace, task_id)) => {
+            (queue.to_string(), priority, namespace.to_string(), task_id.to_string())
+        }
+        None => (unknown(), Priority::Normal, unknown(), unknown()),
+    };
     DeadLetter {
         execution_id: format!("undecodable-{sequence}"),
         namespace,
@@ -285,6 +288,7 @@ pub(crate) fn undecodable(
         attempts: Vec::new(),
         dispatch_sequence: sequence,
         trace_id: None,
+        priority,
     }
 }
 
@@ -308,6 +312,9 @@ mod tests {
         let json = serde_json::to_value(&entry).unwrap();
         assert_eq!(json["source"], "undecodable");
         assert!(json.get("spec").is_none(), "{json}");
+        let subject = names.lane_subject("q1", Priority::High, "billing", "report");
+        let entry = undecodable(&names, &subject, b"{not json", &error, "w1", 43);
+        assert_eq!((entry.queue.as_str(), entry.priority), ("q1", Priority::High));
     }
 
     #[test]

@@ -201,7 +201,11 @@ impl Delivery<'_> {
             shared.breakers.run_ended(self.dispatch, failed).await;
         }
         if let Some(counted) = plan.counted {
-            shared.metrics.runs.with_label_values(&[self.queue, counted]).inc();
+            shared
+                .metrics
+                .runs
+                .with_label_values(&[self.queue, counted, self.dispatch.priority.as_str()])
+                .inc();
         }
         let mut reason = reason;
         if let Some(kind) = plan.event {

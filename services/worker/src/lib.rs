@@ -23,12 +23,13 @@ mod delivery;
 pub mod dlq;
 mod ending;
 mod executor;
+mod lanes;
 mod metrics;
 mod retry;
 pub mod runs;
 mod service;
 mod spans;
 
-pub use config::{Config, DEFAULT_ADMIN_ADDR, RunEvents, RunRecords};
+pub use config::{Config, DEFAULT_ADMIN_ADDR, DEFAULT_WEIGHTS, PolicyKind, RunEvents, RunRecords};
 pub use executor::{Handler, Handlers, Outcome, RunContext};
-pub use service::{Worker, build, ensure_queue_consumer};
+pub use service::{Worker, build, ensure_lane_consumer, ensure_queue_consumer};

@@ -4,7 +4,7 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Reg
 
 #[derive(Clone)]
 pub(crate) struct Metrics {
-    /// `jetsched_worker_runs_total{queue, outcome}`: attempts by verdict — `succeeded`,
+    /// `jetsched_worker_runs_total{queue, outcome, priority}`: attempts by verdict — `succeeded`,
     /// `retried`, `failed` (dead-lettered), `interrupted` (handed back at shutdown), and
     /// `duplicate` (a redelivery of a run that already succeeded, acked without running).
     pub(crate) runs: IntCounterVec,
@@ -23,9 +23,15 @@ pub(crate) struct Metrics {
     pub(crate) dlq_rejected: prometheus::IntCounter,
     /// `jetsched_dlq_depth`: messages in the DLQ stream, as last seen by this worker.
     pub(crate) dlq_depth: IntGauge,
-    /// `jetsched_queue_depth{queue}`: dispatches waiting for the queue's consumer, as
-    /// reported with the latest delivery (no polling).
+    /// `jetsched_queue_depth{queue}`: dispatches waiting in the queue's lanes, as reported
+    /// with their latest deliveries (no polling).
     pub(crate) queue_depth: prometheus::IntGaugeVec,
+    /// `jetsched_lane_depth{queue, priority}`: dispatches waiting in one lane, as reported with
+    /// its latest delivery (0 once a pull finds it empty).
+    pub(crate) lane_depth: prometheus::IntGaugeVec,
+    /// `jetsched_worker_wait_seconds{queue, priority}`: from the dispatch being stored to its
+    /// run starting here.
+    pub(crate) wait: HistogramVec,
     /// `jetsched_worker_errors_total{what}`: NATS errors handled without a verdict (pull,
     /// ack, run record, advisory). Events given up are counted by the event publisher
     /// (`jetsched_events_failed_total`).
@@ -42,7 +48,7 @@ impl Metrics {
     pub(crate) fn register(registry: &Registry) -> anyhow::Result<Metrics> {
         let runs = IntCounterVec::new(
             Opts::new("jetsched_worker_runs_total", "Run attempts by queue and verdict"),
-            &["queue", "outcome"],
+            &["queue", "outcome", "priority"],
         )?;
         let duration = HistogramVec::new(
             HistogramOpts::new("jetsched_worker_run_duration_seconds", "Duration of run attempts").buckets(
@@ -90,7 +96,21 @@ impl Metrics {
         )?;
         registry.register(Box::new(breaker_state.clone()))?;
         registry.register(Box::new(short_circuited.clone()))?;
+        let lane_depth = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "jetsched_lane_depth",
+                "Dispatches waiting in one lane of a queue, as of its latest delivery",
+            ),
+            &["queue", "priority"],
+        )?;
+        let wait = HistogramVec::new(
+            HistogramOpts::new("jetsched_worker_wait_seconds", "From dispatch to the start of the run")
+                .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0]),
+            &["queue", "priority"],
+        )?;
         registry.register(Box::new(queue_depth.clone()))?;
+        registry.register(Box::new(lane_depth.clone()))?;
+        registry.register(Box::new(wait.clone()))?;
         registry.register(Box::new(runs.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(retries.clone()))?;
@@ -110,6 +130,8 @@ impl Metrics {
             dlq_rejected,
             dlq_depth,
             queue_depth,
+            lane_depth,
+            wait,
             errors,
             breaker_state,
             short_circuited,

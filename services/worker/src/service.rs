@@ -12,6 +12,7 @@ use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::Names;
 use jetsched_shared::presence;
+use jetsched_shared::priority::{PerPriority, Priority};
 use jetsched_shared::service::{Base, Role};
 use prometheus::Registry as MetricsRegistry;
 use tokio::sync::Semaphore;
@@ -19,10 +20,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::breaker::Breakers;
+use crate::config::PolicyKind;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
-use crate::consumer::{Pull, Shared, run_queue};
+use crate::consumer::Shared;
 use crate::dlq::{DeadLetters, Mover, advisory_consumer};
 use crate::executor::{Executors, Handlers, http::HttpExecutor, nats::NatsExecutor, shell::ShellExecutor};
+use crate::lanes::policy::{Policy, Reserve};
+use crate::lanes::{LanePulls, run_lanes};
 use crate::metrics::Metrics;
 use crate::runs::RunStore;
 
@@ -34,31 +38,48 @@ pub struct Worker {
     shared: Arc<Shared>,
     /// The breakers watch, loaded in `build`.
     breakers_watch: async_nats::jetstream::kv::Watch,
-    queues: Vec<(String, PullConsumer)>,
+    /// Each queue with its lanes' consumers, most urgent first.
+    queues: Vec<(String, Vec<(Priority, PullConsumer)>)>,
     advisories: PullConsumer,
     mover: Mover,
     admin: AdminServer,
     concurrency: usize,
     pull_expires: Duration,
     grace: Duration,
+    policy: PolicyKind,
+    weights: PerPriority,
+    reserve: PerPriority,
 }
 
-/// The durable pull consumer of `queue`, shared by every worker replica (created or converged).
+/// The durable pull consumer of `queue`'s `normal` lane, shared by every worker replica
+/// (created or converged).
 pub async fn ensure_queue_consumer(
     js: &jetstream::Context,
     names: &Names,
     queue: &str,
     config: &Config,
 ) -> anyhow::Result<PullConsumer> {
-    let name = names.worker_consumer(queue);
+    ensure_lane_consumer(js, names, queue, Priority::Normal, config).await
+}
+
+/// The durable pull consumer of one lane of `queue`, shared by every worker replica (created
+/// or converged).
+pub async fn ensure_lane_consumer(
+    js: &jetstream::Context,
+    names: &Names,
+    queue: &str,
+    priority: Priority,
+    config: &Config,
+) -> anyhow::Result<PullConsumer> {
+    let name = names.lane_consumer(queue, priority);
     let stream_name = names.dispatch_stream();
     let stream =
         js.get_stream(&stream_name).await.with_context(|| format!("look up stream {stream_name}"))?;
     stream
         .create_consumer(jetstream::consumer::pull::Config {
             durable_name: Some(name.clone()),
-            description: Some(format!("jetsched workers of queue {queue}")),
-            filter_subject: names.dispatch_queue_filter(queue),
+            description: Some(format!("jetsched workers of queue {queue}, lane {priority}")),
+            filter_subject: names.lane_filter(queue, priority),
             ack_policy: jetstream::consumer::AckPolicy::Explicit,
             ack_wait: config.ack_wait,
             max_ack_pending: config.max_ack_pending,
@@ -87,7 +108,11 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
 
     let mut queues = Vec::new();
     for queue in &config.queues {
-        queues.push((queue.clone(), ensure_queue_consumer(&js, &names, queue, &config).await?));
+        let mut lanes = Vec::new();
+        for priority in Priority::ALL {
+            lanes.push((priority, ensure_lane_consumer(&js, &names, queue, priority, &config).await?));
+        }
+        queues.push((queue.clone(), lanes));
     }
     let advisories = advisory_consumer(&js, &names).await?;
     readiness.set("consumers", true);
@@ -169,6 +194,9 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         concurrency: config.concurrency,
         pull_expires: config.pull_expires,
         grace: config.shutdown_grace,
+        policy: config.priority_policy,
+        weights: config.weights(),
+        reserve: config.reserve(),
     })
 }
 
@@ -192,6 +220,9 @@ impl Worker {
             concurrency,
             pull_expires,
             grace,
+            policy,
+            weights,
+            reserve,
         } = self;
         let background = TaskTracker::new();
         let admin_stop = CancellationToken::new();
@@ -207,9 +238,19 @@ impl Worker {
         let mut loops = tokio::task::JoinSet::new();
         // An idle queue's long poll holds at most its share of the permits.
         let max_batch = (concurrency / queues.len().max(1)).max(1);
-        for (queue, consumer) in queues {
-            let pull = Pull { queue, consumer, max_batch, expires: pull_expires };
-            loops.spawn(run_queue(shared.clone(), pull, permits.clone(), runs.clone(), shutdown.clone()));
+        let frees = Arc::new(tokio::sync::watch::Sender::new(0u64));
+        for (queue, consumers) in queues {
+            let pulls = LanePulls {
+                queue,
+                consumers,
+                max_batch,
+                expires: pull_expires,
+                policy: Policy::new(policy, weights),
+                reserve: Reserve(reserve),
+                progress_interval: shared.progress_interval,
+            };
+            let (permits, frees, runs) = (permits.clone(), frees.clone(), runs.clone());
+            loops.spawn(run_lanes(shared.clone(), pulls, permits, frees, runs, shutdown.clone()));
         }
         shutdown.cancelled().await;
         tracing::info!(in_flight = shared.metrics.in_flight.get(), "shutting down: no more pulls");

@@ -22,8 +22,8 @@ use serde_json::Value;
 use super::executor::{check_header, parse_method, validate_handler_name, validate_subject, validate_url};
 use super::{
     BreakerSpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, MAX_LABELS, MAX_TIMEOUT, MISFIRE,
-    OVERLAP, RetryPolicy, TaskSpec, check_label, check_pause_after_failures, check_paused_reason, lookup,
-    read_jitter, validate_id, validate_name,
+    OVERLAP, PRIORITY, RetryPolicy, TaskSpec, check_label, check_pause_after_failures, check_paused_reason,
+    lookup, read_jitter, validate_id, validate_name,
 };
 use crate::field::{Problems, parse_duration, parse_instant};
 use crate::schedule::{CronSchedule, Schedule, check_interval};
@@ -42,6 +42,8 @@ struct Doc<'a> {
     schedule: Option<Object<ScheduleDoc<'a>>>,
     #[serde(borrow)]
     queue: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    priority: Option<Cow<'a, str>>,
     #[serde(borrow)]
     executor: Option<Object<ExecutorDoc<'a>>>,
     #[serde(borrow)]
@@ -229,6 +231,10 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
     let schedule = schedule(doc.schedule?.0)?;
     let queue = doc.queue.unwrap_or(Cow::Borrowed("default"));
     validate_name("queue", &queue, 64).ok()?;
+    let priority = match doc.priority {
+        Some(text) => lookup(&text, PRIORITY)?,
+        None => Default::default(),
+    };
     let executor = executor(doc.executor?.0)?;
     let duration = |field: &str, text: Option<Cow<'_, str>>| match text {
         None => Some(None),
@@ -280,6 +286,7 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         namespace: namespace.into_owned(),
         schedule,
         queue: queue.into_owned(),
+        priority,
         executor,
         timeout,
         retry,

@@ -849,6 +849,7 @@ const FIELDS_FOR_TESTS: &[(&str, &[&str], &[&str])] = &[
         ],
     ),
     ("queue", &["", "\"q\"", "null"], &["\"q.x\"", "true", "\"\""]),
+    ("priority", &["", "\"critical\"", "\"low\"", "\"normal\"", "null"], &["\"urgent\"", "\"High\"", "1"]),
     (
         "executor",
         &[
@@ -1319,4 +1320,20 @@ fn breaker_defaults_canonical_form_and_bucket_key() {
     let paused = TaskSpec::parse(&patched(json!({"paused": true, "paused_reason": "maintenance"}))).unwrap();
     assert_eq!(paused.paused_reason.as_deref(), Some("maintenance"));
     assert_eq!(TaskSpec::parse_value(paused.to_json()).unwrap(), paused);
+}
+
+#[test]
+fn priority_defaults_to_normal_and_is_validated() {
+    let base = r#"{"id": "t1", "schedule": {"every": "1m"}, "executor": {"kind": "nats", "subject": "s"}"#;
+    let spec = TaskSpec::parse(format!("{base}}}").as_bytes()).unwrap();
+    assert_eq!(spec.priority, Priority::Normal);
+    assert!(spec.to_json().get("priority").is_none(), "normal is not written");
+    let spec = TaskSpec::parse(format!(r#"{base}, "priority": "critical"}}"#).as_bytes()).unwrap();
+    assert_eq!(spec.priority, Priority::Critical);
+    assert_eq!(spec.to_json()["priority"], "critical");
+    assert_eq!(TaskSpec::parse_value(spec.to_json()).unwrap(), spec);
+    let errors =
+        TaskSpec::parse(format!(r#"{base}, "priority": "urgent", "queue": "a.b"}}"#).as_bytes()).unwrap_err();
+    let fields: Vec<_> = errors.as_slice().iter().map(|e| e.field.clone().unwrap_or_default()).collect();
+    assert_eq!(fields, ["queue", "priority"], "{errors:?}");
 }

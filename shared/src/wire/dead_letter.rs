@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::{AttemptRecord, Dispatch, RunRecord, Trigger, millis};
+use crate::priority::Priority;
 use crate::spec::TaskSpec;
 
 /// How a run reached the dead-letter stream.
@@ -62,6 +63,10 @@ pub struct DeadLetter {
     /// Trace id of the execution (32 hex digits), from the dispatch's `traceparent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// The lane the run was dispatched to (a replay keeps it unless asked otherwise); `normal`
+    /// for entries stored before priorities.
+    #[serde(default)]
+    pub priority: Priority,
 }
 
 impl DeadLetter {
@@ -92,6 +97,7 @@ impl DeadLetter {
             attempts: record.map(|r| r.attempts.clone()).unwrap_or_default(),
             dispatch_sequence: sequence,
             trace_id: dispatch.trace_id.clone().or_else(|| record.and_then(|r| r.trace_id.clone())),
+            priority: dispatch.priority,
         }
     }
 }

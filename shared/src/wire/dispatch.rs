@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::millis;
+use crate::priority::Priority;
 use crate::spec::TaskSpec;
 
 /// Why a run was dispatched.
@@ -41,6 +42,9 @@ pub struct Dispatch {
     pub term: u64,
     /// Revision of the spec in `TASKS` this snapshot comes from.
     pub revision: u64,
+    /// The lane the run was dispatched to; `normal` for dispatches sent before priorities.
+    #[serde(default)]
+    pub priority: Priority,
     pub spec: TaskSpec,
     /// Trace id of the execution (32 hex digits): not part of the body, filled in by the
     /// receiver from the message's `traceparent` header.

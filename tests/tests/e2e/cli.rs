@@ -314,6 +314,7 @@ async fn dlq_subcommands_list_show_replay_and_purge() {
             revision: 1,
             spec: Some(spec(ns, id)),
             raw_dispatch: None,
+            priority: Default::default(),
             reason: "retries exhausted: HTTP 503".into(),
             source: DeadLetterSource::Verdict,
             dead_at: now,

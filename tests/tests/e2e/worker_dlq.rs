@@ -82,7 +82,7 @@ async fn worker_dead_letters_exhausted_and_permanent_failures_with_their_history
     let metrics = worker.metrics().await;
     for line in [
         r#"jetsched_worker_dead_letters_total{source="verdict"} 3"#,
-        r#"jetsched_worker_runs_total{outcome="failed",queue="default"} 3"#,
+        r#"jetsched_worker_runs_total{outcome="failed",priority="normal",queue="default"} 3"#,
         "jetsched_events_failed_total 0",
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");

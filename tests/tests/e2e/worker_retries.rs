@@ -67,8 +67,8 @@ async fn worker_retries_with_backoff_and_jitter_then_succeeds() {
     assert!(dead_letters(&js, &names).await.is_empty());
     let metrics = worker.metrics().await;
     for line in [
-        r#"jetsched_worker_runs_total{outcome="retried",queue="default"} 2"#,
-        r#"jetsched_worker_runs_total{outcome="succeeded",queue="default"} 1"#,
+        r#"jetsched_worker_runs_total{outcome="retried",priority="normal",queue="default"} 2"#,
+        r#"jetsched_worker_runs_total{outcome="succeeded",priority="normal",queue="default"} 1"#,
         r#"jetsched_worker_retries_total{queue="default"} 2"#,
         "jetsched_worker_runs_in_flight 0",
         r#"jetsched_queue_depth{queue="default"} 0"#,

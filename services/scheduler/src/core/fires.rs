@@ -70,6 +70,7 @@ impl Core {
                 task_id: info.task_id(),
                 queue: &info.queue,
                 revision: info.revision,
+                priority: info.priority,
             };
             let catchup = fire.trigger == Trigger::Catchup;
             let origin = Origin::Scheduled { nominal_ms: fire.nominal_ms, term, catchup };

@@ -48,7 +48,8 @@ impl Delivery<'_> {
             Ok(skipped) => {
                 if skipped {
                     shared.metrics.short_circuited.with_label_values(&[&gate.key, "skip"]).inc();
-                    shared.metrics.runs.with_label_values(&[self.queue, "skipped"]).inc();
+                    let priority = self.dispatch.priority.as_str();
+                    shared.metrics.runs.with_label_values(&[self.queue, "skipped", priority]).inc();
                     tracing::info!(key = gate.key, "breaker open: run skipped");
                     let mut event = self.event(EventKind::RunSkipped, self.attempt);
                     event.reason = Some(breaker_reason::BREAKER_OPEN.to_string());

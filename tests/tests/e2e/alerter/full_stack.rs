@@ -107,7 +107,10 @@ async fn full_stack_failures_and_failover_alert_and_show_in_every_services_metri
     );
     let text = worker.metrics().await;
     assert!(
-        metric_value(&text, "jetsched_worker_runs_total{outcome=\"failed\",queue=\"default\"}") >= Some(1.0),
+        metric_value(
+            &text,
+            "jetsched_worker_runs_total{outcome=\"failed\",priority=\"normal\",queue=\"default\"}"
+        ) >= Some(1.0),
         "{text}"
     );
     assert!(
