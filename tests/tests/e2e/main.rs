@@ -18,6 +18,7 @@ mod intake_recovery;
 mod invariants;
 mod local;
 mod nemesis;
+mod priorities;
 mod registry;
 mod scheduler;
 mod tenants;
