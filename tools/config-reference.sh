@@ -15,7 +15,7 @@ out="${2:-deploy/CONFIGURATION.md}"
     echo "settings are the same in every service (give every service the same topology values)."
     echo "Every binary checks all its settings before it connects: when some are invalid it lists"
     echo "each problem (flag, variable, value, rule) on stderr and exits with status 2."
-    for name in jetsched-registry jetsched-scheduler jetsched-worker jetsched-alerter jetsched; do
+    for name in jetsched-registry jetsched-scheduler jetsched-worker jetsched-alerter jetsched-console jetsched; do
         echo
         echo "## \`$name\`"
         echo
