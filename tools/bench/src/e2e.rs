@@ -141,7 +141,11 @@ fn dispatches(runs: usize) -> anyhow::Result<Vec<Prepared>> {
 }
 
 /// Publishes `messages` to `subject` with their ids, `WINDOW` in flight.
-async fn publish_all(js: &jetstream::Context, subject: &str, messages: &[Prepared]) -> anyhow::Result<()> {
+pub(crate) async fn publish_all(
+    js: &jetstream::Context,
+    subject: &str,
+    messages: &[Prepared],
+) -> anyhow::Result<()> {
     let mut pending = std::collections::VecDeque::with_capacity(WINDOW);
     for message in messages {
         pending.push_back(js.send_publish(subject.to_string(), message.clone()).await?);

@@ -5,6 +5,7 @@
 mod breakers;
 mod e2e;
 mod failover;
+mod priority;
 mod raw;
 mod registry;
 mod scheduler;
@@ -45,6 +46,8 @@ enum Scenario {
     /// No-op runs behind a closed circuit breaker against none (A/B rounds), and the time from
     /// a breaker's threshold crossed to the last call of a failing task, over many trials.
     Breakers(breakers::Args),
+    /// A critical stream behind a low backlog, against the same load on one lane (A/B rounds).
+    Priority(priority::Args),
     /// Leader kill -9 to the next dispatch, over repeated kills of real scheduler processes.
     Failover(failover::Args),
     /// Graceful leader stop during steady firing; a warm follower takes over: fire lag around it.
@@ -194,6 +197,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::E2e(args) => e2e::run(args).await?,
         Scenario::Breakers(args) => breakers::run(args).await?,
         Scenario::Failover(args) => failover::run(args).await?,
+        Scenario::Priority(args) => priority::run(args).await?,
         Scenario::Handover(args) => scheduler::handover(args).await?,
         Scenario::Scale(args) => scheduler::scale(args).await?,
         Scenario::Soak(args) => soak::run(args).await?,
