@@ -10,7 +10,7 @@
 //! empty (every run acked).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -74,16 +74,21 @@ impl Setup {
     }
 }
 
-/// Publish instants and start instants of the critical runs, by execution id.
+/// Publish instants (and whether the backlog was still being published then) and start
+/// instants of the critical runs, by execution id.
 #[derive(Default)]
 struct Critical {
-    sent: HashMap<String, Instant>,
+    sent: HashMap<String, (Instant, bool)>,
     started: HashMap<String, Instant>,
 }
 
 /// One phase's figures.
 struct Phase {
     waits: Figures,
+    /// Of the critical runs sent while the backlog was still being published.
+    during_publish: Figures,
+    /// Of the critical runs sent after the whole backlog was stored.
+    after_publish: Figures,
     runs: usize,
     runs_per_second: f64,
 }
@@ -99,15 +104,19 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         for setup in [Setup::Lanes, Setup::OneLane] {
             let prefix = format!("prio{round}{}", if setup == Setup::Lanes { "l" } else { "n" });
             let phase = measure(&js, &server.url(), &args, setup, &prefix).await?;
-            let w = &phase.waits;
+            let (w, d, a) = (&phase.waits, &phase.during_publish, &phase.after_publish);
             eprintln!(
-                "priority round {round}, {}: {:.0} runs/s; critical wait p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} runs)",
+                "priority round {round}, {}: {:.0} runs/s; critical wait p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} runs); p99 while the backlog was published {:.1} ms ({} runs), after {:.1} ms ({} runs)",
                 setup.label(),
                 phase.runs_per_second,
                 w.p50_ms,
                 w.p99_ms,
                 w.max_ms,
-                w.operations
+                w.operations,
+                d.p99_ms,
+                d.operations,
+                a.p99_ms,
+                a.operations,
             );
             let mut figures = phase.waits.clone();
             figures.what = format!("round {round}, {}: critical wait", setup.label());
@@ -119,11 +128,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
                     "runs": phase.runs,
                     "runs_per_second": phase.runs_per_second,
                     "critical_runs": phase.waits.operations,
-                    "critical_wait": {
-                        "p50_ms": phase.waits.p50_ms,
-                        "p99_ms": phase.waits.p99_ms,
-                        "max_ms": phase.waits.max_ms,
-                    },
+                    "critical_wait": percentiles(&phase.waits),
+                    "critical_wait_during_backlog_publish": percentiles(&phase.during_publish),
+                    "critical_wait_after_backlog_publish": percentiles(&phase.after_publish),
                 }),
             );
         }
@@ -152,6 +159,10 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         "rounds": rounds,
         "summary": summary,
     }))
+}
+
+fn percentiles(f: &Figures) -> Value {
+    json!({"runs": f.operations, "p50_ms": f.p50_ms, "p99_ms": f.p99_ms, "max_ms": f.max_ms})
 }
 
 fn print_table(rows: &[(Figures, f64)]) {
@@ -209,6 +220,7 @@ async fn measure(
     let (subject, messages) = backlog(&names, &backlog_spec, args.backlog)?;
 
     let critical = Arc::new(Mutex::new(Critical::default()));
+    let publishing = Arc::new(AtomicBool::new(true));
     let backlog_done = Arc::new(AtomicUsize::new(0));
     let shutdown = CancellationToken::new();
     let mut handles = Vec::new();
@@ -231,8 +243,8 @@ async fn measure(
 
     let started = Instant::now();
     let stream_task = {
-        let (js, names, critical, backlog_done) =
-            (js.clone(), names.clone(), critical.clone(), backlog_done.clone());
+        let (js, names, critical, backlog_done, publishing) =
+            (js.clone(), names.clone(), critical.clone(), backlog_done.clone(), publishing.clone());
         let (backlog, rate) = (args.backlog, args.rate);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
@@ -247,7 +259,8 @@ async fn measure(
                     origin,
                     SpecBody::Spec(&critical_spec),
                 )?;
-                critical.lock().unwrap().sent.insert(built.execution_id, Instant::now());
+                let during = publishing.load(Ordering::Relaxed);
+                critical.lock().unwrap().sent.insert(built.execution_id, (Instant::now(), during));
                 acks.push(js.send_publish(built.subject, built.message).await?);
             }
             for ack in acks {
@@ -257,6 +270,7 @@ async fn measure(
         })
     };
     publish_all(js, &subject, &messages).await?;
+    publishing.store(false, Ordering::Relaxed);
     drop(messages);
     stream_task.await??;
 
@@ -286,15 +300,20 @@ async fn measure(
     let _ = js.delete_key_value(names.runs_bucket()).await;
 
     let critical = critical.lock().unwrap();
-    let waits: Vec<Duration> = critical
+    let waits: Vec<(Duration, bool)> = critical
         .sent
         .iter()
-        .filter_map(|(id, sent)| critical.started.get(id).map(|at| at.saturating_duration_since(*sent)))
+        .filter_map(|(id, (sent, during))| {
+            critical.started.get(id).map(|at| (at.saturating_duration_since(*sent), *during))
+        })
         .collect();
     anyhow::ensure!(waits.len() == critical.sent.len(), "every critical run started");
     let runs = args.backlog + waits.len();
+    let part = |during: bool| waits.iter().filter(|(_, d)| *d == during).map(|(w, _)| *w).collect();
     Ok(Phase {
-        waits: Figures::from_samples("critical wait", waits, elapsed),
+        during_publish: Figures::from_samples("during", part(true), elapsed),
+        after_publish: Figures::from_samples("after", part(false), elapsed),
+        waits: Figures::from_samples("critical wait", waits.iter().map(|(w, _)| *w).collect(), elapsed),
         runs,
         runs_per_second: runs as f64 / elapsed.as_secs_f64(),
     })
