@@ -242,6 +242,8 @@ async fn measure(
     }
 
     let started = Instant::now();
+    // Bounds the whole phase: a stalled drain ends it with an error rather than hanging.
+    let deadline = started + Duration::from_secs(120 + args.backlog as u64 / 500);
     let stream_task = {
         let (js, names, critical, backlog_done, publishing) =
             (js.clone(), names.clone(), critical.clone(), backlog_done.clone(), publishing.clone());
@@ -251,6 +253,10 @@ async fn measure(
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut acks = Vec::new();
             while backlog_done.load(Ordering::Relaxed) < backlog {
+                if Instant::now() > deadline {
+                    let done = backlog_done.load(Ordering::Relaxed);
+                    bail!("the workers started {done} of {backlog} backlog runs before the deadline");
+                }
                 tick.tick().await;
                 let origin = Origin::Manual { at: Utc::now() };
                 let built = dispatch::build(
@@ -275,7 +281,6 @@ async fn measure(
     stream_task.await??;
 
     let mut stream = js.get_stream(names.dispatch_stream()).await?;
-    let deadline = Instant::now() + Duration::from_secs(120 + args.backlog as u64 / 500);
     loop {
         let all_started = {
             let c = critical.lock().unwrap();
