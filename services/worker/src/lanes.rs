@@ -97,6 +97,9 @@ enum Event {
     Refresh,
 }
 
+/// The longest wait for a no-wait pull's answer (the server's end of the batch).
+const FETCH_BOUND: Duration = Duration::from_secs(2);
+
 /// The wait before a failed probe is sent again.
 const PROBE_RETRY: Duration = Duration::from_millis(500);
 
@@ -264,14 +267,16 @@ async fn probe(index: usize, consumer: PullConsumer, wait: Option<Duration>, del
         Some(expires) => consumer.batch().max_messages(1).expires(expires).messages().await,
         None => consumer.fetch().max_messages(1).messages().await,
     };
+    let bound = wait.map_or(FETCH_BOUND, |expires| expires + FETCH_BOUND);
     let mut batch = match batch {
         Ok(batch) => batch,
         Err(error) => return (index, Err(error.to_string())),
     };
-    match batch.next().await {
-        Some(Ok(message)) => (index, Ok(Some(message))),
-        Some(Err(error)) => (index, Err(error.to_string())),
-        None => (index, Ok(None)),
+    match tokio::time::timeout(bound, batch.next()).await {
+        Ok(Some(Ok(message))) => (index, Ok(Some(message))),
+        Ok(Some(Err(error))) => (index, Err(error.to_string())),
+        Ok(None) => (index, Ok(None)),
+        Err(_) => (index, Err("pull unanswered".to_string())),
     }
 }
 
@@ -315,7 +320,10 @@ impl Starter {
         };
         let mut batch = std::pin::pin!(batch);
         let mut got = 0;
-        while let Some(message) = batch.next().await {
+        // A no-wait pull has no expiry, so a lost end-of-batch status would hold this loop (and
+        // every lane of the queue) forever: the wait is bounded; what comes later is redelivered.
+        let deadline = Instant::now() + FETCH_BOUND;
+        while let Ok(Some(message)) = tokio::time::timeout_at(deadline, batch.next()).await {
             match message {
                 Ok(message) => {
                     got += 1;
