@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod alert;
+pub mod api_client;
 pub mod backoff;
 pub mod cas;
 pub mod config;

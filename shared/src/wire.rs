@@ -77,6 +77,7 @@ mod api;
 mod breaker;
 mod breaker_api;
 mod dead_letter;
+mod dlq_api;
 mod dispatch;
 mod event;
 mod pause;
@@ -92,6 +93,7 @@ pub use breaker::{
 };
 pub use breaker_api::{BreakerInfo, BreakerListReply, BreakerRef, BreakerResetReply};
 pub use dead_letter::{DeadLetter, DeadLetterSource};
+pub use dlq_api::DlqRequest;
 pub use dispatch::{Dispatch, Trigger, execution_id_of_fire, fresh_execution_id, scheduled_execution_id};
 pub use event::{Event, EventKind};
 pub use pause::PauseRequest;

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::HeaderMap;
-use jetsched_shared::error::{ApiError, ApiErrors, ErrorReply};
+use jetsched_shared::api_client::{ApiClient, CallError};
+use jetsched_shared::error::{ApiError, ApiErrors};
 use jetsched_shared::names::Names;
-use jetsched_shared::wire::{HDR_CREATE_ONLY, TaskRef};
+use jetsched_shared::wire::{DlqRequest, HDR_CREATE_ONLY, TaskRef};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -40,45 +41,29 @@ impl From<ApiError> for Failure {
     }
 }
 
+impl From<CallError> for Failure {
+    fn from(error: CallError) -> Failure {
+        match error {
+            CallError::Api(errors) => Failure::Api(errors),
+            CallError::Transport(error) => Failure::Other(error),
+        }
+    }
+}
+
 /// `namespace/id`, or `id` in namespace `default`.
 pub(crate) fn task_ref(task: &str) -> TaskRef {
     let (namespace, id) = task.split_once('/').unwrap_or(("default", task));
     TaskRef { namespace: namespace.to_string(), id: id.to_string() }
 }
 
-/// A request of the dead-letter API: one entry by `sequence`, or a filter, with paging,
-/// bulk-replay rate or purge-all where the endpoint takes them.
-#[derive(Debug, Default, Clone, Serialize)]
-pub(crate) struct DlqRequest {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) sequence: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) namespace: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) task_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) queue: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) limit: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) cursor: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) rate: Option<u32>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub(crate) all: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) priority: Option<String>,
-}
-
 /// The registry's API over one NATS connection.
 pub(crate) struct Api {
-    client: async_nats::Client,
-    names: Names,
+    client: ApiClient,
 }
 
 impl Api {
     pub(crate) fn new(client: async_nats::Client, names: Names) -> Api {
-        Api { client, names }
+        Api { client: ApiClient::new(client, names, REPLY_WAIT) }
     }
 
     /// A task endpoint (`get`, `list`, `next`, `pause`, ...) with a typed request; the reply
@@ -89,7 +74,8 @@ impl Api {
         request: &R,
     ) -> Result<T, Failure> {
         let body = serde_json::to_vec(request).context("encode the request")?;
-        let reply = self.request(self.names.task_api_subject(endpoint), body, HeaderMap::new()).await?;
+        let reply =
+            self.request(self.client.names().task_api_subject(endpoint), body, HeaderMap::new()).await?;
         decode(endpoint, reply)
     }
 
@@ -102,7 +88,7 @@ impl Api {
         request: &R,
     ) -> Result<T, Failure> {
         let body = serde_json::to_vec(request).context("encode the request")?;
-        let subject = self.names.task_api_namespaced(endpoint, namespace);
+        let subject = self.client.names().task_api_namespaced(endpoint, namespace);
         let reply = self.request(subject, body, HeaderMap::new()).await?;
         decode(endpoint, reply)
     }
@@ -114,7 +100,8 @@ impl Api {
             headers.insert(HDR_CREATE_ONLY, "true");
         }
         let body = serde_json::to_vec(spec).context("encode the spec")?;
-        self.request(self.names.task_api_namespaced("put", spec_namespace(spec)), body, headers).await
+        self.request(self.client.names().task_api_namespaced("put", spec_namespace(spec)), body, headers)
+            .await
     }
 
     /// A dead-letter endpoint (`list`, `get`, `replay`, `purge`), on the subject of the
@@ -124,13 +111,7 @@ impl Api {
         endpoint: &str,
         request: &DlqRequest,
     ) -> Result<T, Failure> {
-        let body = serde_json::to_vec(request).context("encode the request")?;
-        let subject = match &request.namespace {
-            Some(namespace) => self.names.dlq_api_namespaced(endpoint, namespace),
-            None => self.names.dlq_api_subject(endpoint),
-        };
-        let reply = self.request(subject, body, HeaderMap::new()).await?;
-        decode(endpoint, reply)
+        decode(endpoint, self.client.dlq(endpoint, request).await?)
     }
 
     /// A breaker endpoint (`list`, `get`, `reset`).
@@ -140,30 +121,13 @@ impl Api {
         request: &R,
     ) -> Result<T, Failure> {
         let body = serde_json::to_vec(request).context("encode the request")?;
-        let reply = self.request(self.names.breaker_api_subject(endpoint), body, HeaderMap::new()).await?;
+        let reply =
+            self.request(self.client.names().breaker_api_subject(endpoint), body, HeaderMap::new()).await?;
         decode(endpoint, reply)
     }
 
     async fn request(&self, subject: String, body: Vec<u8>, headers: HeaderMap) -> Result<Value, Failure> {
-        let reply = tokio::time::timeout(
-            REPLY_WAIT,
-            self.client.request_with_headers(subject.clone(), headers, body.into()),
-        )
-        .await
-        .map_err(|_| anyhow::anyhow!("no reply on {subject} within {}s", REPLY_WAIT.as_secs()))?
-        .map_err(|e| match e.kind() {
-            async_nats::RequestErrorKind::NoResponders => {
-                anyhow::anyhow!("nobody serves {subject}: is jetsched-registry running?")
-            }
-            _ => anyhow::anyhow!("request {subject}: {e}"),
-        })?;
-        let value: Value = serde_json::from_slice(&reply.payload).context("reply is not JSON")?;
-        if value.get("error").is_some() {
-            // `errors` when the registry sends it (every problem of a spec), else `error`.
-            let reply: ErrorReply = serde_json::from_value(value).context("error reply")?;
-            return Err(Failure::Api(reply.into_errors()));
-        }
-        Ok(value)
+        Ok(self.client.request(subject, headers, body).await?)
     }
 }
 
@@ -192,14 +156,5 @@ mod tests {
         assert_eq!(task_ref("pulse"), TaskRef { namespace: "default".into(), id: "pulse".into() });
         assert_eq!(spec_namespace(&serde_json::json!({"namespace": "billing"})), "billing");
         assert_eq!(spec_namespace(&serde_json::json!({"id": "x"})), "default");
-    }
-
-    #[test]
-    fn a_dlq_request_sends_only_what_is_set() {
-        let request = DlqRequest { namespace: Some("ops".into()), limit: Some(1000), ..Default::default() };
-        assert_eq!(
-            serde_json::to_value(&request).unwrap(),
-            serde_json::json!({"namespace": "ops", "limit": 1000})
-        );
     }
 }

@@ -1,10 +1,11 @@
 //! `jetsched dlq`: list, show, replay and purge dead letters through the registry's DLQ API.
 
 use clap::{Args, Subcommand};
+use jetsched_shared::wire::DlqRequest;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::api::{Api, DlqRequest, Failure, task_ref};
+use crate::api::{Api, Failure, task_ref};
 use crate::output;
 
 #[derive(Debug, Subcommand)]

@@ -7,10 +7,10 @@ use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
+use jetsched_shared::wire::DlqRequest;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::api::DlqRequest;
 use crate::http::{AppState, html};
 use crate::pages;
 
@@ -89,8 +89,7 @@ pub(crate) async fn dlq(
     if let Some(refusal) = check(&state, &form, action == "purge") {
         return refusal;
     }
-    let request = DlqRequest { sequence: Some(sequence), ..Default::default() };
-    match state.api.dlq(&action, &request).await {
+    match state.api.dlq(&action, &DlqRequest::entry(sequence)).await {
         Ok(reply) => {
             tracing::info!(sequence, action, "console dead-letter action");
             let replayed = reply

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
-use jetsched_shared::error::ErrorReply;
+use async_nats::HeaderMap;
+use jetsched_shared::api_client::{self, ApiClient};
 use jetsched_shared::names::Names;
-use serde::Serialize;
+use jetsched_shared::wire::DlqRequest;
 use serde_json::{Value, json};
 
 /// How long a request waits for its reply.
@@ -22,12 +22,22 @@ pub(crate) struct CallError {
 }
 
 impl CallError {
-    fn other(error: anyhow::Error) -> CallError {
-        CallError { code: None, messages: vec![format!("{error:#}")] }
-    }
-
     pub(crate) fn is_not_found(&self) -> bool {
         self.code.as_deref() == Some("not_found")
+    }
+}
+
+impl From<api_client::CallError> for CallError {
+    fn from(error: api_client::CallError) -> CallError {
+        match error {
+            api_client::CallError::Api(errors) => CallError {
+                code: Some(errors.first().code.as_str().to_string()),
+                messages: errors.as_slice().iter().map(ToString::to_string).collect(),
+            },
+            api_client::CallError::Transport(error) => {
+                CallError { code: None, messages: vec![format!("{error:#}")] }
+            }
+        }
     }
 }
 
@@ -37,33 +47,15 @@ impl std::fmt::Display for CallError {
     }
 }
 
-/// A dead-letter request: one entry by sequence, or a filtered page.
-#[derive(Debug, Default, Clone, Serialize)]
-pub(crate) struct DlqRequest {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) sequence: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) namespace: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) task_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) queue: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) limit: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) cursor: Option<u64>,
-}
-
 /// The registry's API over the console's connection.
 #[derive(Clone)]
 pub(crate) struct Api {
-    client: async_nats::Client,
-    names: Names,
+    client: ApiClient,
 }
 
 impl Api {
     pub(crate) fn new(client: async_nats::Client, names: Names) -> Api {
-        Api { client, names }
+        Api { client: ApiClient::new(client, names, REPLY_WAIT) }
     }
 
     /// A task endpoint (`get`, `next`, `pause`, `resume`, `trigger`, `delete`) for one task,
@@ -74,7 +66,8 @@ impl Api {
         namespace: &str,
         body: Value,
     ) -> Result<Value, CallError> {
-        self.request(self.names.task_api_namespaced(endpoint, namespace), body).await
+        let subject = self.client.names().task_api_namespaced(endpoint, namespace);
+        Ok(self.client.request(subject, HeaderMap::new(), body.to_string().into_bytes()).await?)
     }
 
     /// The next `count` fires of a stored task.
@@ -84,40 +77,6 @@ impl Api {
 
     /// A dead-letter endpoint (`list`, `get`, `replay`, `purge`).
     pub(crate) async fn dlq(&self, endpoint: &str, request: &DlqRequest) -> Result<Value, CallError> {
-        let body = serde_json::to_value(request).context("encode the request").map_err(CallError::other)?;
-        let subject = match &request.namespace {
-            Some(namespace) => self.names.dlq_api_namespaced(endpoint, namespace),
-            None => self.names.dlq_api_subject(endpoint),
-        };
-        self.request(subject, body).await
-    }
-
-    async fn request(&self, subject: String, body: Value) -> Result<Value, CallError> {
-        let payload = serde_json::to_vec(&body).context("encode the request").map_err(CallError::other)?;
-        let reply = tokio::time::timeout(REPLY_WAIT, self.client.request(subject.clone(), payload.into()))
-            .await
-            .map_err(|_| anyhow::anyhow!("no reply on {subject} within {}s", REPLY_WAIT.as_secs()))
-            .map_err(CallError::other)?
-            .map_err(|e| match e.kind() {
-                async_nats::RequestErrorKind::NoResponders => {
-                    anyhow::anyhow!("nobody serves {subject}: is jetsched-registry running?")
-                }
-                _ => anyhow::anyhow!("request {subject}: {e}"),
-            })
-            .map_err(CallError::other)?;
-        let value: Value = serde_json::from_slice(&reply.payload)
-            .context("the reply is not JSON")
-            .map_err(CallError::other)?;
-        if value.get("error").is_some() {
-            let reply: ErrorReply =
-                serde_json::from_value(value).context("an error reply").map_err(CallError::other)?;
-            let errors = reply.into_errors();
-            let code = errors.as_slice().first().map(|e| e.code.as_str().to_string());
-            return Err(CallError {
-                code,
-                messages: errors.as_slice().iter().map(ToString::to_string).collect(),
-            });
-        }
-        Ok(value)
+        Ok(self.client.dlq(endpoint, request).await?)
     }
 }

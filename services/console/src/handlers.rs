@@ -9,12 +9,12 @@ use axum::http::StatusCode;
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
-use jetsched_shared::wire::{Event, RunRecord};
+use jetsched_shared::wire::{DlqRequest, Event, RunRecord};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::api::{CallError, DlqRequest};
+use crate::api::CallError;
 use crate::http::{AppState, html};
 use crate::index::TaskQuery;
 use crate::pages::{self, dlq::DlqFilter, events::EventFilter, tasks::TaskView};
@@ -160,8 +160,7 @@ pub(crate) async fn dlq(State(state): State<AppState>, Query(filter): Query<DlqF
 }
 
 pub(crate) async fn dlq_entry(State(state): State<AppState>, Path(sequence): Path<u64>) -> Response {
-    let request = DlqRequest { sequence: Some(sequence), ..Default::default() };
-    match state.api.dlq("get", &request).await {
+    match state.api.dlq("get", &DlqRequest::entry(sequence)).await {
         Ok(listed) => {
             let entry = listed.get("entry").cloned().unwrap_or(Value::Null);
             html(StatusCode::OK, pages::dlq::entry(&state.ctx(), sequence, &entry))

@@ -22,8 +22,8 @@ use jetsched_shared::dispatch::{self, DispatchMessage, Origin, SpecBody, Target}
 use jetsched_shared::error::{ApiError, ErrorCode};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::{Priority, validate_id};
-use jetsched_shared::wire::DeadLetter;
-use serde::{Deserialize, Serialize};
+use jetsched_shared::wire::{DeadLetter, DlqRequest};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::scope::{check_namespace, mismatch};
@@ -66,38 +66,6 @@ const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
 const DEFAULT_RATE: u32 = 100;
 const MAX_RATE: u32 = 1000;
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Request {
-    #[serde(default)]
-    sequence: Option<u64>,
-    #[serde(default)]
-    queue: Option<String>,
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    task_id: Option<String>,
-    #[serde(default)]
-    limit: Option<usize>,
-    #[serde(default)]
-    cursor: Option<u64>,
-    /// Bulk replay: entries per second.
-    #[serde(default)]
-    rate: Option<u32>,
-    /// Purge: everything.
-    #[serde(default)]
-    all: bool,
-    /// Replay: the lane of the new runs (default: each entry's own).
-    #[serde(default)]
-    priority: Option<String>,
-}
-
-impl Request {
-    fn has_filter(&self) -> bool {
-        self.queue.is_some() || self.namespace.is_some() || self.task_id.is_some()
-    }
-}
 
 #[derive(Debug, Serialize)]
 struct Listed {
@@ -197,7 +165,7 @@ impl DlqApi {
         self.js.get_stream(self.stream_name()).await.map_err(unavailable)
     }
 
-    fn filter(&self, request: &Request) -> String {
+    fn filter(&self, request: &DlqRequest) -> String {
         let any = |v: &Option<String>| v.clone().unwrap_or_else(|| "*".to_string());
         self.names.dlq_subject(&any(&request.queue), &any(&request.namespace), &any(&request.task_id))
     }
@@ -206,7 +174,7 @@ impl DlqApi {
     /// of the next page.
     async fn scan(
         &self,
-        request: &Request,
+        request: &DlqRequest,
         from: u64,
         limit: usize,
     ) -> Result<(Vec<(u64, bytes::Bytes)>, Option<u64>), ApiError> {
@@ -266,7 +234,7 @@ impl DlqApi {
 
     async fn replay(
         &self,
-        request: &Request,
+        request: &DlqRequest,
         priority: Option<Priority>,
         scope: Option<&str>,
         limit: usize,
@@ -344,7 +312,7 @@ impl DlqApi {
         Ok(Replayed { sequence, original_execution_id: entry.execution_id, execution_id })
     }
 
-    async fn purge(&self, request: &Request, scope: Option<&str>) -> Result<Value, ApiError> {
+    async fn purge(&self, request: &DlqRequest, scope: Option<&str>) -> Result<Value, ApiError> {
         let stream = self.stream().await?;
         let purged = match request.sequence {
             Some(sequence) => {
@@ -371,15 +339,15 @@ impl DlqApi {
     }
 }
 
-fn required_sequence(request: &Request) -> Result<u64, ApiError> {
+fn required_sequence(request: &DlqRequest) -> Result<u64, ApiError> {
     request
         .sequence
         .ok_or_else(|| ApiError::at(ErrorCode::MissingField, "sequence", "give the entry's sequence"))
 }
 
-fn decode(payload: &[u8]) -> Result<Request, ApiError> {
+fn decode(payload: &[u8]) -> Result<DlqRequest, ApiError> {
     if payload.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Request::default());
+        return Ok(DlqRequest::default());
     }
     serde_json::from_slice(payload).map_err(|e| {
         let code = if e.is_syntax() || e.is_eof() { ErrorCode::InvalidJson } else { ErrorCode::BadRequest };
