@@ -3,15 +3,7 @@
 //! one comes back. Invalid submissions are acked and become `task.rejected` events naming
 //! every problem of the spec.
 
-use std::time::Duration;
-
-use anyhow::Context;
-use async_nats::jetstream::{
-    self, AckKind,
-    consumer::{AckPolicy, PullConsumer, pull},
-};
-use futures::StreamExt;
-use jetsched_shared::backoff::Backoff;
+use async_nats::jetstream::{self, consumer::PullConsumer};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::{TaskSpec, validate_id};
@@ -20,32 +12,19 @@ use tracing::Instrument;
 
 use crate::api::{Limits, check_size, precondition};
 use crate::metrics::Metrics;
+use crate::pull::{self, Verdict};
 use crate::spans;
 use crate::tasks::TaskStore;
 
-/// First pause after an intake pull error; it doubles up to [`PULL_RETRY_MAX`] while errors
-/// last and starts over after a message.
-const PULL_RETRY_FIRST: Duration = Duration::from_millis(200);
-const PULL_RETRY_MAX: Duration = Duration::from_secs(5);
+/// Submissions pulled at a time: a few, so none waits long behind the others while a write
+/// is slow.
+const BATCH: usize = 8;
 
-/// Creates (or binds to) the registry's durable consumer on the intake stream.
+/// Creates (or binds to, updating its settings) the registry's durable consumer on the intake
+/// stream.
 pub(crate) async fn consumer(js: &jetstream::Context, names: &Names) -> anyhow::Result<PullConsumer> {
-    let stream = js.get_stream(names.intake_stream()).await.context("open intake stream")?;
-    let durable = names.intake_consumer();
-    stream
-        .get_or_create_consumer(
-            durable,
-            pull::Config {
-                durable_name: Some(durable.to_string()),
-                description: Some("jetsched registry: applies submitted specs".to_string()),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
-                max_ack_pending: 1000,
-                ..Default::default()
-            },
-        )
-        .await
-        .with_context(|| format!("ensure consumer {durable}"))
+    let description = "jetsched registry: applies submitted specs";
+    pull::consumer(js, &names.intake_stream(), names.intake_consumer(), description, String::new()).await
 }
 
 /// Applies submissions one at a time (so two submissions of one task apply in order) until
@@ -58,56 +37,40 @@ pub(crate) async fn run(
     metrics: Metrics,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(64)
-        .messages()
-        .await
-        .context("start pulling intake submissions")?;
-    // Pull errors (a server restarting, a cluster electing) are waited out, longer each time.
-    let mut pause = Backoff::new(PULL_RETRY_FIRST, PULL_RETRY_MAX);
-    loop {
-        let message = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return Ok(()),
-            next = messages.next() => next,
-        };
-        let message = match message {
-            Some(Ok(message)) => {
-                pause.reset();
-                message
-            }
-            Some(Err(error)) => {
-                tracing::warn!(%error, "intake pull failed; continuing");
-                tokio::time::sleep(pause.next_delay()).await;
-                continue;
-            }
-            None => anyhow::bail!("intake message stream ended"),
-        };
-        let applying = apply(&store, &names, limits, &message);
+    let intake = Intake { store, names, limits, metrics };
+    pull::run(consumer, "intake", BATCH, intake, shutdown).await
+}
+
+struct Intake {
+    store: TaskStore,
+    names: Names,
+    limits: Limits,
+    metrics: Metrics,
+}
+
+impl pull::Handler for Intake {
+    async fn handle(&mut self, message: &jetstream::Message) -> Verdict {
+        let applying = apply(&self.store, &self.names, self.limits, message);
         let outcome = match spans::submission(&message.subject, message.headers.as_ref()) {
             Some(span) => applying.instrument(span).await,
             None => applying.await,
         };
-        let ack = match outcome {
+        match outcome {
             Ok(()) => {
-                metrics.intake.with_label_values(&["applied"]).inc();
-                AckKind::Ack
+                self.metrics.intake.with_label_values(&["applied"]).inc();
+                Verdict::Done
             }
             Err((namespace, id, error)) if error.first().code == ErrorCode::Unavailable => {
                 tracing::warn!(namespace = %namespace, task = %id, error = %error, "intake write failed; will retry");
-                metrics.intake.with_label_values(&["retried"]).inc();
-                AckKind::Nak(Some(Duration::from_secs(1)))
+                self.metrics.intake.with_label_values(&["retried"]).inc();
+                Verdict::Retry
             }
             Err((namespace, id, error)) => {
                 tracing::info!(namespace = %namespace, task = %id, error = %error, "submission rejected");
-                metrics.intake.with_label_values(&["rejected"]).inc();
-                store.reject(&namespace, &id, &error).await;
-                AckKind::Ack
+                self.metrics.intake.with_label_values(&["rejected"]).inc();
+                self.store.reject(&namespace, &id, &error).await;
+                Verdict::Done
             }
-        };
-        if let Err(error) = message.ack_with(ack).await {
-            tracing::warn!(%error, subject = %message.subject, "intake ack failed; the submission will be redelivered");
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod dlq;
 mod intake;
 mod metrics;
 mod pause;
+mod pull;
 mod runs;
 pub mod scope;
 mod service;

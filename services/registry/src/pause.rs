@@ -4,15 +4,7 @@
 //! tasks bucket) pauses the task with compare-and-set, sets its `paused_reason` and publishes
 //! `task.paused`. A request is acked once the task is paused (or already was, or is gone).
 
-use std::time::Duration;
-
-use anyhow::Context;
-use async_nats::jetstream::{
-    self, AckKind,
-    consumer::{AckPolicy, PullConsumer, pull},
-};
-use futures::StreamExt;
-use jetsched_shared::backoff::Backoff;
+use async_nats::jetstream::{self, consumer::PullConsumer};
 use jetsched_shared::error::{ApiError, ErrorCode};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::{MAX_PAUSED_REASON, validate_id};
@@ -20,30 +12,18 @@ use jetsched_shared::wire::PauseRequest;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::pull::{self, Verdict};
 use crate::tasks::TaskStore;
 
-const PULL_RETRY_FIRST: Duration = Duration::from_millis(200);
-const PULL_RETRY_MAX: Duration = Duration::from_secs(5);
+/// Requests pulled at a time.
+const BATCH: usize = 8;
 
-/// Creates (or binds to) the registry's durable consumer of pause requests.
+/// Creates (or binds to, updating its settings) the registry's durable consumer of pause
+/// requests.
 pub(crate) async fn consumer(js: &jetstream::Context, names: &Names) -> anyhow::Result<PullConsumer> {
-    let stream = js.get_stream(names.control_stream()).await.context("open control stream")?;
-    let durable = names.pause_consumer();
-    stream
-        .get_or_create_consumer(
-            durable,
-            pull::Config {
-                durable_name: Some(durable.to_string()),
-                description: Some("jetsched registry: pauses tasks on workers' requests".to_string()),
-                filter_subject: names.pause_request_wildcard(),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
-                max_ack_pending: 1000,
-                ..Default::default()
-            },
-        )
-        .await
-        .with_context(|| format!("ensure consumer {durable}"))
+    let description = "jetsched registry: pauses tasks on workers' requests";
+    let filter = names.pause_request_wildcard();
+    pull::consumer(js, &names.control_stream(), names.pause_consumer(), description, filter).await
 }
 
 /// What became of one request.
@@ -78,38 +58,20 @@ pub(crate) async fn run(
     metrics: Metrics,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(16)
-        .messages()
-        .await
-        .context("start pulling pause requests")?;
-    let mut pause = Backoff::new(PULL_RETRY_FIRST, PULL_RETRY_MAX);
-    loop {
-        let message = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return Ok(()),
-            next = messages.next() => next,
-        };
-        let message = match message {
-            Some(Ok(message)) => {
-                pause.reset();
-                message
-            }
-            Some(Err(error)) => {
-                tracing::warn!(%error, "pause request pull failed; continuing");
-                tokio::time::sleep(pause.next_delay()).await;
-                continue;
-            }
-            None => anyhow::bail!("pause request stream ended"),
-        };
-        let outcome = apply(&store, &names, &message.subject, &message.payload).await;
-        metrics.pause_requests.with_label_values(&[outcome.label()]).inc();
-        let ack =
-            if outcome == Outcome::Retry { AckKind::Nak(Some(Duration::from_secs(1))) } else { AckKind::Ack };
-        if let Err(error) = message.ack_with(ack).await {
-            tracing::warn!(%error, subject = %message.subject, "pause request ack failed; it will be redelivered");
-        }
+    pull::run(consumer, "pause request", BATCH, Pauses { store, names, metrics }, shutdown).await
+}
+
+struct Pauses {
+    store: TaskStore,
+    names: Names,
+    metrics: Metrics,
+}
+
+impl pull::Handler for Pauses {
+    async fn handle(&mut self, message: &jetstream::Message) -> Verdict {
+        let outcome = apply(&self.store, &self.names, &message.subject, &message.payload).await;
+        self.metrics.pause_requests.with_label_values(&[outcome.label()]).inc();
+        if outcome == Outcome::Retry { Verdict::Retry } else { Verdict::Done }
     }
 }
 
