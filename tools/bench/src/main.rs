@@ -9,6 +9,7 @@ mod priority;
 mod raw;
 mod registry;
 mod scheduler;
+mod schedules;
 mod soak;
 mod stats;
 mod system;
@@ -37,7 +38,8 @@ enum Scenario {
     Registry(registry::Args),
     /// Raw JetStream baselines: pipelined publish with message ids, pull + ack.
     Raw(raw::Args),
-    /// N one-shot tasks due at the same second: time to dispatch all, lag, ratio to raw publishing.
+    /// N one-shot tasks due at the same second: time to dispatch all, lag, ratio to raw publishing
+    /// and to the server's own message schedules of N messages due at one second.
     Burst(scheduler::BurstArgs),
     /// N interval tasks firing at a steady rate: lag percentiles.
     Steady(scheduler::SteadyArgs),

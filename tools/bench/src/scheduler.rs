@@ -1,5 +1,6 @@
 //! Scheduler scenarios with the scheduler in-process: burst (N one-shots due the same second,
-//! against raw pipelined publishing with ids of N messages in the same run), steady (N
+//! against the server's own message schedules of N messages due the same second and raw
+//! pipelined publishing with ids of N messages, in the same run), steady (N
 //! interval tasks spread to a fire rate: lag), and scale (load time and resident memory of a
 //! real scheduler process with N tasks, against a raw `watch_with_history`).
 
@@ -11,14 +12,17 @@ use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use jetsched_scheduler::{Config, build};
+use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::names::Names;
 use jetsched_shared::names::task_key;
+use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
 use jetsched_shared::wire::{FireState, format_time};
 use jetsched_tests::NatsServer;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::schedules;
 use crate::system::{
     Lag, NS, cpu_seconds, dispatch_count, free_port, http_get, raw_publish_with_ids, read_dispatch_times,
     rss_mib, service_bin, spec, spread_schedules, wait_leader, write_tasks,
@@ -84,14 +88,28 @@ fn config(url: &str, window: usize) -> Config {
 
 pub(crate) async fn burst(args: BurstArgs) -> anyhow::Result<serde_json::Value> {
     let n = args.tasks;
+    // The server's own schedules first, on a server of their own, with bodies the size of
+    // jetsched's dispatches.
+    let body_len = dispatch_body_len()?;
+    let server_burst = schedules::server_burst(n, args.window, body_len).await?;
+    let baseline = server_burst.lag;
+    eprintln!(
+        "burst baseline: the server's message schedules: {n} due at once (schedules published in {:.0} ms) \
+         generated within {:.1} ms of the due second (lag p50 {:.1} / p99 {:.1} ms)",
+        server_burst.publish.as_secs_f64() * 1000.0,
+        baseline.max_ms,
+        baseline.p50_ms,
+        baseline.p99_ms
+    );
+
     let server = NatsServer::start().await;
     let (names, topology, js) = start(&server.url()).await?;
     let scheduler = build(config(&server.url(), args.window)).await?;
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(scheduler.run(shutdown.clone()));
     wait_leader(&topology, &names).await?;
-    let due_ms = (Utc::now().timestamp_millis() / 1000 + 3 + (n / 10_000) as i64) * 1000;
-    let due = DateTime::from_timestamp_millis(due_ms).context("due time")?;
+    let due = schedules::due_second(n)?;
+    let due_ms = due.timestamp_millis();
     let specs =
         (0..n).map(|i| (format!("b{i}"), spec(&format!("b{i}"), json!({"at": format_time(due)})))).collect();
     let wrote = write_tasks(&topology, specs).await?;
@@ -115,10 +133,17 @@ pub(crate) async fn burst(args: BurstArgs) -> anyhow::Result<serde_json::Value> 
     let all_ms = lag.max_ms;
     let raw_ms = raw.as_secs_f64() * 1000.0;
     let ratio = if raw_ms > 0.0 { all_ms / raw_ms } else { 0.0 };
+    let to_schedules = if baseline.max_ms > 0.0 { all_ms / baseline.max_ms } else { 0.0 };
+    let first = if all_ms < baseline.max_ms { "jetsched" } else { "server schedules" };
     eprintln!(
         "burst: {n} tasks due at once dispatched within {all_ms:.1} ms of the due second (lag p50 {:.1} / p99 {:.1} / max {:.1} ms); \
          raw pipelined publish with ids of {n}: {raw_ms:.1} ms; ratio {ratio:.2}",
         lag.p50_ms, lag.p99_ms, lag.max_ms
+    );
+    eprintln!(
+        "burst against the server's schedules: all within {all_ms:.1} ms against {:.1} ms ({to_schedules:.3}x, {first} first); \
+         p50 {:.1} against {:.1} ms, p99 {:.1} against {:.1} ms",
+        baseline.max_ms, lag.p50_ms, baseline.p50_ms, lag.p99_ms, baseline.p99_ms
     );
     Ok(json!({
         "scenario": "burst",
@@ -129,7 +154,23 @@ pub(crate) async fn burst(args: BurstArgs) -> anyhow::Result<serde_json::Value> 
         "lag": lag,
         "raw_publish_with_ids_ms": raw_ms,
         "ratio_to_raw": ratio,
+        "schedules": {
+            "publish_ms": server_burst.publish.as_secs_f64() * 1000.0,
+            "body_bytes": body_len,
+            "lag": baseline,
+        },
+        "ratio_to_schedules": to_schedules,
+        "first": first,
     }))
+}
+
+/// Body size of one of the burst's dispatches (the baseline's messages carry as many bytes).
+fn dispatch_body_len() -> anyhow::Result<usize> {
+    let json = spec("b0", json!({"at": format_time(Utc::now())}));
+    let parsed = TaskSpec::parse(&json).map_err(|e| anyhow::anyhow!("bench spec: {e:?}"))?;
+    let origin = Origin::Scheduled { nominal_ms: Utc::now().timestamp_millis(), term: 1, catchup: false };
+    let message = dispatch::build(&Names::default(), Target::of(&parsed, 1), origin, SpecBody::Json(&json))?;
+    Ok(message.message.outbound_message(message.subject).payload.len())
 }
 
 pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value> {
