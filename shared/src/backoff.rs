@@ -1,5 +1,6 @@
 //! One retry/backoff helper for every loop that retries: exponential delays, capped, with
-//! optional jitter, and [`Backoff::retry_until`] for "try until it works or a deadline passes".
+//! optional jitter, and [`Backoff::retry_until`] / [`Backoff::retry_at_most`] for "try until it
+//! works, or a deadline passes, or so many attempts failed".
 
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
@@ -107,8 +108,34 @@ impl Backoff {
     /// `retryable` sees each error with the attempt that failed and the delay before the next
     /// one (the place to log "retrying").
     pub async fn retry_until<T, E, Fut>(
-        mut self,
+        self,
         deadline: Instant,
+        op: impl FnMut(u32) -> Fut,
+        retryable: impl FnMut(&E, u32, Duration) -> bool,
+    ) -> Result<T, GaveUp<E>>
+    where
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.retry(Limit::Deadline(deadline), op, retryable).await
+    }
+
+    /// The same bounded by a count instead of a deadline: at most `attempts` attempts (at
+    /// least one). `retryable` sees only the errors another attempt follows.
+    pub async fn retry_at_most<T, E, Fut>(
+        self,
+        attempts: u32,
+        op: impl FnMut(u32) -> Fut,
+        retryable: impl FnMut(&E, u32, Duration) -> bool,
+    ) -> Result<T, GaveUp<E>>
+    where
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.retry(Limit::Attempts(attempts.max(1)), op, retryable).await
+    }
+
+    async fn retry<T, E, Fut>(
+        mut self,
+        limit: Limit,
         mut op: impl FnMut(u32) -> Fut,
         mut retryable: impl FnMut(&E, u32, Duration) -> bool,
     ) -> Result<T, GaveUp<E>>
@@ -124,12 +151,25 @@ impl Backoff {
                 Err(error) => error,
             };
             let delay = self.next_delay();
-            if Instant::now() + delay > deadline || !retryable(&error, attempts, delay) {
+            let spent = match limit {
+                Limit::Deadline(deadline) => Instant::now() + delay > deadline,
+                Limit::Attempts(most) => attempts >= most,
+            };
+            if spent || !retryable(&error, attempts, delay) {
                 return Err(GaveUp { error, attempts, elapsed: started.elapsed() });
             }
             tokio::time::sleep(delay).await;
         }
     }
+}
+
+/// What ends a retried operation that keeps failing.
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    /// No attempt starts after this instant.
+    Deadline(Instant),
+    /// No more than this many attempts.
+    Attempts(u32),
 }
 
 impl Iterator for Backoff {
@@ -245,5 +285,42 @@ mod tests {
         assert_eq!((gave_up.attempts, gave_up.error), (5, "down"));
         assert_eq!(started.elapsed(), MS(150));
         assert!(gave_up.to_string().starts_with("gave up after 5 attempts"), "{gave_up}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_at_most_stops_at_success_at_a_fatal_error_or_after_the_attempts() {
+        // Succeeds on the third of at most three attempts.
+        let out: Result<u32, GaveUp<&str>> = Backoff::new(MS(10), MS(100))
+            .retry_at_most(3, |n| async move { if n < 3 { Err("no") } else { Ok(n) } }, |_, _, _| true)
+            .await;
+        assert_eq!(out.unwrap(), 3);
+
+        // A fatal error ends at once.
+        let out: Result<(), GaveUp<&str>> = Backoff::new(MS(10), MS(100))
+            .retry_at_most(5, |_| async { Err("fatal") }, |e, _, _| *e != "fatal")
+            .await;
+        assert_eq!(out.unwrap_err().attempts, 1);
+
+        // Four attempts, three waits (10 + 20 + 40 ms); `retryable` sees only the errors
+        // another attempt follows. Zero attempts means one.
+        let started = Instant::now();
+        let mut seen = Vec::new();
+        let out: Result<(), GaveUp<&str>> = Backoff::new(MS(10), MS(100))
+            .retry_at_most(
+                4,
+                |_| async { Err("down") },
+                |_, tried, delay| {
+                    seen.push((tried, delay));
+                    true
+                },
+            )
+            .await;
+        let gave_up = out.unwrap_err();
+        assert_eq!((gave_up.attempts, gave_up.error), (4, "down"));
+        assert_eq!(seen, [(1, MS(10)), (2, MS(20)), (3, MS(40))]);
+        assert_eq!(started.elapsed(), MS(70));
+        let out: Result<(), GaveUp<&str>> =
+            Backoff::new(MS(10), MS(100)).retry_at_most(0, |_| async { Err("down") }, |_, _, _| true).await;
+        assert_eq!(out.unwrap_err().attempts, 1);
     }
 }

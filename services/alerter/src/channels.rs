@@ -80,24 +80,18 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let attempts = attempts.max(1);
-    let longest = backoff.saturating_mul(1 << attempts.min(20));
-    // The attempt count bounds the retries, not a deadline.
-    let unbounded = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
+    let longest = backoff.saturating_mul(1 << attempts.clamp(1, 20));
     Backoff::new(backoff, longest)
-        .retry_until(
-            unbounded,
+        .retry_at_most(
+            attempts,
             |_| attempt(),
             |error: &anyhow::Error, tried, _| {
-                let again = tried < attempts;
-                if again {
-                    tracing::debug!(
-                        error = format!("{error:#}"),
-                        attempt = tried,
-                        "alert delivery failed; retrying"
-                    );
-                }
-                again
+                tracing::debug!(
+                    error = format!("{error:#}"),
+                    attempt = tried,
+                    "alert delivery failed; retrying"
+                );
+                true
             },
         )
         .await
