@@ -17,6 +17,10 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+/// How often, and how long at most, the `jetstream` check asks JetStream for account info.
+const JETSTREAM_PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+const JETSTREAM_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Named readiness checks. A service marks each check ready or not; `/readyz` is 200 only
 /// when every registered check is ready.
 #[derive(Debug, Clone, Default)]
@@ -38,6 +42,37 @@ impl Readiness {
     /// Adds the check `nats_connected`, read live from the client's connection state.
     pub fn watch_connection(&self, client: async_nats::Client) {
         *self.client.lock().expect("readiness lock") = Some(client);
+    }
+
+    /// Adds the check `jetstream`, probed every second by an account info request: false while
+    /// JetStream does not answer (a server that disabled it on a full disk, a node cut off
+    /// from the cluster's meta leader), logged when it changes. The probe ends once every
+    /// other handle of this readiness is dropped.
+    pub fn watch_jetstream(&self, js: async_nats::jetstream::Context) {
+        self.set("jetstream", false);
+        let checks = Arc::downgrade(&self.checks);
+        tokio::spawn(async move {
+            let mut was = None;
+            loop {
+                let answer = tokio::time::timeout(JETSTREAM_PROBE_TIMEOUT, js.query_account()).await;
+                let error = match answer {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(error)) => Some(error.to_string()),
+                    Err(_) => Some(format!("no answer within {JETSTREAM_PROBE_TIMEOUT:?}")),
+                };
+                let Some(checks) = checks.upgrade() else { return };
+                let ready = error.is_none();
+                checks.lock().expect("readiness lock").insert("jetstream", ready);
+                drop(checks);
+                match (was, error) {
+                    (Some(true) | None, Some(error)) => tracing::warn!(%error, "JetStream unavailable: not ready"),
+                    (Some(false), None) => tracing::info!("JetStream available again: ready"),
+                    _ => {}
+                }
+                was = Some(ready);
+                tokio::time::sleep(JETSTREAM_PROBE_EVERY).await;
+            }
+        });
     }
 
     pub fn is_ready(&self) -> bool {

@@ -1,6 +1,7 @@
 //! The start-up every service shares: names and instance id from the common settings, the
 //! readiness checks, the admin port (bound here, served by the service's `run`), the NATS
-//! connection (followed by readiness) and its JetStream context, then the topology.
+//! connection and JetStream (both followed by readiness) and its JetStream context, then the
+//! topology.
 
 use std::net::SocketAddr;
 
@@ -59,6 +60,7 @@ impl Base {
             .await?;
         readiness.watch_connection(client.clone());
         let js = jetstream::new(client.clone());
+        readiness.watch_jetstream(js.clone());
         Ok(Base { names, instance, readiness, admin, client, js })
     }
 

@@ -43,14 +43,26 @@ struct NsNode {
     disk: Option<SmallDisk>,
 }
 
-/// A service process inside a node's namespace and the proxy it reaches its node through.
+/// A service process inside a node's namespace, the proxy it reaches its node through, and
+/// one from the test's loopback to its admin port (`/readyz`, `/metrics`).
 #[derive(Debug)]
 pub struct NsService {
     pub instance: String,
     pub node: usize,
     pub process: ChildProcess,
     pub proxy: Proxy,
+    admin: Proxy,
 }
+
+impl NsService {
+    /// GETs `path` from the service's admin port: status and body.
+    pub async fn admin_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        monitor::get(self.admin.addr(), path).await
+    }
+}
+
+/// Admin ports of services in namespaces: each service its own, so several share a node.
+static NEXT_ADMIN_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(19_000);
 
 impl NsCluster {
     /// Starts the nodes, each store on a tmpfs of `disk_mb` MiB when given (with `limits` in
@@ -161,7 +173,8 @@ impl NsCluster {
     }
 
     /// Starts service `binary` as `instance` in node `node`'s namespace, connected to that node
-    /// only, through a proxy listening on the namespace's loopback; `args` and `env` added.
+    /// only, through a proxy listening on the namespace's loopback, its admin port reachable
+    /// through [`NsService::admin_get`]; `args` (without `--admin-addr`) and `env` added.
     pub async fn service(
         &self,
         node: usize,
@@ -174,14 +187,18 @@ impl NsCluster {
         let upstream = SocketAddr::V4(SocketAddrV4::new(self.lab.node_ip(node), CLIENT_PORT));
         let proxy =
             Proxy::start(Some(ns), SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), Some(ns), upstream).await?;
+        let port = NEXT_ADMIN_PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let admin_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let admin =
+            Proxy::start(None, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), Some(ns), admin_addr).await?;
         let mut command = self.lab.command(node, workspace_bin(binary));
         command
             .env("NATS_URL", format!("nats://{}", proxy.addr()))
-            .args(["--instance-id", instance])
+            .args(["--instance-id", instance, "--admin-addr", &admin_addr.to_string()])
             .args(args)
             .envs(env.iter().copied());
         let process = ChildProcess::spawn_command(instance, command);
-        Ok(NsService { instance: instance.to_owned(), node, process, proxy })
+        Ok(NsService { instance: instance.to_owned(), node, process, proxy, admin })
     }
 
     fn spawn(&mut self, i: usize) {

@@ -164,7 +164,7 @@ async fn submissions_held_by_an_intake_pull_lost_in_a_partition_are_applied_with
         node_js.push(jetstream::new(cluster.client_to(i).await));
     }
     // The registry on node 2, connected to it only, as in the nemesis cast.
-    let args = ["--admin-addr", "127.0.0.1:0", "--replicas", "3"];
+    let args = ["--replicas", "3"];
     let mut registry = cluster
         .service(2, "jetsched-registry", "registry-1", &args, &[("RUST_LOG", "info")])
         .await

@@ -90,7 +90,7 @@ async fn spawn_with(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> NsService {
-    let mut args = vec!["--admin-addr", "127.0.0.1:0", "--replicas", "3", "--lease", "2s"];
+    let mut args = vec!["--replicas", "3", "--lease", "2s"];
     args.extend_from_slice(extra);
     match binary {
         "jetsched-scheduler" => {
@@ -141,6 +141,11 @@ impl Cast {
             .into_iter()
             .chain(&mut self.schedulers)
             .chain(&mut self.workers)
+    }
+
+    /// Every service process, to read.
+    fn each(&self) -> impl Iterator<Item = &NsService> {
+        [&self.registry, &self.alerter].into_iter().chain(&self.schedulers).chain(&self.workers)
     }
 
     /// The scheduler holding the lease (waits for one).
@@ -397,6 +402,33 @@ async fn put_probe(client: &async_nats::Client, id: &str) -> Result<(), String> 
     }
 }
 
+/// The `jetstream` readiness check of `service` and whether `/readyz` says ready.
+async fn jetstream_readiness(service: &NsService) -> Option<(bool, bool)> {
+    let (status, body) = service.admin_get("/readyz").await.ok()?;
+    let body: serde_json::Value = serde_json::from_str(&body).ok()?;
+    Some((body.pointer("/checks/jetstream")?.as_bool()?, status == 200))
+}
+
+/// Waits until every service's `/readyz` has its `jetstream` check at `ready` (and answers 503
+/// while it is not).
+async fn every_service_says_jetstream(cast: &Cast, ready: bool) {
+    for service in cast.each() {
+        let what = format!("{} reports jetstream ready: {ready}", service.instance);
+        eventually(WAIT, &what, || async {
+            let (jetstream, all) = jetstream_readiness(service).await?;
+            (jetstream == ready && (ready || !all)).then_some(())
+        })
+        .await;
+    }
+}
+
+/// The value of `jetsched_events_failed_total` a service exports.
+async fn events_failed(service: &NsService) -> Option<u64> {
+    let (_, body) = service.admin_get("/metrics").await.ok()?;
+    let line = body.lines().find(|line| line.starts_with("jetsched_events_failed_total"))?;
+    line.split_whitespace().nth(1)?.parse::<f64>().ok().map(|v| v as u64)
+}
+
 #[tokio::test]
 async fn nemesis_full_disks_refuse_writes_and_resume_after_a_restart_losing_nothing() {
     init_test_logging();
@@ -409,6 +441,7 @@ async fn nemesis_full_disks_refuse_writes_and_resume_after_a_restart_losing_noth
         return;
     }
     let mut setup = Setup::start(true).await;
+    every_service_says_jetstream(&setup.cast, true).await;
     let mut one_shots = Vec::new();
     let mut restarts = Vec::new();
     let mut faults: BTreeMap<String, usize> = BTreeMap::new();
@@ -425,16 +458,51 @@ async fn nemesis_full_disks_refuse_writes_and_resume_after_a_restart_losing_noth
             matches!(put_probe(&setup.client, &probe).await, Err(code) if code == "unavailable")
         })
         .await;
+        // Every service says what is wrong: its `jetstream` readiness check fails.
+        every_service_says_jetstream(&setup.cast, false).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         for i in 0..CLUSTER_SIZE {
             setup.cluster.disk(i).expect("small disk").free().expect("free the disk");
         }
         setup.cluster.restart_all().await.unwrap_or_else(|e| panic!("{e:#}"));
         restarts.push((from, chaos::now_ms()));
-        // Every service resumes on its own: the registry stores again.
+        // Every service resumes on its own: ready again, and the registry stores again.
+        every_service_says_jetstream(&setup.cast, true).await;
         eventually(WAIT, "the registry stores again after the restart", || put_probe(&setup.client, &probe))
             .await;
         *faults.entry("FullDisks".to_owned()).or_default() += 1;
+    }
+    // Nothing acknowledged before the disks filled is lost: each one-shot submitted just before
+    // is stored as a task (the checker then proves it fired once).
+    let tasks = setup.js.get_key_value(Names::default().tasks_bucket()).await.expect("tasks bucket");
+    for (id, _) in &one_shots {
+        let key = format!("{NS}.{id}");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let entry = tasks.entry(key.clone()).await.ok().flatten();
+            if entry.is_some_and(|e| e.operation == kv::Operation::Put) {
+                break;
+            }
+            if Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            let mut logs = String::new();
+            for service in setup.cast.each() {
+                for line in service.process.output().lines().filter(|l| l.contains(id.as_str())) {
+                    logs.push_str(&format!("{}: {line}\n", service.instance));
+                }
+            }
+            panic!(
+                "one-shot {id} acknowledged before the disks filled was never stored; logs naming it:\n{logs}"
+            );
+        }
+    }
+    // Events that could not be stored are counted, by every service that stores events.
+    for service in setup.cast.each().filter(|s| !s.instance.starts_with("alerter")) {
+        let failed = events_failed(service).await;
+        eprintln!("{}: jetsched_events_failed_total {failed:?}", service.instance);
+        assert!(failed.is_some(), "{} exports no jetsched_events_failed_total", service.instance);
     }
     setup.finish("full disks", one_shots, HashSet::new(), faults, restarts).await;
 }
