@@ -18,7 +18,7 @@ use crate::api::{Api, Failure, task_ref};
 use crate::breakers::BreakerCommand;
 use crate::dlq::DlqCommand;
 use crate::files::read_specs;
-use crate::output;
+use crate::output::{self, outln};
 
 /// jetsched: submit, inspect and control scheduled tasks over NATS.
 #[derive(Debug, Parser)]
@@ -177,7 +177,7 @@ fn parse_instant(text: &str) -> Result<DateTime<Utc>, String> {
 
 /// The reply as JSON, or `message`.
 pub(crate) fn done(json_out: bool, value: &Value, message: &str) {
-    if json_out { output::pretty(value) } else { println!("{message}") }
+    if json_out { output::pretty(value) } else { outln!("{message}") }
 }
 
 /// `delete`, `pause` or `resume` one task.
@@ -258,8 +258,8 @@ async fn apply(api: &Api, files: &[PathBuf], create_only: bool, json_out: bool) 
             bar.inc(1);
         }
         let print = |line: String| match &progress {
-            Some(bar) => bar.suspend(|| println!("{line}")),
-            None => println!("{line}"),
+            Some(bar) => bar.suspend(|| outln!("{line}")),
+            None => outln!("{line}"),
         };
         match result {
             Ok(reply) if json_out => print(reply.to_string()),
@@ -464,7 +464,7 @@ async fn events(client: &async_nats::Client, names: &Names, args: EventsArgs) ->
         let message = message.context("read event")?;
         let pending = message.info().map(|i| i.pending).unwrap_or(0);
         let event: Value = serde_json::from_slice(&message.payload).unwrap_or(Value::Null);
-        println!("{}", event);
+        outln!("{}", event);
         if !args.follow && pending == 0 {
             break;
         }

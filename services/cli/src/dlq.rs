@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api::{Api, Failure, task_ref};
-use crate::output;
+use crate::output::{self, outln};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum DlqCommand {
@@ -155,7 +155,7 @@ pub(crate) async fn run(api: &Api, command: DlqCommand, json_out: bool) -> Resul
             }
             let reply: ReplayReply = serde_json::from_value(reply).map_err(anyhow::Error::from)?;
             for r in reply.replayed {
-                println!("dead letter {} replayed as execution {}", r.sequence, r.execution_id);
+                outln!("dead letter {} replayed as execution {}", r.sequence, r.execution_id);
             }
             for f in reply.failed {
                 eprintln!("dead letter {} not replayed: {}", f.sequence, f.error);

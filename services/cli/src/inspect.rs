@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::api::{Failure, task_ref};
-use crate::output;
+use crate::output::{self, outln};
 use crate::tenant::NamespaceEvents;
 
 /// The roles `status` looks for, in the order it shows them.
@@ -377,7 +377,7 @@ pub(crate) async fn status(
 }
 
 fn print_status(report: &Status, now: DateTime<Utc>) {
-    let line = |label: &str, text: String| println!("{:<LABEL$}{text}", format!("{label}:"));
+    let line = |label: &str, text: String| outln!("{:<LABEL$}{text}", format!("{label}:"));
     match &report.leader {
         None => line("leader", "NONE (no scheduler holds the lease)".into()),
         Some(l) if !l.term_recorded => line(
@@ -396,7 +396,7 @@ fn print_status(report: &Status, now: DateTime<Utc>) {
         line(&output::plural(role), format!("{}{list}", instances.len()));
     }
     line("dead letters", report.dead_letters.map_or("?".into(), |n| n.to_string()));
-    println!();
+    outln!();
     let rows: Vec<Vec<String>> = report
         .queues
         .iter()
@@ -406,14 +406,14 @@ fn print_status(report: &Status, now: DateTime<Utc>) {
         })
         .collect();
     output::table(&["QUEUE CONSUMER", "PENDING", "ACK PENDING", "REDELIVERED", "WAITING PULLS"], &rows);
-    println!();
+    outln!();
     let rows: Vec<Vec<String>> = report
         .lanes
         .iter()
         .map(|l| vec![l.queue.clone(), l.priority.to_string(), l.pending.to_string()])
         .collect();
     output::table(&["QUEUE", "PRIORITY", "PENDING"], &rows);
-    println!();
+    outln!();
     let rows: Vec<Vec<String>> = report
         .streams
         .iter()

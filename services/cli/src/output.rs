@@ -1,6 +1,35 @@
-//! Human output: tables for lists, pretty JSON for single objects.
+//! Human output: tables for lists, pretty JSON for single objects, and every line written to
+//! standard output (a reader that went away, as `jetsched ls | head -1`, ends the command
+//! quietly with exit 0, like other Unix tools).
+
+use std::io::Write;
 
 use serde_json::Value;
+
+/// `println!` for the CLI's standard output: see [`line`].
+macro_rules! outln {
+    () => {
+        $crate::output::line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::line(format_args!($($arg)*))
+    };
+}
+pub(crate) use outln;
+
+/// Writes one line to standard output. When the reader has gone (a broken pipe) nothing more
+/// is worth printing: the process exits 0 at once, quietly; any other write error exits 2
+/// saying so.
+pub(crate) fn line(text: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if let Err(error) = out.write_fmt(text).and_then(|()| out.write_all(b"\n")) {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: write to standard output: {error}");
+        std::process::exit(2);
+    }
+}
 
 /// Prints rows as a left-aligned table with a header.
 pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) {
@@ -13,7 +42,7 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) {
     let line = |cells: Vec<String>| {
         let text: Vec<String> =
             cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
-        println!("{}", text.join("  ").trim_end());
+        outln!("{}", text.join("  ").trim_end());
     };
     line(header.iter().map(|h| h.to_string()).collect());
     for row in rows {
@@ -36,7 +65,7 @@ pub(crate) fn schedule(schedule: &Value) -> String {
 }
 
 pub(crate) fn pretty(value: &Value) {
-    println!("{}", serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string()));
+    outln!("{}", serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string()));
 }
 
 /// `1 dead letter`, `3 dead letters`.

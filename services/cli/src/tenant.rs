@@ -15,6 +15,7 @@ use jetsched_shared::names::Names;
 use serde_json::Value;
 
 use crate::api::{Failure, task_ref};
+use crate::output::outln;
 
 /// How long the history may stay silent before it is taken as complete.
 const QUIET: Duration = Duration::from_secs(2);
@@ -98,7 +99,7 @@ pub(crate) async fn events(
     let NamespaceEvents { recent, mut messages } =
         NamespaceEvents::open(client, names, namespace, filter, last).await?;
     for event in recent {
-        println!("{}", serde_json::from_slice::<Value>(&event).unwrap_or(Value::Null));
+        outln!("{}", serde_json::from_slice::<Value>(&event).unwrap_or(Value::Null));
     }
     if !follow {
         return Ok(());
@@ -106,7 +107,7 @@ pub(crate) async fn events(
     while let Some(message) = messages.next().await {
         let message = message.context("read event")?;
         let event: Value = serde_json::from_slice(&message.payload).unwrap_or(Value::Null);
-        println!("{event}");
+        outln!("{event}");
     }
     Ok(())
 }

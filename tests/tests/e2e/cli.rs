@@ -380,3 +380,49 @@ async fn dlq_subcommands_list_show_replay_and_purge() {
     assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
     registry.stop().await;
 }
+
+/// `jetsched ls | head -1` with more tasks than a pipe holds: the reader goes away while the
+/// CLI still writes, and the CLI stops printing and exits 0 without a word on stderr.
+#[tokio::test]
+async fn a_reader_that_goes_away_ends_the_output_quietly_with_exit_0() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let registry = App::registry(config(&server.url(), 1)).await;
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    // Far more than a pipe's 64 KiB in the table and in the JSON.
+    let specs: Vec<Value> = (0..1500)
+        .map(|i| {
+            json!({"id": format!("a-task-with-a-rather-long-name-{i:05}"), "namespace": "pipes",
+                   "schedule": {"every": "1h"}, "executor": {"kind": "nats", "subject": "jobs.pipes"}})
+        })
+        .collect();
+    let file = dir.path().join("specs.json");
+    std::fs::write(&file, Value::Array(specs).to_string()).unwrap();
+    let applied = jetsched(&url, &["apply", "-f", file.to_str().unwrap()]).await;
+    assert!(applied.status.success(), "{}", stderr(&applied));
+
+    let whole = jetsched(&url, &["ls", "--namespace", "pipes"]).await;
+    assert!(whole.status.success() && whole.stdout.len() > 96 * 1024, "{} bytes", whole.stdout.len());
+
+    for (args, reader) in [("ls --namespace pipes", "head -1"), ("ls --namespace pipes --json", "true")] {
+        let piped = tokio::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("set -o pipefail; \"$0\" --nats-url \"$1\" {args} | {reader}"))
+            .arg(workspace_bin("jetsched"))
+            .arg(&url)
+            .output()
+            .await
+            .expect("run bash");
+        assert_eq!(piped.status.code(), Some(0), "{args} | {reader}: {}", stderr(&piped));
+        assert_eq!(stderr(&piped), "", "{args} | {reader}");
+        if reader == "head -1" {
+            assert!(
+                stdout(&piped).starts_with("TASK") && stdout(&piped).lines().count() == 1,
+                "{}",
+                stdout(&piped)
+            );
+        }
+    }
+    registry.stop().await;
+}
