@@ -40,10 +40,13 @@ pub enum Rule {
     /// A scheduler replica's clock is off the server's by more than its maximum skew
     /// (`scheduler.clock_skew`).
     ClockSkew,
+    /// JetStream does not answer (its servers disabled it, e.g. on a full disk, or none is
+    /// reachable): nothing can be dispatched or recorded; once per episode.
+    JetstreamUnavailable,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 11] = [
+    pub const ALL: [Rule; 12] = [
         Rule::RunFailed,
         Rule::RunDead,
         Rule::QueueBacklog,
@@ -55,6 +58,7 @@ impl Rule {
         Rule::DlqFull,
         Rule::BreakerOpen,
         Rule::ClockSkew,
+        Rule::JetstreamUnavailable,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +74,7 @@ impl Rule {
             Rule::DlqFull => "dlq_full",
             Rule::BreakerOpen => "breaker_open",
             Rule::ClockSkew => "clock_skew",
+            Rule::JetstreamUnavailable => "jetstream_unavailable",
         }
     }
 
@@ -83,7 +88,7 @@ impl Rule {
             | Rule::LeaderChanged
             | Rule::LeaderFlapping
             | Rule::DlqFull => Severity::Critical,
-            Rule::NoLeader => Severity::Fatal,
+            Rule::NoLeader | Rule::JetstreamUnavailable => Severity::Fatal,
         }
     }
 }
@@ -91,6 +96,7 @@ impl Rule {
 /// What the subject of a system alert is called (the `task_id` of the alert).
 pub(crate) const SCHEDULER_SUBJECT: &str = "scheduler";
 pub(crate) const DLQ_SUBJECT: &str = "dlq";
+pub(crate) const JETSTREAM_SUBJECT: &str = "jetstream";
 
 /// Thresholds of the rules and which rules are on.
 #[derive(Debug, Clone)]
@@ -210,6 +216,8 @@ pub struct Detector {
     dlq_depth: Option<u64>,
     /// Whether the current nearly-full episode alerted.
     dlq_full: bool,
+    /// JetStream has not answered since its alert.
+    jetstream_down: bool,
     /// Breakers (`(namespace, id)` of their events) open since their alert: a breaker that
     /// re-opens after a failed probe does not alert again until it has closed.
     open_breakers: HashSet<(String, String)>,
@@ -224,6 +232,7 @@ impl Detector {
             leaderless: None,
             dlq_depth: None,
             dlq_full: false,
+            jetstream_down: false,
             open_breakers: HashSet::new(),
         }
     }
@@ -446,6 +455,30 @@ impl Detector {
         out
     }
 
+    /// A check of JetStream itself: `error` when it did not answer. One alert per episode.
+    pub fn on_jetstream(&mut self, now: DateTime<Utc>, error: Option<&str>) -> Vec<Candidate> {
+        let Some(error) = error else {
+            self.jetstream_down = false;
+            return Vec::new();
+        };
+        if self.jetstream_down || !self.on(Rule::JetstreamUnavailable) {
+            return Vec::new();
+        }
+        self.jetstream_down = true;
+        let summary = "JetStream does not answer: nothing can be dispatched, recorded or stored \
+                       (a full disk disables it until its server restarts)";
+        vec![
+            Candidate::new(
+                Rule::JetstreamUnavailable,
+                SYSTEM_NAMESPACE,
+                JETSTREAM_SUBJECT,
+                now,
+                summary.to_owned(),
+            )
+            .detail("error", error),
+        ]
+    }
+
     /// Time-driven rules (no leader for too long).
     pub fn tick(&mut self, now: DateTime<Utc>) -> Vec<Candidate> {
         let after = chrono_duration(self.thresholds.no_leader_after);
@@ -651,6 +684,18 @@ mod tests {
         assert!(d.on_dlq(at(1), dlq(3, 30)).is_empty());
         assert_eq!(d.on_dlq(at(2), dlq(5, 50))[0].details["previous"], "3");
         assert!(d.on_dlq(at(3), dlq(2, 20)).is_empty());
+    }
+
+    #[test]
+    fn jetstream_unavailable_alerts_once_per_episode() {
+        let mut d = Detector::new(Thresholds::default());
+        assert!(d.on_jetstream(at(0), None).is_empty());
+        let out = d.on_jetstream(at(1), Some("jetstream not enabled"));
+        assert_eq!((out[0].rule.name(), out[0].rule.severity()), ("jetstream_unavailable", Severity::Fatal));
+        assert_eq!(out[0].details["error"], "jetstream not enabled");
+        assert!(d.on_jetstream(at(2), Some("timed out")).is_empty());
+        assert!(d.on_jetstream(at(3), None).is_empty());
+        assert_eq!(d.on_jetstream(at(4), Some("timed out")).len(), 1);
     }
 
     #[test]

@@ -453,6 +453,14 @@ impl Alerter {
 
     async fn check(&mut self) {
         let now = Utc::now();
+        let answer = tokio::time::timeout(Duration::from_secs(2), self.js.query_account()).await;
+        let error = match answer {
+            Ok(Ok(_)) => None,
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some("no answer within 2s".to_owned()),
+        };
+        let candidates = self.detector.on_jetstream(now, error.as_deref());
+        self.raise(candidates).await;
         match probes::queue_depths(&self.js, &self.names).await {
             Ok(depths) => {
                 for (queue, depth) in &depths {

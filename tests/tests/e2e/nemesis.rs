@@ -97,6 +97,8 @@ async fn spawn_with(
             args.extend(["--lease-margin", "500ms", "--fire-events", "true", "--misfire-threshold", "1s"])
         }
         "jetsched-worker" => args.extend(["--ack-wait", "2s", "--concurrency", "32"]),
+        // JetStream itself is checked at each check: a full store is alerted within seconds.
+        "jetsched-alerter" => args.extend(["--check-interval", "1s"]),
         _ => {}
     }
     let mut env = env.to_vec();
@@ -422,11 +424,21 @@ async fn every_service_says_jetstream(cast: &Cast, ready: bool) {
     }
 }
 
+/// The value of a counter line of `service`'s metrics starting with `prefix`.
+async fn counter(service: &NsService, prefix: &str) -> Option<u64> {
+    let (_, body) = service.admin_get("/metrics").await.ok()?;
+    let line = body.lines().find(|line| line.starts_with(prefix))?;
+    line.split_whitespace().last()?.parse::<f64>().ok().map(|v| v as u64)
+}
+
+/// How often the alerter's `rule` fired (before de-duplication).
+async fn alerts_raised(alerter: &NsService, rule: &str) -> Option<u64> {
+    counter(alerter, &format!("jetsched_alerts_raised_total{{rule=\"{rule}\"}}")).await
+}
+
 /// The value of `jetsched_events_failed_total` a service exports.
 async fn events_failed(service: &NsService) -> Option<u64> {
-    let (_, body) = service.admin_get("/metrics").await.ok()?;
-    let line = body.lines().find(|line| line.starts_with("jetsched_events_failed_total"))?;
-    line.split_whitespace().nth(1)?.parse::<f64>().ok().map(|v| v as u64)
+    counter(service, "jetsched_events_failed_total").await
 }
 
 #[tokio::test]
@@ -458,8 +470,19 @@ async fn nemesis_full_disks_refuse_writes_and_resume_after_a_restart_losing_noth
             matches!(put_probe(&setup.client, &probe).await, Err(code) if code == "unavailable")
         })
         .await;
-        // Every service says what is wrong: its `jetstream` readiness check fails.
+        // Every service says what is wrong: its `jetstream` readiness check fails, and the
+        // alerter raises `jetstream_unavailable` once per episode (sent through its log channel
+        // the first time; the second falls in the first's de-duplication window).
         every_service_says_jetstream(&setup.cast, false).await;
+        eventually(WAIT, "the alerter raises jetstream_unavailable", || async {
+            let raised = alerts_raised(&setup.cast.alerter, "jetstream_unavailable").await?;
+            (raised > episode as u64).then_some(())
+        })
+        .await;
+        if episode == 0 {
+            let logged = setup.cast.alerter.process.output().contains("jetstream_unavailable");
+            assert!(logged, "the alerter raised jetstream_unavailable but logged no alert");
+        }
         tokio::time::sleep(Duration::from_secs(2)).await;
         for i in 0..CLUSTER_SIZE {
             setup.cluster.disk(i).expect("small disk").free().expect("free the disk");
