@@ -1,7 +1,10 @@
-//! Shared test fixtures: a task spec builder, publishing a dispatch as the scheduler does, and
-//! reading back run records and dead letters.
+//! Shared test fixtures: a task spec builder, publishing a dispatch as the scheduler does,
+//! reading back run records and dead letters, and downstreams that fail (or recover) on
+//! demand: a responder of the `nats` executor and a named handler.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishAckFuture, kv};
@@ -9,7 +12,9 @@ use futures::StreamExt;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
-use jetsched_shared::wire::{DeadLetter, HDR_EXECUTION_ID, RunRecord, RunStatus, scheduled_execution_id};
+use jetsched_shared::wire::{
+    DeadLetter, HDR_EXECUTION_ID, HDR_STATUS, RunRecord, RunStatus, scheduled_execution_id,
+};
 use serde_json::{Value, json};
 
 use crate::eventually;
@@ -118,6 +123,86 @@ impl SpecBuilder {
 /// The execution id a worker's request carries in its headers (empty without one).
 pub fn execution_id_header(message: &async_nats::Message) -> String {
     message.headers.as_ref().and_then(|h| h.get(HDR_EXECUTION_ID)).map(|v| v.to_string()).unwrap_or_default()
+}
+
+/// A downstream of the `nats` executor on one subject: answers every request with the status
+/// it is set to (`ok`, `retry` or `fail` in `Jetsched-Status`, the status as the body too) and
+/// records each request's execution id. Stops answering when dropped.
+pub struct Responder {
+    status: Arc<Mutex<&'static str>>,
+    requests: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Responder {
+    /// Answers requests on `subject` with `status` from now on (the subscription is flushed).
+    pub async fn start(client: &async_nats::Client, subject: &str, status: &'static str) -> Responder {
+        let mut sub = client.subscribe(subject.to_string()).await.expect("subscribe the responder");
+        client.flush().await.expect("flush the responder's subscription");
+        let status = Arc::new(Mutex::new(status));
+        let requests: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (answer, seen, client) = (status.clone(), requests.clone(), client.clone());
+        let task = tokio::spawn(async move {
+            while let Some(request) = sub.next().await {
+                seen.lock().expect("requests").push(execution_id_header(&request));
+                let Some(reply) = request.reply else { continue };
+                let status = *answer.lock().expect("status");
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(HDR_STATUS, status);
+                let _ = client.publish_with_headers(reply, headers, status.into()).await;
+            }
+        });
+        Responder { status, requests, task }
+    }
+
+    /// Answers `status` from now on.
+    pub fn set_status(&self, status: &'static str) {
+        *self.status.lock().expect("status") = status;
+    }
+
+    /// The execution id of every request so far, in order.
+    pub fn requests(&self) -> Vec<String> {
+        self.requests.lock().expect("requests").clone()
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A named handler whose downstream fails until it recovers: while failing, every run fails
+/// permanently with its reason; after, every run succeeds. Clones share the switch.
+#[derive(Clone)]
+pub struct Flaky {
+    failing: Arc<AtomicBool>,
+    reason: &'static str,
+}
+
+impl Flaky {
+    /// Failing with `reason` until [`Flaky::set_failing`] says otherwise.
+    pub fn failing(reason: &'static str) -> Flaky {
+        Flaky { failing: Arc::new(AtomicBool::new(true)), reason }
+    }
+
+    pub fn set_failing(&self, failing: bool) {
+        self.failing.store(failing, Ordering::SeqCst);
+    }
+}
+
+impl jetsched_worker::Handler for Flaky {
+    fn call(
+        &self,
+        _run: jetsched_worker::RunContext,
+    ) -> futures::future::BoxFuture<'static, jetsched_worker::Outcome> {
+        let outcome = if self.failing.load(Ordering::SeqCst) {
+            jetsched_worker::Outcome::permanent(self.reason)
+        } else {
+            jetsched_worker::Outcome::ok()
+        };
+        Box::pin(std::future::ready(outcome))
+    }
 }
 
 /// The execution id of the scheduled fire of `spec` at `nominal_ms`.

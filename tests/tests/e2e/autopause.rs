@@ -4,17 +4,14 @@
 //! starts the count over), with every run event published and with failures only; resume
 //! clears the reason; the breaker endpoints list, get and reset the breakers bucket.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use async_nats::jetstream;
 use chrono::Utc;
 use jetsched_shared::names::{Names, breaker_reason, pause_request_msg_id};
 use jetsched_shared::wire::{BreakerRecord, BreakerState, Event, EventKind, PauseRequest, RunStatus};
-use jetsched_tests::fixtures::{dispatch, spec, wait_run_status};
+use jetsched_tests::fixtures::{Flaky, dispatch, spec, wait_run_status};
 use jetsched_tests::{App, NatsServer, eventually, init_test_logging, read_stream};
+use jetsched_worker::Handlers;
 use jetsched_worker::RunEvents;
-use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
 
 use crate::worker_support::{WAIT, config as worker_config, server_with_topology};
@@ -203,12 +200,8 @@ async fn auto_pause(run_events: RunEvents, id: &str) {
     let (server, client, js) = server_with_topology().await;
     let names = Names::default();
     let registry = App::registry(crate::registry::config(&server.url(), 1)).await;
-    let failing = Arc::new(AtomicBool::new(true));
-    let flag = failing.clone();
-    let handlers = Handlers::new().register("flaky", move |_run: RunContext| {
-        let failing = flag.load(Ordering::SeqCst);
-        async move { if failing { Outcome::permanent("downstream is down") } else { Outcome::ok() } }
-    });
+    let downstream = Flaky::failing("downstream is down");
+    let handlers = Handlers::new().register("flaky", downstream.clone());
     let mut config = worker_config(&server, &format!("{id}-w1"));
     config.run_events = run_events;
     let worker = App::worker(config, handlers).await;
@@ -236,11 +229,11 @@ async fn auto_pause(run_events: RunEvents, id: &str) {
     run(RunStatus::Dead).await;
     run(RunStatus::Dead).await;
     eventually(WAIT, "two failures counted", || async { (count().await == Some(2)).then_some(()) }).await;
-    failing.store(false, Ordering::SeqCst);
+    downstream.set_failing(false);
     run(RunStatus::Succeeded).await;
     eventually(WAIT, "the success resets the count", || async { (count().await == Some(0)).then_some(()) })
         .await;
-    failing.store(true, Ordering::SeqCst);
+    downstream.set_failing(true);
     run(RunStatus::Dead).await;
     run(RunStatus::Dead).await;
     eventually(WAIT, "two failures counted again", || async { (count().await == Some(2)).then_some(()) })

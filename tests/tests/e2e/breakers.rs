@@ -13,13 +13,10 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, kv};
 use axum::http::{HeaderMap, StatusCode};
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
-use jetsched_shared::wire::{BreakerRecord, BreakerState, Event, EventKind, HDR_STATUS, RunStatus};
-use jetsched_tests::fixtures::{
-    dead_letters, dispatch, execution_id_header, run_record, spec, wait_run_status,
-};
+use jetsched_shared::wire::{BreakerRecord, BreakerState, Event, EventKind, RunStatus};
+use jetsched_tests::fixtures::{Responder, dead_letters, dispatch, run_record, spec, wait_run_status};
 use jetsched_tests::{App, eventually, read_stream};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
@@ -233,18 +230,7 @@ async fn three_workers_open_the_breaker_only_probes_pass_and_delayed_runs_all_ru
 async fn on_open_skip_records_the_reason_and_tasks_sharing_a_key_share_the_breaker() {
     let (server, client, js) = server_with_topology().await;
     let names = Names::default();
-    let requests: Arc<Mutex<Vec<String>>> = Arc::default();
-    let mut sub = client.subscribe("jobs.shared-down").await.expect("subscribe");
-    let (seen, responder) = (requests.clone(), client.clone());
-    tokio::spawn(async move {
-        while let Some(request) = sub.next().await {
-            seen.lock().unwrap().push(execution_id_header(&request));
-            let Some(reply) = request.reply else { continue };
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(HDR_STATUS, "fail");
-            let _ = responder.publish_with_headers(reply, headers, "down".into()).await;
-        }
-    });
+    let downstream = Responder::start(&client, "jobs.shared-down", "fail").await;
     let worker = App::worker(config(&server, "brk-skip"), handlers()).await;
     let breaker_spec =
         json!({"key": "shared-api", "min_runs": 3, "window": "2s", "open_for": "30s", "on_open": "skip"});
@@ -274,7 +260,7 @@ async fn on_open_skip_records_the_reason_and_tasks_sharing_a_key_share_the_break
         assert!(record.attempts.is_empty() && record.finished.is_some(), "{record:?}");
         skipped.push(id);
     }
-    let reached: Vec<String> = requests.lock().unwrap().clone();
+    let reached = downstream.requests();
     assert!(skipped.iter().all(|id| !reached.contains(id)), "skipped runs never reached the downstream");
     let told = eventually(WAIT, "run.skipped told for each", || async {
         let told = events(&js, EventKind::RunSkipped, "brk", "second").await;
@@ -304,19 +290,7 @@ async fn on_open_skip_records_the_reason_and_tasks_sharing_a_key_share_the_break
 async fn a_worker_killed_holding_unmerged_counts_still_lets_the_breaker_open() {
     let (server, client, js) = server_with_topology().await;
     let names = Names::default();
-    let healthy = Arc::new(AtomicBool::new(false));
-    let requests: Arc<Mutex<Vec<String>>> = Arc::default();
-    let mut sub = client.subscribe("jobs.flaky").await.expect("subscribe");
-    let (seen, ok, responder) = (requests.clone(), healthy.clone(), client.clone());
-    tokio::spawn(async move {
-        while let Some(request) = sub.next().await {
-            seen.lock().unwrap().push(execution_id_header(&request));
-            let Some(reply) = request.reply else { continue };
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(HDR_STATUS, if ok.load(Ordering::SeqCst) { "ok" } else { "retry" });
-            let _ = responder.publish_with_headers(reply, headers, "".into()).await;
-        }
-    });
+    let downstream = Responder::start(&client, "jobs.flaky", "retry").await;
     let flags = ["--ack-wait", "2s"];
     let mut first = worker_process(&server, "brk-p1", &flags);
     wait_for_workers(&client, 1).await;
@@ -331,7 +305,7 @@ async fn a_worker_killed_holding_unmerged_counts_still_lets_the_breaker_open() {
         runs.push(dispatch(&js, &names, &task, base + n).await);
     }
     // The first attempts failed on the first worker: kill it before its next merge.
-    eventually(WAIT, "the first worker tried", || async { requests.lock().unwrap().len() >= 3 }).await;
+    eventually(WAIT, "the first worker tried", || async { downstream.requests().len() >= 3 }).await;
     first.kill9();
     let store = breakers(&js).await;
     let merged_before_kill = breaker(&store, "task.brk.flaky").await.map(|r| r.window_counts(Utc::now()).0);
@@ -340,7 +314,7 @@ async fn a_worker_killed_holding_unmerged_counts_still_lets_the_breaker_open() {
         breaker(&store, "task.brk.flaky").await.is_some_and(|r| r.state != BreakerState::Closed)
     })
     .await;
-    healthy.store(true, Ordering::SeqCst);
+    downstream.set_status("ok");
     for id in &runs {
         wait_run_status(&js, &names, id, RunStatus::Succeeded, Duration::from_secs(30)).await;
     }

@@ -698,19 +698,15 @@ async fn dlq_call(client: &async_nats::Client, endpoint: &str, body: Value) -> V
 #[tokio::test]
 async fn dead_letters_are_listed_replayed_and_purged_through_the_registry_api() {
     use jetsched_shared::wire::{RunStatus, Trigger};
-    use jetsched_tests::fixtures::{dead_letter_of, dead_letters, dispatch, wait_run_status};
-    use jetsched_worker::{Handlers, Outcome};
+    use jetsched_tests::fixtures::{Flaky, dead_letter_of, dead_letters, dispatch, wait_run_status};
+    use jetsched_worker::Handlers;
 
     init_test_logging();
     let server = NatsServer::start().await;
     let registry = App::registry(Config::for_tests(&server.url())).await;
-    // Fails until `healed` is set: dead letters first, successful replays after.
-    let healed: std::sync::Arc<std::sync::Mutex<bool>> = Default::default();
-    let fixed = healed.clone();
-    let handlers = Handlers::new().register("until-fixed", move |_run| {
-        let fixed = fixed.clone();
-        async move { if *fixed.lock().unwrap() { Outcome::ok() } else { Outcome::permanent("not yet") } }
-    });
+    // Fails until it recovers: dead letters first, successful replays after.
+    let downstream = Flaky::failing("not yet");
+    let handlers = Handlers::new().register("until-fixed", downstream.clone());
     let worker = App::worker(jetsched_worker::Config::for_tests(&server.url(), "w-replay"), handlers).await;
     let client = server.client().await;
     let js = jetstream::new(client.clone());
@@ -753,7 +749,7 @@ async fn dead_letters_are_listed_replayed_and_purged_through_the_registry_api() 
     assert_eq!(got["entry"]["execution_id"], one.as_str());
     assert_eq!(got["entry"]["attempts"].as_array().map(Vec::len), Some(1));
 
-    *healed.lock().unwrap() = true;
+    downstream.set_failing(false);
     let replayed = dlq_call(&client, "replay", json!({"sequence": one_seq})).await;
     let new_id =
         replayed["replayed"][0]["execution_id"].as_str().unwrap_or_else(|| panic!("{replayed}")).to_string();
