@@ -105,6 +105,10 @@ async fn bench_soak_tiny_runs_every_service() {
         }
         assert!(number(&report, &format!("/memory/{service}/growth_pct")).is_finite());
     }
+    // The server's own view: the runs bucket holds records by the last sample.
+    let last = samples.last().expect("a sample");
+    assert!(number(last, "/server/runs/messages") > 0.0, "no runs bucket size in {last}");
+    assert!(number(last, "/server/events/mib") > 0.0, "no events stream size in {last}");
     for verdict in ["memory_flat", "lag_not_growing", "flat", "rate_sustained", "pass"] {
         assert!(report["verdicts"][verdict].is_boolean(), "verdict {verdict} missing");
     }

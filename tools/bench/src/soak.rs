@@ -256,6 +256,46 @@ async fn snapshot(services: &Services, responses: &AtomicU64) -> anyhow::Result<
     Ok(snap)
 }
 
+/// The server's own view for a sample: its CPU (percent of one core, from `/varz`) and the
+/// size of the runs bucket and the events stream (`/jsz`): messages, MiB and interior deletes,
+/// which is where a large or expiring store shows.
+async fn server_sample(server: &NatsServer, names: &Names) -> Value {
+    let varz = server.monitor_json("/varz").await.unwrap_or(Value::Null);
+    let jsz = server.monitor_json("/jsz?streams=true").await.unwrap_or(Value::Null);
+    let mut out = serde_json::Map::new();
+    out.insert("cpu_pct".into(), varz["cpu"].clone());
+    let streams = jsz["account_details"].as_array().into_iter().flatten();
+    for detail in streams.flat_map(|a| a["stream_detail"].as_array().into_iter().flatten()) {
+        let name = detail["name"].as_str().unwrap_or_default();
+        let key = if name == format!("KV_{}", names.runs_bucket()) {
+            "runs"
+        } else if name == names.events_stream() {
+            "events"
+        } else {
+            continue;
+        };
+        let state = &detail["state"];
+        out.insert(
+            key.into(),
+            json!({
+                "messages": state["messages"],
+                "mib": round2(state["bytes"].as_f64().unwrap_or(f64::NAN) / (1024.0 * 1024.0)),
+                "deleted": state["num_deleted"],
+            }),
+        );
+    }
+    Value::Object(out)
+}
+
+/// One line for the progress output from [`server_sample`].
+fn server_text(sample: &Value) -> String {
+    let part = |key: &str| {
+        let s = &sample[key];
+        format!("{key} {} msgs {} MiB {} deleted", s["messages"], s["mib"], s["deleted"])
+    };
+    format!("server CPU {}%; {}; {}", sample["cpu_pct"], part("runs"), part("events"))
+}
+
 fn round2(x: f64) -> Value {
     if x.is_finite() { json!((x * 100.0).round() / 100.0) } else { Value::Null }
 }
@@ -361,11 +401,13 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         let nats_mib = server.pid().map(rss_mib).unwrap_or(f64::NAN);
         rss.insert("nats-server".into(), round2(nats_mib));
         rss_series.entry("nats-server".into()).or_default().push(nats_mib);
+        let nats = server_sample(&server, &names).await;
         let t = (now.at - started).as_secs_f64();
         let rss_text = rss.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
         eprintln!(
             "soak: t={t:>5.0}s fires/s {fires_per_s:>7.0} runs/s {runs_per_s:>7.0} (other verdicts {other:.0}) \
-             lag p50 {p50:>7.2} / p99 {p99:>7.2} ms; backlog {pending} (+{ack_pending} unacked); RSS MiB: {rss_text}"
+             lag p50 {p50:>7.2} / p99 {p99:>7.2} ms; backlog {pending} (+{ack_pending} unacked); RSS MiB: {rss_text}; {}",
+            server_text(&nats)
         );
         samples.push(json!({
             "t_s": round2(t),
@@ -378,6 +420,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
             "backlog": pending,
             "ack_pending": ack_pending,
             "rss_mib": rss,
+            "server": nats,
         }));
         previous = now;
     }
