@@ -4,6 +4,8 @@
 //! The initial load is over when the bucket's stream held no message when the watch was opened,
 //! or when an entry arrives with `delta == 0` (the KV watch has no "load done" marker).
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use async_nats::jetstream::kv::{self, Entry, Operation, WatcherError};
 use futures::StreamExt;
@@ -11,6 +13,7 @@ use futures::stream::ReadyChunks;
 use jetsched_shared::spec::TaskSpec;
 use tokio::sync::mpsc;
 
+use crate::specs::{Scratch, Specs};
 use crate::tasks::TaskInfo;
 
 /// Entries handled per loop iteration at most (amortises the loop during a large load).
@@ -43,20 +46,25 @@ pub(crate) struct Decoded {
 }
 
 /// Opens the tasks watch (see [`open`]) and decodes its entries in a task of its own, so a
-/// large load parses specs on another core than the dispatch loop's. The feed closes when the
-/// watch ends.
-pub(crate) async fn open_tasks(store: &kv::Store) -> anyhow::Result<(Feed, u64)> {
+/// large load parses specs on another core than the dispatch loop's; their JSON is encoded
+/// against `specs`. The feed closes when the watch ends.
+pub(crate) async fn open_tasks(store: &kv::Store, specs: Arc<Specs>) -> anyhow::Result<(Feed, u64)> {
     let (watch, messages) = open(store).await?;
     let (tx, rx) = mpsc::channel(8);
     tokio::spawn(async move {
         // Chunks are decoded on blocking threads, a few at a time, and delivered in order.
         let mut decoded = watch
             .map(|chunk| {
+                let specs = specs.clone();
                 tokio::task::spawn_blocking(move || {
+                    let mut scratch = Scratch::default();
                     chunk
                         .into_iter()
                         .map(|entry| {
-                            entry.map(|entry| Decoded { change: decode(&entry), delta: entry.delta })
+                            entry.map(|entry| Decoded {
+                                change: decode(&entry, &specs, &mut scratch),
+                                delta: entry.delta,
+                            })
                         })
                         .collect::<Vec<_>>()
                 })
@@ -85,7 +93,7 @@ pub(crate) async fn open_tasks(store: &kv::Store) -> anyhow::Result<(Feed, u64)>
 /// A change of one task, decoded from a tasks-bucket entry.
 #[derive(Debug)]
 pub(crate) enum Change {
-    Put(Box<TaskInfo>),
+    Put(TaskInfo),
     Remove {
         key: String,
     },
@@ -96,15 +104,15 @@ pub(crate) enum Change {
     },
 }
 
-/// Decodes an entry of the tasks bucket.
-pub(crate) fn decode(entry: &Entry) -> Change {
+/// Decodes an entry of the tasks bucket, its spec JSON encoded against `specs`.
+pub(crate) fn decode(entry: &Entry, specs: &Specs, scratch: &mut Scratch) -> Change {
     match entry.operation {
         Operation::Delete | Operation::Purge => Change::Remove { key: entry.key.clone() },
         Operation::Put => match TaskSpec::parse(&entry.value) {
             Ok(spec) if spec.has_key(&entry.key) => {
                 let created_ms = entry.created.unix_timestamp_nanos() / 1_000_000;
                 let created_ms = i64::try_from(created_ms).unwrap_or(i64::MAX);
-                Change::Put(Box::new(TaskInfo::new(spec, &entry.value, entry.revision, created_ms)))
+                Change::Put(TaskInfo::encoded(spec, &entry.value, entry.revision, created_ms, specs, scratch))
             }
             Ok(spec) => Change::Invalid {
                 key: entry.key.clone(),

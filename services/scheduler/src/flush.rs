@@ -121,7 +121,7 @@ impl Flush {
                     idx,
                     generation,
                 )),
-                Err(error) => tracing::error!(%error, task = %info.key, "cannot encode fire state"),
+                Err(error) => tracing::error!(%error, task = %info.key(), "cannot encode fire state"),
             }
         }
         let store = store.clone();

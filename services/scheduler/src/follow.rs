@@ -6,6 +6,7 @@
 //! the replica is the only writer of the fire state and ignores its own echoes.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv::{self, Entry, WatcherError};
@@ -13,6 +14,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use crate::discovery::{self, Decoded, Feed, Watch};
+use crate::specs::Specs;
 
 /// Delay before the tasks watch is re-opened after it ended.
 const FEED_RETRY: Duration = Duration::from_millis(500);
@@ -51,11 +53,14 @@ pub(crate) struct Follow {
     seen: u64,
     /// Fire states of keys not (yet) in the task table: last nominal fire (ms) and fire count.
     orphans: HashMap<Box<str>, (i64, u64)>,
+    /// The table the tasks feed encodes spec JSON against (the task table's).
+    specs: Arc<Specs>,
 }
 
 impl Follow {
-    /// Follows `feed`; `loaded` when the tasks bucket was empty when it was opened.
-    pub(crate) fn new(feed: Feed, loaded: bool) -> Follow {
+    /// Follows `feed` (opened with `specs`); `loaded` when the tasks bucket was empty when it
+    /// was opened.
+    pub(crate) fn new(feed: Feed, loaded: bool, specs: Arc<Specs>) -> Follow {
         Follow {
             feed: Some(feed),
             feed_retry_at: None,
@@ -65,6 +70,7 @@ impl Follow {
             state_retry_at: None,
             seen: 0,
             orphans: HashMap::new(),
+            specs,
         }
     }
 
@@ -124,7 +130,7 @@ impl Follow {
     /// Re-opens the tasks feed; true when the load is complete by that alone (an empty bucket).
     pub(crate) async fn reopen_feed(&mut self, tasks: &kv::Store) -> bool {
         self.feed_retry_at = None;
-        match discovery::open_tasks(tasks).await {
+        match discovery::open_tasks(tasks, self.specs.clone()).await {
             Ok((feed, messages)) => {
                 self.feed = Some(feed);
                 messages == 0

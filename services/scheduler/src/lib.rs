@@ -17,6 +17,7 @@ mod presence;
 mod service;
 mod skew;
 mod spans;
+mod specs;
 mod takeover;
 mod tasks;
 pub mod timer;

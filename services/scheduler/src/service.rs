@@ -29,6 +29,7 @@ use crate::metrics::Metrics;
 use crate::overlap::Overlap;
 use crate::pipeline::Pipeline;
 use crate::skew::{Guard, Meter};
+use crate::specs::Specs;
 use crate::takeover::Takeover;
 use crate::tasks::Tasks;
 use crate::wake::Wake;
@@ -81,7 +82,8 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     let base = Base::start(role, &config.common, &config.nats, registry.clone()).await?;
     let Topology { tasks, leader, state, runs, .. } = base.ensure_topology(&config.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
-    let (feed, messages) = discovery::open_tasks(&tasks).await?;
+    let specs = Arc::new(Specs::default());
+    let (feed, messages) = discovery::open_tasks(&tasks, specs.clone()).await?;
     let empty = messages == 0;
     // The bucket's message count bounds the number of tasks (history adds more): pre-size.
     let capacity = usize::try_from(messages).unwrap_or(usize::MAX).min(MAX_PRESIZE);
@@ -117,8 +119,8 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     let core = Core {
         wake: Wake::new(time.now_ms(), capacity),
         time,
-        tasks: Tasks::with_capacity(capacity),
-        follow: Follow::new(feed, empty),
+        tasks: Tasks::with_capacity(capacity, specs.clone()),
+        follow: Follow::new(feed, empty, specs),
         takeover: Takeover::new(campaign, limits),
         pipeline: Pipeline::new(config.publish_window, config.catchup_rate),
         overlap: Overlap::default(),

@@ -1,27 +1,33 @@
 //! The scheduler's in-memory task table: one compact slot per registered task, addressed by a
-//! `u32` index (the timing wheel's key), with a key → index map.
+//! `u32` index (the timing wheel's key), with a key → index map that stores only the index.
 //!
 //! A slot keeps only what timing and dispatch need (the schedule, the misfire policy, jitter,
-//! the queue) plus the stored spec bytes, which go verbatim into every dispatch message, so a
-//! million tasks fit in well under a GiB.
+//! the queue), its key, and its stored spec JSON in the compact form of `specs.rs` (rebuilt
+//! byte for byte into every dispatch message), so a million tasks fit in a few hundred MiB.
 
-use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use hashbrown::HashTable;
 use jetsched_shared::schedule::Schedule;
 use jetsched_shared::spec::{MisfirePolicy, OverlapPolicy, Priority, TaskSpec};
+
+use crate::specs::{Scratch, Specs};
 
 /// What the scheduler keeps of one spec revision.
 #[derive(Debug)]
 pub(crate) struct TaskInfo {
-    /// `<namespace>.<task_id>`, shared with the key index.
-    pub(crate) key: Arc<str>,
-    /// Length of the namespace part of `key`.
-    pub(crate) ns_len: u16,
-    /// Interned by [`Tasks::insert`]: a million tasks usually name a handful of queues.
+    /// `<namespace>.<task_id>`, then the spec JSON as [`Specs::encode`] keeps it.
+    blob: Box<[u8]>,
+    /// Length of the key at the start of `blob`.
+    key_len: u16,
+    /// Length of the namespace part of the key.
+    ns_len: u8,
+    /// The spec JSON's shape in the table of `specs.rs` (or kept whole).
+    shape: u32,
+    /// Interned: a million tasks usually name a handful of queues.
     pub(crate) queue: Arc<str>,
     /// The lane of the queue its fires are dispatched to.
     pub(crate) priority: Priority,
@@ -34,8 +40,6 @@ pub(crate) struct TaskInfo {
     pub(crate) jitter_offset_ms: u32,
     /// Random extra delay per fire, at most this (ms).
     pub(crate) jitter_random_ms: u32,
-    /// The stored spec JSON (copied out of the read buffer).
-    pub(crate) spec_json: Bytes,
     /// Revision of the spec in the tasks bucket.
     pub(crate) revision: u64,
     /// When that revision was stored (Unix ms): fires start after it.
@@ -43,9 +47,43 @@ pub(crate) struct TaskInfo {
 }
 
 impl TaskInfo {
+    /// A spec stored at `revision` with `spec_json` kept whole (tests: the tasks feed goes
+    /// through [`TaskInfo::encoded`]).
+    #[cfg(test)]
     pub(crate) fn new(spec: TaskSpec, spec_json: &[u8], revision: u64, created_ms: i64) -> TaskInfo {
-        let key = spec.key();
-        let ns_len = u16::try_from(spec.namespace.len()).unwrap_or(u16::MAX);
+        let queue = Arc::from(spec.queue.as_str());
+        TaskInfo::build(spec, queue, (crate::specs::WHOLE, spec_json), revision, created_ms)
+    }
+
+    /// A spec stored at `revision`, its JSON encoded against `specs` (which interns the queue
+    /// name too).
+    pub(crate) fn encoded(
+        spec: TaskSpec,
+        spec_json: &[u8],
+        revision: u64,
+        created_ms: i64,
+        specs: &Specs,
+        scratch: &mut Scratch,
+    ) -> TaskInfo {
+        let queue = specs.queue(&spec.queue);
+        let text = specs.encode(spec_json, &spec.id, scratch);
+        TaskInfo::build(spec, queue, text, revision, created_ms)
+    }
+
+    fn build(
+        spec: TaskSpec,
+        queue: Arc<str>,
+        (shape, text): (u32, &[u8]),
+        revision: u64,
+        created_ms: i64,
+    ) -> TaskInfo {
+        let (namespace, id) = (spec.namespace.as_bytes(), spec.id.as_bytes());
+        let mut blob = Vec::with_capacity(namespace.len() + 1 + id.len() + text.len());
+        blob.extend_from_slice(namespace);
+        blob.push(b'.');
+        blob.extend_from_slice(id);
+        let key_len = u16::try_from(blob.len()).unwrap_or(u16::MAX);
+        blob.extend_from_slice(text);
         let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
         let jitter_offset_ms = ms(spec.jitter_offset());
         // Fires start after the revision was stored, except a one-shot stored after its time
@@ -56,9 +94,11 @@ impl TaskInfo {
             _ => created_ms,
         };
         TaskInfo {
-            key: Arc::from(key),
-            ns_len,
-            queue: Arc::from(spec.queue),
+            blob: blob.into_boxed_slice(),
+            key_len,
+            ns_len: u8::try_from(namespace.len()).unwrap_or(u8::MAX),
+            shape,
+            queue,
             priority: spec.priority,
             jitter_offset_ms,
             jitter_random_ms: spec.jitter.and_then(|j| j.max_random).map(ms).unwrap_or(0),
@@ -67,18 +107,28 @@ impl TaskInfo {
             catchup_window: spec.catchup_window,
             overlap: spec.overlap,
             paused: spec.paused,
-            spec_json: Bytes::copy_from_slice(spec_json),
             revision,
             created_ms,
         }
     }
 
+    /// `<namespace>.<task_id>`.
+    pub(crate) fn key(&self) -> &str {
+        // Built from two `str`s: always UTF-8.
+        std::str::from_utf8(&self.blob[..usize::from(self.key_len)]).unwrap_or_default()
+    }
+
     pub(crate) fn namespace(&self) -> &str {
-        &self.key[..usize::from(self.ns_len)]
+        &self.key()[..usize::from(self.ns_len)]
     }
 
     pub(crate) fn task_id(&self) -> &str {
-        &self.key[usize::from(self.ns_len) + 1..]
+        &self.key()[usize::from(self.ns_len) + 1..]
+    }
+
+    /// Appends the stored spec JSON, byte for byte, to `out`.
+    pub(crate) fn spec_json_into(&self, specs: &Specs, out: &mut Vec<u8>) {
+        specs.decode_into(self.shape, &self.blob[usize::from(self.key_len)..], self.task_id(), out);
     }
 
     /// When the wheel fires nominal time `nominal_ms`: after the task's deterministic jitter
@@ -127,16 +177,21 @@ pub(crate) struct Slot {
 pub(crate) struct Tasks {
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
-    index: HashMap<Arc<str>, u32>,
-    /// Every queue name in use (see [`TaskInfo::queue`]).
-    queues: HashSet<Arc<str>>,
+    /// Slot indices by the hash of their key (the key itself is the slot's).
+    index: HashTable<u32>,
+    hasher: RandomState,
+    /// The shapes of the spec JSON of every task, shared with the spec decoders.
+    specs: Arc<Specs>,
+    /// Reused buffer a task's spec JSON is rebuilt in.
+    text: Vec<u8>,
     generation: u32,
 }
 
 impl Tasks {
-    /// Room for `n` tasks without growing (a load of a large bucket).
-    pub(crate) fn with_capacity(n: usize) -> Tasks {
-        Tasks { slots: Vec::with_capacity(n), index: HashMap::with_capacity(n), ..Tasks::default() }
+    /// Room for `n` tasks without growing (a load of a large bucket), their spec JSON encoded
+    /// against `specs`.
+    pub(crate) fn with_capacity(n: usize, specs: Arc<Specs>) -> Tasks {
+        Tasks { slots: Vec::with_capacity(n), index: HashTable::with_capacity(n), specs, ..Tasks::default() }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -144,7 +199,8 @@ impl Tasks {
     }
 
     pub(crate) fn lookup(&self, key: &str) -> Option<u32> {
-        self.index.get(key).copied()
+        let slots = &self.slots;
+        self.index.find(self.hasher.hash_one(key), |&idx| key_of(slots, idx) == key).copied()
     }
 
     #[cfg(test)]
@@ -161,16 +217,23 @@ impl Tasks {
         self.get_mut(idx).filter(|s| s.generation == generation)
     }
 
-    /// Adds a task whose fires start after `cursor_ms`; returns its index.
-    pub(crate) fn insert(&mut self, mut info: TaskInfo, cursor_ms: i64) -> u32 {
-        self.generation = self.generation.wrapping_add(1);
-        match self.queues.get(&info.queue) {
-            Some(queue) => info.queue = queue.clone(),
-            None => {
-                self.queues.insert(info.queue.clone());
-            }
+    /// The slot at `idx` if it still belongs to `generation`, and its stored spec JSON (valid
+    /// until the next call).
+    pub(crate) fn live_with_spec(&mut self, idx: u32, generation: u32) -> Option<(&mut Slot, &[u8])> {
+        let slot = self.slots.get_mut(idx as usize).and_then(Option::as_mut)?;
+        if slot.generation != generation {
+            return None;
         }
-        let key = info.key.clone();
+        self.text.clear();
+        slot.info.spec_json_into(&self.specs, &mut self.text);
+        Some((slot, &self.text))
+    }
+
+    /// Adds a task whose fires start after `cursor_ms`; returns its index. Its key must not be
+    /// in the table.
+    pub(crate) fn insert(&mut self, info: TaskInfo, cursor_ms: i64) -> u32 {
+        self.generation = self.generation.wrapping_add(1);
+        let hash = self.hasher.hash_one(info.key());
         let slot = Slot {
             info,
             generation: self.generation,
@@ -192,12 +255,16 @@ impl Tasks {
                 u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 tasks")
             }
         };
-        self.index.insert(key, idx);
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index.insert_unique(hash, idx, |&idx| hasher.hash_one(key_of(slots, idx)));
         idx
     }
 
     pub(crate) fn remove(&mut self, key: &str) -> Option<(u32, Slot)> {
-        let idx = self.index.remove(key)?;
+        let slots = &self.slots;
+        let entry =
+            self.index.find_entry(self.hasher.hash_one(key), |&idx| key_of(slots, idx) == key).ok()?;
+        let (idx, _) = entry.remove();
         let slot = self.slots.get_mut(idx as usize)?.take()?;
         self.free.push(idx);
         Some((idx, slot))
@@ -215,6 +282,11 @@ impl Tasks {
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut Slot)> {
         self.slots.iter_mut().enumerate().filter_map(|(i, s)| s.as_mut().map(|s| (i as u32, s)))
     }
+}
+
+/// The key of the task in slot `idx` (empty for a free slot).
+fn key_of(slots: &[Option<Slot>], idx: u32) -> &str {
+    slots.get(idx as usize).and_then(Option::as_ref).map_or("", |slot| slot.info.key())
 }
 
 pub(crate) fn from_ms(ms: i64) -> DateTime<Utc> {
@@ -254,19 +326,51 @@ mod tests {
 
     #[test]
     fn tasks_share_one_copy_of_a_queue_name_and_slots_stay_compact() {
-        let mut tasks = Tasks::default();
+        let specs = Arc::new(Specs::default());
+        let mut tasks = Tasks::with_capacity(2, specs.clone());
+        let mut scratch = Scratch::default();
         let ids: Vec<u32> = ["a", "b"]
             .iter()
             .map(|id| {
                 let (s, j) = spec(id, r#"{"every":"1s"}"#);
-                tasks.insert(TaskInfo::new(s, &j, 1, 0), 0)
+                tasks.insert(TaskInfo::encoded(s, &j, 1, 0, &specs, &mut scratch), 0)
             })
             .collect();
         let queue = |idx: u32| tasks.get(idx).map(|s| s.info.queue.clone()).expect("slot");
         assert_eq!(&*queue(ids[0]), "default");
         assert!(Arc::ptr_eq(&queue(ids[0]), &queue(ids[1])));
-        // A million slots are resident: keep each one small (the cron schedule is boxed).
-        assert!(std::mem::size_of::<Option<Slot>>() <= 232, "{}", std::mem::size_of::<Option<Slot>>());
+        // A million slots are resident: keep each one small (the cron schedule is boxed, the
+        // key and spec JSON are one allocation).
+        assert!(std::mem::size_of::<Option<Slot>>() <= 200, "{}", std::mem::size_of::<Option<Slot>>());
+    }
+
+    #[test]
+    fn the_spec_json_comes_back_as_stored_and_the_key_is_found_through_the_slot() {
+        let specs = Arc::new(Specs::default());
+        let mut tasks = Tasks::with_capacity(0, specs.clone());
+        let mut scratch = Scratch::default();
+        let mut stored = Vec::new();
+        for i in 0..100 {
+            let (s, j) = spec(&format!("t{i}"), &format!(r#"{{"every":"{}s"}}"#, i + 1));
+            let idx = tasks.insert(TaskInfo::encoded(s, &j, 1, 0, &specs, &mut scratch), 0);
+            stored.push((idx, j));
+        }
+        let (s, j) = spec("whole", r#"{"every":"1s"}"#);
+        let whole = tasks.insert(TaskInfo::new(s, &j, 1, 0), 0);
+        stored.push((whole, j));
+        for (i, (idx, json)) in stored.iter().enumerate() {
+            let generation = tasks.get(*idx).map(|s| s.generation).expect("slot");
+            let (slot, text) = tasks.live_with_spec(*idx, generation).expect("live");
+            assert_eq!(text, json.as_slice(), "task {i}");
+            let key = slot.info.key().to_owned();
+            assert_eq!(tasks.lookup(&key), Some(*idx));
+        }
+        assert!(tasks.live_with_spec(0, u32::MAX).is_none(), "another generation");
+        assert_eq!(tasks.lookup("ns.t100"), None);
+        assert_eq!(tasks.remove("ns.t5").map(|(idx, _)| idx), Some(5));
+        assert_eq!(tasks.lookup("ns.t5"), None);
+        assert_eq!(tasks.lookup("ns.t6"), Some(6));
+        assert_eq!(tasks.len(), 100);
     }
 
     #[test]

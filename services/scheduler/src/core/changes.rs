@@ -46,12 +46,12 @@ impl Core {
     fn apply(&mut self, change: Change) {
         match change {
             Change::Put(info) => {
-                if let Some(idx) = self.tasks.lookup(&info.key) {
+                if let Some(idx) = self.tasks.lookup(info.key()) {
                     let Some(slot) = self.tasks.get_mut(idx) else { return };
                     if slot.info.revision >= info.revision {
                         return; // re-delivered after a re-opened watch
                     }
-                    slot.info = *info;
+                    slot.info = info;
                     self.wake.schedule_next(&mut self.tasks, idx);
                     return;
                 }
@@ -60,12 +60,12 @@ impl Core {
                 let now = self.time.now_ms();
                 let loaded = self.follow.loaded();
                 let cursor = if loaded { self.takeover.first_cursor(info.created_ms, now) } else { now };
-                let orphan = self.follow.adopt_orphan(&info.key);
+                let orphan = self.follow.adopt_orphan(info.key());
                 // A one-shot registered after its time (the registry admits it within its
                 // catch-up window; e.g. an intake applied late) begins before that time:
                 // while leading, its misfire policy decides now, as after a failover.
                 let late = info.created_ms < cursor && loaded && self.takeover.leading();
-                let idx = self.tasks.insert(*info, cursor);
+                let idx = self.tasks.insert(info, cursor);
                 if let Some((done, fires)) = orphan
                     && let Some(slot) = self.tasks.get_mut(idx)
                 {

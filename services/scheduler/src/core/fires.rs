@@ -63,7 +63,9 @@ impl Core {
             if !self.admit(fire) {
                 continue;
             }
-            let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { continue };
+            let Some((slot, spec_json)) = self.tasks.live_with_spec(fire.idx, fire.generation) else {
+                continue;
+            };
             let info = &slot.info;
             let target = Target {
                 namespace: info.namespace(),
@@ -75,7 +77,7 @@ impl Core {
             let catchup = fire.trigger == Trigger::Catchup;
             let origin = Origin::Scheduled { nominal_ms: fire.nominal_ms, term, catchup };
             // The stored spec JSON is spliced into the body as it is.
-            let spec = SpecBody::Json(&info.spec_json);
+            let spec = SpecBody::Json(spec_json);
             let span = spans::fire(FireFacts {
                 namespace: target.namespace,
                 task_id: target.task_id,
@@ -88,7 +90,7 @@ impl Core {
             let message = match dispatch::build_traced(&self.nats.names, target, origin, spec, parent) {
                 Ok(message) => message,
                 Err(error) => {
-                    tracing::error!(%error, task = %slot.info.key, "cannot encode dispatch; fire dropped");
+                    tracing::error!(%error, task = %slot.info.key(), "cannot encode dispatch; fire dropped");
                     slot.inflight = slot.inflight.saturating_sub(1);
                     continue;
                 }
@@ -102,7 +104,7 @@ impl Core {
                 Ok(ack) => self.pipeline.track(async move { (fire, ack.await) }.boxed()),
                 Err(error) => {
                     self.report.metrics.publish_errors.inc();
-                    tracing::warn!(%error, task = %slot.info.key, nominal = fire.nominal_ms, "publish failed; retrying");
+                    tracing::warn!(%error, task = %slot.info.key(), nominal = fire.nominal_ms, "publish failed; retrying");
                     self.pipeline.retry_later(fire, Instant::now());
                 }
             }
