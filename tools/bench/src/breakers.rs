@@ -16,11 +16,11 @@ use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_tests::NatsServer;
-use jetsched_worker::{Config, Handlers, Outcome, RunContext, build};
+use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use crate::stats::Figures;
+use crate::system::{Workers, remove_phase};
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Args {
@@ -99,43 +99,25 @@ fn spec(id: &str, handler: &str, breaker: Option<serde_json::Value>) -> anyhow::
     TaskSpec::parse_value(value).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-/// `n` in-process workers on `prefix` with a no-op handler and a failing one that records
-/// when each call started.
+/// The scenario's workers on `prefix`: a no-op handler and a failing one that records when
+/// each call started.
 async fn start_workers(
     url: &str,
     prefix: &str,
     args: &Args,
     calls: &Arc<Mutex<Vec<Instant>>>,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<Vec<tokio::task::JoinHandle<anyhow::Result<()>>>> {
-    let mut handles = Vec::new();
-    for i in 0..args.workers {
-        let mut config = Config::for_tests(url, &format!("bench-{i}"));
-        config.common.prefix = prefix.to_string();
-        config.concurrency = args.concurrency;
+) -> anyhow::Result<Workers> {
+    Workers::start(url, prefix, args.workers, args.concurrency, || {
         let calls = calls.clone();
-        let handlers = Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() }).register(
+        Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() }).register(
             "down",
             move |_run: RunContext| {
                 calls.lock().expect("calls").push(Instant::now());
                 async { Outcome::permanent("down") }
             },
-        );
-        let worker = build(config, handlers).await?;
-        handles.push(tokio::spawn(worker.run(shutdown.clone())));
-    }
-    Ok(handles)
-}
-
-async fn stop_workers(
-    shutdown: CancellationToken,
-    handles: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
-) -> anyhow::Result<()> {
-    shutdown.cancel();
-    for handle in handles {
-        handle.await??;
-    }
-    Ok(())
+        )
+    })
+    .await
 }
 
 /// One throughput round: `args.runs` no-op runs, behind a closed breaker or not, drained by
@@ -159,8 +141,7 @@ async fn throughput(
             Ok(dispatch::build(&names, Target::of(&task, 1), origin, SpecBody::Spec(&task))?)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let shutdown = CancellationToken::new();
-    let handles = start_workers(url, &prefix, args, &Arc::default(), &shutdown).await?;
+    let workers = start_workers(url, &prefix, args, &Arc::default()).await?;
     let started = Instant::now();
     let mut pending = std::collections::VecDeque::with_capacity(WINDOW);
     for built in messages {
@@ -183,12 +164,8 @@ async fn throughput(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
-    stop_workers(shutdown, handles).await?;
-    for stream in [names.dispatch_stream(), names.dlq_stream(), names.events_stream()] {
-        let _ = js.delete_stream(stream).await;
-    }
-    let _ = js.delete_key_value(names.runs_bucket()).await;
-    let _ = js.delete_key_value(names.breakers_bucket()).await;
+    workers.stop().await?;
+    remove_phase(js, &names).await;
     Ok(args.runs as f64 / elapsed.as_secs_f64())
 }
 
@@ -200,8 +177,7 @@ async fn stop_latency(js: &jetstream::Context, url: &str, args: &Args) -> anyhow
     let names = Names::new(prefix).map_err(|e| anyhow::anyhow!("{e}"))?;
     topology::ensure(js, &names, &TopologyArgs::default()).await?;
     let calls: Arc<Mutex<Vec<Instant>>> = Arc::default();
-    let shutdown = CancellationToken::new();
-    let handles = start_workers(url, prefix, args, &calls, &shutdown).await?;
+    let workers = start_workers(url, prefix, args, &calls).await?;
     let started = Instant::now();
     let mut samples = Vec::new();
     let period = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
@@ -240,9 +216,7 @@ async fn stop_latency(js: &jetstream::Context, url: &str, args: &Args) -> anyhow
         samples,
         started.elapsed(),
     );
-    stop_workers(shutdown, handles).await?;
-    for stream in [names.dispatch_stream(), names.dlq_stream(), names.events_stream()] {
-        let _ = js.delete_stream(stream).await;
-    }
+    workers.stop().await?;
+    remove_phase(js, &names).await;
     Ok(figures)
 }

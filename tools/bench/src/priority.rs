@@ -22,12 +22,12 @@ use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_tests::NatsServer;
-use jetsched_worker::{Config, Handlers, Outcome, RunContext, build};
+use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use crate::e2e::publish_all;
 use crate::stats::Figures;
+use crate::system::{Workers, remove_phase};
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Args {
@@ -222,24 +222,18 @@ async fn measure(
     let critical = Arc::new(Mutex::new(Critical::default()));
     let publishing = Arc::new(AtomicBool::new(true));
     let backlog_done = Arc::new(AtomicUsize::new(0));
-    let shutdown = CancellationToken::new();
-    let mut handles = Vec::new();
-    for i in 0..args.workers {
-        let mut config = Config::for_tests(url, &format!("{prefix}-{i}"));
-        config.common.prefix = prefix.to_string();
-        config.concurrency = args.concurrency;
+    let workers = Workers::start(url, prefix, args.workers, args.concurrency, || {
         let (critical, backlog_done) = (critical.clone(), backlog_done.clone());
-        let handlers = Handlers::new().register("noop", move |run: RunContext| {
+        Handlers::new().register("noop", move |run: RunContext| {
             if run.task_id == "critical" {
                 critical.lock().unwrap().started.entry(run.execution_id).or_insert_with(Instant::now);
             } else {
                 backlog_done.fetch_add(1, Ordering::Relaxed);
             }
             async { Outcome::ok() }
-        });
-        let worker = build(config, handlers).await?;
-        handles.push(tokio::spawn(worker.run(shutdown.clone())));
-    }
+        })
+    })
+    .await?;
 
     let started = Instant::now();
     // Bounds the whole phase: a stalled drain ends it with an error rather than hanging.
@@ -295,14 +289,8 @@ async fn measure(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
-    shutdown.cancel();
-    for handle in handles {
-        handle.await??;
-    }
-    for stream in [names.dispatch_stream(), names.dlq_stream(), names.events_stream()] {
-        let _ = js.delete_stream(stream).await;
-    }
-    let _ = js.delete_key_value(names.runs_bucket()).await;
+    workers.stop().await?;
+    remove_phase(js, &names).await;
 
     let critical = critical.lock().unwrap();
     let waits: Vec<(Duration, bool)> = critical

@@ -1,5 +1,6 @@
 //! Pieces shared by the scenarios: task specs, bulk task writes, dispatch-stream readers, the
-//! raw pipelined publish baseline, lag percentiles and service binaries for process scenarios.
+//! raw pipelined publish baseline, in-process workers and the teardown of a phase's streams
+//! and buckets, lag percentiles and service binaries for process scenarios.
 
 use std::future::IntoFuture;
 use std::path::PathBuf;
@@ -13,8 +14,10 @@ use futures::StreamExt;
 use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
 use jetsched_shared::topology::Topology;
 use jetsched_shared::wire::HDR_NOMINAL_TIME;
+use jetsched_worker::{Config, Handlers, build};
 use serde::Serialize;
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 /// Namespace of every benchmark task.
 pub(crate) const NS: &str = "bench";
@@ -124,6 +127,55 @@ pub(crate) async fn raw_publish_with_ids(
     Ok(started.elapsed())
 }
 
+/// In-process workers on one prefix, stopped together.
+pub(crate) struct Workers {
+    shutdown: CancellationToken,
+    handles: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Workers {
+    /// `count` workers on `prefix` (instances `<prefix>-<i>`), each with `concurrency` permits
+    /// and the handlers `handlers` makes for it.
+    pub(crate) async fn start(
+        url: &str,
+        prefix: &str,
+        count: usize,
+        concurrency: usize,
+        mut handlers: impl FnMut() -> Handlers,
+    ) -> anyhow::Result<Workers> {
+        let shutdown = CancellationToken::new();
+        let mut handles = Vec::with_capacity(count);
+        for i in 0..count {
+            let mut config = Config::for_tests(url, &format!("{prefix}-{i}"));
+            config.common.prefix = prefix.to_string();
+            config.concurrency = concurrency;
+            let worker = build(config, handlers()).await?;
+            handles.push(tokio::spawn(worker.run(shutdown.clone())));
+        }
+        Ok(Workers { shutdown, handles })
+    }
+
+    /// Stops every worker and waits for each to finish; the first error of any.
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        for handle in self.handles {
+            handle.await??;
+        }
+        Ok(())
+    }
+}
+
+/// Removes what a phase on `names` left behind: the dispatch, dead-letter and event streams
+/// and the runs and breakers buckets (best effort: one that is already gone is fine).
+pub(crate) async fn remove_phase(js: &jetstream::Context, names: &Names) {
+    for stream in [names.dispatch_stream(), names.dlq_stream(), names.events_stream()] {
+        let _ = js.delete_stream(stream).await;
+    }
+    for bucket in [names.runs_bucket(), names.breakers_bucket()] {
+        let _ = js.delete_key_value(bucket).await;
+    }
+}
+
 /// Schedules of `n` interval tasks that together fire `rate` times per second: every task
 /// every `n / rate` seconds, anchors spread evenly over that interval. Returns the interval.
 pub(crate) fn spread_schedules(n: usize, rate: usize) -> (u64, Vec<serde_json::Value>) {
@@ -180,7 +232,6 @@ pub(crate) fn service_bin(name: &str) -> anyhow::Result<PathBuf> {
     })
 }
 
-/// Resident memory of process `pid` in MiB (Linux; 0 when unknown).
 /// CPU seconds (user + system) used so far by process `pid` (or `self`), from
 /// `/proc/<pid>/stat` (clock ticks of 10 ms).
 pub(crate) fn cpu_seconds(pid: &str) -> Option<f64> {
@@ -190,6 +241,7 @@ pub(crate) fn cpu_seconds(pid: &str) -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
+/// Resident memory of process `pid` in MiB (Linux; 0 when unknown).
 pub(crate) fn rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kb: f64 = status
