@@ -287,6 +287,9 @@ impl Alerter {
                 _ = async { tokio::time::sleep(sleep.expect("guarded")).await }, if sleep.is_some() => {
                     self.settle().await;
                 }
+                // Before the watches' retries: while JetStream is down those are always due (each
+                // waits out its request's timeout), and the checks are what alert on it.
+                _ = checks.tick() => self.check().await,
                 next = async { lease.as_mut().expect("guarded").next().await }, if lease.is_some() => match next {
                     Some(Ok(entry)) => self.on_lease_entry(&entry),
                     Some(Err(error)) => {
@@ -332,7 +335,6 @@ impl Alerter {
                         }
                     }
                 }
-                _ = checks.tick() => self.check().await,
                 // Last: always ready under load.
                 next = messages.next() => match next {
                     Some(Ok(message)) => {
@@ -461,6 +463,10 @@ impl Alerter {
         };
         let candidates = self.detector.on_jetstream(now, error.as_deref());
         self.raise(candidates).await;
+        if error.is_some() {
+            // Every probe below would only wait out its timeout.
+            return;
+        }
         match probes::queue_depths(&self.js, &self.names).await {
             Ok(depths) => {
                 for (queue, depth) in &depths {
