@@ -13,11 +13,11 @@ use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{
-    DeadLetter, HDR_EXECUTION_ID, HDR_STATUS, RunRecord, RunStatus, scheduled_execution_id,
+    DeadLetter, Event, EventKind, HDR_EXECUTION_ID, HDR_STATUS, RunRecord, RunStatus, scheduled_execution_id,
 };
 use serde_json::{Value, json};
 
-use crate::eventually;
+use crate::{eventually, read_stream};
 
 /// A task spec as JSON, with defaults a test rarely cares about: every hour, a `nats`
 /// executor on `jobs.test`, queue `default`. Every setter replaces one top-level field.
@@ -304,4 +304,22 @@ pub async fn dead_letter_of(
         dead_letters(js, names).await.into_iter().find(|entry| entry.execution_id == execution_id)
     })
     .await
+}
+
+/// Every event of `kind` about `(namespace, id)` stored so far in the events stream (read
+/// within `within`).
+pub async fn events_about(
+    js: &jetstream::Context,
+    kind: EventKind,
+    namespace: &str,
+    id: &str,
+    within: Duration,
+) -> Vec<Event> {
+    read_stream(js, &Names::default().events_stream(), within)
+        .await
+        .expect("read events")
+        .iter()
+        .filter_map(|m| serde_json::from_slice::<Event>(&m.payload).ok())
+        .filter(|e| e.kind == kind && e.namespace == namespace && e.task_id == id)
+        .collect()
 }

@@ -7,9 +7,9 @@
 use async_nats::jetstream;
 use chrono::Utc;
 use jetsched_shared::names::{Names, breaker_reason, pause_request_msg_id};
-use jetsched_shared::wire::{BreakerRecord, BreakerState, Event, EventKind, PauseRequest, RunStatus};
-use jetsched_tests::fixtures::{Flaky, dispatch, spec, wait_run_status};
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging, read_stream};
+use jetsched_shared::wire::{BreakerRecord, BreakerState, EventKind, PauseRequest, RunStatus};
+use jetsched_tests::fixtures::{Flaky, dispatch, events_about, spec, wait_run_status};
+use jetsched_tests::{App, NatsServer, eventually, init_test_logging};
 use jetsched_worker::Handlers;
 use jetsched_worker::RunEvents;
 use serde_json::{Value, json};
@@ -32,17 +32,6 @@ async fn task_call(client: &async_nats::Client, endpoint: &str, body: Value) -> 
 
 async fn breaker_call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
     api(client, Names::default().breaker_api_subject(endpoint), body).await
-}
-
-/// Every stored event of `kind` about `(namespace, id)`.
-async fn events(js: &jetstream::Context, kind: EventKind, namespace: &str, id: &str) -> Vec<Event> {
-    read_stream(js, &Names::default().events_stream(), WAIT)
-        .await
-        .expect("read events")
-        .iter()
-        .filter_map(|m| serde_json::from_slice::<Event>(&m.payload).ok())
-        .filter(|e| e.kind == kind && e.namespace == namespace && e.task_id == id)
-        .collect()
 }
 
 /// Publishes a pause request as a worker does, awaiting the stream's ack.
@@ -113,7 +102,7 @@ async fn a_pause_request_pauses_the_task_once_with_its_reason_even_sent_while_th
     let again = task_call(&client, "get", json!({"namespace": "ap", "id": "report"})).await;
     assert_eq!(again["revision"], paused["revision"], "{again}");
     let events = eventually(WAIT, "task.paused stored", || async {
-        let found = events(&js, EventKind::TaskPaused, "ap", "report").await;
+        let found = events_about(&js, EventKind::TaskPaused, "ap", "report", WAIT).await;
         (!found.is_empty()).then_some(found)
     })
     .await;
@@ -174,7 +163,7 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
         serde_json::from_slice(&store.get("key.pay").await.unwrap().unwrap()).unwrap();
     assert_eq!(stored.state, BreakerState::Closed);
     let closed = eventually(WAIT, "breaker.closed stored", || async {
-        let found = events(&js, EventKind::BreakerClosed, "_breaker", "pay").await;
+        let found = events_about(&js, EventKind::BreakerClosed, "_breaker", "pay", WAIT).await;
         (!found.is_empty()).then_some(found)
     })
     .await;
@@ -249,7 +238,7 @@ async fn auto_pause(run_events: RunEvents, id: &str) {
     .await;
     assert_eq!(paused["task"]["paused_reason"], json!("consecutive_failures"), "{paused}");
     let events = eventually(WAIT, "task.paused stored", || async {
-        let found = events(&js, EventKind::TaskPaused, "ap", id).await;
+        let found = events_about(&js, EventKind::TaskPaused, "ap", id, WAIT).await;
         (!found.is_empty()).then_some(found)
     })
     .await;

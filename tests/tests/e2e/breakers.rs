@@ -15,9 +15,11 @@ use axum::http::{HeaderMap, StatusCode};
 use chrono::{DateTime, Utc};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
-use jetsched_shared::wire::{BreakerRecord, BreakerState, Event, EventKind, RunStatus};
-use jetsched_tests::fixtures::{Responder, dead_letters, dispatch, run_record, spec, wait_run_status};
-use jetsched_tests::{App, eventually, read_stream};
+use jetsched_shared::wire::{BreakerRecord, BreakerState, EventKind, RunStatus};
+use jetsched_tests::fixtures::{
+    Responder, dead_letters, dispatch, events_about, run_record, spec, wait_run_status,
+};
+use jetsched_tests::{App, eventually};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -94,17 +96,6 @@ async fn breakers(js: &jetstream::Context) -> kv::Store {
 async fn breaker(store: &kv::Store, key: &str) -> Option<BreakerRecord> {
     let value = store.get(key).await.ok()??;
     Some(serde_json::from_slice(&value).expect("breaker record decodes"))
-}
-
-/// Every event stored so far of `kind` about `(namespace, id)`.
-async fn events(js: &jetstream::Context, kind: EventKind, namespace: &str, id: &str) -> Vec<Event> {
-    read_stream(js, &Names::default().events_stream(), WAIT)
-        .await
-        .expect("read events")
-        .iter()
-        .filter_map(|m| serde_json::from_slice::<Event>(&m.payload).ok())
-        .filter(|e| e.kind == kind && e.namespace == namespace && e.task_id == id)
-        .collect()
 }
 
 fn handlers() -> Handlers {
@@ -197,13 +188,13 @@ async fn three_workers_open_the_breaker_only_probes_pass_and_delayed_runs_all_ru
 
     // Each transition told once, by the worker whose write made it.
     let closed = eventually(WAIT, "breaker.closed told", || async {
-        let closed = events(&js, EventKind::BreakerClosed, "brk", "payments").await;
+        let closed = events_about(&js, EventKind::BreakerClosed, "brk", "payments", WAIT).await;
         (!closed.is_empty()).then_some(closed)
     })
     .await;
     assert_eq!(closed.len(), 1, "{closed:?}");
-    let opened = events(&js, EventKind::BreakerOpened, "brk", "payments").await;
-    let half = events(&js, EventKind::BreakerHalfOpened, "brk", "payments").await;
+    let opened = events_about(&js, EventKind::BreakerOpened, "brk", "payments", WAIT).await;
+    let half = events_about(&js, EventKind::BreakerHalfOpened, "brk", "payments", WAIT).await;
     assert!(opened.len() >= 2, "first opening and a failed probe round: {opened:?}");
     assert_eq!(opened.len(), half.len(), "every half-open round ended in one opening or the closing");
     let first = &opened[0];
@@ -263,7 +254,7 @@ async fn on_open_skip_records_the_reason_and_tasks_sharing_a_key_share_the_break
     let reached = downstream.requests();
     assert!(skipped.iter().all(|id| !reached.contains(id)), "skipped runs never reached the downstream");
     let told = eventually(WAIT, "run.skipped told for each", || async {
-        let told = events(&js, EventKind::RunSkipped, "brk", "second").await;
+        let told = events_about(&js, EventKind::RunSkipped, "brk", "second", WAIT).await;
         (told.len() == skipped.len()).then_some(told)
     })
     .await;
@@ -272,7 +263,7 @@ async fn on_open_skip_records_the_reason_and_tasks_sharing_a_key_share_the_break
         assert!(skipped.contains(event.execution_id.as_ref().expect("execution id")));
     }
     let opened = eventually(WAIT, "breaker.opened under _breaker", || async {
-        let opened = events(&js, EventKind::BreakerOpened, "_breaker", "shared-api").await;
+        let opened = events_about(&js, EventKind::BreakerOpened, "_breaker", "shared-api", WAIT).await;
         (!opened.is_empty()).then_some(opened)
     })
     .await;
