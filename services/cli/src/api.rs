@@ -73,10 +73,7 @@ impl Api {
         endpoint: &str,
         request: &R,
     ) -> Result<T, Failure> {
-        let body = serde_json::to_vec(request).context("encode the request")?;
-        let reply =
-            self.request(self.client.names().task_api_subject(endpoint), body, HeaderMap::new()).await?;
-        decode(endpoint, reply)
+        self.call(endpoint, self.client.names().task_api_subject(endpoint), request).await
     }
 
     /// A task endpoint on the subject of one namespace (`<endpoint>.<namespace>`): the one a
@@ -87,10 +84,7 @@ impl Api {
         namespace: &str,
         request: &R,
     ) -> Result<T, Failure> {
-        let body = serde_json::to_vec(request).context("encode the request")?;
-        let subject = self.client.names().task_api_namespaced(endpoint, namespace);
-        let reply = self.request(subject, body, HeaderMap::new()).await?;
-        decode(endpoint, reply)
+        self.call(endpoint, self.client.names().task_api_namespaced(endpoint, namespace), request).await
     }
 
     /// `put`: the body is the spec itself, sent on the subject of its namespace.
@@ -100,8 +94,8 @@ impl Api {
             headers.insert(HDR_CREATE_ONLY, "true");
         }
         let body = serde_json::to_vec(spec).context("encode the spec")?;
-        self.request(self.client.names().task_api_namespaced("put", spec_namespace(spec)), body, headers)
-            .await
+        let subject = self.client.names().task_api_namespaced("put", spec_namespace(spec));
+        Ok(self.client.request(subject, headers, body).await?)
     }
 
     /// A dead-letter endpoint (`list`, `get`, `replay`, `purge`), on the subject of the
@@ -120,14 +114,18 @@ impl Api {
         endpoint: &str,
         request: &R,
     ) -> Result<T, Failure> {
-        let body = serde_json::to_vec(request).context("encode the request")?;
-        let reply =
-            self.request(self.client.names().breaker_api_subject(endpoint), body, HeaderMap::new()).await?;
-        decode(endpoint, reply)
+        self.call(endpoint, self.client.names().breaker_api_subject(endpoint), request).await
     }
 
-    async fn request(&self, subject: String, body: Vec<u8>, headers: HeaderMap) -> Result<Value, Failure> {
-        Ok(self.client.request(subject, headers, body).await?)
+    /// `endpoint` on `subject` with a typed request, its reply decoded as `T`.
+    async fn call<R: Serialize, T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        subject: String,
+        request: &R,
+    ) -> Result<T, Failure> {
+        let body = serde_json::to_vec(request).context("encode the request")?;
+        decode(endpoint, self.client.request(subject, HeaderMap::new(), body).await?)
     }
 }
 
