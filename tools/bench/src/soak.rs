@@ -256,6 +256,20 @@ async fn snapshot(services: &Services, responses: &AtomicU64) -> anyhow::Result<
     Ok(snap)
 }
 
+/// Resolves on SIGINT or SIGTERM, so that an interrupted soak stops its service processes and
+/// its server (by dropping them) instead of leaving them running.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return "SIGINT";
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
 /// The server's own view for a sample: its CPU (percent of one core, from `/varz`) and the
 /// size of the runs bucket and the events stream (`/jsz`): messages, MiB and interior deletes,
 /// which is where a large or expiring store shows.
@@ -372,12 +386,19 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     let mut samples: Vec<Value> = Vec::new();
     let mut rss_series: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut index = 1u64;
+    let mut interrupt = std::pin::pin!(interrupted());
     loop {
         let next = started + Duration::from_secs(sample * index);
         if next > started + Duration::from_secs(seconds) + Duration::from_millis(500) {
             break;
         }
-        tokio::time::sleep_until(next.into()).await;
+        tokio::select! {
+            () = tokio::time::sleep_until(next.into()) => {}
+            signal = &mut interrupt => {
+                // Returning drops the services and the server: nothing is left running.
+                bail!("soak interrupted by {signal} after {:.0} s", started.elapsed().as_secs_f64())
+            }
+        }
         index += 1;
         services.check_alive()?;
         let now = snapshot(&services, &responses).await?;
