@@ -22,7 +22,7 @@ use jetsched_tests::NatsServer;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::schedules;
+use crate::schedules::{self, CpuMeter};
 use crate::system::{
     Lag, NS, cpu_seconds, dispatch_count, free_port, http_get, raw_publish_with_ids, read_dispatch_times,
     rss_mib, service_bin, spec, spread_schedules, wait_leader, write_tasks,
@@ -116,6 +116,8 @@ pub(crate) async fn burst(args: BurstArgs) -> anyhow::Result<serde_json::Value> 
     if Utc::now().timestamp_millis() > due_ms - 500 {
         bail!("writing {n} tasks took {wrote:?}: past the due second; the machine is too slow for this size");
     }
+    schedules::sleep_until_before(due).await;
+    let meter = CpuMeter::start(&server);
     let deadline = Instant::now() + Duration::from_secs(120 + n as u64 / 1000);
     while dispatch_count(&js, &names).await? < n as u64 {
         if Instant::now() > deadline {
@@ -123,13 +125,16 @@ pub(crate) async fn burst(args: BurstArgs) -> anyhow::Result<serde_json::Value> 
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let cpu = meter.stop();
     shutdown.cancel();
     handle.await??;
     let times = read_dispatch_times(&js, &names).await?;
     let lags: Vec<i64> = times.iter().map(|&(nominal, stored)| stored - nominal * 1000).collect();
     let lag = Lag::from_micros(lags);
     // Raw baseline in the same run: the same count, window and stream.
+    let meter = CpuMeter::start(&server);
     let raw = raw_publish_with_ids(&js, &names, n, args.window, "r").await?;
+    let raw_cpu = meter.stop();
     let all_ms = lag.max_ms;
     let raw_ms = raw.as_secs_f64() * 1000.0;
     let ratio = if raw_ms > 0.0 { all_ms / raw_ms } else { 0.0 };
@@ -145,6 +150,15 @@ pub(crate) async fn burst(args: BurstArgs) -> anyhow::Result<serde_json::Value> 
          p50 {:.1} against {:.1} ms, p99 {:.1} against {:.1} ms",
         baseline.max_ms, lag.p50_ms, baseline.p50_ms, lag.p99_ms, baseline.p99_ms
     );
+    eprintln!(
+        "burst CPU seconds (client / server): jetsched {:.2} / {:.2}, raw publish {:.2} / {:.2}, server's schedules {:.2} / {:.2}",
+        cpu.client_s,
+        cpu.server_s,
+        raw_cpu.client_s,
+        raw_cpu.server_s,
+        server_burst.cpu.client_s,
+        server_burst.cpu.server_s
+    );
     Ok(json!({
         "scenario": "burst",
         "tasks": n,
@@ -154,10 +168,13 @@ pub(crate) async fn burst(args: BurstArgs) -> anyhow::Result<serde_json::Value> 
         "lag": lag,
         "raw_publish_with_ids_ms": raw_ms,
         "ratio_to_raw": ratio,
+        "cpu": cpu,
+        "raw_cpu": raw_cpu,
         "schedules": {
             "publish_ms": server_burst.publish.as_secs_f64() * 1000.0,
             "body_bytes": body_len,
             "lag": baseline,
+            "cpu": server_burst.cpu,
         },
         "ratio_to_schedules": to_schedules,
         "first": first,

@@ -18,7 +18,49 @@ use futures::stream::FuturesUnordered;
 use jetsched_shared::wire::{HDR_SCHEDULE, HDR_SCHEDULE_TARGET};
 use jetsched_tests::NatsServer;
 
-use crate::system::Lag;
+use crate::system::{Lag, cpu_seconds};
+
+/// CPU seconds used by this process (the client, with an in-process scheduler) and by a
+/// nats-server over one phase.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub(crate) struct Cpu {
+    pub(crate) client_s: f64,
+    pub(crate) server_s: f64,
+}
+
+/// Measures [`Cpu`] from its creation to [`CpuMeter::stop`].
+pub(crate) struct CpuMeter {
+    server: Option<String>,
+    start: Cpu,
+}
+
+impl CpuMeter {
+    pub(crate) fn start(server: &NatsServer) -> CpuMeter {
+        let server = server.pid().map(|pid| pid.to_string());
+        let start = read_cpu(server.as_deref());
+        CpuMeter { server, start }
+    }
+
+    pub(crate) fn stop(&self) -> Cpu {
+        let now = read_cpu(self.server.as_deref());
+        Cpu { client_s: now.client_s - self.start.client_s, server_s: now.server_s - self.start.server_s }
+    }
+}
+
+fn read_cpu(server: Option<&str>) -> Cpu {
+    Cpu {
+        client_s: cpu_seconds("self").unwrap_or(0.0),
+        server_s: server.and_then(cpu_seconds).unwrap_or(0.0),
+    }
+}
+
+/// Sleeps until shortly before `due` (so a phase's CPU is measured from its due second).
+pub(crate) async fn sleep_until_before(due: DateTime<Utc>) {
+    let ahead = (due - Utc::now()).num_milliseconds() - 50;
+    if ahead > 0 {
+        tokio::time::sleep(Duration::from_millis(ahead as u64)).await;
+    }
+}
 
 /// The stream of the baseline: schedules on `bench.schedule.<i>` (one subject per schedule:
 /// the server keeps one schedule per subject), their copies on `bench.target.<i>`.
@@ -32,6 +74,8 @@ pub(crate) struct ServerBurst {
     pub(crate) lag: Lag,
     /// Time to publish the N schedules (before the due second).
     pub(crate) publish: Duration,
+    /// CPU used from the due second until every copy was stored.
+    pub(crate) cpu: Cpu,
 }
 
 /// The due second of a burst of `n` starting now: far enough ahead to write `n` tasks or
@@ -90,6 +134,8 @@ pub(crate) async fn server_burst(n: usize, window: usize, body_len: usize) -> an
             "publishing {n} schedules took {publish:?}: past the due second; the machine is too slow for this size"
         );
     }
+    sleep_until_before(due).await;
+    let meter = CpuMeter::start(&server);
     // Every generated copy takes the next sequence after the n schedules: done at 2n.
     let deadline = Instant::now() + Duration::from_secs(120 + n as u64 / 1000);
     loop {
@@ -102,9 +148,10 @@ pub(crate) async fn server_burst(n: usize, window: usize, body_len: usize) -> an
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let cpu = meter.stop();
     let stored = stored_times(&stream, n).await?;
     let due_us = due.timestamp_micros();
-    Ok(ServerBurst { lag: Lag::from_micros(stored.iter().map(|&t| t - due_us).collect()), publish })
+    Ok(ServerBurst { lag: Lag::from_micros(stored.iter().map(|&t| t - due_us).collect()), publish, cpu })
 }
 
 /// Stored-at times (Unix µs) of the `n` generated copies on the target subjects.
