@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::publish::PublishAck;
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use jetsched_shared::wire::Trigger;
 use tokio::time::Instant;
 
@@ -154,6 +154,14 @@ impl Pipeline {
         }
     }
 
+    /// An acknowledged publish already arrived, if any: never waits. During a burst the acks
+    /// come back in runs, and taking a whole run before the next round of publishing saves a
+    /// pass of the loop per ack. (Polling here does not lose a wake-up: the loop polls
+    /// [`Pipeline::next_ack`] again before it sleeps.)
+    pub(crate) fn ready_ack(&mut self) -> Option<Acked> {
+        self.inflight.next().now_or_never().flatten()
+    }
+
     pub(crate) fn retry_at(&self) -> Option<Instant> {
         self.retry_at
     }
@@ -180,8 +188,6 @@ impl Pipeline {
 
 #[cfg(test)]
 mod tests {
-    use futures::FutureExt;
-
     use super::*;
 
     fn fire(nominal_ms: i64, trigger: Trigger) -> Fire {
@@ -288,6 +294,22 @@ mod tests {
             }
             assert_eq!(pipeline.busy(), busy, "window {window}, {inflight} in flight, {queued} queued");
         }
+    }
+
+    #[test]
+    fn acks_already_arrived_are_taken_without_waiting() {
+        let mut pipeline = Pipeline::new(8, 100);
+        assert!(pipeline.ready_ack().is_none(), "nothing in flight");
+        occupy(&mut pipeline, 1);
+        for ms in [1, 2] {
+            let error = PublishError::new(async_nats::jetstream::context::PublishErrorKind::TimedOut);
+            pipeline.track(std::future::ready((fire(ms, Trigger::Schedule), Err(error))).boxed());
+        }
+        let mut taken: Vec<i64> =
+            std::iter::from_fn(|| pipeline.ready_ack()).map(|(f, _)| f.nominal_ms).collect();
+        taken.sort_unstable();
+        assert_eq!(taken, [1, 2]);
+        assert_eq!(pipeline.inflight(), 1, "the pending publish stays in flight");
     }
 
     #[test]

@@ -113,9 +113,18 @@ impl Core {
         self.report.metrics.publish_inflight.set(self.pipeline.inflight() as i64);
     }
 
-    pub(super) fn on_ack(&mut self, (fire, result): Acked) {
+    /// A publish was acknowledged: it and every other ack already arrived are handled before
+    /// the next round of publishing (bounded by the window: nothing is published meanwhile).
+    pub(super) fn on_ack(&mut self, acked: Acked) {
+        self.acked(acked);
+        while let Some(acked) = self.pipeline.ready_ack() {
+            self.acked(acked);
+        }
+        self.report.metrics.publish_inflight.set(self.pipeline.inflight() as i64);
+    }
+
+    fn acked(&mut self, (fire, result): Acked) {
         let metrics = &self.report.metrics;
-        metrics.publish_inflight.set(self.pipeline.inflight() as i64);
         let ack = match result {
             Ok(ack) => ack,
             Err(error) => {
