@@ -106,19 +106,25 @@ pub(crate) enum Change {
 
 /// Decodes an entry of the tasks bucket, its spec JSON encoded against `specs`.
 pub(crate) fn decode(entry: &Entry, specs: &Specs, scratch: &mut Scratch) -> Change {
+    let key = || entry.key.clone();
     match entry.operation {
-        Operation::Delete | Operation::Purge => Change::Remove { key: entry.key.clone() },
+        Operation::Delete | Operation::Purge => Change::Remove { key: key() },
         Operation::Put => match TaskSpec::parse(&entry.value) {
             Ok(spec) if spec.has_key(&entry.key) => {
+                // A parsed spec is JSON text: UTF-8.
+                let json = match std::str::from_utf8(&entry.value) {
+                    Ok(json) => json,
+                    Err(error) => return Change::Invalid { key: key(), error: error.to_string() },
+                };
                 let created_ms = entry.created.unix_timestamp_nanos() / 1_000_000;
                 let created_ms = i64::try_from(created_ms).unwrap_or(i64::MAX);
-                Change::Put(TaskInfo::encoded(spec, &entry.value, entry.revision, created_ms, specs, scratch))
+                Change::Put(TaskInfo::encoded(spec, json, entry.revision, created_ms, specs, scratch))
             }
             Ok(spec) => Change::Invalid {
-                key: entry.key.clone(),
+                key: key(),
                 error: format!("the spec's key {} differs from its bucket key", spec.key()),
             },
-            Err(error) => Change::Invalid { key: entry.key.clone(), error: error.to_string() },
+            Err(error) => Change::Invalid { key: key(), error: error.to_string() },
         },
     }
 }

@@ -68,7 +68,7 @@ pub(crate) struct Specs {
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     split: Split,
-    codes: Vec<u8>,
+    codes: String,
 }
 
 /// A document's shape text and where its values are in it.
@@ -82,16 +82,11 @@ struct Split {
 
 impl Specs {
     /// Encodes `doc` (a task's stored spec JSON, `task_id` its id) against the table, adding its
-    /// shape when it is new and fits: returns the shape and the bytes the task keeps (borrowed
-    /// from `scratch` or `doc`).
-    pub(crate) fn encode<'a>(
-        &self,
-        doc: &'a [u8],
-        task_id: &str,
-        scratch: &'a mut Scratch,
-    ) -> (u32, &'a [u8]) {
+    /// shape when it is new and fits: returns the shape and the text the task keeps (borrowed
+    /// from `scratch` or `doc`): value codes are ASCII, values are pieces of `doc`.
+    pub(crate) fn encode<'a>(&self, doc: &'a str, task_id: &str, scratch: &'a mut Scratch) -> (u32, &'a str) {
         let Scratch { split, codes } = scratch;
-        if !split.read(doc) {
+        if !split.read(doc.as_bytes()) {
             return (WHOLE, doc);
         }
         {
@@ -112,7 +107,7 @@ impl Specs {
         let mut template = Vec::with_capacity(values);
         let mut ends = Vec::with_capacity(split.values.len());
         for &(start, end) in &split.values {
-            template.extend_from_slice(&doc[start..end]);
+            template.extend_from_slice(&doc.as_bytes()[start..end]);
             ends.push(u32::try_from(template.len()).unwrap_or(u32::MAX));
         }
         let text: Box<[u8]> = split.text.clone().into_boxed_slice();
@@ -132,7 +127,8 @@ impl Specs {
 
     /// Appends the document that `bytes` (from [`Specs::encode`] with `shape`) stands for to
     /// `out`, byte for byte as it was given.
-    pub(crate) fn decode_into(&self, shape: u32, bytes: &[u8], task_id: &str, out: &mut Vec<u8>) {
+    pub(crate) fn decode_into(&self, shape: u32, text: &str, task_id: &str, out: &mut Vec<u8>) {
+        let bytes = text.as_bytes();
         if shape == WHOLE {
             out.extend_from_slice(bytes);
             return;
@@ -186,10 +182,10 @@ fn encoded<'a>(
     id: u32,
     shape: &Shape,
     split: &Split,
-    doc: &'a [u8],
+    doc: &'a str,
     task_id: &str,
-    codes: &'a mut Vec<u8>,
-) -> (u32, &'a [u8]) {
+    codes: &'a mut String,
+) -> (u32, &'a str) {
     if *shape.holes != *split.holes {
         return (WHOLE, doc);
     }
@@ -198,17 +194,18 @@ fn encoded<'a>(
 }
 
 /// Writes the value codes of `split` against `shape`'s template to `codes`.
-fn encode_values(shape: &Shape, split: &Split, doc: &[u8], task_id: &str, codes: &mut Vec<u8>) {
+fn encode_values(shape: &Shape, split: &Split, doc: &str, task_id: &str, codes: &mut String) {
     codes.clear();
     for (i, &(start, end)) in split.values.iter().enumerate() {
-        let value = &doc[start..end];
-        if value == shape.value(i) {
+        // Values start and end next to ASCII delimiters: `str` boundaries.
+        let value = doc.get(start..end).unwrap_or_default();
+        if value.as_bytes() == shape.value(i) {
             write_varint(codes, SAME);
-        } else if value == task_id.as_bytes() {
+        } else if value == task_id {
             write_varint(codes, TASK_ID);
         } else {
             write_varint(codes, INLINE + u32::try_from(value.len()).unwrap_or(u32::MAX - INLINE));
-            codes.extend_from_slice(value);
+            codes.push_str(value);
         }
     }
 }
@@ -273,19 +270,20 @@ fn string_end(doc: &[u8], open: usize) -> Option<usize> {
     None
 }
 
-fn write_varint(out: &mut Vec<u8>, mut n: u32) {
-    while n >= 0x80 {
-        out.push((n as u8) | 0x80);
-        n >>= 7;
+/// Writes `n` in ASCII: six bits per byte, low bits first, `0x40` on every byte but the last.
+fn write_varint(out: &mut String, mut n: u32) {
+    while n >= 0x40 {
+        out.push(char::from((n & 0x3f) as u8 | 0x40));
+        n >>= 6;
     }
-    out.push(n as u8);
+    out.push(char::from(n as u8));
 }
 
 fn read_varint(bytes: &mut &[u8]) -> u32 {
     let mut n = 0u32;
     for (i, &b) in bytes.iter().enumerate() {
-        n |= u32::from(b & 0x7f) << (7 * i as u32).min(31);
-        if b & 0x80 == 0 {
+        n |= u32::from(b & 0x3f).checked_shl(6 * i as u32).unwrap_or(0);
+        if b & 0x40 == 0 {
             *bytes = &bytes[i + 1..];
             return n;
         }

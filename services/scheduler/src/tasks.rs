@@ -20,7 +20,7 @@ use crate::specs::{Scratch, Specs};
 #[derive(Debug)]
 pub(crate) struct TaskInfo {
     /// `<namespace>.<task_id>`, then the spec JSON as [`Specs::encode`] keeps it.
-    blob: Box<[u8]>,
+    blob: Box<str>,
     /// Length of the key at the start of `blob`.
     key_len: u16,
     /// Length of the namespace part of the key.
@@ -52,6 +52,7 @@ impl TaskInfo {
     #[cfg(test)]
     pub(crate) fn new(spec: TaskSpec, spec_json: &[u8], revision: u64, created_ms: i64) -> TaskInfo {
         let queue = Arc::from(spec.queue.as_str());
+        let spec_json = std::str::from_utf8(spec_json).expect("a spec is UTF-8");
         TaskInfo::build(spec, queue, (crate::specs::WHOLE, spec_json), revision, created_ms)
     }
 
@@ -59,7 +60,7 @@ impl TaskInfo {
     /// name too).
     pub(crate) fn encoded(
         spec: TaskSpec,
-        spec_json: &[u8],
+        spec_json: &str,
         revision: u64,
         created_ms: i64,
         specs: &Specs,
@@ -73,17 +74,17 @@ impl TaskInfo {
     fn build(
         spec: TaskSpec,
         queue: Arc<str>,
-        (shape, text): (u32, &[u8]),
+        (shape, text): (u32, &str),
         revision: u64,
         created_ms: i64,
     ) -> TaskInfo {
-        let (namespace, id) = (spec.namespace.as_bytes(), spec.id.as_bytes());
-        let mut blob = Vec::with_capacity(namespace.len() + 1 + id.len() + text.len());
-        blob.extend_from_slice(namespace);
-        blob.push(b'.');
-        blob.extend_from_slice(id);
+        let (namespace, id) = (spec.namespace.as_str(), spec.id.as_str());
+        let mut blob = String::with_capacity(namespace.len() + 1 + id.len() + text.len());
+        blob.push_str(namespace);
+        blob.push('.');
+        blob.push_str(id);
         let key_len = u16::try_from(blob.len()).unwrap_or(u16::MAX);
-        blob.extend_from_slice(text);
+        blob.push_str(text);
         let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
         let jitter_offset_ms = ms(spec.jitter_offset());
         // Fires start after the revision was stored, except a one-shot stored after its time
@@ -94,7 +95,7 @@ impl TaskInfo {
             _ => created_ms,
         };
         TaskInfo {
-            blob: blob.into_boxed_slice(),
+            blob: blob.into_boxed_str(),
             key_len,
             ns_len: u8::try_from(namespace.len()).unwrap_or(u8::MAX),
             shape,
@@ -114,8 +115,7 @@ impl TaskInfo {
 
     /// `<namespace>.<task_id>`.
     pub(crate) fn key(&self) -> &str {
-        // Built from two `str`s: always UTF-8.
-        std::str::from_utf8(&self.blob[..usize::from(self.key_len)]).unwrap_or_default()
+        self.blob.get(..usize::from(self.key_len)).unwrap_or_default()
     }
 
     pub(crate) fn namespace(&self) -> &str {
@@ -128,7 +128,8 @@ impl TaskInfo {
 
     /// Appends the stored spec JSON, byte for byte, to `out`.
     pub(crate) fn spec_json_into(&self, specs: &Specs, out: &mut Vec<u8>) {
-        specs.decode_into(self.shape, &self.blob[usize::from(self.key_len)..], self.task_id(), out);
+        let text = self.blob.get(usize::from(self.key_len)..).unwrap_or_default();
+        specs.decode_into(self.shape, text, self.task_id(), out);
     }
 
     /// When the wheel fires nominal time `nominal_ms`: after the task's deterministic jitter
@@ -199,8 +200,13 @@ impl Tasks {
     }
 
     pub(crate) fn lookup(&self, key: &str) -> Option<u32> {
-        let slots = &self.slots;
-        self.index.find(self.hasher.hash_one(key), |&idx| key_of(slots, idx) == key).copied()
+        self.find(key).ok()
+    }
+
+    /// The slot of `key`, or the hash to insert it with ([`Tasks::insert_hashed`]).
+    pub(crate) fn find(&self, key: &str) -> Result<u32, KeyHash> {
+        let (slots, hash) = (&self.slots, self.hasher.hash_one(key));
+        self.index.find(hash, |&idx| key_of(slots, idx) == key).copied().ok_or(KeyHash(hash))
     }
 
     #[cfg(test)]
@@ -231,9 +237,15 @@ impl Tasks {
 
     /// Adds a task whose fires start after `cursor_ms`; returns its index. Its key must not be
     /// in the table.
+    #[cfg(test)]
     pub(crate) fn insert(&mut self, info: TaskInfo, cursor_ms: i64) -> u32 {
+        let hash = KeyHash(self.hasher.hash_one(info.key()));
+        self.insert_hashed(info, cursor_ms, hash)
+    }
+
+    /// [`Tasks::insert`] with the hash [`Tasks::find`] gave for its key.
+    pub(crate) fn insert_hashed(&mut self, info: TaskInfo, cursor_ms: i64, KeyHash(hash): KeyHash) -> u32 {
         self.generation = self.generation.wrapping_add(1);
-        let hash = self.hasher.hash_one(info.key());
         let slot = Slot {
             info,
             generation: self.generation,
@@ -284,6 +296,10 @@ impl Tasks {
     }
 }
 
+/// The hash of a key that is not in the table.
+#[derive(Debug)]
+pub(crate) struct KeyHash(u64);
+
 /// The key of the task in slot `idx` (empty for a free slot).
 fn key_of(slots: &[Option<Slot>], idx: u32) -> &str {
     slots.get(idx as usize).and_then(Option::as_ref).map_or("", |slot| slot.info.key())
@@ -333,7 +349,10 @@ mod tests {
             .iter()
             .map(|id| {
                 let (s, j) = spec(id, r#"{"every":"1s"}"#);
-                tasks.insert(TaskInfo::encoded(s, &j, 1, 0, &specs, &mut scratch), 0)
+                tasks.insert(
+                    TaskInfo::encoded(s, std::str::from_utf8(&j).expect("UTF-8"), 1, 0, &specs, &mut scratch),
+                    0,
+                )
             })
             .collect();
         let queue = |idx: u32| tasks.get(idx).map(|s| s.info.queue.clone()).expect("slot");
@@ -352,7 +371,10 @@ mod tests {
         let mut stored = Vec::new();
         for i in 0..100 {
             let (s, j) = spec(&format!("t{i}"), &format!(r#"{{"every":"{}s"}}"#, i + 1));
-            let idx = tasks.insert(TaskInfo::encoded(s, &j, 1, 0, &specs, &mut scratch), 0);
+            let idx = tasks.insert(
+                TaskInfo::encoded(s, std::str::from_utf8(&j).expect("UTF-8"), 1, 0, &specs, &mut scratch),
+                0,
+            );
             stored.push((idx, j));
         }
         let (s, j) = spec("whole", r#"{"every":"1s"}"#);

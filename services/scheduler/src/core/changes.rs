@@ -46,15 +46,18 @@ impl Core {
     fn apply(&mut self, change: Change) {
         match change {
             Change::Put(info) => {
-                if let Some(idx) = self.tasks.lookup(info.key()) {
-                    let Some(slot) = self.tasks.get_mut(idx) else { return };
-                    if slot.info.revision >= info.revision {
-                        return; // re-delivered after a re-opened watch
+                let hash = match self.tasks.find(info.key()) {
+                    Ok(idx) => {
+                        let Some(slot) = self.tasks.get_mut(idx) else { return };
+                        if slot.info.revision >= info.revision {
+                            return; // re-delivered after a re-opened watch
+                        }
+                        slot.info = info;
+                        self.wake.schedule_next(&mut self.tasks, idx);
+                        return;
                     }
-                    slot.info = info;
-                    self.wake.schedule_next(&mut self.tasks, idx);
-                    return;
-                }
+                    Err(hash) => hash,
+                };
                 // Fires start after the registration; during the initial load, after now
                 // (the fire state decides what a new leader catches up).
                 let now = self.time.now_ms();
@@ -65,7 +68,7 @@ impl Core {
                 // catch-up window; e.g. an intake applied late) begins before that time:
                 // while leading, its misfire policy decides now, as after a failover.
                 let late = info.created_ms < cursor && loaded && self.takeover.leading();
-                let idx = self.tasks.insert(info, cursor);
+                let idx = self.tasks.insert_hashed(info, cursor, hash);
                 if let Some((done, fires)) = orphan
                     && let Some(slot) = self.tasks.get_mut(idx)
                 {
