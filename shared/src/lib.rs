@@ -7,6 +7,7 @@ pub mod api_client;
 pub mod backoff;
 pub mod cas;
 pub mod config;
+pub mod direct_batch;
 pub mod dispatch;
 pub mod error;
 pub mod events;

@@ -95,6 +95,12 @@ impl Names {
         format!("KV_{bucket}")
     }
 
+    /// The subject of direct gets of a stream's messages with the request in the body
+    /// (`$JS.API.DIRECT.GET.<stream>`), e.g. the latest message of many subjects at once.
+    pub fn direct_get_subject(stream: &str) -> String {
+        format!("$JS.API.DIRECT.GET.{stream}")
+    }
+
     // ---- streams ----------------------------------------------------------------------
 
     pub fn intake_stream(&self) -> String {

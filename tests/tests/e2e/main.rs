@@ -11,6 +11,7 @@ mod clock_guard;
 mod config;
 mod console;
 mod deploy;
+mod direct_batch;
 mod docs;
 mod events;
 mod failover;
