@@ -16,6 +16,10 @@ use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, live};
 use jetsched_shared::wire::Dispatch;
 pub use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, RunRecord, RunStatus};
 
+use self::reads::Reads;
+
+mod reads;
+
 /// Compare-and-set rounds before giving up on a write.
 const CAS_ROUNDS: usize = 8;
 
@@ -40,21 +44,49 @@ pub(crate) enum Begin {
 #[derive(Clone)]
 pub(crate) struct RunStore {
     kv: kv::Store,
+    /// Reads gathered into batched direct gets, when started.
+    reads: Option<Reads>,
 }
 
 impl RunStore {
-    pub(crate) fn new(kv: kv::Store) -> RunStore {
-        RunStore { kv }
+    /// A store reading records in batches ([`Reads`]) over `client`.
+    pub(crate) async fn batched(
+        kv: kv::Store,
+        client: async_nats::Client,
+        bucket: &str,
+    ) -> anyhow::Result<RunStore> {
+        let reads = Reads::start(client, bucket).await.context("start the batched run-record reader")?;
+        Ok(RunStore { kv, reads: Some(reads) })
     }
 
-    /// The record of `execution_id` and its revision, if any.
+    /// The record of `execution_id` and its revision, if any: in the next batch of reads, or
+    /// alone when batches are off or the batch failed.
     pub(crate) async fn get(&self, execution_id: &str) -> anyhow::Result<Option<(RunRecord, u64)>> {
-        let entry =
-            self.kv.entry(execution_id).await.with_context(|| format!("read run record {execution_id}"))?;
-        let Some(entry) = live(entry) else { return Ok(None) };
-        let record: RunRecord = serde_json::from_slice(&entry.value)
-            .with_context(|| format!("decode run record {execution_id}"))?;
-        Ok(Some((record, entry.revision)))
+        let batched = match &self.reads {
+            Some(reads) => match reads.read(execution_id).await {
+                Ok(found) => Some(found),
+                Err(error) => {
+                    tracing::debug!(%error, "batched run-record read failed; reading it alone");
+                    None
+                }
+            },
+            None => None,
+        };
+        let found = match batched {
+            Some(found) => found,
+            None => {
+                let entry = self
+                    .kv
+                    .entry(execution_id)
+                    .await
+                    .with_context(|| format!("read run record {execution_id}"))?;
+                live(entry).map(|entry| (entry.value, entry.revision))
+            }
+        };
+        let Some((value, revision)) = found else { return Ok(None) };
+        let record: RunRecord =
+            serde_json::from_slice(&value).with_context(|| format!("decode run record {execution_id}"))?;
+        Ok(Some((record, revision)))
     }
 
     /// Creates or advances the record for delivery `attempt` of `dispatch`.

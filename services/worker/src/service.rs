@@ -128,7 +128,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
     )
     .await?;
 
-    let runs = RunStore::new(topology.runs);
+    let runs = RunStore::batched(topology.runs, client.clone(), &names.runs_bucket()).await?;
     let dlq = DeadLetters::new(js.clone(), names.clone());
     if let Ok(depth) = dlq.depth().await {
         metrics.dlq_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
