@@ -10,7 +10,7 @@
 //!
 //! Every phase gets fresh streams; the dispatch bodies are built once, outside the timings.
 //! CPU time per message of this process (client and workers) and of the server comes from
-//! `/proc` (Linux).
+//! `/proc` (Linux); the messages the server received and sent per run, from its `/varz`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,14 +67,13 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let server = NatsServer::start().await;
     let js = jetstream::new(server.client().await);
     let messages = dispatches(args.runs)?;
-    let pid = server.pid();
 
-    let (raw, raw_cpu) = phase(&js, &messages, Records::None, pid).await?;
+    let (raw, raw_cpu) = phase(&js, &server, &messages, Records::None).await?;
     eprintln!("e2e: {}: {raw:.0} msg/s{raw_cpu}", Records::None.label());
     let (ceiling_records, floor_records) =
         (Records::Create(args.concurrency), Records::ReadCreate(args.concurrency));
-    let (ceiling, ceiling_cpu) = phase(&js, &messages, ceiling_records, pid).await?;
-    let (floor, floor_cpu) = phase(&js, &messages, floor_records, pid).await?;
+    let (ceiling, ceiling_cpu) = phase(&js, &server, &messages, ceiling_records).await?;
+    let (floor, floor_cpu) = phase(&js, &server, &messages, floor_records).await?;
     for (records, rate, cpu) in [(ceiling_records, ceiling, &ceiling_cpu), (floor_records, floor, &floor_cpu)]
     {
         eprintln!("e2e: {}: {rate:.0} msg/s = {:.1}% of raw{cpu}", records.label(), 100.0 * rate / raw);
@@ -82,9 +81,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
 
     let mut rows = Vec::new();
     for &n in &args.workers {
-        let cpu = Cpu::now(pid);
+        let cpu = Cpu::now(&server).await;
         let rate = workers(&js, &server.url(), &args, n, &messages).await?;
-        let used = Cpu::now(pid).since(&cpu, args.runs);
+        let used = Cpu::now(&server).await.since(&cpu, args.runs);
         let overhead_us = 1e6 / rate - 1e6 / raw;
         eprintln!(
             "e2e: {n} worker(s): {rate:.0} runs/s = {:.1}% of raw, {:.1}% of the ceiling, {:.1}% of the floor (overhead {overhead_us:.1} µs/run){used}",
@@ -202,13 +201,13 @@ impl Records {
 /// One raw phase ([`queue`]): its rate and the CPU per message it took.
 async fn phase(
     js: &jetstream::Context,
+    server: &NatsServer,
     messages: &[Prepared],
     records: Records,
-    server_pid: Option<u32>,
 ) -> anyhow::Result<(f64, CpuPer)> {
-    let cpu = Cpu::now(server_pid);
+    let cpu = Cpu::now(server).await;
     let rate = queue(js, messages, records).await?;
-    Ok((rate, Cpu::now(server_pid).since(&cpu, messages.len())))
+    Ok((rate, Cpu::now(server).await.since(&cpu, messages.len())))
 }
 
 /// Raw JetStream: a work-queue stream, one pull consumer acking every message, with
@@ -344,34 +343,51 @@ async fn workers(
     Ok(messages.len() as f64 / elapsed.as_secs_f64())
 }
 
-/// CPU seconds used so far by this process and by the server ([`cpu_seconds`]).
+/// CPU seconds used so far by this process and by the server ([`cpu_seconds`]), and the
+/// messages the server received and sent so far (its `/varz`).
 struct Cpu {
     bench: Option<f64>,
     server: Option<f64>,
+    server_in: Option<f64>,
+    server_out: Option<f64>,
 }
 
-/// CPU µs per message of a phase.
+/// CPU µs per message of a phase, and server messages in and out per message.
 struct CpuPer {
     bench: Option<f64>,
     server: Option<f64>,
+    server_in: Option<f64>,
+    server_out: Option<f64>,
 }
 
 impl Cpu {
-    fn now(server_pid: Option<u32>) -> Cpu {
-        Cpu { bench: cpu_seconds("self"), server: server_pid.and_then(|pid| cpu_seconds(&pid.to_string())) }
+    async fn now(server: &NatsServer) -> Cpu {
+        let varz = server.monitor_json("/varz").await.ok();
+        let count = |field: &str| varz.as_ref().and_then(|varz| varz[field].as_f64());
+        Cpu {
+            bench: cpu_seconds("self"),
+            server: server.pid().and_then(|pid| cpu_seconds(&pid.to_string())),
+            server_in: count("in_msgs"),
+            server_out: count("out_msgs"),
+        }
     }
 
     fn since(&self, before: &Cpu, messages: usize) -> CpuPer {
-        let per = |now: Option<f64>, then: Option<f64>| {
-            now.zip(then).map(|(now, then)| (now - then) * 1e6 / messages as f64)
+        let per = |now: Option<f64>, then: Option<f64>, unit: f64| {
+            now.zip(then).map(|(now, then)| (now - then) * unit / messages as f64)
         };
-        CpuPer { bench: per(self.bench, before.bench), server: per(self.server, before.server) }
+        CpuPer {
+            bench: per(self.bench, before.bench, 1e6),
+            server: per(self.server, before.server, 1e6),
+            server_in: per(self.server_in, before.server_in, 1.0),
+            server_out: per(self.server_out, before.server_out, 1.0),
+        }
     }
 }
 
 impl CpuPer {
     fn json(&self) -> serde_json::Value {
-        json!({"server": self.server, "client": self.bench})
+        json!({"server": self.server, "client": self.bench, "server_msgs_in": self.server_in, "server_msgs_out": self.server_out})
     }
 }
 
@@ -382,6 +398,9 @@ impl std::fmt::Display for CpuPer {
         }
         if let Some(bench) = self.bench {
             write!(f, "; client CPU {bench:.1} µs/msg")?;
+        }
+        if let Some((received, sent)) = self.server_in.zip(self.server_out) {
+            write!(f, "; server msgs in/out {received:.2}/{sent:.2} per msg")?;
         }
         Ok(())
     }
