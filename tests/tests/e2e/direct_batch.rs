@@ -1,13 +1,23 @@
 //! End-to-end tests of batched direct gets (`multi_last`) against a real nats-server: the
 //! latest value of many KV keys in one request, markers and missing keys told apart, an empty
-//! answer, and a refused request as an error.
+//! answer, a refused request as an error, and a worker with lazy records reading the records
+//! of a backlog in batches, every run executed once.
 
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
 use async_nats::jetstream;
+use futures::StreamExt;
 use jetsched_shared::direct_batch::{DirectBatch, DirectBatchError, MAX_SUBJECTS};
 use jetsched_shared::names::Names;
-use jetsched_tests::{NatsServer, init_test_logging};
+use jetsched_tests::fixtures::{execution_of, publish_dispatch, wait_run_status};
+use jetsched_tests::{App, NatsServer, eventually, init_test_logging, spec};
+use jetsched_worker::runs::RunStatus;
+use jetsched_worker::{Handlers, Outcome, RunContext, RunRecords};
+
+use crate::worker_support::{WAIT, config, dispatch_pending};
 
 async fn bucket(js: &jetstream::Context, name: &str) -> jetstream::kv::Store {
     js.create_key_value(jetstream::kv::Config { bucket: name.to_string(), history: 1, ..Default::default() })
@@ -85,4 +95,68 @@ async fn a_stream_that_is_not_there_is_an_error_at_once() {
     let error = reader.last_of(&["a.b".to_string()]).await.expect_err("no stream answers");
     assert!(matches!(error, DirectBatchError::Status { code: 503, .. }), "{error}");
     assert!(started.elapsed() < Duration::from_secs(5), "no responders is immediate, not a timeout");
+}
+
+#[tokio::test]
+async fn a_lazy_worker_reads_the_records_of_a_backlog_in_batches() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
+    let names = Names::default();
+    let executed: Arc<Mutex<Vec<String>>> = Arc::default();
+    let handlers = {
+        let executed = executed.clone();
+        Handlers::new().register("noop", move |run: RunContext| {
+            executed.lock().unwrap().push(run.execution_id);
+            async { Outcome::ok() }
+        })
+    };
+    let mut config = config(&server, "w-batched");
+    config.concurrency = 32;
+    config.run_records = RunRecords::Lazy;
+    let worker = App::worker(config, handlers).await;
+    // Every direct get of the runs bucket, batched (body) or of one key (subject).
+    let stream = Names::kv_stream(&names.runs_bucket());
+    let (batched, single) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut requests = client.subscribe(format!("$JS.API.DIRECT.GET.{stream}.>")).await.expect("subscribe");
+    let mut batches = client.subscribe(format!("$JS.API.DIRECT.GET.{stream}")).await.expect("subscribe");
+    let counted = {
+        let (batched, single) = (batched.clone(), single.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    Some(_) = batches.next() => batched.fetch_add(1, Ordering::Relaxed),
+                    Some(_) = requests.next() => single.fetch_add(1, Ordering::Relaxed),
+                    else => break,
+                };
+            }
+        })
+    };
+    client.flush().await.expect("flush");
+
+    let task = spec("wk", "backlog").handler("noop").task();
+    let runs = 600;
+    let mut acks = Vec::new();
+    for n in 0..runs {
+        acks.push(publish_dispatch(&js, &names, &task, n).await);
+    }
+    for ack in acks {
+        ack.await.expect("stored");
+    }
+    eventually(WAIT, "every run acked", || async { dispatch_pending(&js).await == 0 }).await;
+    let mut executed = executed.lock().unwrap().clone();
+    executed.sort();
+    executed.dedup();
+    assert_eq!(executed.len(), runs as usize, "each run executed once");
+    let (batched, single) = (batched.load(Ordering::Relaxed), single.load(Ordering::Relaxed));
+    assert_eq!(single, 0, "no record read alone");
+    assert!(batched < runs as usize / 2, "{batched} batched reads for {runs} runs");
+    eprintln!("{runs} runs, {batched} batched record reads");
+    // (after the counts: these reads are the test's own, one key each)
+    for n in [0, runs / 2, runs - 1] {
+        wait_run_status(&js, &names, &execution_of(&task, n), RunStatus::Succeeded, WAIT).await;
+    }
+    counted.abort();
+    worker.stop().await;
 }
