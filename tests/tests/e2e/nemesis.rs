@@ -527,5 +527,21 @@ async fn nemesis_full_disks_refuse_writes_and_resume_after_a_restart_losing_noth
         eprintln!("{}: jetsched_events_failed_total {failed:?}", service.instance);
         assert!(failed.is_some(), "{} exports no jetsched_events_failed_total", service.instance);
     }
-    setup.finish("full disks", one_shots, HashSet::new(), faults, restarts).await;
+    // What every service logged about the one-shots, shown if the checker finds one not fired.
+    let mut logs = String::new();
+    for (id, _) in &one_shots {
+        for service in setup.cast.each() {
+            for line in service.process.output().lines().filter(|l| {
+                l.contains(&format!("{id}\"")) || l.contains(&format!("{id} ")) || l.ends_with(id.as_str())
+            }) {
+                logs.push_str(&format!("{}: {line}\n", service.instance));
+            }
+        }
+    }
+    let finished =
+        std::panic::AssertUnwindSafe(setup.finish("full disks", one_shots, HashSet::new(), faults, restarts));
+    if let Err(panic) = futures::FutureExt::catch_unwind(finished).await {
+        eprintln!("log lines naming the one-shots:\n{logs}");
+        std::panic::resume_unwind(panic);
+    }
 }
