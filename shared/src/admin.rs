@@ -65,7 +65,9 @@ impl Readiness {
                 checks.lock().expect("readiness lock").insert("jetstream", ready);
                 drop(checks);
                 match (was, error) {
-                    (Some(true) | None, Some(error)) => tracing::warn!(%error, "JetStream unavailable: not ready"),
+                    (Some(true) | None, Some(error)) => {
+                        tracing::warn!(%error, "JetStream unavailable: not ready")
+                    }
                     (Some(false), None) => tracing::info!("JetStream available again: ready"),
                     _ => {}
                 }
