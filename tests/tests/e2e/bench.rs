@@ -109,6 +109,7 @@ async fn bench_soak_tiny_runs_every_service() {
     let last = samples.last().expect("a sample");
     assert!(number(last, "/server/runs/messages") > 0.0, "no runs bucket size in {last}");
     assert!(number(last, "/server/events/mib") > 0.0, "no events stream size in {last}");
+    assert_eq!(report["server_at_end"], last["server"]);
     for verdict in ["memory_flat", "lag_not_growing", "flat", "rate_sustained", "pass"] {
         assert!(report["verdicts"][verdict].is_boolean(), "verdict {verdict} missing");
     }

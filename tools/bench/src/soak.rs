@@ -525,6 +525,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
             if m["judged"] == true { "" } else { " (not judged)" }
         );
     }
+    let server_end = samples.last().map_or(Value::Null, |s| s["server"].clone());
+    eprintln!("  at the end: {}", server_text(&server_end));
     eprintln!(
         "  verdicts: memory flat (last third < {RSS_GROWTH_MAX_PCT}% over first): {rss_flat}; fire lag not growing (p99 last third <= {LAG_GROWTH_MAX}x first or < {LAG_FLOOR_MS} ms): {lag_flat}; \
          rate sustained (>= {:.0}% of target): {rate_ok}",
@@ -544,6 +546,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         "achieved_fires_per_second": round2(fires),
         "achieved_share": round2(achieved / rate as f64),
         "max_backlog": max_backlog,
+        "server_at_end": server_end,
         "lag": {
             "first_after_warmup": {"p50_ms": round2(first_p50), "p99_ms": round2(first_p99)},
             "last": {"p50_ms": round2(last_p50), "p99_ms": round2(last_p99)},
