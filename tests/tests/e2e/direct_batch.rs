@@ -19,19 +19,25 @@ use jetsched_worker::{Handlers, Outcome, RunContext, RunRecords};
 
 use crate::worker_support::{WAIT, config, dispatch_pending};
 
-async fn bucket(js: &jetstream::Context, name: &str) -> jetstream::kv::Store {
-    js.create_key_value(jetstream::kv::Config { bucket: name.to_string(), history: 1, ..Default::default() })
+/// A fresh server, a client on it and a KV bucket `name` (history 1).
+async fn server_with_bucket(name: &str) -> (NatsServer, async_nats::Client, jetstream::kv::Store) {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let client = server.client().await;
+    let kv = jetstream::new(client.clone())
+        .create_key_value(jetstream::kv::Config {
+            bucket: name.to_string(),
+            history: 1,
+            ..Default::default()
+        })
         .await
-        .expect("bucket")
+        .expect("bucket");
+    (server, client, kv)
 }
 
 #[tokio::test]
 async fn one_request_reads_the_latest_value_of_many_keys() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let kv = bucket(&js, "BATCHED").await;
+    let (_server, client, kv) = server_with_bucket("BATCHED").await;
     let keys: Vec<String> = (0..MAX_SUBJECTS - 2).map(|n| format!("run-{n}")).collect();
     for key in &keys {
         kv.create(key.as_str(), format!("first {key}").into()).await.expect("create");
@@ -65,11 +71,7 @@ async fn one_request_reads_the_latest_value_of_many_keys() {
 
 #[tokio::test]
 async fn keys_without_values_give_an_empty_answer_and_too_many_are_refused() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let kv = bucket(&js, "SPARSE").await;
+    let (_server, client, kv) = server_with_bucket("SPARSE").await;
     kv.put("other", "x".into()).await.expect("put");
     let mut reader = DirectBatch::new(client, &Names::kv_stream("SPARSE")).await.expect("reader");
     let asked = vec![Names::kv_subject("SPARSE", "a"), Names::kv_subject("SPARSE", "b")];
