@@ -43,6 +43,10 @@ async fn bench_all_tiny_reports_every_scenario() {
     let burst_p99 = number(&report, "/scenarios/burst/lag/p99_ms");
     assert!((0.0..60_000.0).contains(&burst_p99), "burst lag p99 {burst_p99} ms");
     assert!(number(&report, "/scenarios/burst/ratio_to_raw") > 0.0);
+    // The server's own message schedules of the same count: every generated copy measured.
+    let scheduled = number(&report, "/scenarios/burst/schedules/lag/samples");
+    assert_eq!(scheduled, number(&report, "/scenarios/burst/tasks"));
+    assert!(number(&report, "/scenarios/burst/ratio_to_schedules") > 0.0);
     assert!(number(&report, "/scenarios/steady/lag/samples") > 0.0);
     assert!(number(&report, "/scenarios/steady/fires_per_second") > 0.0);
     let replicas = report["scenarios"]["e2e"]["replicas"].as_array().expect("e2e replicas");
