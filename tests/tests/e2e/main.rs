@@ -15,6 +15,7 @@ mod direct_batch;
 mod docs;
 mod events;
 mod failover;
+mod full_disk_acks;
 mod intake_recovery;
 mod invariants;
 mod local;
