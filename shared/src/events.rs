@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::names::{self, Names};
-use crate::wire::Event;
+use crate::wire::{Event, EventKind};
 
 /// The name of the counter every publishing service has.
 pub const FAILED_METRIC: &str = "jetsched_events_failed_total";
@@ -50,14 +50,7 @@ impl EventPublisher {
 
     /// Logs and counts an event given up for good: the one place that does.
     pub fn give_up(&self, event: &Event, error: &anyhow::Error) {
-        self.failed.inc();
-        tracing::error!(
-            error = format!("{error:#}"),
-            kind = event.kind.as_str(),
-            namespace = %event.namespace,
-            task = %event.task_id,
-            "event not stored"
-        );
+        count_lost(&self.failed, event, &format!("{error:#}"));
     }
 
     /// Sends an event without waiting for the stream's ack; await the returned future (possibly
@@ -264,19 +257,26 @@ impl EventSink {
         if let Err(error) = self.queue.send(Item::Event(Box::new(event))).await
             && let Item::Event(event) = error.0
         {
-            self.failed.inc();
-            tracing::error!(kind = event.kind.as_str(), namespace = %event.namespace, task = %event.task_id, "event pump stopped; event not published");
+            count_lost(&self.failed, &event, "event pump stopped");
         }
     }
 
     /// Queues an event without waiting. When the queue is full (or the pump stopped) the event
-    /// is dropped, counted as failed, and false returned.
+    /// is dropped, logged, counted as failed, and false returned.
     pub fn try_emit(&self, event: Event) -> bool {
-        let queued = self.queue.try_send(Item::Event(Box::new(event))).is_ok();
-        if !queued {
-            self.failed.inc();
+        use tokio::sync::mpsc::error::TrySendError;
+        match self.queue.try_send(Item::Event(Box::new(event))) {
+            Ok(()) => true,
+            Err(TrySendError::Full(Item::Event(event))) => {
+                count_lost(&self.failed, &event, "event queue full");
+                false
+            }
+            Err(TrySendError::Closed(Item::Event(event))) => {
+                count_lost(&self.failed, &event, "event pump stopped");
+                false
+            }
+            Err(_) => false,
         }
-        queued
     }
 
     /// A barrier behind every event queued so far: [`Barrier::wait`] returns once each of them
@@ -360,12 +360,64 @@ impl EventPump {
     }
 }
 
+/// Counts and logs an event that will never be stored, with what identifies the fire or run it
+/// records: the one place that does.
+fn count_lost(failed: &prometheus::IntCounter, event: &Event, error: &str) {
+    failed.inc();
+    tracing::error!(
+        error,
+        kind = event.kind.as_str(),
+        namespace = %event.namespace,
+        task = %event.task_id,
+        execution_id = event.execution_id.as_deref().unwrap_or_default(),
+        nominal_time = event.nominal_time.map(|t| t.timestamp_millis()).unwrap_or_default(),
+        "event not stored"
+    );
+}
+
+/// The `Nats-Msg-Id` of a queued event. A `fire.dispatched` event is named after its execution,
+/// so that every scheduler learning that the fire's dispatch is stored can record it: the one
+/// whose publish was acknowledged, and one whose publish of the same fire came back a
+/// duplicate (a retry after a lost acknowledgement, a new leader re-publishing what its
+/// predecessor stored before it stepped down). The stream keeps the first and absorbs the
+/// others within its duplicate window. Every other event gets an id of its own.
+pub fn event_msg_id(event: &Event) -> String {
+    match (event.kind, &event.execution_id) {
+        (EventKind::FireDispatched, Some(execution_id)) => format!("fire.dispatched:{execution_id}"),
+        _ => names::event_msg_id(),
+    }
+}
+
 /// Publishes one event until the stream stores it or `retry_for` has passed; an event given up
 /// is logged and counted by the publisher.
 async fn store(publisher: EventPublisher, event: Event, dedup_id: bool, retry_for: Duration) {
-    let id = dedup_id.then(names::event_msg_id);
+    let id = dedup_id.then(|| event_msg_id(&event));
     let deadline = tokio::time::Instant::now() + retry_for;
     if let Err(error) = publisher.store_until(&event, id.as_deref(), deadline).await {
         publisher.give_up(&event, &error);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dispatched_event_is_named_after_its_execution_and_every_other_event_uniquely() {
+        let dispatched = |task: &str, execution: &str| Event {
+            execution_id: Some(execution.to_owned()),
+            ..Event::new(EventKind::FireDispatched, "ns", task)
+        };
+        // Two schedulers recording the same dispatch: one id, so the stream keeps one.
+        assert_eq!(event_msg_id(&dispatched("a", "e1")), event_msg_id(&dispatched("a", "e1")));
+        assert_ne!(event_msg_id(&dispatched("a", "e1")), event_msg_id(&dispatched("a", "e2")));
+        // Other events (and a dispatched event without an execution) never share an id.
+        for kind in [EventKind::FireSkipped, EventKind::RunStarted, EventKind::FireDispatched] {
+            let event = Event::new(kind, "ns", "a");
+            assert_ne!(event_msg_id(&event), event_msg_id(&event), "{}", kind.as_str());
+        }
+        let skipped =
+            Event { execution_id: Some("e1".to_owned()), ..Event::new(EventKind::FireSkipped, "ns", "a") };
+        assert_ne!(event_msg_id(&skipped), event_msg_id(&dispatched("a", "e1")));
     }
 }
