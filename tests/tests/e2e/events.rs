@@ -1,14 +1,18 @@
 //! The shared event pump against a real server: a barrier resolves only after every event
-//! queued before it is stored (the scheduler writes fire state behind such a barrier).
+//! queued before it is stored (the scheduler writes fire state behind such a barrier), and a
+//! fire's `fire.dispatched` is recorded once even when the scheduler that stored its dispatch
+//! never saw the acknowledgement.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
+use jetsched_scheduler::{Clock, ManualClock, build_with_clock};
 use jetsched_shared::events::EventPublisher;
-use jetsched_shared::names::Names;
+use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
 use jetsched_shared::topology::{self, TopologyArgs};
-use jetsched_shared::wire::{Event, EventKind};
-use jetsched_tests::{NatsServer, init_test_logging};
+use jetsched_shared::wire::{Event, EventKind, scheduled_execution_id};
+use jetsched_tests::{App, NatsServer, eventually, init_test_logging, read_stream};
 
 /// A server with the jetsched topology, a JetStream context on it and the default names.
 async fn server_with_topology() -> (NatsServer, jetstream::Context, Names) {
@@ -93,4 +97,86 @@ async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
     assert_eq!(publisher.failed_total(), 1, "the event that could not be stored is counted");
     drop(sink);
     pump.await.unwrap();
+}
+
+/// Every `fire.dispatched` event of namespace `ns`, as (task, nominal ms).
+async fn dispatched_events(js: &jetstream::Context, names: &Names, ns: &str) -> Vec<(String, i64)> {
+    let messages = read_stream(js, &names.events_stream(), Duration::from_secs(10)).await.expect("events");
+    messages
+        .iter()
+        .filter_map(|m| serde_json::from_slice::<Event>(&m.payload).ok())
+        .filter(|e| e.kind == EventKind::FireDispatched && e.namespace == ns)
+        .map(|e| (e.task_id, e.nominal_time.expect("nominal time").timestamp_millis()))
+        .collect()
+}
+
+/// Found by the nemesis partition runs: a leader whose dispatch was stored but whose
+/// acknowledgement never came (lost with its link, or dropped as it stepped down) records no
+/// `fire.dispatched`, and the scheduler publishing the same fire again got a duplicate and
+/// recorded nothing either, so the fire ran with no event and no failure counted. Here the
+/// predecessor is played by the test: it stored two fires' dispatches, and the event of only one
+/// of them. The scheduler's publishes of both come back duplicates; each fire then has exactly
+/// one `fire.dispatched` event.
+#[tokio::test]
+async fn a_fire_stored_by_a_leader_that_never_saw_its_ack_still_gets_one_dispatched_event() {
+    const NS: &str = "handover";
+    let (server, js, names) = server_with_topology().await;
+    let tasks = js.get_key_value(names.tasks_bucket()).await.expect("tasks bucket");
+    let clock = ManualClock::starting_now();
+    let next = clock.now_ms() + 1000;
+    for id in ["unrecorded", "recorded", "witness"] {
+        let spec = serde_json::json!({
+            "id": id, "namespace": NS, "schedule": {"every": "1s"},
+            "executor": {"kind": "nats", "subject": "jobs.run"}, "misfire": "fire_all",
+        });
+        tasks.put(task_key(NS, id), serde_json::to_vec(&spec).expect("json").into()).await.expect("put task");
+    }
+
+    // The predecessor's dispatches of the next fire of two tasks (same subject and id as the
+    // scheduler's), and the event of only one of them, through the shared pump.
+    for id in ["unrecorded", "recorded"] {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, dispatch_msg_id(NS, id, next).as_str());
+        let subject = names.dispatch_subject("default", NS, id);
+        js.publish_with_headers(subject, headers, "stored by the previous leader".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("dispatch stored");
+    }
+    let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
+        .expect("event metrics");
+    let (sink, pump) = publisher.queue(16, 4);
+    let pump = tokio::spawn(pump.run());
+    let nominal = chrono::DateTime::from_timestamp_millis(next).expect("nominal");
+    assert!(sink.try_emit(Event {
+        execution_id: Some(scheduled_execution_id(NS, "recorded", next)),
+        nominal_time: Some(nominal),
+        ..Event::new(EventKind::FireDispatched, NS, "recorded")
+    }));
+    drop(sink);
+    pump.await.expect("pump ends");
+    assert_eq!(publisher.failed_total(), 0);
+
+    let config = jetsched_scheduler::Config::for_tests(&server.url());
+    let scheduler = build_with_clock(config, Arc::new(clock.clone())).await.expect("scheduler builds");
+    let scheduler = App::spawn("scheduler", scheduler.admin_addr(), |shutdown| scheduler.run(shutdown));
+    eventually(Duration::from_secs(10), "the scheduler leads", || async {
+        scheduler.metric("jetsched_scheduler_is_leader").await == Some(1.0)
+    })
+    .await;
+    clock.advance(Duration::from_secs(1));
+    eventually(Duration::from_secs(10), "the three fires acknowledged, two as duplicates", || async {
+        scheduler.metric("jetsched_fires_duplicate_total").await == Some(2.0)
+            && dispatched_events(&js, &names, NS).await.contains(&("witness".to_owned(), next))
+    })
+    .await;
+    // A graceful stop publishes every queued event first.
+    scheduler.stop().await;
+
+    let events = dispatched_events(&js, &names, NS).await;
+    for id in ["unrecorded", "recorded", "witness"] {
+        let at_next = events.iter().filter(|(task, nominal)| task == id && *nominal == next).count();
+        assert_eq!(at_next, 1, "{id}: {at_next} fire.dispatched events for its fire at {next}: {events:?}");
+    }
 }
