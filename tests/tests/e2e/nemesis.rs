@@ -321,10 +321,12 @@ impl Setup {
                 service.process.output()
             );
         }
+        let events_given_up = chaos::given_up(self.cast.schedulers.iter().map(|s| s.process.output()));
         for scheduler in &mut self.cast.schedulers {
             scheduler.process.kill9();
         }
         let observed = Observed {
+            events_given_up,
             label: format!("{label}, skewed replicas: {}", self.skewed && self.cluster.disk(0).is_none()),
             periodic: self.periodic,
             registered: self.registered,
