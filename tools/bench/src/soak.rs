@@ -24,6 +24,10 @@ use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_tests::NatsServer;
 use serde_json::{Value, json};
 
+mod freeze;
+mod prom;
+
+use self::prom::{histogram, metric_sum, window_quantile};
 use crate::Size;
 use crate::system::{
     NS, free_port, http_get, rss_mib, service_bin, spread_schedules, wait_leader, write_tasks,
@@ -59,6 +63,14 @@ pub(crate) struct Args {
     /// Sample period in seconds [default: 10].
     #[arg(long)]
     pub(crate) sample: Option<u64>,
+    /// Freeze the soak's nats-server (SIGSTOP, then SIGCONT) this many seconds after the
+    /// start; repeat the flag for several freezes. What a server pause leaves behind in the
+    /// services shows in the memory verdict.
+    #[arg(long = "freeze-at", value_name = "SECONDS")]
+    pub(crate) freeze_at: Vec<u64>,
+    /// How long each freeze lasts, in milliseconds.
+    #[arg(long, default_value_t = 2_000, value_name = "MS")]
+    pub(crate) freeze_ms: u64,
 }
 
 /// (seconds, rate, sample seconds) of a size.
@@ -156,67 +168,6 @@ fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
-}
-
-/// Sum of the samples of metric `name` (exact name, any labels) whose labels contain every
-/// `key="value"` of `labels`, in a Prometheus text exposition.
-fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let rest = series.strip_prefix(name)?;
-            if !(rest.is_empty() || rest.starts_with('{')) {
-                return None;
-            }
-            labels
-                .iter()
-                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
-                .then(|| value.parse::<f64>().ok())?
-        })
-        .sum()
-}
-
-/// Cumulative bucket counts of histogram `name` by upper bound, summed over its other labels.
-fn histogram(text: &str, name: &str) -> BTreeMap<u64, f64> {
-    let bucket = format!("{name}_bucket{{");
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(&bucket) else { continue };
-        let Some((labels, value)) = rest.rsplit_once(' ') else { continue };
-        let Some(le) = labels.split("le=\"").nth(1).and_then(|s| s.split('"').next()) else { continue };
-        let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::INFINITY) };
-        let value: f64 = value.parse().unwrap_or(0.0);
-        // Keyed by the bound's bits: non-negative floats order like their bits.
-        *out.entry(le.to_bits()).or_insert(0.0) += value;
-    }
-    out
-}
-
-/// Quantile `q` (0..1) in milliseconds of the observations between two cumulative snapshots,
-/// interpolated linearly within a bucket (as Prometheus' `histogram_quantile`); NaN if none.
-fn window_quantile(before: &BTreeMap<u64, f64>, after: &BTreeMap<u64, f64>, q: f64) -> f64 {
-    let buckets: Vec<(f64, f64)> = after
-        .iter()
-        .map(|(le, n)| (f64::from_bits(*le), n - before.get(le).copied().unwrap_or(0.0)))
-        .collect();
-    let total = buckets.last().map_or(0.0, |b| b.1);
-    if total <= 0.0 {
-        return f64::NAN;
-    }
-    let rank = q * total;
-    let mut lower = (0.0, 0.0);
-    for &(le, cumulative) in &buckets {
-        if cumulative >= rank {
-            if le.is_infinite() {
-                return lower.0 * 1000.0;
-            }
-            let share = if cumulative > lower.1 { (rank - lower.1) / (cumulative - lower.1) } else { 1.0 };
-            return (lower.0 + (le - lower.0) * share) * 1000.0;
-        }
-        lower = (le, cumulative);
-    }
-    lower.0 * 1000.0
 }
 
 /// Counters read at one instant.
@@ -382,6 +333,14 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     let stream = js.get_stream(names.dispatch_stream()).await?;
     let consumer_name = names.worker_consumer("default");
     let started = Instant::now();
+    let mut freeze_at = args.freeze_at.clone();
+    freeze_at.sort_unstable();
+    let freeze_length = Duration::from_millis(args.freeze_ms);
+    // Aborted at the end (a freeze under way is resumed when its task is dropped).
+    let freezer = server.pid().map(|pid| {
+        let at = freeze_at.clone();
+        tokio::spawn(async move { freeze::freezes(pid, started, &at, freeze_length).await })
+    });
     let mut previous = snapshot(&services, &responses).await?;
     let mut samples: Vec<Value> = Vec::new();
     let mut rss_series: BTreeMap<String, Vec<f64>> = BTreeMap::new();
@@ -448,6 +407,18 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     let total_runs = previous.runs_ok;
     let total_responses = previous.responses;
     responder.abort();
+    let freezes: Vec<Value> = match freezer {
+        Some(task) if task.is_finished() => task.await.unwrap_or_default(),
+        Some(task) => {
+            task.abort();
+            let _ = task.await;
+            Vec::new()
+        }
+        None => Vec::new(),
+    }
+    .into_iter()
+    .map(|(from, to)| json!({"from_s": round2(from), "to_s": round2(to)}))
+    .collect();
     services.keep = total_runs <= 0.0;
     drop(services);
     if total_runs <= 0.0 || samples.is_empty() {
@@ -508,6 +479,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
          {not_succeeded:.0} other verdicts; max backlog {max_backlog}",
         100.0 * achieved / rate as f64
     );
+    if !freezes.is_empty() {
+        eprintln!("  nats-server frozen {} time(s) for {} ms: {freezes:?}", freezes.len(), args.freeze_ms);
+    }
     eprintln!(
         "  fire lag first post-warm-up window p50 {first_p50:.2} / p99 {first_p99:.2} ms; last window p50 {last_p50:.2} / p99 {last_p99:.2} ms"
     );
@@ -546,6 +520,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         "achieved_fires_per_second": round2(fires),
         "achieved_share": round2(achieved / rate as f64),
         "max_backlog": max_backlog,
+        "server_freezes": freezes,
+        "server_freeze_ms": args.freeze_ms,
         "server_at_end": server_end,
         "lag": {
             "first_after_warmup": {"p50_ms": round2(first_p50), "p99_ms": round2(first_p99)},
@@ -604,26 +580,5 @@ mod tests {
         assert_eq!(thirds(&[5.0]), (5.0, 5.0));
         assert_eq!(thirds(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), (1.5, 5.5));
         assert!(thirds(&[]).0.is_nan());
-    }
-
-    const TEXT: &str = "# HELP x\n\
-        jetsched_fire_lag_seconds_bucket{trigger=\"scheduled\",le=\"0.001\"} 50\n\
-        jetsched_fire_lag_seconds_bucket{trigger=\"scheduled\",le=\"0.01\"} 90\n\
-        jetsched_fire_lag_seconds_bucket{trigger=\"scheduled\",le=\"+Inf\"} 100\n\
-        jetsched_fire_lag_seconds_sum{trigger=\"scheduled\"} 1\n\
-        jetsched_worker_runs_total{outcome=\"succeeded\",queue=\"default\"} 7\n\
-        jetsched_worker_runs_total{outcome=\"retried\",queue=\"default\"} 2\n\
-        jetsched_worker_runs_total_other 5\n";
-
-    #[test]
-    fn parses_counters_and_window_quantiles() {
-        assert_eq!(metric_sum(TEXT, "jetsched_worker_runs_total", &[]), 9.0);
-        assert_eq!(metric_sum(TEXT, "jetsched_worker_runs_total", &[("outcome", "succeeded")]), 7.0);
-        let after = histogram(TEXT, "jetsched_fire_lag_seconds");
-        let before = BTreeMap::new();
-        assert!((window_quantile(&before, &after, 0.5) - 1.0).abs() < 1e-9);
-        assert!((window_quantile(&before, &after, 0.7) - 5.5).abs() < 1e-9);
-        assert_eq!(window_quantile(&before, &after, 0.99), 10.0);
-        assert!(window_quantile(&after, &after, 0.5).is_nan());
     }
 }
