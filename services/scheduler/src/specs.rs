@@ -52,7 +52,7 @@ impl Shape {
 struct Table {
     /// Shape text → index in `shapes`.
     index: HashMap<Box<[u8]>, u32>,
-    shapes: Vec<Shape>,
+    shapes: Vec<Arc<Shape>>,
     bytes: usize,
     /// Every queue name in use.
     queues: HashSet<Arc<str>>,
@@ -64,11 +64,14 @@ pub(crate) struct Specs {
     table: RwLock<Table>,
 }
 
-/// Buffers reused from one [`Specs::encode`] to the next.
+/// Buffers reused from one [`Specs::encode`] to the next, and the last shape and queue name
+/// seen (a large load repeats them: a hit takes neither the table's lock nor a hash).
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     split: Split,
     codes: String,
+    shape: Option<(u32, Arc<Shape>)>,
+    queue: Option<Arc<str>>,
 }
 
 /// A document's shape text and where its values are in it.
@@ -85,24 +88,41 @@ impl Specs {
     /// shape when it is new and fits: returns the shape and the text the task keeps (borrowed
     /// from `scratch` or `doc`): value codes are ASCII, values are pieces of `doc`.
     pub(crate) fn encode<'a>(&self, doc: &'a str, task_id: &str, scratch: &'a mut Scratch) -> (u32, &'a str) {
-        let Scratch { split, codes } = scratch;
+        let Scratch { split, codes, shape: last, .. } = scratch;
         if !split.read(doc.as_bytes()) {
             return (WHOLE, doc);
         }
+        if let Some((id, shape)) = last.as_ref()
+            && *shape.text == *split.text
         {
-            let table = self.table.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(&shape) = table.index.get(split.text.as_slice()) {
-                return encoded(shape, &table.shapes[shape as usize], split, doc, task_id, codes);
-            }
+            return encoded(*id, shape, split, doc, task_id, codes);
         }
+        let found = {
+            let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+            table.index.get(split.text.as_slice()).map(|&id| (id, table.shapes[id as usize].clone()))
+        };
+        let (id, shape) = match found {
+            Some(found) => found,
+            None => {
+                let Some(added) = self.add(split, doc) else { return (WHOLE, doc) };
+                added
+            }
+        };
+        let (id, shape) = last.insert((id, shape));
+        encoded(*id, shape, split, doc, task_id, codes)
+    }
+
+    /// The shape of `split` (from `doc`), added to the table unless another thread did first;
+    /// `None` when the table is full.
+    fn add(&self, split: &Split, doc: &str) -> Option<(u32, Arc<Shape>)> {
         let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(&shape) = table.index.get(split.text.as_slice()) {
-            return encoded(shape, &table.shapes[shape as usize], split, doc, task_id, codes);
+        if let Some(&id) = table.index.get(split.text.as_slice()) {
+            return Some((id, table.shapes[id as usize].clone()));
         }
         let values: usize = split.values.iter().map(|(start, end)| end - start).sum();
         let size = split.text.len() + values + 4 * split.holes.len() * 2;
         if table.shapes.len() >= MAX_SHAPES || table.bytes + size > MAX_SHAPE_BYTES {
-            return (WHOLE, doc);
+            return None;
         }
         let mut template = Vec::with_capacity(values);
         let mut ends = Vec::with_capacity(split.values.len());
@@ -111,18 +131,17 @@ impl Specs {
             ends.push(u32::try_from(template.len()).unwrap_or(u32::MAX));
         }
         let text: Box<[u8]> = split.text.clone().into_boxed_slice();
-        let shape = Shape {
+        let shape = Arc::new(Shape {
             text: text.clone(),
             holes: split.holes.clone().into_boxed_slice(),
             values: template.into_boxed_slice(),
             ends: ends.into_boxed_slice(),
-        };
+        });
         let id = u32::try_from(table.shapes.len()).unwrap_or(WHOLE);
         table.bytes += size;
         table.index.insert(text, id);
-        table.shapes.push(shape);
-        encode_values(&table.shapes[id as usize], split, doc, task_id, codes);
-        (id, codes)
+        table.shapes.push(shape.clone());
+        Some((id, shape))
     }
 
     /// Appends the document that `bytes` (from [`Specs::encode`] with `shape`) stands for to
@@ -155,8 +174,18 @@ impl Specs {
         out.extend_from_slice(&text[from..]);
     }
 
-    /// The one copy of queue name `name`.
-    pub(crate) fn queue(&self, name: &str) -> Arc<str> {
+    /// The one copy of queue name `name` (the last one asked through `scratch` without a look
+    /// in the table).
+    pub(crate) fn queue(&self, name: &str, scratch: &mut Scratch) -> Arc<str> {
+        if let Some(queue) = scratch.queue.as_ref().filter(|queue| ***queue == *name) {
+            return queue.clone();
+        }
+        let queue = self.intern_queue(name);
+        scratch.queue = Some(queue.clone());
+        queue
+    }
+
+    fn intern_queue(&self, name: &str) -> Arc<str> {
         if let Some(queue) = self.table.read().unwrap_or_else(|e| e.into_inner()).queues.get(name) {
             return queue.clone();
         }

@@ -66,7 +66,7 @@ impl TaskInfo {
         specs: &Specs,
         scratch: &mut Scratch,
     ) -> TaskInfo {
-        let queue = specs.queue(&spec.queue);
+        let queue = specs.queue(&spec.queue, scratch);
         let text = specs.encode(spec_json, &spec.id, scratch);
         TaskInfo::build(spec, queue, text, revision, created_ms)
     }
