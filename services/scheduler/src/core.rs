@@ -107,7 +107,6 @@ enum Event {
     Refollow,
     StateRefollow,
     StateLoadWake,
-    Prepare,
 }
 
 /// The loop's owner: the parts and what they share.
@@ -131,13 +130,6 @@ async fn sleep_opt(at: Option<Instant>) {
     }
 }
 
-/// Ready at once when `ready`, pending otherwise.
-async fn when(ready: bool) {
-    if !ready {
-        std::future::pending::<()>().await;
-    }
-}
-
 impl Core {
     /// Follows the tasks, campaigns once they are loaded, and dispatches while leader, until
     /// `shutdown`.
@@ -153,7 +145,6 @@ impl Core {
             let (retry_at, refill_at) = (self.pipeline.retry_at(), self.pipeline.refill_at());
             let refollow_at = self.follow.retry_at();
             let load_wake_at = self.takeover.load_wake_at();
-            let preparing = self.preparing();
             let event = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => Event::Shutdown,
@@ -169,8 +160,6 @@ impl Core {
                 _ = sleep_opt(refollow_at.tasks) => Event::Refollow,
                 _ = sleep_opt(refollow_at.state) => Event::StateRefollow,
                 _ = sleep_opt(load_wake_at) => Event::StateLoadWake,
-                // Last: dispatches are built ahead only when nothing else is ready.
-                () = when(preparing) => Event::Prepare,
             };
             self.time.tick();
             match event {
@@ -194,7 +183,6 @@ impl Core {
                 Event::Refollow => self.refollow().await,
                 Event::StateRefollow => self.open_state_watch().await,
                 Event::StateLoadWake => self.on_state_load_wake().await,
-                Event::Prepare => self.prepare(),
             }
         }
     }

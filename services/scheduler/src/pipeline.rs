@@ -3,14 +3,12 @@
 //! message id, and the bounded window of publishes awaiting their ack.
 //!
 //! The pipeline decides what is published next and when; publishing itself (and the lease
-//! check before it) is the loop's. A fire may carry its dispatch built ahead of its due time
-//! ([`Prepared`]); the loop publishes it only if it still matches the task and the term.
+//! check before it) is the loop's.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use async_nats::jetstream::context::PublishError;
-use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -35,33 +33,10 @@ pub(crate) struct Fire {
 /// A publish and its outcome.
 pub(crate) type Acked = (Fire, Result<PublishAck, PublishError>);
 
-/// The dispatch of a scheduled fire, built before its due time for the task's `revision` by
-/// the leader of `term`. Published only while both still hold; otherwise it is rebuilt.
-#[derive(Debug)]
-pub(crate) struct Prepared {
-    pub(crate) revision: u64,
-    pub(crate) term: u64,
-    pub(crate) subject: String,
-    pub(crate) message: PublishMessage,
-}
-
-/// A fire waiting to be published, with its dispatch if it was built ahead.
-#[derive(Debug)]
-pub(crate) struct Queued {
-    pub(crate) fire: Fire,
-    pub(crate) prepared: Option<Box<Prepared>>,
-}
-
-impl From<Fire> for Queued {
-    fn from(fire: Fire) -> Queued {
-        Queued { fire, prepared: None }
-    }
-}
-
 /// Queues, retries and the in-flight window.
 pub(crate) struct Pipeline {
     /// Ordinary fires waiting for a publish slot.
-    ready: VecDeque<Queued>,
+    ready: VecDeque<Fire>,
     /// Catch-up fires, released at most `catchup_slice` per [`CATCHUP_SLICE`].
     catchup: VecDeque<Fire>,
     catchup_slice: u32,
@@ -94,21 +69,16 @@ impl Pipeline {
 
     /// Queues a fire: catch-up fires behind the rate limit, others as ordinary fires.
     pub(crate) fn push(&mut self, fire: Fire) {
-        self.push_prepared(fire, None);
-    }
-
-    /// Queues a fire with the dispatch built for it ahead of time, if any.
-    pub(crate) fn push_prepared(&mut self, fire: Fire, prepared: Option<Box<Prepared>>) {
         match fire.trigger {
             Trigger::Catchup => self.catchup.push_back(fire),
-            _ => self.ready.push_back(Queued { fire, prepared }),
+            _ => self.ready.push_back(fire),
         }
     }
 
     /// Puts a fire back at the head of the ordinary queue (it was let through after a check,
     /// or the lease deadline held it back).
-    pub(crate) fn push_front(&mut self, queued: impl Into<Queued>) {
-        self.ready.push_front(queued.into());
+    pub(crate) fn push_front(&mut self, fire: Fire) {
+        self.ready.push_front(fire);
     }
 
     /// A new catch-up begins: a full slice may be released at once.
@@ -118,18 +88,18 @@ impl Pipeline {
 
     /// The next fire to publish, if the window has room: ordinary fires first, then catch-up
     /// fires within the slice's budget.
-    pub(crate) fn next(&mut self) -> Option<Queued> {
+    pub(crate) fn next(&mut self) -> Option<Fire> {
         if self.inflight.len() >= self.window {
             return None;
         }
-        if let Some(queued) = self.ready.pop_front() {
-            return Some(queued);
+        if let Some(fire) = self.ready.pop_front() {
+            return Some(fire);
         }
         if self.catchup_budget > 0
             && let Some(fire) = self.catchup.pop_front()
         {
             self.catchup_budget -= 1;
-            return Some(fire.into());
+            return Some(fire);
         }
         None
     }
@@ -162,7 +132,7 @@ impl Pipeline {
     pub(crate) fn retry_now(&mut self) {
         self.retry_at = None;
         for fire in self.retry.drain(..).rev() {
-            self.ready.push_front(fire.into());
+            self.ready.push_front(fire);
         }
     }
 
@@ -231,7 +201,7 @@ mod tests {
     }
 
     fn drain(pipeline: &mut Pipeline) -> Vec<i64> {
-        std::iter::from_fn(|| pipeline.next()).map(|q| q.fire.nominal_ms).collect()
+        std::iter::from_fn(|| pipeline.next()).map(|f| f.nominal_ms).collect()
     }
 
     type Queued = (i64, Trigger);
@@ -290,10 +260,10 @@ mod tests {
                 pipeline.push(fire(ms, Trigger::Schedule));
             }
             let mut n = 0;
-            while let Some(queued) = pipeline.next() {
+            while let Some(fire) = pipeline.next() {
                 n += 1;
                 pipeline.track(std::future::pending().boxed());
-                assert_eq!(queued.fire.nominal_ms, n - 1);
+                assert_eq!(fire.nominal_ms, n - 1);
             }
             assert_eq!(n, released, "window {window}, {inflight} in flight");
         }
@@ -340,23 +310,6 @@ mod tests {
         taken.sort_unstable();
         assert_eq!(taken, [1, 2]);
         assert_eq!(pipeline.inflight(), 1, "the pending publish stays in flight");
-    }
-
-    #[test]
-    fn a_dispatch_built_ahead_travels_with_its_fire() {
-        let prepared = |revision| {
-            let message = PublishMessage::build().payload(bytes::Bytes::from_static(b"{}"));
-            Some(Box::new(Prepared { revision, term: 3, subject: "s".to_string(), message }))
-        };
-        let mut pipeline = Pipeline::new(8, 100);
-        pipeline.push_prepared(fire(1, Trigger::Schedule), prepared(7));
-        pipeline.push(fire(2, Trigger::Schedule));
-        let first = pipeline.next().expect("queued");
-        assert_eq!((first.fire.nominal_ms, first.prepared.as_ref().map(|p| p.revision)), (1, Some(7)));
-        pipeline.push_front(first); // held back by the fence: it keeps its dispatch
-        let revisions: Vec<_> =
-            std::iter::from_fn(|| pipeline.next()).map(|q| q.prepared.map(|p| p.revision)).collect();
-        assert_eq!(revisions, [Some(7), None]);
     }
 
     #[test]

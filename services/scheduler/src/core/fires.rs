@@ -2,7 +2,6 @@
 //! publishes within the window behind the lease fence and the overlap turns, acks into fire
 //! counts and fire state, and the coalesced fire-state writes.
 
-use async_nats::jetstream::context::{PublishAckFuture, PublishError};
 use futures::FutureExt;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::trace;
@@ -15,74 +14,29 @@ use super::Core;
 use crate::catchup::SkipReason;
 use crate::flush::{Flushed, Step};
 use crate::overlap::{self, Admission, Checked, Decision, Prior};
-use crate::pipeline::{Acked, Fire, Prepared, Queued};
+use crate::pipeline::{Acked, Fire};
 use crate::spans::{self, FireFacts};
 use crate::tasks::from_ms;
-use crate::wake::Staged;
-
-/// Dispatches built ahead per pass of the loop (the loop does other work in between).
-const PREPARE_CHUNK: usize = 256;
+use crate::timer::DenseKey;
 
 impl Core {
     /// The wheel's deadline passed: due tasks fire (queued while leading, passed otherwise)
     /// and get their next fire.
     pub(super) fn on_wake(&mut self) {
-        let mut due = self.wake.take_due(self.time.now_ms(), &mut self.tasks);
+        let due = self.wake.take_due(self.time.now_ms());
         let leading = self.takeover.leading();
-        for staged in due.drain(..) {
-            let Staged { idx, generation, nominal_ms, prepared, .. } = staged;
+        for &(DenseKey(idx), _) in &due {
             let Some(slot) = self.tasks.get_mut(idx) else { continue };
-            slot.cursor_ms = nominal_ms;
+            let Some(nominal) = slot.next_ms.take() else { continue };
+            slot.cursor_ms = nominal;
             if leading {
                 slot.inflight += 1;
-                let fire = Fire { idx, generation, nominal_ms, trigger: Trigger::Schedule };
-                self.pipeline.push_prepared(fire, prepared);
+                let generation = slot.generation;
+                self.pipeline.push(Fire { idx, generation, nominal_ms: nominal, trigger: Trigger::Schedule });
             }
             self.wake.schedule_next(&mut self.tasks, idx);
         }
         self.wake.recycle(due);
-    }
-
-    /// Whether staged fires wait for their dispatches to be built ahead (leader only).
-    pub(super) fn preparing(&self) -> bool {
-        self.takeover.leading() && !trace::enabled() && self.wake.preparing()
-    }
-
-    /// Builds the dispatches of up to [`PREPARE_CHUNK`] staged fires before they are due, for
-    /// the current term and each task's current revision. Only while fire spans are not
-    /// exported: a span's context goes into its dispatch, and the span starts at publish.
-    pub(super) fn prepare(&mut self) {
-        if !self.takeover.leading() || trace::enabled() {
-            return;
-        }
-        let Some(term) = self.takeover.term() else { return };
-        for staged in self.wake.unprepared(PREPARE_CHUNK) {
-            let Some((slot, spec_json)) = self.tasks.live_with_spec(staged.idx, staged.generation) else {
-                continue;
-            };
-            if slot.next_ms != Some(staged.nominal_ms) {
-                continue;
-            }
-            let info = &slot.info;
-            let target = Target {
-                namespace: info.namespace(),
-                task_id: info.task_id(),
-                queue: &info.queue,
-                revision: info.revision,
-                priority: info.priority,
-            };
-            let origin = Origin::Scheduled { nominal_ms: staged.nominal_ms, term, catchup: false };
-            // A spec that cannot be encoded is reported when its fire is published.
-            if let Ok(message) = dispatch::build(&self.nats.names, target, origin, SpecBody::Json(spec_json))
-            {
-                staged.prepared = Some(Box::new(Prepared {
-                    revision: info.revision,
-                    term,
-                    subject: message.subject,
-                    message: message.message,
-                }));
-            }
-        }
     }
 
     /// Publishes queued fires while the window has room and the lease is valid.
@@ -90,13 +44,13 @@ impl Core {
         if !self.takeover.leading() {
             return;
         }
-        while let Some(Queued { fire, prepared }) = self.pipeline.next() {
+        while let Some(fire) = self.pipeline.next() {
             // Fencing: never publish once the lease may have lapsed. The fire waits for the
             // lease task's verdict: a late `Renewed` resumes, `Lost` steps down.
             let term = match self.takeover.publish_term(Instant::now()) {
                 Ok(term) => term,
                 Err(just_fenced) => {
-                    self.pipeline.push_front(Queued { fire, prepared });
+                    self.pipeline.push_front(fire);
                     if just_fenced {
                         tracing::warn!(
                             term = self.takeover.term(),
@@ -108,20 +62,6 @@ impl Core {
             };
             if !self.admit(fire) {
                 continue;
-            }
-            // Built ahead: published as it is while the task's revision and the term are the
-            // ones it was built for (and no fire span wants its context in it).
-            if let Some(prepared) = prepared
-                && prepared.term == term
-                && !trace::enabled()
-            {
-                let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { continue };
-                if slot.info.revision == prepared.revision {
-                    let Prepared { subject, message, .. } = *prepared;
-                    let published = self.nats.js.send_publish(subject, message).await;
-                    self.published(fire, published);
-                    continue;
-                }
             }
             let Some((slot, spec_json)) = self.tasks.live_with_spec(fire.idx, fire.generation) else {
                 continue;
@@ -160,23 +100,17 @@ impl Core {
                 Some((span, _)) => publish.instrument(span.clone()).await,
                 None => publish.await,
             };
-            self.published(fire, published);
+            match published {
+                Ok(ack) => self.pipeline.track(async move { (fire, ack.await) }.boxed()),
+                Err(error) => {
+                    self.report.metrics.publish_errors.inc();
+                    tracing::warn!(%error, task = %slot.info.key(), nominal = fire.nominal_ms, "publish failed; retrying");
+                    self.pipeline.retry_later(fire, Instant::now());
+                }
+            }
         }
         self.pipeline.pace(Instant::now());
         self.report.metrics.publish_inflight.set(self.pipeline.inflight() as i64);
-    }
-
-    /// A publish was sent (its ack awaited in the window) or failed (retried later).
-    fn published(&mut self, fire: Fire, published: Result<PublishAckFuture, PublishError>) {
-        match published {
-            Ok(ack) => self.pipeline.track(async move { (fire, ack.await) }.boxed()),
-            Err(error) => {
-                self.report.metrics.publish_errors.inc();
-                let task = self.tasks.get_live(fire.idx, fire.generation).map(|s| s.info.key().to_string());
-                tracing::warn!(%error, task = task.unwrap_or_default(), nominal = fire.nominal_ms, "publish failed; retrying");
-                self.pipeline.retry_later(fire, Instant::now());
-            }
-        }
     }
 
     /// A publish was acknowledged: it and every other ack already arrived are handled before
