@@ -18,8 +18,11 @@ use tokio::time::Instant;
 
 use crate::tasks::{Tasks, from_ms};
 
-/// Longest a state write waits for a dispatch burst to drain.
-pub(crate) const MAX_STATE_DELAY: Duration = Duration::from_secs(2);
+/// Longest a state write waits for a dispatch burst to drain. A 100k burst takes 1-2 s on two
+/// cores; its 100k state writes started inside it stretch it by as much again. A state written
+/// late only means a new leader publishes those fires again, and the dispatch stream's
+/// duplicate window (10 minutes by default) stores them once.
+pub(crate) const MAX_STATE_DELAY: Duration = Duration::from_secs(10);
 /// Concurrent state writes of one flush.
 const STATE_WRITE_WINDOW: usize = 256;
 
