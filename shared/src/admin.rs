@@ -27,6 +27,8 @@ const JETSTREAM_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 pub struct Readiness {
     checks: Arc<Mutex<BTreeMap<&'static str, bool>>>,
     client: Arc<Mutex<Option<async_nats::Client>>>,
+    /// How many times the `jetstream` check passed again after failing.
+    returns: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Readiness {
@@ -46,11 +48,13 @@ impl Readiness {
 
     /// Adds the check `jetstream`, probed every second by an account info request: false while
     /// JetStream does not answer (a server that disabled it on a full disk, a node cut off
-    /// from the cluster's meta leader), logged when it changes. The probe ends once every
+    /// from the cluster's meta leader), logged when it changes, and counted in
+    /// [`Readiness::jetstream_returns`] each time it answers again. The probe ends once every
     /// other handle of this readiness is dropped.
     pub fn watch_jetstream(&self, js: async_nats::jetstream::Context) {
         self.set("jetstream", false);
         let checks = Arc::downgrade(&self.checks);
+        let returns = Arc::downgrade(&self.returns);
         tokio::spawn(async move {
             let mut was = None;
             loop {
@@ -68,13 +72,26 @@ impl Readiness {
                     (Some(true) | None, Some(error)) => {
                         tracing::warn!(%error, "JetStream unavailable: not ready")
                     }
-                    (Some(false), None) => tracing::info!("JetStream available again: ready"),
+                    (Some(false), None) => {
+                        tracing::info!("JetStream available again: ready");
+                        if let Some(returns) = returns.upgrade() {
+                            returns.send_modify(|n| *n += 1);
+                        }
+                    }
                     _ => {}
                 }
                 was = Some(ready);
                 tokio::time::sleep(JETSTREAM_PROBE_EVERY).await;
             }
         });
+    }
+
+    /// Changes each time the `jetstream` check passes again after failing: what was opened on
+    /// JetStream before (a watch, a consumer) may have been lost with it, and a client's own
+    /// recovery of it may lag (a re-creation request sent while JetStream did not answer waits
+    /// out its timeout before the next one).
+    pub fn jetstream_returns(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.returns.subscribe()
     }
 
     pub fn is_ready(&self) -> bool {

@@ -165,5 +165,9 @@ impl Drop for ChildProcess {
         if std::thread::panicking() {
             eprintln!("----- output of {} ({}) -----\n{}", self.name, self.log_path.display(), self.output());
         }
+        if let Some(dir) = std::env::var_os("JETSCHED_KEEP_LOGS") {
+            let to = Path::new(&dir).join(format!("{}-{}.log", self.name, self.child.id()));
+            let _ = fs::copy(&self.log_path, to);
+        }
     }
 }

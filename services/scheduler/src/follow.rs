@@ -2,8 +2,14 @@
 //! `discovery.rs`) until and after the initial load, and the fire-state watch once the tasks
 //! are loaded, so a new leader starts from a warm state instead of reading the bucket.
 //!
-//! Each watch is re-opened after it ends or fails to open; the part keeps when. While leading,
-//! the replica is the only writer of the fire state and ignores its own echoes.
+//! Each watch is re-opened after it ends or fails to open; the part keeps when. The tasks
+//! watch is also re-opened when JetStream answers again after an outage, and after any error
+//! it reports (a missed heartbeat: its consumer is gone): the client library re-creates a
+//! watch's consumer on its own, but a re-creation request sent while JetStream did not answer
+//! waits out its timeout (10 s), then a backoff (up to 10 s), and one under way is not started
+//! over when JetStream comes back, so the watch could deliver nothing for tens of seconds after
+//! an outage, without an error (a task stored meanwhile was not seen, so not fired). While
+//! leading, the replica is the only writer of the fire state and ignores its own echoes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,6 +17,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::{self, Entry, WatcherError};
 use futures::StreamExt;
+use tokio::sync::watch;
+use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
 use crate::discovery::{self, Decoded, Feed, Watch};
@@ -27,11 +35,17 @@ pub(crate) const STATE_RETRY_DELAY: Duration = Duration::from_millis(500);
 pub(crate) type StateBatch = Option<Vec<Result<Entry, WatcherError>>>;
 /// A batch of decoded task changes (`None`: the feed ended).
 pub(crate) type TaskBatch = Option<Vec<Result<Decoded, WatcherError>>>;
+/// A tasks feed opened (and how many messages the bucket held), or why not.
+pub(crate) type Opened = Result<anyhow::Result<(Feed, u64)>, JoinError>;
 
 /// What one of the watches delivered.
 pub(crate) enum Followed {
     Tasks(TaskBatch),
     State(StateBatch),
+    /// JetStream answers again after an outage: re-open the tasks watch.
+    JetStreamBack,
+    /// A tasks feed being opened is open, or failed to open.
+    Opened(Opened),
 }
 
 /// When the watches are re-opened (`None`: open, or not followed yet).
@@ -43,6 +57,9 @@ pub(crate) struct Retry {
 /// The two watches and what the replica learnt from them.
 pub(crate) struct Follow {
     feed: Option<Feed>,
+    /// The tasks feed being opened, in a task of its own: a JetStream that does not answer
+    /// (each request waits out its timeout) never stalls the loop.
+    opening: Option<JoinHandle<anyhow::Result<(Feed, u64)>>>,
     feed_retry_at: Option<Instant>,
     /// The initial load of the tasks bucket is complete.
     loaded: bool,
@@ -55,14 +72,17 @@ pub(crate) struct Follow {
     orphans: HashMap<Box<str>, (i64, u64)>,
     /// The table the tasks feed encodes spec JSON against (the task table's).
     specs: Arc<Specs>,
+    /// Changes each time JetStream answers again after an outage.
+    returns: watch::Receiver<u64>,
 }
 
 impl Follow {
     /// Follows `feed` (opened with `specs`); `loaded` when the tasks bucket was empty when it
-    /// was opened.
-    pub(crate) fn new(feed: Feed, loaded: bool, specs: Arc<Specs>) -> Follow {
+    /// was opened; `returns` changes each time JetStream answers again after an outage.
+    pub(crate) fn new(feed: Feed, loaded: bool, specs: Arc<Specs>, returns: watch::Receiver<u64>) -> Follow {
         Follow {
             feed: Some(feed),
+            opening: None,
             feed_retry_at: None,
             loaded,
             load_started: Instant::now(),
@@ -71,6 +91,7 @@ impl Follow {
             seen: 0,
             orphans: HashMap::new(),
             specs,
+            returns,
         }
     }
 
@@ -95,8 +116,15 @@ impl Follow {
         self.state.is_some()
     }
 
-    /// The next batch of either watch, the tasks first (pending while both are closed).
+    /// JetStream's return first, then the next batch of either watch, the tasks first
+    /// (pending while both are closed).
     pub(crate) async fn next(&mut self) -> Followed {
+        let back = async {
+            // Without a sender (the readiness probe gone), JetStream's return is never told.
+            if self.returns.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         let tasks = async {
             match self.feed.as_mut() {
                 Some(feed) => feed.recv().await,
@@ -109,8 +137,16 @@ impl Follow {
                 None => std::future::pending().await,
             }
         };
+        let opened = async {
+            match self.opening.as_mut() {
+                Some(task) => task.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
+            () = back => Followed::JetStreamBack,
+            opened = opened => Followed::Opened(opened),
             batch = tasks => Followed::Tasks(batch),
             batch = state => Followed::State(batch),
         }
@@ -127,20 +163,41 @@ impl Follow {
         self.feed_retry_at = Some(Instant::now() + FEED_RETRY);
     }
 
-    /// Re-opens the tasks feed; true when the load is complete by that alone (an empty bucket).
-    pub(crate) async fn reopen_feed(&mut self, tasks: &kv::Store) -> bool {
+    /// Drops the tasks feed, and any being opened (to read every task again through a fresh
+    /// one: an open under way may wait on a request JetStream will never answer).
+    pub(crate) fn close_feed(&mut self) {
+        self.feed = None;
         self.feed_retry_at = None;
-        match discovery::open_tasks(tasks, self.specs.clone()).await {
-            Ok((feed, messages)) => {
-                self.feed = Some(feed);
-                messages == 0
-            }
-            Err(error) => {
-                tracing::warn!(error = format!("{error:#}"), "cannot re-open the tasks watch");
-                self.feed_retry_at = Some(Instant::now() + FEED_REOPEN_RETRY);
-                false
-            }
+        if let Some(task) = self.opening.take() {
+            task.abort();
         }
+    }
+
+    /// Starts re-opening the tasks feed; [`Follow::opened`] takes the outcome.
+    pub(crate) fn reopen_feed(&mut self, tasks: &kv::Store) {
+        self.feed_retry_at = None;
+        if let Some(task) = self.opening.take() {
+            task.abort();
+        }
+        let (tasks, specs) = (tasks.clone(), self.specs.clone());
+        self.opening = Some(tokio::spawn(async move { discovery::open_tasks(&tasks, specs).await }));
+    }
+
+    /// The tasks feed being opened is open (or failed: tried again later); true when the load
+    /// is complete by that alone (an empty bucket).
+    pub(crate) fn opened(&mut self, opened: Opened) -> bool {
+        self.opening = None;
+        let error = match opened {
+            Ok(Ok((feed, messages))) => {
+                self.feed = Some(feed);
+                return messages == 0;
+            }
+            Ok(Err(error)) => format!("{error:#}"),
+            Err(error) => error.to_string(),
+        };
+        tracing::warn!(error, "cannot re-open the tasks watch");
+        self.feed_retry_at = Some(Instant::now() + FEED_REOPEN_RETRY);
+        false
     }
 
     /// Opens the fire-state watch (all keys, then updates); returns how many messages the

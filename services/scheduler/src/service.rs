@@ -120,7 +120,7 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
         wake: Wake::new(time.now_ms(), capacity),
         time,
         tasks: Tasks::with_capacity(capacity, specs.clone()),
-        follow: Follow::new(feed, empty, specs),
+        follow: Follow::new(feed, empty, specs, readiness.jetstream_returns()),
         takeover: Takeover::new(campaign, limits),
         pipeline: Pipeline::new(config.publish_window, config.catchup_rate),
         overlap: Overlap::default(),

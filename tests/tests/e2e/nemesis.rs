@@ -426,6 +426,32 @@ async fn every_service_says_jetstream(cast: &Cast, ready: bool) {
     }
 }
 
+/// How soon after the registry stores again every scheduler must hold every task of the
+/// bucket: each opens its tasks watch anew once JetStream answers again (before that fix, the
+/// client's own recovery of the watch left every scheduler blind to task changes for tens of
+/// seconds after a restart, and a one-shot stored between the two outages was never fired).
+const TASKS_SEEN_WITHIN: Duration = Duration::from_secs(15);
+
+/// Waits until every scheduler's table holds as many tasks as the tasks bucket (the probe
+/// just stored included), failing after [`TASKS_SEEN_WITHIN`].
+async fn every_scheduler_holds_every_task(setup: &Setup) {
+    let started = Instant::now();
+    let tasks = setup.js.get_key_value(Names::default().tasks_bucket()).await.expect("tasks bucket");
+    let stored = eventually(WAIT, "count the tasks bucket's keys", || async {
+        use futures::TryStreamExt;
+        tasks.keys().await.ok()?.try_collect::<Vec<String>>().await.ok().map(|keys| keys.len() as u64)
+    })
+    .await;
+    for scheduler in &setup.cast.schedulers {
+        let what = format!("{} holds the {stored} tasks of the bucket", scheduler.instance);
+        eventually(TASKS_SEEN_WITHIN.saturating_sub(started.elapsed()), &what, || async {
+            (counter(scheduler, "jetsched_tasks_registered ").await? == stored).then_some(())
+        })
+        .await;
+        eprintln!("{what} {} ms after the registry stored again", started.elapsed().as_millis());
+    }
+}
+
 /// The value of a counter line of `service`'s metrics starting with `prefix`.
 async fn counter(service: &NsService, prefix: &str) -> Option<u64> {
     let (_, body) = service.admin_get("/metrics").await.ok()?;
@@ -495,6 +521,7 @@ async fn nemesis_full_disks_refuse_writes_and_resume_after_a_restart_losing_noth
         every_service_says_jetstream(&setup.cast, true).await;
         eventually(WAIT, "the registry stores again after the restart", || put_probe(&setup.client, &probe))
             .await;
+        every_scheduler_holds_every_task(&setup).await;
         *faults.entry("FullDisks".to_owned()).or_default() += 1;
     }
     // Nothing acknowledged before the disks filled is lost: each one-shot submitted just before

@@ -6,7 +6,7 @@ use jetsched_shared::wire::FireState;
 
 use super::Core;
 use crate::discovery::Change;
-use crate::follow::{StateBatch, TaskBatch};
+use crate::follow::{Opened, StateBatch, TaskBatch};
 
 impl Core {
     pub(super) fn on_tasks(&mut self, batch: TaskBatch) {
@@ -31,14 +31,33 @@ impl Core {
                         );
                     }
                 }
-                Err(error) => tracing::warn!(%error, "tasks watch error"),
+                Err(error) => {
+                    // The client would re-create the watch's consumer itself, but slowly (see
+                    // `follow.rs`): a fresh watch delivers every task again, the rest of this
+                    // batch included.
+                    tracing::warn!(%error, "tasks watch error; re-opening it");
+                    self.follow.feed_ended();
+                    break;
+                }
             }
         }
         self.report.metrics.tasks.set(self.tasks.len() as i64);
     }
 
-    pub(super) async fn refollow(&mut self) {
-        if self.follow.reopen_feed(&self.nats.tasks).await && self.follow.finish_load().is_some() {
+    /// JetStream answers again after an outage: the tasks watch is opened anew rather than left
+    /// to the client's own recovery, which can lag by tens of seconds (see `follow.rs`). The
+    /// tasks come again, last value per key: those known at their revision are passed over.
+    /// (The fire-state watch is left to that recovery: a new leader checks that it is current
+    /// before planning, and reads the fire state afresh when it is not.)
+    pub(super) fn rewatch(&mut self) {
+        tracing::info!("JetStream answers again: re-opening the tasks watch");
+        self.follow.close_feed();
+        self.follow.reopen_feed(&self.nats.tasks);
+    }
+
+    /// A tasks feed being opened is open (or failed, tried again later).
+    pub(super) fn on_opened(&mut self, opened: Opened) {
+        if self.follow.opened(opened) && self.follow.finish_load().is_some() {
             self.mark_loaded();
         }
     }
