@@ -163,18 +163,11 @@ impl Follow {
         self.feed_retry_at = Some(Instant::now() + FEED_RETRY);
     }
 
-    /// Drops the tasks feed, and any being opened (to read every task again through a fresh
-    /// one: an open under way may wait on a request JetStream will never answer).
-    pub(crate) fn close_feed(&mut self) {
-        self.feed = None;
-        self.feed_retry_at = None;
-        if let Some(task) = self.opening.take() {
-            task.abort();
-        }
-    }
-
-    /// Starts re-opening the tasks feed; [`Follow::opened`] takes the outcome.
+    /// Starts re-opening the tasks feed, dropping the current one and any being opened (an
+    /// open under way may wait on a request JetStream will never answer); every task comes
+    /// again through the fresh one. [`Follow::opened`] takes the outcome.
     pub(crate) fn reopen_feed(&mut self, tasks: &kv::Store) {
+        self.feed = None;
         self.feed_retry_at = None;
         if let Some(task) = self.opening.take() {
             task.abort();

@@ -51,7 +51,6 @@ impl Core {
     /// before planning, and reads the fire state afresh when it is not.)
     pub(super) fn rewatch(&mut self) {
         tracing::info!("JetStream answers again: re-opening the tasks watch");
-        self.follow.close_feed();
         self.follow.reopen_feed(&self.nats.tasks);
     }
 
