@@ -136,7 +136,7 @@ impl Core {
     pub(crate) async fn run(&mut self, shutdown: &CancellationToken) {
         loop {
             if self.follow.loaded() && self.takeover.campaign().start() {
-                self.open_state_watch().await;
+                self.open_state_watch();
             }
             self.pump().await;
             self.wake.arm(self.time.clock.as_ref());
@@ -178,13 +178,17 @@ impl Core {
                 Event::Followed(Followed::State(batch)) => self.on_state(batch),
                 Event::Followed(Followed::JetStreamBack) => self.rewatch(),
                 Event::Followed(Followed::Opened(opened)) => self.on_opened(opened),
+                Event::Followed(Followed::StateOpened { opened, term }) => {
+                    self.on_state_opened(*opened, term)
+                }
+                Event::Followed(Followed::StateTarget { read, term }) => self.on_state_target(read, term),
                 Event::Written(result) => self.on_written(result),
                 Event::Flush => self.flush(false),
                 Event::Retry => self.pipeline.retry_now(),
                 Event::CatchupRefill => self.pipeline.refill(),
                 Event::Refollow => self.follow.reopen_feed(&self.nats.tasks),
-                Event::StateRefollow => self.open_state_watch().await,
-                Event::StateLoadWake => self.on_state_load_wake().await,
+                Event::StateRefollow => self.open_state_watch(),
+                Event::StateLoadWake => self.on_state_load_wake(),
             }
         }
     }

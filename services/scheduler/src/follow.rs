@@ -8,13 +8,18 @@
 //! watch's consumer on its own, but a re-creation request sent while JetStream did not answer
 //! waits out its timeout (10 s), then a backoff (up to 10 s), and one under way is not started
 //! over when JetStream comes back, so the watch could deliver nothing for tens of seconds after
-//! an outage, without an error (a task stored meanwhile was not seen, so not fired). While
-//! leading, the replica is the only writer of the fire state and ignores its own echoes.
+//! an outage, without an error (a task stored meanwhile was not seen, so not fired). The
+//! fire-state watch is opened, and a new leader reads the fire-state stream's end, likewise in
+//! tasks of their own, each request bounded by a short timeout and sent again (a stream whose
+//! replicas are still electing a leader answers nothing; the client's own 10 s timeout held a
+//! new leader's first dispatch that long after a cluster restart). While leading, the replica
+//! is the only writer of the fire state and ignores its own echoes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use async_nats::jetstream::kv::{self, Entry, WatcherError};
 use futures::StreamExt;
 use tokio::sync::watch;
@@ -30,6 +35,15 @@ const FEED_RETRY: Duration = Duration::from_millis(500);
 const FEED_REOPEN_RETRY: Duration = Duration::from_secs(1);
 /// Delay before the fire-state watch (or its stream info) is read again after an error.
 pub(crate) const STATE_RETRY_DELAY: Duration = Duration::from_millis(500);
+/// How long the first request of a fire-state read (opening the watch, reading the stream's
+/// info) may take before it is given up and sent again; each further timeout in a row
+/// doubles it, up to [`STATE_REQUEST_TIMEOUT_MAX`]. A stream whose replicas are still electing
+/// a leader answers nothing, and the client's own timeout (10 s) would hold a new leader's
+/// wait that long after the stream is back.
+const STATE_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a fire-state request is waited for (a large fire state takes the server a
+/// while to set up a watch over).
+const STATE_REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(16);
 
 /// A batch of fire-state entries (`None`: the watch ended).
 pub(crate) type StateBatch = Option<Vec<Result<Entry, WatcherError>>>;
@@ -37,6 +51,10 @@ pub(crate) type StateBatch = Option<Vec<Result<Entry, WatcherError>>>;
 pub(crate) type TaskBatch = Option<Vec<Result<Decoded, WatcherError>>>;
 /// A tasks feed opened (and how many messages the bucket held), or why not.
 pub(crate) type Opened = Result<anyhow::Result<(Feed, u64)>, JoinError>;
+/// The fire-state watch opened (and how many messages the bucket held), or why not.
+pub(crate) type StateOpened = Result<Result<(Watch, u64), Bounded>, JoinError>;
+/// The fire-state stream's message count and last sequence, or why not.
+pub(crate) type TargetRead = Result<Result<(u64, u64), Bounded>, JoinError>;
 
 /// What one of the watches delivered.
 pub(crate) enum Followed {
@@ -46,6 +64,17 @@ pub(crate) enum Followed {
     JetStreamBack,
     /// A tasks feed being opened is open, or failed to open.
     Opened(Opened),
+    /// The fire-state watch being opened is open, or failed to open; `term`: the term whose
+    /// wait for the fire state it was opened in, if any.
+    StateOpened {
+        opened: Box<StateOpened>,
+        term: Option<u64>,
+    },
+    /// The fire-state stream's end, read for the wait of `term`.
+    StateTarget {
+        read: TargetRead,
+        term: Option<u64>,
+    },
 }
 
 /// When the watches are re-opened (`None`: open, or not followed yet).
@@ -66,6 +95,12 @@ pub(crate) struct Follow {
     load_started: Instant,
     state: Option<Watch>,
     state_retry_at: Option<Instant>,
+    /// The fire-state watch being opened, in a task of its own (the term it is opened for).
+    state_opening: Option<Request<(Watch, u64)>>,
+    /// The fire-state stream's end being read for a new leader (the term it is read for).
+    target_reading: Option<Request<(u64, u64)>>,
+    /// How long the next fire-state request may take (doubled after each timeout in a row).
+    state_timeout: Duration,
     /// Highest stream sequence (entry revision) the fire-state watch delivered.
     seen: u64,
     /// Fire states of keys not (yet) in the task table: last nominal fire (ms) and fire count.
@@ -88,6 +123,9 @@ impl Follow {
             load_started: Instant::now(),
             state: None,
             state_retry_at: None,
+            state_opening: None,
+            target_reading: None,
+            state_timeout: STATE_REQUEST_TIMEOUT,
             seen: 0,
             orphans: HashMap::new(),
             specs,
@@ -112,8 +150,9 @@ impl Follow {
         self.seen
     }
 
+    /// The fire-state watch is open, or being opened.
     pub(crate) fn is_following_state(&self) -> bool {
-        self.state.is_some()
+        self.state.is_some() || self.state_opening.is_some()
     }
 
     /// JetStream's return first, then the next batch of either watch, the tasks first
@@ -143,9 +182,23 @@ impl Follow {
                 None => std::future::pending().await,
             }
         };
+        let state_opened = async {
+            match self.state_opening.as_mut() {
+                Some(request) => ((&mut request.task).await, request.term),
+                None => std::future::pending().await,
+            }
+        };
+        let target = async {
+            match self.target_reading.as_mut() {
+                Some(request) => ((&mut request.task).await, request.term),
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             () = back => Followed::JetStreamBack,
+            (read, term) = target => Followed::StateTarget { read, term },
+            (opened, term) = state_opened => Followed::StateOpened { opened: Box::new(opened), term },
             opened = opened => Followed::Opened(opened),
             batch = tasks => Followed::Tasks(batch),
             batch = state => Followed::State(batch),
@@ -193,20 +246,95 @@ impl Follow {
         false
     }
 
-    /// Opens the fire-state watch (all keys, then updates); returns how many messages the
-    /// bucket held (`None`: not opened, retried later).
-    pub(crate) async fn open_state(&mut self, state: &kv::Store) -> Option<u64> {
+    /// Starts opening the fire-state watch (all keys, then updates) in a task of its own,
+    /// dropping the current one and any being opened; `term`: the term whose wait for the fire
+    /// state it is opened in, if any. [`Follow::state_opened`] takes the outcome.
+    pub(crate) fn open_state(&mut self, state: &kv::Store, term: Option<u64>) {
+        self.state = None;
         self.state_retry_at = None;
-        match discovery::open(state).await {
+        if let Some(request) = self.state_opening.take() {
+            request.task.abort();
+        }
+        let (state, limit) = (state.clone(), self.state_timeout);
+        let task = tokio::spawn(async move { bounded(limit, "open", discovery::open(&state)).await });
+        self.state_opening = Some(Request { task, term });
+    }
+
+    /// The fire-state watch being opened is open: returns how many messages the bucket held
+    /// (`None`: not opened, tried again after a pause).
+    pub(crate) fn state_opened(&mut self, opened: StateOpened) -> Option<u64> {
+        self.state_opening = None;
+        match self.settle(opened) {
             Ok((watch, messages)) => {
                 self.state = Some(watch);
                 Some(messages)
             }
             Err(error) => {
-                tracing::warn!(error = format!("{error:#}"), "cannot watch the fire state; retrying");
+                tracing::warn!(error, "cannot watch the fire state; retrying");
                 self.state_retry_at = Some(Instant::now() + STATE_RETRY_DELAY);
                 None
             }
+        }
+    }
+
+    /// Starts reading the fire-state stream's message count and last sequence for the wait of
+    /// `term`, in a task of its own (replacing a read under way).
+    pub(crate) fn read_state_target(&mut self, state: &kv::Store, term: u64) {
+        if let Some(request) = self.target_reading.take() {
+            request.task.abort();
+        }
+        let (mut stream, limit) = (state.stream.clone(), self.state_timeout);
+        let task = tokio::spawn(async move {
+            bounded(limit, "read the stream info of", async {
+                let info = stream.info().await.context("read the fire-state stream info")?;
+                Ok((info.state.messages, info.state.last_sequence))
+            })
+            .await
+        });
+        self.target_reading = Some(Request { task, term: Some(term) });
+    }
+
+    /// The fire-state stream's end was read (or not: the error).
+    pub(crate) fn target_read(&mut self, read: TargetRead) -> Result<(u64, u64), String> {
+        self.target_reading = None;
+        self.settle(read)
+    }
+
+    /// Whether the fire-state stream's end is being read.
+    pub(crate) fn is_reading_target(&self) -> bool {
+        self.target_reading.is_some()
+    }
+
+    /// Whether the fire-state watch is being opened.
+    pub(crate) fn is_opening_state(&self) -> bool {
+        self.state_opening.is_some()
+    }
+
+    /// JetStream answers again: the next fire-state request gets the first limit, and a read
+    /// of the stream's end under way (which may wait on a stream that did not answer) is
+    /// dropped; returns the term it was read for.
+    pub(crate) fn drop_target_read(&mut self) -> Option<u64> {
+        self.state_timeout = STATE_REQUEST_TIMEOUT;
+        self.target_reading.take().and_then(|request| {
+            request.task.abort();
+            request.term
+        })
+    }
+
+    /// The outcome of a fire-state request task: a timeout doubles the next one's limit, an
+    /// answer resets it.
+    fn settle<T>(&mut self, done: Result<Result<T, Bounded>, JoinError>) -> Result<T, String> {
+        match done {
+            Ok(Ok(value)) => {
+                self.state_timeout = STATE_REQUEST_TIMEOUT;
+                Ok(value)
+            }
+            Ok(Err(Bounded::TimedOut(error))) => {
+                self.state_timeout = (self.state_timeout * 2).min(STATE_REQUEST_TIMEOUT_MAX);
+                Err(error)
+            }
+            Ok(Err(Bounded::Failed(error))) => Err(format!("{error:#}")),
+            Err(error) => Err(error.to_string()),
         }
     }
 
@@ -244,5 +372,34 @@ impl Follow {
             true => None,
             false => self.orphans.remove(key),
         }
+    }
+}
+
+/// A fire-state request under way in a task of its own, for the wait of `term` (if any).
+struct Request<T> {
+    task: JoinHandle<Result<T, Bounded>>,
+    term: Option<u64>,
+}
+
+/// Why a bounded fire-state request gave no answer.
+pub(crate) enum Bounded {
+    /// No answer within the limit.
+    TimedOut(String),
+    Failed(anyhow::Error),
+}
+
+/// `request` (what it does to the fire state: `what`), given up after `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    request: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> Result<T, Bounded> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(Bounded::Failed(error)),
+        Err(_) => Err(Bounded::TimedOut(format!(
+            "no answer within {} ms to {what} the fire state",
+            limit.as_millis()
+        ))),
     }
 }

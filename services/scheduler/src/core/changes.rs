@@ -47,11 +47,11 @@ impl Core {
     /// JetStream answers again after an outage: the tasks watch is opened anew rather than left
     /// to the client's own recovery, which can lag by tens of seconds (see `follow.rs`). The
     /// tasks come again, last value per key: those known at their revision are passed over.
-    /// (The fire-state watch is left to that recovery: a new leader checks that it is current
-    /// before planning, and reads the fire state afresh when it is not.)
+    /// The fire-state requests and watch are treated alike (see `refollow_state`).
     pub(super) fn rewatch(&mut self) {
         tracing::info!("JetStream answers again: re-opening the tasks watch");
         self.follow.reopen_feed(&self.nats.tasks);
+        self.refollow_state();
     }
 
     /// A tasks feed being opened is open (or failed, tried again later).

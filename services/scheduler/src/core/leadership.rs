@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::{Core, Report};
 use crate::catchup;
-use crate::follow::STATE_RETRY_DELAY;
+use crate::follow::{STATE_RETRY_DELAY, StateOpened, TargetRead};
 use crate::lease::LeaseEvent;
 use crate::pipeline::Fire;
 use crate::takeover::Recheck;
@@ -31,9 +31,9 @@ impl Core {
                 // The fire state is warm (followed while follower); wait until the watch has
                 // caught up with what the previous leader wrote, then plan the catch-up.
                 if !self.follow.is_following_state() {
-                    self.open_state_watch().await;
+                    self.open_state_watch();
                 }
-                self.read_state_target().await;
+                self.read_state_target();
             }
             LeaseEvent::Renewed { valid_until } => {
                 if self.takeover.renewed(valid_until, Instant::now()) {
@@ -48,11 +48,20 @@ impl Core {
         }
     }
 
-    /// Opens the fire-state watch (all keys, then updates). Opened during a leader's wait, it
-    /// is fresh: its first entry with `delta == 0` means the state is current.
-    pub(super) async fn open_state_watch(&mut self) {
-        let Some(messages) = self.follow.open_state(&self.nats.state).await else { return };
-        if let Some(load) = self.takeover.load() {
+    /// Starts opening the fire-state watch (all keys, then updates). Opened during a leader's
+    /// wait, it is fresh: its first entry with `delta == 0` means the state is current.
+    pub(super) fn open_state_watch(&mut self) {
+        let waiting = self.takeover.load().is_some();
+        self.follow.open_state(&self.nats.state, self.takeover.term().filter(|_| waiting));
+    }
+
+    /// The fire-state watch is open (or failed to open, tried again after a pause). Opened in
+    /// this term's wait, it is fresh; an empty bucket ends the wait at once.
+    pub(super) fn on_state_opened(&mut self, opened: StateOpened, opened_for: Option<u64>) {
+        let Some(messages) = self.follow.state_opened(opened) else { return };
+        let term = self.takeover.term();
+        let Some(load) = self.takeover.load() else { return };
+        if opened_for.is_some() && opened_for == term {
             load.opened_fresh();
             if messages == 0 {
                 self.finish_acquisition();
@@ -60,29 +69,52 @@ impl Core {
         }
     }
 
-    /// A new leader reads the state stream's last sequence: the watch must reach it.
-    async fn read_state_target(&mut self) {
-        if self.takeover.load().is_none() {
-            return;
+    /// A new leader reads the state stream's last sequence (in a task of its own): the watch
+    /// must reach it.
+    fn read_state_target(&mut self) {
+        let Some(term) = self.takeover.term() else { return };
+        if self.takeover.load().is_some() {
+            self.follow.read_state_target(&self.nats.state, term);
         }
-        let mut stream = self.nats.state.stream.clone();
-        let info = stream.info().await;
+    }
+
+    /// The state stream's last sequence was read for the wait of `term`.
+    pub(super) fn on_state_target(&mut self, read: TargetRead, read_for: Option<u64>) {
+        let read = self.follow.target_read(read);
         let seen = self.follow.seen();
+        if read_for.is_none() || self.takeover.term() != read_for {
+            return; // read for an earlier term: its leadership is over
+        }
         let Some(load) = self.takeover.load() else { return };
-        match info {
-            Ok(info) => {
-                if load.target_read(info.state.messages, info.state.last_sequence, seen, Instant::now()) {
+        match read {
+            Ok((messages, last_sequence)) => {
+                if load.target_read(messages, last_sequence, seen, Instant::now()) {
                     self.finish_acquisition();
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, "cannot read the fire-state stream info; retrying");
+                tracing::warn!(error, "cannot read the fire-state stream info; retrying");
                 load.retry_target(Instant::now(), STATE_RETRY_DELAY);
             }
         }
     }
 
-    pub(super) async fn on_state_load_wake(&mut self) {
+    /// JetStream answers again: fire-state requests under way are sent again (they may wait on
+    /// a stream that did not answer), and a follower's or waiting leader's fire-state watch is
+    /// opened afresh (the client's own recovery of it can lag for tens of seconds, like the
+    /// tasks watch's).
+    pub(super) fn refollow_state(&mut self) {
+        let dropped_target = self.follow.drop_target_read();
+        let following = self.follow.is_following_state();
+        if following && (!self.takeover.leading() || self.follow.is_opening_state()) {
+            self.open_state_watch();
+        }
+        if dropped_target.is_some() {
+            self.read_state_target();
+        }
+    }
+
+    pub(super) fn on_state_load_wake(&mut self) {
         let seen = self.follow.seen();
         let Some(load) = self.takeover.load() else { return };
         let target = load.target();
@@ -97,11 +129,12 @@ impl Core {
                     "the fire-state watch did not catch up; re-reading the fire state"
                 );
                 self.follow.close_state();
-                self.open_state_watch().await;
+                self.open_state_watch();
             }
+            Recheck::ReadTarget if self.follow.is_reading_target() => return,
             Recheck::ReadTarget => {}
         }
-        self.read_state_target().await;
+        self.read_state_target();
     }
 
     /// The fire state is loaded: plan every task's missed fires, then dispatch.
