@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, context::PublishAckFuture, kv};
 use futures::StreamExt;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
@@ -255,7 +256,9 @@ pub async fn wait_run_status(
 }
 
 /// Every run record by execution id, read key by key (an ordered watch can stall while a
-/// cluster node restarts; a partial read must never pass for a complete one).
+/// cluster node restarts; a partial read must never pass for a complete one) from the bucket
+/// stream's leader: a direct get may be answered by a replica still catching up after a
+/// partition, with a value the record has since moved past.
 pub async fn run_records(runs: &kv::Store) -> Result<HashMap<String, RunRecord>, String> {
     let keys: Vec<String> = runs
         .keys()
@@ -268,10 +271,18 @@ pub async fn run_records(runs: &kv::Store) -> Result<HashMap<String, RunRecord>,
         .map_err(|e| format!("list run keys: {e}"))?;
     let mut records = HashMap::new();
     for key in keys {
-        let Some(value) = runs.get(&key).await.map_err(|e| format!("get run {key}: {e}"))? else {
-            continue;
+        let subject = format!("$KV.{}.{key}", runs.name);
+        let message = match runs.stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => message,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => continue,
+            Err(e) => return Err(format!("get run {key}: {e}")),
         };
-        let record: RunRecord = serde_json::from_slice(&value).map_err(|e| format!("run {key}: {e}"))?;
+        let removed = message.headers.get("KV-Operation").is_some_and(|op| op.as_str() != "PUT");
+        if removed {
+            continue;
+        }
+        let record: RunRecord =
+            serde_json::from_slice(&message.payload).map_err(|e| format!("run {key}: {e}"))?;
         records.insert(record.execution_id.clone(), record);
     }
     Ok(records)

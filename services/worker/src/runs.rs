@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::kv;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use chrono::Utc;
 use jetsched_shared::backoff::Backoff;
 use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, live};
+use jetsched_shared::names::Names;
 use jetsched_shared::wire::Dispatch;
 pub use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, RunRecord, RunStatus};
 
@@ -20,8 +22,15 @@ use self::reads::Reads;
 
 mod reads;
 
+/// The header a KV delete or purge marker carries.
+const KV_OPERATION: &str = "KV-Operation";
+
 /// Compare-and-set rounds before giving up on a write.
 const CAS_ROUNDS: usize = 8;
+
+/// Pause before a record refused as conflicting, though none is stored, is written again
+/// (times the round).
+const VANISHED_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long an ending's record write is retried through transport errors (a replicated
 /// bucket refuses writes while it elects a new leader, e.g. after a node died).
@@ -44,6 +53,8 @@ pub(crate) enum Begin {
 #[derive(Clone)]
 pub(crate) struct RunStore {
     kv: kv::Store,
+    /// The subject prefix of the bucket's keys (`$KV.<bucket>.`).
+    prefix: String,
     /// Reads gathered into batched direct gets, when started.
     reads: Option<Reads>,
 }
@@ -56,7 +67,7 @@ impl RunStore {
         bucket: &str,
     ) -> anyhow::Result<RunStore> {
         let reads = Reads::start(client, bucket).await.context("start the batched run-record reader")?;
-        Ok(RunStore { kv, reads: Some(reads) })
+        Ok(RunStore { kv, prefix: Names::kv_subject(bucket, ""), reads: Some(reads) })
     }
 
     /// The record of `execution_id` and its revision, if any: in the next batch of reads, or
@@ -89,6 +100,38 @@ impl RunStore {
         Ok(Some((record, revision)))
     }
 
+    /// The record of `execution_id` as its stream's leader holds it: read after a write
+    /// conflict. (Direct gets, batched or not, may be answered by a replica that has not
+    /// applied the last write yet: right after a conflict, such a read can return the value
+    /// the write conflicted with, or no record at all.)
+    async fn get_latest(&self, execution_id: &str) -> anyhow::Result<Option<(RunRecord, u64)>> {
+        let subject = format!("{}{execution_id}", self.prefix);
+        let message = match self.kv.stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => message,
+            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+            Err(error) => return Err(error).with_context(|| format!("read run record {execution_id}")),
+        };
+        let removed = message
+            .headers
+            .get(KV_OPERATION)
+            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+        if removed {
+            return Ok(None);
+        }
+        let record: RunRecord = serde_json::from_slice(&message.payload)
+            .with_context(|| format!("decode run record {execution_id}"))?;
+        Ok(Some((record, message.sequence)))
+    }
+
+    /// The record of `execution_id`: from the leader after a write conflict (`conflicted`),
+    /// else as [`RunStore::get`] reads it.
+    async fn read(&self, execution_id: &str, conflicted: bool) -> anyhow::Result<Option<(RunRecord, u64)>> {
+        match conflicted {
+            true => self.get_latest(execution_id).await,
+            false => self.get(execution_id).await,
+        }
+    }
+
     /// Creates or advances the record for delivery `attempt` of `dispatch`.
     ///
     /// `eager`: the record is stored (status `running`) before the attempt runs. Otherwise a
@@ -104,10 +147,11 @@ impl RunStore {
         eager: bool,
     ) -> anyhow::Result<Begin> {
         let key = dispatch.execution_id.as_str();
-        for _ in 0..CAS_ROUNDS {
+        for round in 0..CAS_ROUNDS {
             let now = Utc::now();
+            let conflicted = round > 0;
             // The common case (first delivery) costs one write.
-            if eager && attempt <= 1 {
+            if eager && attempt <= 1 && !conflicted {
                 let record = RunRecord::new(dispatch, attempt, worker, now);
                 match self.kv.create(key, encode(&record)?).await {
                     Ok(revision) => {
@@ -117,7 +161,7 @@ impl RunStore {
                     Err(error) => return Err(error).with_context(|| format!("create run record {key}")),
                 }
             }
-            let Some((mut record, revision)) = self.get(key).await? else {
+            let Some((mut record, revision)) = self.read(key, conflicted).await? else {
                 let mut record = RunRecord::new(dispatch, attempt, worker, now);
                 // A later delivery without a record: the deliveries before reached no verdict.
                 let rerun = attempt > 1;
@@ -163,8 +207,8 @@ impl RunStore {
             record.worker = worker.to_string();
             record.finished = Some(now);
         };
-        for _ in 0..CAS_ROUNDS {
-            match self.get(key).await? {
+        for round in 0..CAS_ROUNDS {
+            match self.read(key, round > 0).await? {
                 Some((record, _)) if record.status.is_final() => return Ok(false),
                 Some((mut record, revision)) => {
                     skip(&mut record);
@@ -199,17 +243,24 @@ impl RunStore {
         change: impl Fn(&mut RunRecord),
     ) -> anyhow::Result<(RunRecord, u64)> {
         let key = record.execution_id.clone();
-        for _ in 0..CAS_ROUNDS {
+        for round in 0..CAS_ROUNDS {
             match self.update_retrying(&key, encode(&record)?, revision).await {
                 Ok(new_revision) => return Ok((record, new_revision)),
-                Err(error) if is_revision_mismatch(&error) => {
-                    let Some((fresh, fresh_revision)) = self.get(&key).await? else {
-                        anyhow::bail!("run record {key} vanished")
-                    };
-                    record = fresh;
-                    revision = fresh_revision;
-                    change(&mut record);
-                }
+                Err(error) if is_revision_mismatch(&error) => match self.get_latest_retrying(&key).await? {
+                    Some((fresh, fresh_revision)) => {
+                        record = fresh;
+                        revision = fresh_revision;
+                        change(&mut record);
+                    }
+                    None => {
+                        // Refused as if a write had come first, yet none is stored: a write
+                        // the leader had accepted but not committed when it lost its quorum
+                        // (a partition). Create the record as it is, after a pause.
+                        tracing::debug!(key, "run record refused but not stored; writing it again");
+                        revision = 0;
+                        tokio::time::sleep(VANISHED_PAUSE * (round as u32 + 1)).await;
+                    }
+                },
                 Err(error) => return Err(error).with_context(|| format!("update run record {key}")),
             }
         }
@@ -218,6 +269,19 @@ impl RunStore {
 }
 
 impl RunStore {
+    /// [`RunStore::get_latest`], retried with backoff through errors for up to
+    /// [`WRITE_RETRY_FOR`] (a stream electing a new leader answers `temporarily unavailable`).
+    async fn get_latest_retrying(&self, key: &str) -> anyhow::Result<Option<(RunRecord, u64)>> {
+        let deadline = tokio::time::Instant::now() + WRITE_RETRY_FOR;
+        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let retryable = |error: &anyhow::Error, _, _| {
+            tracing::debug!(error = format!("{error:#}"), key, "run record read failed; retrying");
+            true
+        };
+        let read = |_| self.get_latest(key);
+        backoff.retry_until(deadline, read, retryable).await.map_err(|gave_up| gave_up.error)
+    }
+
     /// `kv.update`, retried with backoff through errors other than a revision mismatch for
     /// up to [`WRITE_RETRY_FOR`]. A retry after a write that was stored but not acknowledged
     /// meets a revision mismatch, which the caller resolves like any other.
