@@ -70,11 +70,19 @@ pub struct Config {
     /// (`run.retrying`, `run.failed`, `run.dead` only). Each event is a stored write per run.
     #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_RUN_EVENTS", value_enum, default_value_t = RunEvents::All)]
     pub run_events: RunEvents,
-    /// `eager`: every run record is stored (status running) before the attempt starts.
-    /// `lazy`: only for tasks whose overlap policy is not `allow` (the scheduler reads those);
-    /// other records are written once, at the verdict — one stored write less per run.
-    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_RUN_RECORDS", value_enum, default_value_t = RunRecords::Eager)]
+    /// `deferred`: a first attempt still running after --running-after gets its record
+    /// (status running) and its `run.started` event then; a shorter one's record is written
+    /// once, at the verdict, and its outcome event (with its duration) stands for its start:
+    /// two stored writes less per short run. A redelivery is recorded before it runs. `eager`:
+    /// every attempt is recorded before it starts, and `run.started` told then. `lazy`:
+    /// records are written at the verdict only. Whatever the setting, tasks whose overlap
+    /// policy is not `allow` are recorded before each attempt (the scheduler reads those).
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_RUN_RECORDS", value_enum, default_value_t = RunRecords::Deferred)]
     pub run_records: RunRecords,
+    /// Under deferred run records: how long an attempt runs before its record (status running)
+    /// and its `run.started` event are written.
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_RUNNING_AFTER", default_value = "1s", value_parser = parse_duration)]
+    pub running_after: Duration,
     /// When the dead-letter stream refuses an entry (full), the run is retried after this delay.
     #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_DLQ_RETRY_DELAY", default_value = "30s", value_parser = parse_duration)]
     pub dlq_retry_delay: Duration,
@@ -103,8 +111,12 @@ pub const DEFAULT_WEIGHTS: PerPriority = PerPriority([8, 4, 2, 1]);
 /// When run records are first written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum RunRecords {
-    #[default]
+    /// Before every attempt.
     Eager,
+    /// At the verdict, or once the attempt has run `--running-after`, whichever comes first.
+    #[default]
+    Deferred,
+    /// At the verdict.
     Lazy,
 }
 
@@ -152,7 +164,8 @@ impl Config {
             shell_allow: Vec::new(),
             output_limit: 2048,
             run_events: RunEvents::All,
-            run_records: RunRecords::Eager,
+            run_records: RunRecords::Deferred,
+            running_after: Duration::from_secs(1),
             dlq_retry_delay: Duration::from_secs(30),
             priority_policy: PolicyKind::Weighted,
             priority_weights: DEFAULT_WEIGHTS.to_string(),
@@ -195,6 +208,7 @@ impl Config {
         problems.positive("shutdown-grace", self.shutdown_grace);
         problems.at_least_duration("pull-expires", self.pull_expires, Duration::from_millis(100));
         problems.positive("dlq-retry-delay", self.dlq_retry_delay);
+        problems.positive("running-after", self.running_after);
         match PerPriority::parse_over(DEFAULT_WEIGHTS, &self.priority_weights) {
             Ok(weights) => {
                 let ok = weights.0.iter().all(|w| *w >= 1);

@@ -31,6 +31,8 @@ pub(crate) struct Shared {
     pub(crate) dlq_retry_delay: Duration,
     pub(crate) run_events: RunEvents,
     pub(crate) run_records: RunRecords,
+    /// Under deferred run records, how long an attempt runs before its record is written.
+    pub(crate) running_after: Duration,
     /// Cancelled when the shutdown grace period is over: in-flight attempts stop and are
     /// handed back.
     pub(crate) hard_stop: CancellationToken,

@@ -120,7 +120,15 @@ impl Delivery<'_> {
     /// Everything before the ending: the run record's say, then the attempt.
     async fn run(&mut self) -> Ending {
         let (shared, dispatch, attempt) = (self.shared, self.dispatch, self.attempt);
-        let eager = shared.run_records == RunRecords::Eager || dispatch.spec.overlap != OverlapPolicy::Allow;
+        // Recorded before the attempt: always under eager records; for a task whose overlap
+        // policy the scheduler checks against running records; and under deferred records, a
+        // redelivery (its run is known to have been tried: a crash loop is recorded attempt
+        // by attempt from the second on).
+        let eager = match shared.run_records {
+            RunRecords::Eager => true,
+            RunRecords::Deferred => attempt > 1,
+            RunRecords::Lazy => false,
+        } || dispatch.spec.overlap != OverlapPolicy::Allow;
         let (stored, rerun) = match shared.runs.begin(dispatch, attempt, &shared.worker, eager).await {
             Ok(Begin::Run { record, revision, rerun }) => (Stored { record: *record, revision }, rerun),
             Ok(Begin::AlreadySucceeded) => return Ending::Duplicate,
@@ -142,6 +150,9 @@ impl Delivery<'_> {
             }
         };
         let first_started = stored.record.first_started;
+        // Deferred: a record not stored yet is stored (and the start told) once the attempt
+        // has run `--running-after`; a shorter run's verdict writes it.
+        let defer = shared.run_records == RunRecords::Deferred && stored.revision == 0;
         self.stored = Some(stored);
         if rerun {
             shared.metrics.reruns.with_label_values(&[self.queue]).inc();
@@ -150,23 +161,29 @@ impl Delivery<'_> {
             event.reason = Some("worker_lost".to_string());
             self.tell(event).await;
         }
-        self.tell(self.event(EventKind::RunStarted, attempt)).await;
+        let started_at = Utc::now();
+        if !defer {
+            self.tell(self.event(EventKind::RunStarted, attempt)).await;
+        }
 
         shared.metrics.in_flight.inc();
         let started = Instant::now();
         let outcome = {
-            let trace = Propagated::from_headers(self.message.headers.as_ref());
+            let message = self.message;
+            let trace = Propagated::from_headers(message.headers.as_ref());
             let run = Attempt { dispatch, attempt, cancel: shared.hard_stop.child_token(), trace };
             let execution = shared.executors.execute(&run);
             let stopped = shared.hard_stop.cancelled();
-            keeping_alive(shared, self.message, async {
+            let execution = async {
                 tokio::select! {
                     biased;
                     outcome = execution => Some(outcome),
                     _ = stopped => None,
                 }
-            })
-            .await
+            };
+            let after = defer.then_some(shared.running_after);
+            let recorded = alongside(execution, after, || self.record_running(started_at));
+            keeping_alive(shared, message, recorded).await
         };
         let elapsed = started.elapsed();
         self.elapsed = Some(elapsed);
@@ -186,6 +203,27 @@ impl Delivery<'_> {
             shared.breakers.report(gate, failed).await;
         }
         ending
+    }
+
+    /// A deferred record of a run still running is stored (status running), and the run's
+    /// start told, as of `started_at`. A write that fails is left to the verdict (counted).
+    async fn record_running(&mut self, started_at: chrono::DateTime<Utc>) {
+        let Some(stored) = self.stored.as_mut() else { return };
+        match self.shared.runs.create(&stored.record).await {
+            Ok(Some(revision)) => stored.revision = revision,
+            Ok(None) => tracing::debug!("a record of the run exists already; the verdict resolves it"),
+            Err(error) => {
+                self.shared.metrics.errors.with_label_values(&["run_record"]).inc();
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "cannot write the record of a running run; the verdict writes it"
+                );
+                return;
+            }
+        }
+        let mut event = self.event(EventKind::RunStarted, self.attempt);
+        event.time = started_at;
+        self.tell(event).await;
     }
 
     /// Publishes a run event, if the worker tells events of its kind (`--run-events`).
@@ -259,4 +297,34 @@ pub(crate) async fn keeping_alive<T>(
             _ = progress.tick() => acknowledge(shared, message, AckKind::Progress).await,
         }
     }
+}
+
+/// Runs `work`; if it is still running `after` (when given), runs `action` alongside it, and
+/// finishes an `action` under way when `work` ends, so nothing it began is left half done.
+async fn alongside<T, A: std::future::Future<Output = ()>>(
+    work: impl std::future::Future<Output = T>,
+    after: Option<Duration>,
+    action: impl FnOnce() -> A,
+) -> T {
+    tokio::pin!(work);
+    let Some(after) = after else { return work.await };
+    tokio::select! {
+        biased;
+        out = &mut work => return out,
+        () = tokio::time::sleep(after) => {}
+    }
+    let action = action();
+    tokio::pin!(action);
+    let mut done = false;
+    let out = loop {
+        tokio::select! {
+            biased;
+            out = &mut work => break out,
+            () = &mut action, if !done => done = true,
+        }
+    };
+    if !done {
+        action.await;
+    }
+    out
 }

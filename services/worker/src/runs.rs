@@ -197,6 +197,18 @@ impl RunStore {
         anyhow::bail!("run record {key}: compare-and-set kept failing")
     }
 
+    /// Stores `record` (not stored yet: a deferred record of a run still running); returns its
+    /// revision, or `None` when a record exists already (the verdict's compare-and-set then
+    /// reads it and applies the verdict to it).
+    pub(crate) async fn create(&self, record: &RunRecord) -> anyhow::Result<Option<u64>> {
+        let key = record.execution_id.as_str();
+        match self.kv.create(key, encode(record)?).await {
+            Ok(revision) => Ok(Some(revision)),
+            Err(error) if is_already_exists(&error) => Ok(None),
+            Err(error) => Err(error).with_context(|| format!("create run record {key}")),
+        }
+    }
+
     /// Records a run its open breaker skipped (`on_open: skip`): status `skipped`, finished
     /// now. Returns false when the record says the run is final already (nothing written).
     pub(crate) async fn skip(&self, dispatch: &Dispatch, attempt: u32, worker: &str) -> anyhow::Result<bool> {

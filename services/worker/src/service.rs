@@ -175,6 +175,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         dlq_retry_delay: config.dlq_retry_delay,
         run_events: config.run_events,
         run_records: config.run_records,
+        running_after: config.running_after,
         hard_stop: CancellationToken::new(),
     });
     tracing::info!(

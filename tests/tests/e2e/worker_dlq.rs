@@ -95,7 +95,9 @@ async fn crash_looping_run_reaches_the_dlq_through_the_max_deliveries_advisory()
     let (server, client, js) = server_with_topology().await;
     let mut sub = client.subscribe("jobs.crash").await.expect("subscribe");
     let names = Names::default();
-    let args = ["--ack-wait", "1s", "--max-deliver", "2"];
+    // Eager records: each attempt is recorded before it runs, so the entry lists both (under
+    // deferred records, an attempt whose worker died at once leaves none).
+    let args = ["--ack-wait", "1s", "--max-deliver", "2", "--run-records", "eager"];
     let mut worker = worker_process(&server, "crash-1", &args);
     let task = spec("wk", "crashy").nats("jobs.crash").fast_retry(5).timeout("30s").task();
     let id = dispatch(&js, &names, &task, 1).await;

@@ -1,16 +1,18 @@
 //! End-to-end tests of runs shared by worker processes against a real nats-server: three
-//! processes on one queue execute each of 3000 runs once, and run events published while
-//! the events stream is gone are stored once it is back.
+//! processes on one queue execute each of 3000 runs once, run events published while the
+//! events stream is gone are stored once it is back, and deferred run records: a long run is
+//! recorded as running while it runs, a short one written once, at its verdict.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use jetsched_shared::names::Names;
-use jetsched_tests::fixtures::{dispatch, execution_of, publish_dispatch, wait_run_status};
-use jetsched_tests::{App, ChildProcess, NatsServer, eventually, init_test_logging, spec};
+use jetsched_shared::wire::{Event, EventKind};
+use jetsched_tests::fixtures::{dispatch, execution_of, publish_dispatch, run_record, wait_run_status};
+use jetsched_tests::{App, ChildProcess, NatsServer, eventually, init_test_logging, read_stream, spec};
 use jetsched_worker::runs::RunStatus;
-use jetsched_worker::{Handlers, Outcome, RunContext};
+use jetsched_worker::{Handlers, Outcome, RunContext, RunRecords};
 
 use crate::worker_support::{
     WAIT, config, counting_responder, dispatch_pending, server_with_topology, wait_for_workers,
@@ -66,7 +68,10 @@ async fn run_events_published_while_the_events_stream_is_gone_are_stored_once_it
     init_test_logging();
     let server = NatsServer::start().await;
     let handlers = Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() });
-    let worker = App::worker(config(&server, "w-events"), handlers).await;
+    // Eager records: every run tells its start as well as its outcome.
+    let mut config = config(&server, "w-events");
+    config.run_records = RunRecords::Eager;
+    let worker = App::worker(config, handlers).await;
     let js = jetstream::new(server.client().await);
     let names = Names::default();
     // As when a replicated events stream elects a new leader after a node died.
@@ -102,5 +107,66 @@ async fn run_events_published_while_the_events_stream_is_gone_are_stored_once_it
     }
     let metrics = worker.metrics().await;
     assert!(metrics.contains("jetsched_events_failed_total 0"), "no event counted as lost: {metrics}");
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn deferred_records_show_a_long_run_running_and_write_a_short_one_once_at_its_verdict() {
+    init_test_logging();
+    let server = NatsServer::start().await;
+    let handlers = Handlers::new().register("quick", |_run: RunContext| async { Outcome::ok() }).register(
+        "slow",
+        |_run: RunContext| async {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            Outcome::ok()
+        },
+    );
+    let mut config = config(&server, "w-deferred");
+    assert_eq!(config.run_records, RunRecords::Deferred, "deferred records are the default");
+    config.running_after = Duration::from_millis(300);
+    let worker = App::worker(config, handlers).await;
+    let js = jetstream::new(server.client().await);
+    let names = Names::default();
+    let quick = spec("wk", "quick").handler("quick").fast_retry(3).timeout("5s").task();
+    let slow = spec("wk", "slow").handler("slow").fast_retry(3).timeout("5s").task();
+    let slow_id = dispatch(&js, &names, &slow, 1).await;
+    let started = Instant::now();
+    let quick_id = dispatch(&js, &names, &quick, 1).await;
+
+    // The long run is recorded as running once it has run --running-after, while it runs.
+    let running = eventually(WAIT, "the long run recorded as running", || async {
+        run_record(&js, &names, &slow_id).await.filter(|r| r.status == RunStatus::Running)
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_millis(1400), "recorded as running only after it ended");
+    assert_eq!(running.attempts.len(), 1);
+    for id in [&slow_id, &quick_id] {
+        wait_run_status(&js, &names, id, RunStatus::Succeeded, WAIT).await;
+    }
+    // The short run's record was written once (at its verdict), the long run's twice: three
+    // writes to the bucket in all (it keeps one value per key, its sequence counts writes).
+    let mut runs = js.get_key_value(names.runs_bucket()).await.expect("runs bucket").stream;
+    let writes = runs.info().await.expect("runs stream info").state.last_sequence;
+    assert_eq!(writes, 3, "record writes of a short and a long run");
+    // Only the long run tells its start, dated when it started.
+    let events = eventually(WAIT, "both outcomes stored", || async {
+        let events: Vec<Event> = read_stream(&js, &names.events_stream(), Duration::from_millis(500))
+            .await
+            .ok()?
+            .iter()
+            .filter_map(|m| serde_json::from_slice(&m.payload).ok())
+            .collect();
+        let outcomes = events.iter().filter(|e| e.kind == EventKind::RunSucceeded).count();
+        (outcomes == 2).then_some(events)
+    })
+    .await;
+    let of = |id: &str, kind: EventKind| {
+        events.iter().find(|e| e.execution_id.as_deref() == Some(id) && e.kind == kind).cloned()
+    };
+    assert!(of(&quick_id, EventKind::RunStarted).is_none(), "a short run tells no start");
+    let start = of(&slow_id, EventKind::RunStarted).expect("the long run tells its start");
+    let end = of(&slow_id, EventKind::RunSucceeded).expect("the long run's outcome");
+    let ran = (end.time - start.time).num_milliseconds();
+    assert!((1400..3000).contains(&ran), "start dated when the run started: {ran} ms before its end");
     worker.stop().await;
 }

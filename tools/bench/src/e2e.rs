@@ -45,15 +45,15 @@ pub(crate) struct Args {
     /// Run events the workers publish: all, outcomes, failures.
     #[arg(long, value_enum, default_value_t = RunEvents::All)]
     pub(crate) run_events: RunEvents,
-    /// When run records are written: eager, lazy.
-    #[arg(long, value_enum, default_value_t = RunRecords::Eager)]
+    /// When run records are written: deferred, eager, lazy.
+    #[arg(long, value_enum, default_value_t = RunRecords::Deferred)]
     pub(crate) run_records: RunRecords,
 }
 
 impl Args {
     /// The default settings with `runs` runs and `workers` replica counts.
     pub(crate) fn sized(runs: usize, workers: Vec<usize>) -> Args {
-        Args { runs, workers, concurrency: 64, run_events: RunEvents::All, run_records: RunRecords::Eager }
+        Args { runs, workers, concurrency: 64, run_events: RunEvents::All, run_records: RunRecords::Deferred }
     }
 }
 
