@@ -8,12 +8,13 @@
 //! watch's consumer on its own, but a re-creation request sent while JetStream did not answer
 //! waits out its timeout (10 s), then a backoff (up to 10 s), and one under way is not started
 //! over when JetStream comes back, so the watch could deliver nothing for tens of seconds after
-//! an outage, without an error (a task stored meanwhile was not seen, so not fired). The
-//! fire-state watch is opened, and a new leader reads the fire-state stream's end, likewise in
-//! tasks of their own, each request bounded by a short timeout and sent again (a stream whose
-//! replicas are still electing a leader answers nothing; the client's own 10 s timeout held a
-//! new leader's first dispatch that long after a cluster restart). While leading, the replica
-//! is the only writer of the fire state and ignores its own echoes.
+//! an outage, without an error (a task stored meanwhile was not seen, so not fired). Both
+//! watches are opened, and a new leader reads the fire-state stream's end, in tasks of their
+//! own, each request bounded by a short timeout (doubled after each timeout in a row) and sent
+//! again: a stream whose replicas are still electing a leader answers nothing, and the
+//! client's own 10 s timeout held a new leader's first dispatch, or a replica's view of the
+//! tasks, that long after a cluster restart. While leading, the replica is the only writer of
+//! the fire state and ignores its own echoes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,22 +36,22 @@ const FEED_RETRY: Duration = Duration::from_millis(500);
 const FEED_REOPEN_RETRY: Duration = Duration::from_secs(1);
 /// Delay before the fire-state watch (or its stream info) is read again after an error.
 pub(crate) const STATE_RETRY_DELAY: Duration = Duration::from_millis(500);
-/// How long the first request of a fire-state read (opening the watch, reading the stream's
+/// How long the first request of a watch's opening (or of a read of the fire-state stream's
 /// info) may take before it is given up and sent again; each further timeout in a row
-/// doubles it, up to [`STATE_REQUEST_TIMEOUT_MAX`]. A stream whose replicas are still electing
+/// doubles it, up to [`REQUEST_TIMEOUT_MAX`]. A stream whose replicas are still electing
 /// a leader answers nothing, and the client's own timeout (10 s) would hold a new leader's
 /// wait that long after the stream is back.
-const STATE_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// The longest a fire-state request is waited for (a large fire state takes the server a
-/// while to set up a watch over).
-const STATE_REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(16);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest such a request is waited for (a large bucket takes the server a while to set
+/// up a watch over).
+const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(16);
 
 /// A batch of fire-state entries (`None`: the watch ended).
 pub(crate) type StateBatch = Option<Vec<Result<Entry, WatcherError>>>;
 /// A batch of decoded task changes (`None`: the feed ended).
 pub(crate) type TaskBatch = Option<Vec<Result<Decoded, WatcherError>>>;
 /// A tasks feed opened (and how many messages the bucket held), or why not.
-pub(crate) type Opened = Result<anyhow::Result<(Feed, u64)>, JoinError>;
+pub(crate) type Opened = Result<Result<(Feed, u64), Bounded>, JoinError>;
 /// The fire-state watch opened (and how many messages the bucket held), or why not.
 pub(crate) type StateOpened = Result<Result<(Watch, u64), Bounded>, JoinError>;
 /// The fire-state stream's message count and last sequence, or why not.
@@ -88,7 +89,9 @@ pub(crate) struct Follow {
     feed: Option<Feed>,
     /// The tasks feed being opened, in a task of its own: a JetStream that does not answer
     /// (each request waits out its timeout) never stalls the loop.
-    opening: Option<JoinHandle<anyhow::Result<(Feed, u64)>>>,
+    opening: Option<JoinHandle<Result<(Feed, u64), Bounded>>>,
+    /// How long the next opening of the tasks watch may take (doubled after each timeout).
+    feed_timeout: Duration,
     feed_retry_at: Option<Instant>,
     /// The initial load of the tasks bucket is complete.
     loaded: bool,
@@ -118,6 +121,7 @@ impl Follow {
         Follow {
             feed: Some(feed),
             opening: None,
+            feed_timeout: REQUEST_TIMEOUT,
             feed_retry_at: None,
             loaded,
             load_started: Instant::now(),
@@ -125,7 +129,7 @@ impl Follow {
             state_retry_at: None,
             state_opening: None,
             target_reading: None,
-            state_timeout: STATE_REQUEST_TIMEOUT,
+            state_timeout: REQUEST_TIMEOUT,
             seen: 0,
             orphans: HashMap::new(),
             specs,
@@ -225,25 +229,27 @@ impl Follow {
         if let Some(task) = self.opening.take() {
             task.abort();
         }
-        let (tasks, specs) = (tasks.clone(), self.specs.clone());
-        self.opening = Some(tokio::spawn(async move { discovery::open_tasks(&tasks, specs).await }));
+        let (tasks, specs, limit) = (tasks.clone(), self.specs.clone(), self.feed_timeout);
+        self.opening = Some(tokio::spawn(async move {
+            bounded(limit, "open the tasks watch", discovery::open_tasks(&tasks, specs)).await
+        }));
     }
 
     /// The tasks feed being opened is open (or failed: tried again later); true when the load
     /// is complete by that alone (an empty bucket).
     pub(crate) fn opened(&mut self, opened: Opened) -> bool {
         self.opening = None;
-        let error = match opened {
-            Ok(Ok((feed, messages))) => {
+        match settle(&mut self.feed_timeout, opened) {
+            Ok((feed, messages)) => {
                 self.feed = Some(feed);
-                return messages == 0;
+                messages == 0
             }
-            Ok(Err(error)) => format!("{error:#}"),
-            Err(error) => error.to_string(),
-        };
-        tracing::warn!(error, "cannot re-open the tasks watch");
-        self.feed_retry_at = Some(Instant::now() + FEED_REOPEN_RETRY);
-        false
+            Err(error) => {
+                tracing::warn!(error, "cannot re-open the tasks watch");
+                self.feed_retry_at = Some(Instant::now() + FEED_REOPEN_RETRY);
+                false
+            }
+        }
     }
 
     /// Starts opening the fire-state watch (all keys, then updates) in a task of its own,
@@ -256,7 +262,9 @@ impl Follow {
             request.task.abort();
         }
         let (state, limit) = (state.clone(), self.state_timeout);
-        let task = tokio::spawn(async move { bounded(limit, "open", discovery::open(&state)).await });
+        let task = tokio::spawn(async move {
+            bounded(limit, "open the fire-state watch", discovery::open(&state)).await
+        });
         self.state_opening = Some(Request { task, term });
     }
 
@@ -264,7 +272,7 @@ impl Follow {
     /// (`None`: not opened, tried again after a pause).
     pub(crate) fn state_opened(&mut self, opened: StateOpened) -> Option<u64> {
         self.state_opening = None;
-        match self.settle(opened) {
+        match settle(&mut self.state_timeout, opened) {
             Ok((watch, messages)) => {
                 self.state = Some(watch);
                 Some(messages)
@@ -285,7 +293,7 @@ impl Follow {
         }
         let (mut stream, limit) = (state.stream.clone(), self.state_timeout);
         let task = tokio::spawn(async move {
-            bounded(limit, "read the stream info of", async {
+            bounded(limit, "read the fire-state stream's info", async {
                 let info = stream.info().await.context("read the fire-state stream info")?;
                 Ok((info.state.messages, info.state.last_sequence))
             })
@@ -297,7 +305,7 @@ impl Follow {
     /// The fire-state stream's end was read (or not: the error).
     pub(crate) fn target_read(&mut self, read: TargetRead) -> Result<(u64, u64), String> {
         self.target_reading = None;
-        self.settle(read)
+        settle(&mut self.state_timeout, read)
     }
 
     /// Whether the fire-state stream's end is being read.
@@ -310,32 +318,19 @@ impl Follow {
         self.state_opening.is_some()
     }
 
-    /// JetStream answers again: the next fire-state request gets the first limit, and a read
-    /// of the stream's end under way (which may wait on a stream that did not answer) is
-    /// dropped; returns the term it was read for.
+    /// JetStream answers again: the next requests get the first limit.
+    pub(crate) fn reset_timeouts(&mut self) {
+        self.state_timeout = REQUEST_TIMEOUT;
+        self.feed_timeout = REQUEST_TIMEOUT;
+    }
+
+    /// A read of the fire-state stream's end under way (which may wait on a stream that did
+    /// not answer) is dropped; returns the term it was read for.
     pub(crate) fn drop_target_read(&mut self) -> Option<u64> {
-        self.state_timeout = STATE_REQUEST_TIMEOUT;
         self.target_reading.take().and_then(|request| {
             request.task.abort();
             request.term
         })
-    }
-
-    /// The outcome of a fire-state request task: a timeout doubles the next one's limit, an
-    /// answer resets it.
-    fn settle<T>(&mut self, done: Result<Result<T, Bounded>, JoinError>) -> Result<T, String> {
-        match done {
-            Ok(Ok(value)) => {
-                self.state_timeout = STATE_REQUEST_TIMEOUT;
-                Ok(value)
-            }
-            Ok(Err(Bounded::TimedOut(error))) => {
-                self.state_timeout = (self.state_timeout * 2).min(STATE_REQUEST_TIMEOUT_MAX);
-                Err(error)
-            }
-            Ok(Err(Bounded::Failed(error))) => Err(format!("{error:#}")),
-            Err(error) => Err(error.to_string()),
-        }
     }
 
     /// The fire-state watch ended: re-open it after a pause.
@@ -381,14 +376,31 @@ struct Request<T> {
     term: Option<u64>,
 }
 
-/// Why a bounded fire-state request gave no answer.
+/// Why a bounded request gave no answer.
 pub(crate) enum Bounded {
     /// No answer within the limit.
     TimedOut(String),
     Failed(anyhow::Error),
 }
 
-/// `request` (what it does to the fire state: `what`), given up after `limit`.
+/// The outcome of a bounded request's task: a timeout doubles the next one's `limit`, an
+/// answer resets it.
+fn settle<T>(limit: &mut Duration, done: Result<Result<T, Bounded>, JoinError>) -> Result<T, String> {
+    match done {
+        Ok(Ok(value)) => {
+            *limit = REQUEST_TIMEOUT;
+            Ok(value)
+        }
+        Ok(Err(Bounded::TimedOut(error))) => {
+            *limit = (*limit * 2).min(REQUEST_TIMEOUT_MAX);
+            Err(error)
+        }
+        Ok(Err(Bounded::Failed(error))) => Err(format!("{error:#}")),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// `request` (`what` it does), given up after `limit`.
 async fn bounded<T>(
     limit: Duration,
     what: &str,
@@ -397,9 +409,6 @@ async fn bounded<T>(
     match tokio::time::timeout(limit, request).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(Bounded::Failed(error)),
-        Err(_) => Err(Bounded::TimedOut(format!(
-            "no answer within {} ms to {what} the fire state",
-            limit.as_millis()
-        ))),
+        Err(_) => Err(Bounded::TimedOut(format!("no answer within {} ms to {what}", limit.as_millis()))),
     }
 }

@@ -564,8 +564,10 @@ async fn nemesis_full_disks_refuse_writes_and_resume_after_a_restart_losing_noth
             .await;
         let stored_again = Instant::now();
         let dispatched = dispatched_total(&setup).await;
-        every_scheduler_holds_every_task(&setup).await;
-        fires_resume_soon_after_the_restart(&setup, stored_again, dispatched).await;
+        tokio::join!(
+            every_scheduler_holds_every_task(&setup),
+            fires_resume_soon_after_the_restart(&setup, stored_again, dispatched)
+        );
         *faults.entry("FullDisks".to_owned()).or_default() += 1;
     }
     // Nothing acknowledged before the disks filled is lost: each one-shot submitted just before

@@ -50,6 +50,7 @@ impl Core {
     /// The fire-state requests and watch are treated alike (see `refollow_state`).
     pub(super) fn rewatch(&mut self) {
         tracing::info!("JetStream answers again: re-opening the tasks watch");
+        self.follow.reset_timeouts();
         self.follow.reopen_feed(&self.nats.tasks);
         self.refollow_state();
     }
