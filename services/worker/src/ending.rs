@@ -16,7 +16,8 @@ use crate::delivery::{Delivery, acknowledge, keeping_alive};
 use crate::dlq::{DeadLetter, DeadLetterSource};
 use crate::runs::{AttemptOutcome, RunRecord, RunStatus};
 
-/// When a run whose record could not be written is delivered again.
+/// When a run whose record could not be written (before its attempt, or at its verdict) is
+/// delivered again.
 const RECORD_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// The run record as last stored, and its revision (0: not stored yet, see lazy records).
@@ -180,6 +181,9 @@ impl Delivery<'_> {
         crate::spans::outcome(ending.name());
         let Texts { error, detail, reason } = ending.into_texts();
         let mut stored = self.stored.take();
+        // The verdict's record could not be written: the run is not acknowledged but handed
+        // back (redelivered, it is recognised by its record or its count and decided again).
+        let mut unrecorded = false;
         if let Some((outcome, status)) = plan.close {
             stored = match stored {
                 Some(run) => {
@@ -195,6 +199,7 @@ impl Delivery<'_> {
                 }
                 None => None,
             };
+            unrecorded = stored.is_none();
         }
         let shared = self.shared;
         if let Some(failed) = ended_failed {
@@ -217,6 +222,7 @@ impl Delivery<'_> {
             self.tell(event).await;
         }
         let kind = match plan.answer {
+            Answer::Ack if unrecorded => Some(AckKind::Nak(Some(RECORD_RETRY_DELAY))),
             Answer::Ack => Some(AckKind::Ack),
             Answer::Nak(delay) => Some(AckKind::Nak(delay)),
             Answer::Term => Some(AckKind::Term),
@@ -252,7 +258,7 @@ impl Delivery<'_> {
     }
 
     /// Closes the attempt in the run record (progress acks meanwhile). A failed write is
-    /// logged and counted, and the ending stands; `None` then.
+    /// logged and counted; `None` then (a success is then handed back, not acknowledged).
     async fn close(&self, run: Stored, closing: Closing<'_>) -> Option<Stored> {
         let Stored { mut record, revision } = run;
         closing.apply(&mut record);

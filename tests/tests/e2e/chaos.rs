@@ -490,7 +490,7 @@ pub(super) async fn check(
         (stream.info().await.ok()?.state.messages == 0).then_some(())
     })
     .await;
-    eventually(WAIT, "every run reached a final status", || async {
+    let open_runs = || async {
         let records = run_records(topology).await?;
         let open: Vec<_> = records
             .values()
@@ -510,8 +510,18 @@ pub(super) async fn check(
             })
             .collect();
         if open.is_empty() { Ok(()) } else { Err(open.join("; ")) }
-    })
-    .await;
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let Err(open) = open_runs().await else { break };
+        if tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        // What the server says of the dispatch stream and its consumers, to tell a run the
+        // workers lost from a message the server no longer holds.
+        panic!("runs still not final after {WAIT:?}: {open}\n{}", dispatch_state(js, &dispatch_stream).await);
+    }
 
     // The checker.
     let all_events: Vec<wire::Event> = read_stream(js, &names.events_stream())
@@ -778,4 +788,25 @@ async fn chaos_cluster_node_kills_with_r3_lose_and_double_nothing() {
         }
     };
     chaos(Nats::Cluster(NatsCluster::start().await), plan, 2).await;
+}
+
+/// The dispatch stream's state and each of its consumers' delivery state, for a failure message.
+async fn dispatch_state(js: &jetstream::Context, stream: &str) -> String {
+    use futures::StreamExt;
+    let Ok(mut stream) = js.get_stream(stream).await else { return "dispatch stream unreadable".into() };
+    let mut out = match stream.info().await {
+        Ok(info) => format!("dispatch stream: {:?}\n", info.state),
+        Err(error) => format!("dispatch stream info: {error}\n"),
+    };
+    let names: Vec<_> = stream.consumer_names().collect().await;
+    for name in names.into_iter().flatten() {
+        match stream.consumer_info(&name).await {
+            Ok(info) => out.push_str(&format!(
+                "consumer {name}: delivered {:?}, ack floor {:?}, ack pending {}, redelivered {}, pending {}\n",
+                info.delivered, info.ack_floor, info.num_ack_pending, info.num_redelivered, info.num_pending
+            )),
+            Err(error) => out.push_str(&format!("consumer {name}: {error}\n")),
+        }
+    }
+    out
 }
