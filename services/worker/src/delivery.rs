@@ -150,6 +150,8 @@ impl Delivery<'_> {
             }
         };
         let first_started = stored.record.first_started;
+        // Counted against `max_attempts`: the failed attempts before, and this one.
+        let tries = stored.record.failures.saturating_add(1);
         // Deferred: a record not stored yet is stored (and the start told) once the attempt
         // has run `--running-after`; a shorter run's verdict writes it.
         let defer = shared.run_records == RunRecords::Deferred && stored.revision == 0;
@@ -197,7 +199,7 @@ impl Delivery<'_> {
             return Ending::Interrupted;
         };
         let since_first = (Utc::now() - first_started).to_std().unwrap_or_default();
-        let ending = decide(&dispatch.spec.retry, outcome, attempt, since_first, rand::random::<f64>());
+        let ending = decide(&dispatch.spec.retry, outcome, tries, since_first, rand::random::<f64>());
         if let Some(gate) = &self.gate {
             let failed = matches!(ending, Ending::Retrying { .. } | Ending::Failed { .. });
             shared.breakers.report(gate, failed).await;

@@ -201,6 +201,14 @@ impl Delivery<'_> {
             };
             unrecorded = stored.is_none();
         }
+        // The record shows a later delivery holding the run (this attempt was abandoned:
+        // its worker cut off or stalled past ack_wait): the message is that delivery's now.
+        // Acknowledging it (or dead-lettering the run) would take it from under the attempt
+        // in flight, whose own verdict (a retry, say) then had no message left to act on.
+        let superseded = stored.as_ref().is_some_and(|run| run.record.superseded(self.attempt));
+        if superseded {
+            tracing::info!("a later delivery holds the run: its message is left to it");
+        }
         let shared = self.shared;
         if let Some(failed) = ended_failed {
             shared.breakers.run_ended(self.dispatch, failed).await;
@@ -222,6 +230,7 @@ impl Delivery<'_> {
             self.tell(event).await;
         }
         let kind = match plan.answer {
+            _ if superseded => None,
             Answer::Ack if unrecorded => Some(AckKind::Nak(Some(RECORD_RETRY_DELAY))),
             Answer::Ack => Some(AckKind::Ack),
             Answer::Nak(delay) => Some(AckKind::Nak(delay)),

@@ -1,5 +1,6 @@
-//! The retry decision: from an attempt's outcome, the task's retry policy and the delivery
-//! count, how the delivery ends (succeeded, retrying after a delay, or failed for good).
+//! The retry decision: from an attempt's outcome, the task's retry policy and the attempts
+//! that failed before, how the delivery ends (succeeded, retrying after a delay, or failed for
+//! good).
 
 use std::time::Duration;
 
@@ -8,8 +9,9 @@ use jetsched_shared::spec::RetryPolicy;
 use crate::ending::Ending;
 use crate::executor::Outcome;
 
-/// Decides after attempt `attempt` (1-based delivery count) ended with `outcome`, `elapsed`
-/// after the first attempt started. `unit` is a random number in `[0, 1)` picking the jitter.
+/// Decides after an attempt ended with `outcome`, `elapsed` after the first attempt started;
+/// `attempt` is what `max_attempts` counts: the attempts that failed before, plus this one
+/// (deliveries that never reached a verdict do not count). `unit` is a random number in `[0, 1)` picking the jitter.
 ///
 /// A retry delay asked for by the executor (`Outcome::Retry { after: Some(_) }`, e.g. an HTTP
 /// `Retry-After`) replaces the backoff but is capped at `max_interval`.

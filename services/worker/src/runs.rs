@@ -344,6 +344,7 @@ mod tests {
             finished: None,
             error: None,
             reruns: 0,
+            failures: 0,
             attempts: vec![AttemptRecord::started(1, "w1", now)],
             trace_id: None,
         }
@@ -360,6 +361,38 @@ mod tests {
         assert_eq!(r.attempts.len(), 3);
         assert_eq!(r.error.as_deref(), Some("boom"));
         assert!(r.finished.is_none());
+    }
+
+    #[test]
+    fn deliveries_lost_before_a_verdict_do_not_count_as_failed_attempts() {
+        // Deliveries 1 and 2 never reached a verdict (their answers lost in a partition, say),
+        // delivery 3 failed: one failure counts against `max_attempts`, not three.
+        let mut r = record();
+        r.start_attempt(2, "w2", Utc::now());
+        r.start_attempt(3, "w1", Utc::now());
+        assert_eq!(r.failures, 0);
+        r.end_attempt(3, AttemptOutcome::Failed, Some("boom".into()), None, RunStatus::Retrying, Utc::now());
+        assert_eq!(r.failures, 1);
+        r.start_attempt(4, "w1", Utc::now());
+        r.end_attempt(4, AttemptOutcome::Succeeded, None, None, RunStatus::Succeeded, Utc::now());
+        assert_eq!(r.failures, 1, "a success is no failure");
+    }
+
+    #[test]
+    fn a_late_verdict_of_an_abandoned_attempt_leaves_the_message_to_the_attempt_in_flight() {
+        // Attempt 1's worker was cut off past ack_wait; attempt 2 runs elsewhere. Attempt 1's
+        // success comes back: its entry closes, but the run stays attempt 2's, so attempt 1's
+        // worker must not answer the message (an ack would take it from under attempt 2, whose
+        // retry would then find no message: the run left `retrying` for good).
+        let mut r = record();
+        r.start_attempt(2, "w2", Utc::now());
+        r.end_attempt(1, AttemptOutcome::Succeeded, None, None, RunStatus::Succeeded, Utc::now());
+        assert_eq!(r.status, RunStatus::Running);
+        assert!(r.superseded(1), "attempt 1 is superseded by attempt 2");
+        assert!(!r.superseded(2));
+        // Once attempt 2 ends the run for good, a late verdict is no longer held off.
+        r.end_attempt(2, AttemptOutcome::Succeeded, None, None, RunStatus::Succeeded, Utc::now());
+        assert!(!r.superseded(1));
     }
 
     #[test]

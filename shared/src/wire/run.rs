@@ -113,6 +113,11 @@ pub struct RunRecord {
     /// Attempts executed again because the one before was abandoned.
     #[serde(default)]
     pub reruns: u32,
+    /// Attempts that ended in a failure verdict (retryable or not): what the retry policy's
+    /// `max_attempts` counts. Deliveries that never reached a verdict (a pull's answer lost, a
+    /// worker that died mid-run) are not failures; `--max-deliver` bounds those.
+    #[serde(default)]
+    pub failures: u32,
     pub attempts: Vec<AttemptRecord>,
     /// Trace id of the execution (32 hex digits), from the dispatch's `traceparent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -137,6 +142,7 @@ impl RunRecord {
             finished: None,
             error: None,
             reruns: 0,
+            failures: 0,
             attempts: vec![AttemptRecord::started(attempt, worker, now)],
             trace_id: dispatch.trace_id.clone(),
         }
@@ -167,6 +173,12 @@ impl RunRecord {
 
     /// Closes attempt `attempt` with its outcome and sets the run's status, unless a later
     /// attempt holds the run or it ended already.
+    /// Whether a later attempt than `attempt` holds the run (it is not final): the verdict of
+    /// `attempt` closed its own entry only, and the run's message is that later attempt's.
+    pub fn superseded(&self, attempt: u32) -> bool {
+        self.attempt > attempt && !self.status.is_final()
+    }
+
     pub fn end_attempt(
         &mut self,
         attempt: u32,
@@ -176,6 +188,9 @@ impl RunRecord {
         status: RunStatus,
         now: DateTime<Utc>,
     ) {
+        if matches!(outcome, AttemptOutcome::Failed | AttemptOutcome::Permanent) {
+            self.failures += 1;
+        }
         if let Some(entry) =
             self.attempts.iter_mut().rev().find(|a| a.attempt == attempt && a.outcome.is_none())
         {
