@@ -1,5 +1,9 @@
 //! Compare-and-set on KV buckets: recognising a lost race, whatever form the server gives it.
 
+use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind};
+
+use crate::direct_batch::LastMessage;
+use crate::names::Names;
 use async_nats::jetstream::kv::{
     CreateError, CreateErrorKind, Entry, Operation, UpdateError, UpdateErrorKind,
 };
@@ -34,4 +38,26 @@ fn chain_mentions_mismatch(error: &(dyn std::error::Error + 'static)) -> bool {
 /// An entry that holds a value (not a delete or purge marker).
 pub fn live(entry: Option<Entry>) -> Option<Entry> {
     entry.filter(|e| e.operation == Operation::Put)
+}
+
+/// The latest message of `key` in `bucket` (delete and purge markers included, see
+/// [`LastMessage::is_kv_marker`]), read from the bucket stream's leader rather than with a
+/// direct get: on a replicated bucket a direct get may be answered by a replica that has not
+/// applied the last write yet, which a compare-and-set that just conflicted must not see.
+pub async fn read_leader(
+    stream: &async_nats::jetstream::stream::Stream,
+    bucket: &str,
+    key: &str,
+) -> Result<Option<LastMessage>, LastRawMessageError> {
+    let subject = Names::kv_subject(bucket, key);
+    match stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(message) => Ok(Some(LastMessage {
+            subject,
+            sequence: message.sequence,
+            headers: message.headers,
+            payload: message.payload,
+        })),
+        Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(error) => Err(error),
+    }
 }

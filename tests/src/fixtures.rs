@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, context::PublishAckFuture, kv};
 use futures::StreamExt;
+use jetsched_shared::cas::read_leader;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
@@ -271,16 +271,9 @@ pub async fn run_records(runs: &kv::Store) -> Result<HashMap<String, RunRecord>,
         .map_err(|e| format!("list run keys: {e}"))?;
     let mut records = HashMap::new();
     for key in keys {
-        let subject = format!("$KV.{}.{key}", runs.name);
-        let message = match runs.stream.get_last_raw_message_by_subject(&subject).await {
-            Ok(message) => message,
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => continue,
-            Err(e) => return Err(format!("get run {key}: {e}")),
-        };
-        let removed = message.headers.get("KV-Operation").is_some_and(|op| op.as_str() != "PUT");
-        if removed {
-            continue;
-        }
+        let latest =
+            read_leader(&runs.stream, &runs.name, &key).await.map_err(|e| format!("get run {key}: {e}"))?;
+        let Some(message) = latest.filter(|message| !message.is_kv_marker()) else { continue };
         let record: RunRecord =
             serde_json::from_slice(&message.payload).map_err(|e| format!("run {key}: {e}"))?;
         records.insert(record.execution_id.clone(), record);

@@ -10,20 +10,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::kv;
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use chrono::Utc;
 use jetsched_shared::backoff::Backoff;
-use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, live};
-use jetsched_shared::names::Names;
+use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, live, read_leader};
 use jetsched_shared::wire::Dispatch;
 pub use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, RunRecord, RunStatus};
 
 use self::reads::Reads;
 
 mod reads;
-
-/// The header a KV delete or purge marker carries.
-const KV_OPERATION: &str = "KV-Operation";
 
 /// Compare-and-set rounds before giving up on a write.
 const CAS_ROUNDS: usize = 8;
@@ -53,8 +48,6 @@ pub(crate) enum Begin {
 #[derive(Clone)]
 pub(crate) struct RunStore {
     kv: kv::Store,
-    /// The subject prefix of the bucket's keys (`$KV.<bucket>.`).
-    prefix: String,
     /// Reads gathered into batched direct gets, when started.
     reads: Option<Reads>,
 }
@@ -67,7 +60,7 @@ impl RunStore {
         bucket: &str,
     ) -> anyhow::Result<RunStore> {
         let reads = Reads::start(client, bucket).await.context("start the batched run-record reader")?;
-        Ok(RunStore { kv, prefix: Names::kv_subject(bucket, ""), reads: Some(reads) })
+        Ok(RunStore { kv, reads: Some(reads) })
     }
 
     /// The record of `execution_id` and its revision, if any: in the next batch of reads, or
@@ -105,19 +98,10 @@ impl RunStore {
     /// applied the last write yet: right after a conflict, such a read can return the value
     /// the write conflicted with, or no record at all.)
     async fn get_latest(&self, execution_id: &str) -> anyhow::Result<Option<(RunRecord, u64)>> {
-        let subject = format!("{}{execution_id}", self.prefix);
-        let message = match self.kv.stream.get_last_raw_message_by_subject(&subject).await {
-            Ok(message) => message,
-            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
-            Err(error) => return Err(error).with_context(|| format!("read run record {execution_id}")),
-        };
-        let removed = message
-            .headers
-            .get(KV_OPERATION)
-            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-        if removed {
-            return Ok(None);
-        }
+        let latest = read_leader(&self.kv.stream, &self.kv.name, execution_id)
+            .await
+            .with_context(|| format!("read run record {execution_id}"))?;
+        let Some(message) = latest.filter(|message| !message.is_kv_marker()) else { return Ok(None) };
         let record: RunRecord = serde_json::from_slice(&message.payload)
             .with_context(|| format!("decode run record {execution_id}"))?;
         Ok(Some((record, message.sequence)))
