@@ -419,7 +419,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     .into_iter()
     .map(|(from, to)| json!({"from_s": round2(from), "to_s": round2(to)}))
     .collect();
-    services.keep = total_runs <= 0.0;
+    // A soak without runs keeps its logs; so does every soak with JETSCHED_KEEP_LOGS set.
+    services.keep = total_runs <= 0.0 || std::env::var_os("JETSCHED_KEEP_LOGS").is_some();
     drop(services);
     if total_runs <= 0.0 || samples.is_empty() {
         bail!("soak: no run completed ({total_responses} handler requests answered)");
