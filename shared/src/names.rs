@@ -387,8 +387,18 @@ impl Names {
     pub fn worker_advisory_consumer(&self) -> &'static str {
         "workers-max-deliveries"
     }
-    /// The alerter's durable consumer on the events stream, shared by every replica.
-    pub fn alerter_consumer(&self) -> &'static str {
+    /// The alerter's durable consumer of one event kind (`run.failed` → `alerter-run-failed`),
+    /// shared by every replica. One consumer per kind, each with a single subject filter: a
+    /// consumer with several filters that falls behind costs the server a walk of every subject
+    /// of a stored block per message delivered (the events stream holds one subject per task
+    /// and kind), enough to keep a busy server from ever catching up; a single filter is
+    /// matched by a scan of the block, or skipped through the stream's subject index.
+    pub fn alerter_consumer(&self, kind: &str) -> String {
+        format!("alerter-{}", kind.replace('.', "-"))
+    }
+    /// The alerter's earlier single consumer of every kind it read (several filters): removed
+    /// when an alerter starts.
+    pub fn alerter_combined_consumer(&self) -> &'static str {
         "alerter"
     }
     /// The alerter's bucket of de-duplication windows: `<PREFIX>_ALERTER`.

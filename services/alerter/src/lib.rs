@@ -1,6 +1,6 @@
-//! jetsched-alerter: a durable consumer (shared by replicas) on the events stream plus
-//! periodic checks of queue consumers, the dead-letter stream and the leader lease, turned
-//! into de-duplicated, grouped, rate-limited alerts on the log, webhooks and
+//! jetsched-alerter: durable consumers on the events stream (one per event kind, shared by
+//! replicas) plus periodic checks of queue consumers, the dead-letter stream and the leader
+//! lease, turned into de-duplicated, grouped, rate-limited alerts on the log, webhooks and
 //! `<prefix>.alert.<severity>`.
 
 mod channels;

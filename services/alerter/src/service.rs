@@ -1,5 +1,5 @@
 //! `build` (all fallible I/O: bind and serve the admin port, connect, ensure the topology and
-//! the alerter's bucket and consumer, restore open de-duplication windows, start the channels)
+//! the alerter's bucket and consumers, restore open de-duplication windows, start the channels)
 //! and `Alerter::run` (one loop over events, lease changes, periodic checks and deadlines).
 
 use std::net::SocketAddr;
@@ -46,7 +46,8 @@ pub struct Alerter {
     client: async_nats::Client,
     js: jetstream::Context,
     names: Names,
-    consumer: PullConsumer,
+    /// One durable consumer per event kind the rules read.
+    consumers: Vec<PullConsumer>,
     leader: kv::Store,
     lease: Option<kv::Watch>,
     leader_events: Option<pull::Ordered>,
@@ -68,7 +69,7 @@ pub struct Alerter {
 
 /// Binds and serves the admin listener (so `/readyz` answers during start-up), connects,
 /// ensures the topology (waiting up to `--startup-timeout` for a conflicting resource to be
-/// replaced), the alerter's bucket and durable consumer, and restores the open de-duplication
+/// replaced), the alerter's bucket and durable consumers, and restores the open de-duplication
 /// windows.
 pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     config.validate()?;
@@ -128,7 +129,7 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     let mut store = DedupStore::open(&js, &names, &config.topology, &instance).await?;
     readiness.set("topology", true);
 
-    let consumer = events_consumer(&js, &names, &config.rules).await?;
+    let consumers = events_consumers(&js, &names, &config.rules).await?;
     let history_start = Utc::now() - crate::rules::chrono_duration(config.flap_window);
     let leader_events = leader_events(&js, &names, history_start).await?;
     readiness.set("consumer", true);
@@ -162,7 +163,7 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
         client,
         js,
         names,
-        consumer,
+        consumers,
         leader: topology.leader,
         lease: None,
         leader_events: Some(leader_events),
@@ -209,37 +210,47 @@ async fn leader_events(
     consumer.messages().await.with_context(|| format!("read leader events from {name}"))
 }
 
-/// The durable consumer on the events stream, shared by replicas, filtered to the kinds the
-/// enabled rules read. A new consumer starts with new events: history is not re-alerted.
-async fn events_consumer(
+/// The durable consumers on the events stream, shared by replicas: one per kind the enabled
+/// rules read, each filtered to that kind alone (see [`Names::alerter_consumer`] for why not
+/// one consumer with several filters). A new consumer starts with new events: history is not
+/// re-alerted. The earlier combined consumer, if any, is removed.
+async fn events_consumers(
     js: &jetstream::Context,
     names: &Names,
     rules: &[Rule],
-) -> anyhow::Result<PullConsumer> {
-    // Run failures are few and always read (an empty filter list would mean every event);
-    // leader events go to every replica through their own ordered consumer.
+) -> anyhow::Result<Vec<PullConsumer>> {
+    // Run failures are few and always read; leader events go to every replica through their
+    // own ordered consumer.
     let mut kinds = vec![EventKind::RunFailed, EventKind::RunDead];
     if rules.contains(&Rule::FireLag) {
         kinds.push(EventKind::FireDispatched);
     }
-    let filters: Vec<String> = kinds.iter().map(|k| names.event_subject(k.as_str(), "*", "*")).collect();
     let name = names.events_stream();
     let stream = js.get_stream(&name).await.with_context(|| format!("look up stream {name}"))?;
-    stream
-        .create_consumer(pull::Config {
-            durable_name: Some(names.alerter_consumer().to_string()),
-            description: Some(
-                "jetsched alerter: run failures, dead letters, leader changes, fire lag".to_string(),
-            ),
-            filter_subjects: filters,
-            deliver_policy: DeliverPolicy::New,
-            ack_policy: AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(30),
-            max_ack_pending: 1000,
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("ensure consumer {} on {name}", names.alerter_consumer()))
+    let combined = names.alerter_combined_consumer();
+    match stream.delete_consumer(combined).await {
+        Ok(_) => tracing::info!(consumer = combined, "removed the earlier combined events consumer"),
+        Err(error) => tracing::debug!(%error, consumer = combined, "no earlier combined events consumer"),
+    }
+    let mut consumers = Vec::with_capacity(kinds.len());
+    for kind in kinds {
+        let durable = names.alerter_consumer(kind.as_str());
+        let consumer = stream
+            .create_consumer(pull::Config {
+                durable_name: Some(durable.clone()),
+                description: Some(format!("jetsched alerter: {} events", kind.as_str())),
+                filter_subject: names.event_subject(kind.as_str(), "*", "*"),
+                deliver_policy: DeliverPolicy::New,
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                max_ack_pending: 1000,
+                ..Default::default()
+            })
+            .await
+            .with_context(|| format!("ensure consumer {durable} on {name}"))?;
+        consumers.push(consumer);
+    }
+    Ok(consumers)
 }
 
 fn entry_time(entry: &kv::Entry) -> DateTime<Utc> {
@@ -255,13 +266,18 @@ impl Alerter {
     /// Consumes events, follows the lease, runs the checks and sends alerts until `shutdown`;
     /// then lets the channels deliver what is queued (bounded) and drains the connection.
     pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let mut messages = self
-            .consumer
-            .stream()
-            .max_messages_per_batch(256)
-            .messages()
-            .await
-            .context("start pulling events")?;
+        let mut pulls = Vec::with_capacity(self.consumers.len());
+        for consumer in &self.consumers {
+            pulls.push(
+                consumer
+                    .stream()
+                    .max_messages_per_batch(256)
+                    .messages()
+                    .await
+                    .context("start pulling events")?,
+            );
+        }
+        let mut messages = futures::stream::select_all(pulls);
         let mut lease = self.lease.take();
         let mut leaders = self.leader_events.take();
         let mut leaders_retry: Option<tokio::time::Instant> = None;

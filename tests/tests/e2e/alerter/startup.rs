@@ -1,5 +1,6 @@
 //! Start-up: readiness waits for the topology, a server without room for the streams stops
-//! the alerter at once, and invalid settings are a clear error.
+//! the alerter at once, invalid settings are a clear error, and each event kind gets a
+//! single-filter consumer of its own.
 
 use std::time::Duration;
 
@@ -86,4 +87,62 @@ async fn invalid_configuration_is_a_clear_start_up_error() {
     assert_eq!(status.code(), Some(2));
     let output = process.output();
     assert!(output.contains("--rate-limit") && output.contains("nope"), "{output}");
+}
+
+/// Each event kind the rules read has a durable consumer of its own with a single subject
+/// filter: a consumer with several filters that falls behind (after a server pause, say) costs
+/// the server a walk of every subject of a stored block per message, enough to keep a busy
+/// system from catching up. An earlier combined consumer is removed at start, and the events
+/// still raise their alerts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_event_kind_is_read_through_a_single_filter_consumer_and_the_combined_one_is_removed() {
+    use async_nats::jetstream::consumer::pull;
+    use futures::StreamExt;
+    use jetsched_shared::topology::{self, TopologyArgs};
+    use jetsched_shared::wire::EventKind;
+    use jetsched_tests::App;
+
+    use super::{Subscriber, publish_event, run_event};
+
+    let (server, client, js, names) = start().await;
+    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+    let events = js.get_stream(names.events_stream()).await.unwrap();
+    let kinds = [EventKind::RunFailed, EventKind::RunDead, EventKind::FireDispatched];
+    events
+        .create_consumer(pull::Config {
+            durable_name: Some(names.alerter_combined_consumer().to_string()),
+            filter_subjects: kinds.iter().map(|k| names.event_subject(k.as_str(), "*", "*")).collect(),
+            ..Default::default()
+        })
+        .await
+        .expect("the earlier combined consumer");
+    let subscriber = Subscriber::start(&client, &names).await;
+    let alerter = App::alerter(config(&server)).await;
+
+    let mut names_found: Vec<String> = Vec::new();
+    let mut listed = events.consumer_names();
+    while let Some(name) = listed.next().await {
+        names_found.push(name.unwrap());
+    }
+    names_found.retain(|name| name.starts_with("alerter"));
+    names_found.sort();
+    let mut expected: Vec<String> = kinds.iter().map(|k| names.alerter_consumer(k.as_str())).collect();
+    expected.sort();
+    assert_eq!(names_found, expected, "one consumer per kind, the combined one gone");
+    for kind in kinds {
+        let mut consumer: jetstream::consumer::PullConsumer =
+            events.get_consumer(&names.alerter_consumer(kind.as_str())).await.unwrap();
+        let config = &consumer.info().await.unwrap().config;
+        assert_eq!(config.filter_subject, names.event_subject(kind.as_str(), "*", "*"));
+        assert!(config.filter_subjects.is_empty(), "{kind:?}: {:?}", config.filter_subjects);
+    }
+
+    publish_event(&js, &names, &run_event(EventKind::RunFailed, "billing", "report")).await;
+    publish_event(&js, &names, &run_event(EventKind::RunDead, "billing", "invoice")).await;
+    eventually(WAIT, "both run alerts through their own consumers", || async {
+        let rules = subscriber.rules();
+        (rules.iter().any(|r| r == "run_failed") && rules.iter().any(|r| r == "run_dead")).then_some(())
+    })
+    .await;
+    drop(alerter);
 }
