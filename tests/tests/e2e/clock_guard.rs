@@ -9,6 +9,9 @@
 //! On a machine busy with other work a process can be descheduled for tens of milliseconds,
 //! which delays a fire whatever its clock says: the test measures how late its own short
 //! sleeps wake meanwhile and allows the fires that much more (on a quiet machine, about 1 ms).
+//! The other test processes on the machine stall the scheduler's process apart from this one,
+//! so the tight bound is on the median (a replica following its own clock would be 5 s off in
+//! every fire) and the tail gets a looser one; no fire may be early, which no stall causes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::Command;
@@ -241,13 +244,13 @@ async fn with_only_skewed_replicas_fires_follow_the_servers_clock() {
     for (term, lags) in &lags {
         let n = lags.len();
         assert!(n >= 60, "term {term}: {n} fires");
-        let (min, p99, max) = (lags[0], lags[(n - 1) * 99 / 100], lags[n - 1]);
+        let (min, p50, p99, max) = (lags[0], lags[(n - 1) / 2], lags[(n - 1) * 99 / 100], lags[n - 1]);
         eprintln!(
-            "term {term}: {n} fires, server time minus nominal min {min} / p99 {p99} / max {max} µs \
-             (this process's longest stall {stall} µs)"
+            "term {term}: {n} fires, server time minus nominal min {min} / p50 {p50} / p99 {p99} / \
+             max {max} µs (this process's longest stall {stall} µs)"
         );
-        assert!(p99 <= 10_000 + stall, "term {term}: p99 {p99} µs (stall {stall} µs)");
-        assert!(max <= 50_000 + stall, "term {term}: max {max} µs (stall {stall} µs)");
+        assert!(p50 <= 5_000 + stall, "term {term}: p50 {p50} µs (stall {stall} µs)");
+        assert!(max <= 100_000 + stall, "term {term}: max {max} µs (stall {stall} µs)");
         assert!(min >= -2_000, "term {term}: a fire {min} µs early on the server's clock");
     }
     let events = skew_events(&js).await;
