@@ -42,7 +42,40 @@ pub(crate) enum Claim {
 pub(crate) struct DedupStore {
     kv: kv::Store,
     instance: String,
-    revisions: HashMap<String, u64>,
+    revisions: Revisions,
+}
+
+/// The last revision this replica saw of each window key still open, for its compare-and-set.
+/// A window that has closed is forgotten: were its key claimed again, the create fails on the
+/// stored key, the read finds the window closed and the update takes its revision (one round
+/// trip more), so the map holds the open windows only, however many keys ever alerted.
+#[derive(Debug, Default)]
+struct Revisions {
+    open: HashMap<String, (u64, DateTime<Utc>)>,
+}
+
+impl Revisions {
+    fn get(&self, key: &str) -> Option<u64> {
+        self.open.get(key).map(|&(revision, _)| revision)
+    }
+
+    fn insert(&mut self, key: String, revision: u64, until: DateTime<Utc>) {
+        self.open.insert(key, (revision, until));
+    }
+
+    fn remove(&mut self, key: &str) {
+        self.open.remove(key);
+    }
+
+    /// Forgets the windows closed at `now`.
+    fn prune(&mut self, now: DateTime<Utc>) {
+        self.open.retain(|_, &mut (_, until)| until > now);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.open.len()
+    }
 }
 
 impl DedupStore {
@@ -69,7 +102,7 @@ impl DedupStore {
                 .await
                 .with_context(|| format!("create bucket {bucket}"))?,
         };
-        Ok(DedupStore { kv, instance: instance.to_string(), revisions: HashMap::new() })
+        Ok(DedupStore { kv, instance: instance.to_string(), revisions: Revisions::default() })
     }
 
     /// Restores every window still open at `now` into `throttle`; returns how many.
@@ -93,7 +126,6 @@ impl DedupStore {
             else {
                 continue;
             };
-            self.revisions.insert(key.clone(), entry.revision);
             let (Some(dedup), Ok(stored)) =
                 (DedupKey::parse(&key), serde_json::from_slice::<StoredWindow>(&entry.value))
             else {
@@ -101,6 +133,7 @@ impl DedupStore {
                 continue;
             };
             if stored.until > now {
+                self.revisions.insert(key.clone(), entry.revision, stored.until);
                 throttle.restore(dedup, stored.until);
                 restored += 1;
             }
@@ -119,10 +152,11 @@ impl DedupStore {
         let value =
             serde_json::to_vec(&StoredWindow { until, sent_at: now, instance: self.instance.clone() })
                 .context("encode alerter window")?;
+        self.revisions.prune(now);
         for _ in 0..3 {
             let written = match self.revisions.get(&name) {
                 Some(revision) => {
-                    match self.kv.update(name.as_str(), value.clone().into(), *revision).await {
+                    match self.kv.update(name.as_str(), value.clone().into(), revision).await {
                         Ok(revision) => Some(revision),
                         Err(error) if is_revision_mismatch(&error) => None,
                         Err(error) => return Err(error).with_context(|| format!("update window {name}")),
@@ -135,17 +169,18 @@ impl DedupStore {
                 },
             };
             if let Some(revision) = written {
-                self.revisions.insert(name, revision);
+                self.revisions.insert(name, revision, until);
                 return Ok(Claim::Won);
             }
             // Someone else wrote it: open or expired?
             match live(self.kv.entry(name.as_str()).await.with_context(|| format!("read window {name}"))?) {
                 Some(entry) => {
-                    self.revisions.insert(name.clone(), entry.revision);
-                    if let Ok(stored) = serde_json::from_slice::<StoredWindow>(&entry.value)
-                        && stored.until > now
-                    {
-                        return Ok(Claim::Lost { until: stored.until });
+                    // An unreadable window counts as closed: this replica takes it over.
+                    let stored = serde_json::from_slice::<StoredWindow>(&entry.value).ok();
+                    let until = stored.map_or(now, |stored| stored.until);
+                    self.revisions.insert(name.clone(), entry.revision, until);
+                    if until > now {
+                        return Ok(Claim::Lost { until });
                     }
                 }
                 None => {
@@ -154,5 +189,35 @@ impl DedupStore {
             }
         }
         anyhow::bail!("window {name} kept changing under this replica")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(s, 0).expect("in range")
+    }
+
+    #[test]
+    fn revisions_keep_only_the_windows_still_open() {
+        let mut revisions = Revisions::default();
+        for i in 0..1_000 {
+            revisions.insert(format!("run_failed.ns.task-{i}"), i, at(100 + i64::try_from(i).unwrap()));
+        }
+        revisions.insert("fire_lag.ns.late".into(), 7, at(2_000));
+        revisions.prune(at(100));
+        assert_eq!(revisions.len(), 1_000, "a window is closed at its until");
+        assert_eq!(revisions.get("run_failed.ns.task-0"), None);
+        revisions.prune(at(600));
+        assert_eq!(revisions.len(), 1_000 - 501 + 1);
+        assert_eq!(revisions.get("run_failed.ns.task-500"), None);
+        assert_eq!(revisions.get("run_failed.ns.task-501"), Some(501));
+        revisions.prune(at(1_999));
+        assert_eq!(revisions.len(), 1);
+        assert_eq!(revisions.get("fire_lag.ns.late"), Some(7));
+        revisions.remove("fire_lag.ns.late");
+        assert_eq!(revisions.len(), 0);
     }
 }
