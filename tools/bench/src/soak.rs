@@ -30,7 +30,7 @@ mod prom;
 use self::prom::{histogram, metric_sum, window_quantile};
 use crate::Size;
 use crate::system::{
-    NS, free_port, http_get, rss_mib, service_bin, spread_schedules, wait_leader, write_tasks,
+    NS, free_port, http_get, rss_anon_mib, rss_mib, service_bin, spread_schedules, wait_leader, write_tasks,
 };
 
 /// Subject the runs request; answered by this process.
@@ -344,6 +344,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     let mut previous = snapshot(&services, &responses).await?;
     let mut samples: Vec<Value> = Vec::new();
     let mut rss_series: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut anon_series: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut index = 1u64;
     let mut interrupt = std::pin::pin!(interrupted());
     loop {
@@ -373,14 +374,16 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
             Err(_) => (0, 0),
         };
         let mut rss = serde_json::Map::new();
-        for p in &services.procs {
-            let mib = rss_mib(p.child.id());
-            rss.insert(p.name.clone(), round2(mib));
-            rss_series.entry(p.name.clone()).or_default().push(mib);
+        let mut anon = serde_json::Map::new();
+        let pids = services.procs.iter().map(|p| (p.name.clone(), Some(p.child.id())));
+        for (name, pid) in pids.chain([("nats-server".to_string(), server.pid())]) {
+            let mib = pid.map(rss_mib).unwrap_or(f64::NAN);
+            let anon_mib = pid.map(rss_anon_mib).unwrap_or(f64::NAN);
+            rss.insert(name.clone(), round2(mib));
+            anon.insert(name.clone(), round2(anon_mib));
+            rss_series.entry(name.clone()).or_default().push(mib);
+            anon_series.entry(name).or_default().push(anon_mib);
         }
-        let nats_mib = server.pid().map(rss_mib).unwrap_or(f64::NAN);
-        rss.insert("nats-server".into(), round2(nats_mib));
-        rss_series.entry("nats-server".into()).or_default().push(nats_mib);
         let nats = server_sample(&server, &names).await;
         let t = (now.at - started).as_secs_f64();
         let rss_text = rss.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
@@ -400,6 +403,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
             "backlog": pending,
             "ack_pending": ack_pending,
             "rss_mib": rss,
+            "rss_anon_mib": anon,
             "server": nats,
         }));
         previous = now;
@@ -439,6 +443,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         let max_after = after.iter().copied().fold(f64::NAN, f64::max);
         let (first_third, last_third) = thirds(after);
         let growth = 100.0 * (last_third - first_third) / first_third;
+        let anon_after = anon_series.get(name).map_or(&[][..], |s| &s[warm.min(n - 1)..]);
+        let (anon_first, anon_last) = thirds(anon_after);
+        let anon_growth = 100.0 * (anon_last - anon_first) / anon_first;
         let flat = growth < RSS_GROWTH_MAX_PCT;
         // nats-server keeps the stored streams' indexes in memory: reported, not judged.
         if name != "nats-server" {
@@ -452,6 +459,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
                 "rss_first_third_median_mib": round2(first_third),
                 "rss_last_third_median_mib": round2(last_third),
                 "growth_pct": round2(growth),
+                "anon_first_third_median_mib": round2(anon_first),
+                "anon_last_third_median_mib": round2(anon_last),
+                "anon_growth_pct": round2(anon_growth),
                 "flat": flat,
                 "judged": name != "nats-server",
             }),
@@ -491,12 +501,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     );
     for (name, m) in &memory {
         eprintln!(
-            "  RSS {name:<12} {:>8} MiB at end of warm-up, max after {:>8} MiB; median first third {:>8}, last third {:>8} MiB: growth {:>6}%{}",
+            "  RSS {name:<12} {:>8} MiB at end of warm-up, max after {:>8} MiB; median first third {:>8}, last third {:>8} MiB: growth {:>6}% (anonymous {} -> {} MiB, {}%){}",
             m["rss_end_of_warmup_mib"],
             m["rss_max_after_warmup_mib"],
             m["rss_first_third_median_mib"],
             m["rss_last_third_median_mib"],
             m["growth_pct"],
+            m["anon_first_third_median_mib"],
+            m["anon_last_third_median_mib"],
+            m["anon_growth_pct"],
             if m["judged"] == true { "" } else { " (not judged)" }
         );
     }

@@ -253,6 +253,20 @@ pub(crate) fn rss_mib(pid: u32) -> f64 {
     kb / 1024.0
 }
 
+/// Anonymous resident memory of a process (MiB, `RssAnon`: heap, stacks, buffers), the part
+/// that grows when the process keeps more. The rest of `VmRSS` is mostly the pages of its own
+/// binary (`RssFile`), which the kernel drops and reads back as the page cache churns.
+pub(crate) fn rss_anon_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("RssAnon:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN);
+    kb / 1024.0
+}
+
 /// A free loopback port (bound and released).
 pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
