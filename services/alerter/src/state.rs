@@ -155,13 +155,11 @@ impl DedupStore {
         self.revisions.prune(now);
         for _ in 0..3 {
             let written = match self.revisions.get(&name) {
-                Some(revision) => {
-                    match self.kv.update(name.as_str(), value.clone().into(), revision).await {
-                        Ok(revision) => Some(revision),
-                        Err(error) if is_revision_mismatch(&error) => None,
-                        Err(error) => return Err(error).with_context(|| format!("update window {name}")),
-                    }
-                }
+                Some(revision) => match self.kv.update(name.as_str(), value.clone().into(), revision).await {
+                    Ok(revision) => Some(revision),
+                    Err(error) if is_revision_mismatch(&error) => None,
+                    Err(error) => return Err(error).with_context(|| format!("update window {name}")),
+                },
                 None => match self.kv.create(name.as_str(), value.clone().into()).await {
                     Ok(revision) => Some(revision),
                     Err(error) if is_already_exists(&error) => None,
