@@ -89,6 +89,13 @@ async fn last_event(js: &jetstream::Context, kind: &str, namespace: &str, id: &s
     serde_json::from_slice(&message.payload).ok()
 }
 
+/// The event of `kind` about the task, waited for: the registry replies before its event pump
+/// has published the event.
+async fn event_of(js: &jetstream::Context, kind: &str, namespace: &str, id: &str) -> Value {
+    eventually(WAIT, &format!("{kind} event of {namespace}/{id}"), || last_event(js, kind, namespace, id))
+        .await
+}
+
 /// The API round trip every deployment must pass: put, get, list, pause, resume, next,
 /// trigger, delete, with their events.
 async fn api_suite(client: async_nats::Client) {
@@ -100,8 +107,7 @@ async fn api_suite(client: async_nats::Client) {
     assert_eq!(reply["task"]["id"], "nightly");
     assert_eq!(reply["task"]["queue"], "default", "defaults are filled in");
     assert_eq!(stored_revision(&js, "billing.nightly").await, Some(revision));
-    let event =
-        last_event(&js, "task.registered", "billing", "nightly").await.expect("task.registered event");
+    let event = event_of(&js, "task.registered", "billing", "nightly").await;
     assert_eq!(event["revision"].as_u64(), Some(revision));
 
     let got = call(&client, "get", json!({"namespace": "billing", "id": "nightly"})).await;
@@ -114,7 +120,7 @@ async fn api_suite(client: async_nats::Client) {
     let updated = put(&client, &changed, HeaderMap::new()).await;
     let revision2 = updated["revision"].as_u64().expect("revision");
     assert!(revision2 > revision);
-    assert!(last_event(&js, "task.updated", "billing", "nightly").await.is_some());
+    event_of(&js, "task.updated", "billing", "nightly").await;
 
     // List: namespace and label filters, cursor paging.
     for i in 0..5 {
@@ -144,10 +150,10 @@ async fn api_suite(client: async_nats::Client) {
     assert_eq!(paused["task"]["paused"], true);
     let paused_again = call(&client, "pause", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(paused_again["revision"], paused["revision"], "already paused: no new revision");
-    assert!(last_event(&js, "task.paused", "billing", "nightly").await.is_some());
+    event_of(&js, "task.paused", "billing", "nightly").await;
     let resumed = call(&client, "resume", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(resumed["task"]["paused"], false);
-    assert!(last_event(&js, "task.resumed", "billing", "nightly").await.is_some());
+    event_of(&js, "task.resumed", "billing", "nightly").await;
 
     // Next fires of the stored task: 02:30 Berlin = 01:30Z in winter, 00:30Z in summer.
     let next = call(
@@ -190,7 +196,7 @@ async fn api_suite(client: async_nats::Client) {
     let deleted = call(&client, "delete", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(deleted["deleted"], true);
     assert_eq!(stored_revision(&js, "billing.nightly").await, None);
-    assert!(last_event(&js, "task.deleted", "billing", "nightly").await.is_some());
+    event_of(&js, "task.deleted", "billing", "nightly").await;
     let missing = call(&client, "get", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(error_code(&missing), "not_found");
     let missing = call(&client, "delete", json!({"namespace": "billing", "id": "nightly"})).await;
