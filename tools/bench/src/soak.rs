@@ -30,7 +30,7 @@ mod prom;
 use self::prom::{histogram, metric_sum, window_quantile};
 use crate::Size;
 use crate::system::{
-    NS, free_port, http_get, rss_anon_mib, rss_mib, service_bin, spread_schedules, wait_leader, write_tasks,
+    NS, free_port, http_get, rss_and_anon_mib, service_bin, spread_schedules, wait_leader, write_tasks,
 };
 
 /// Subject the runs request; answered by this process.
@@ -377,8 +377,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         let mut anon = serde_json::Map::new();
         let pids = services.procs.iter().map(|p| (p.name.clone(), Some(p.child.id())));
         for (name, pid) in pids.chain([("nats-server".to_string(), server.pid())]) {
-            let mib = pid.map(rss_mib).unwrap_or(f64::NAN);
-            let anon_mib = pid.map(rss_anon_mib).unwrap_or(f64::NAN);
+            let (mib, anon_mib) = pid.map_or((f64::NAN, f64::NAN), rss_and_anon_mib);
             rss.insert(name.clone(), round2(mib));
             anon.insert(name.clone(), round2(anon_mib));
             rss_series.entry(name.clone()).or_default().push(mib);

@@ -243,28 +243,26 @@ pub(crate) fn cpu_seconds(pid: &str) -> Option<f64> {
 
 /// Resident memory of process `pid` in MiB (Linux; 0 when unknown).
 pub(crate) fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    kb / 1024.0
+    status_mib(&proc_status(pid), "VmRSS:").unwrap_or(0.0)
 }
 
-/// Anonymous resident memory of a process (MiB, `RssAnon`: heap, stacks, buffers), the part
-/// that grows when the process keeps more. The rest of `VmRSS` is mostly the pages of its own
-/// binary (`RssFile`), which the kernel drops and reads back as the page cache churns.
-pub(crate) fn rss_anon_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with("RssAnon:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(f64::NAN);
-    kb / 1024.0
+/// Resident memory of process `pid` in MiB, all of it (`VmRSS`, 0 when unknown) and its
+/// anonymous part (`RssAnon`: heap, stacks, buffers, NaN when unknown), from one read. The rest
+/// of `VmRSS` is mostly the mapped pages of the process's own binary (`RssFile`).
+pub(crate) fn rss_and_anon_mib(pid: u32) -> (f64, f64) {
+    let status = proc_status(pid);
+    (status_mib(&status, "VmRSS:").unwrap_or(0.0), status_mib(&status, "RssAnon:").unwrap_or(f64::NAN))
+}
+
+fn proc_status(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default()
+}
+
+/// A `kB` field of `/proc/<pid>/status` in MiB.
+fn status_mib(status: &str, field: &str) -> Option<f64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
 }
 
 /// A free loopback port (bound and released).
