@@ -2,6 +2,8 @@
 //! record says (run it, or a redelivery already decided), the attempt with progress acks, and
 //! the retry policy's decision. [`crate::ending`] takes it from there.
 
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
@@ -174,17 +176,17 @@ impl Delivery<'_> {
             let message = self.message;
             let trace = Propagated::from_headers(message.headers.as_ref());
             let run = Attempt { dispatch, attempt, cancel: shared.hard_stop.child_token(), trace };
-            let execution = shared.executors.execute(&run);
+            let mut execution = pin!(shared.executors.execute(&run));
             let stopped = shared.hard_stop.cancelled();
-            let execution = async {
+            let execution = pin!(async {
                 tokio::select! {
                     biased;
-                    outcome = execution => Some(outcome),
+                    outcome = &mut execution => Some(outcome),
                     _ = stopped => None,
                 }
-            };
+            });
             let after = defer.then_some(shared.running_after);
-            let recorded = alongside(execution, after, || self.record_running(started_at));
+            let recorded = pin!(alongside(execution, after, || self.record_running(started_at)));
             keeping_alive(shared, message, recorded).await
         };
         let elapsed = started.elapsed();
@@ -284,12 +286,15 @@ pub(crate) async fn acknowledge(shared: &Shared, message: &jetstream::Message, k
 /// Runs `work` while telling the server the delivery is still being handled (progress acks
 /// every `progress_interval`), so neither a long execution nor a record write retried through
 /// a node failure outlives `ack_wait` and hands the run to another worker.
+///
+/// `work` is pinned by the caller and lent, here and in [`alongside`]: a future taken by value
+/// lives twice in the state of the function taking it (as the argument and as the local it is
+/// pinned in), and a delivery's state machine, copied whole at each level, grew to 25 KB.
 pub(crate) async fn keeping_alive<T>(
     shared: &Shared,
     message: &jetstream::Message,
-    work: impl std::future::Future<Output = T>,
+    mut work: Pin<&mut impl Future<Output = T>>,
 ) -> T {
-    tokio::pin!(work);
     let period = shared.progress_interval;
     let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     loop {
@@ -303,12 +308,11 @@ pub(crate) async fn keeping_alive<T>(
 
 /// Runs `work`; if it is still running `after` (when given), runs `action` alongside it, and
 /// finishes an `action` under way when `work` ends, so nothing it began is left half done.
-async fn alongside<T, A: std::future::Future<Output = ()>>(
-    work: impl std::future::Future<Output = T>,
+async fn alongside<T, A: Future<Output = ()>>(
+    mut work: Pin<&mut impl Future<Output = T>>,
     after: Option<Duration>,
     action: impl FnOnce() -> A,
 ) -> T {
-    tokio::pin!(work);
     let Some(after) = after else { return work.await };
     tokio::select! {
         biased;

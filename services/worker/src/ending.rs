@@ -6,6 +6,7 @@
 //! written before the message is answered, and a dead letter is acknowledged by its stream
 //! before the message is terminated (a refused one leaves the message for a later delivery).
 
+use std::pin::pin;
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
@@ -271,7 +272,7 @@ impl Delivery<'_> {
     async fn close(&self, run: Stored, closing: Closing<'_>) -> Option<Stored> {
         let Stored { mut record, revision } = run;
         closing.apply(&mut record);
-        let saved = self.shared.runs.save(record, revision, |r| closing.apply(r));
+        let saved = pin!(self.shared.runs.save(record, revision, |r| closing.apply(r)));
         match keeping_alive(self.shared, self.message, saved).await {
             Ok((record, revision)) => Some(Stored { record, revision }),
             Err(error) => {
@@ -309,7 +310,7 @@ impl Delivery<'_> {
         }
         let attempt = record.attempt;
         record.status = RunStatus::Dead;
-        let marked = shared.runs.save(record, revision, |r| r.status = RunStatus::Dead);
+        let marked = pin!(shared.runs.save(record, revision, |r| r.status = RunStatus::Dead));
         if let Err(error) = keeping_alive(shared, self.message, marked).await {
             shared.metrics.errors.with_label_values(&["run_record"]).inc();
             tracing::warn!(error = format!("{error:#}"), "cannot mark the run record dead");
