@@ -93,7 +93,9 @@ pub use breaker::{
 };
 pub use breaker_api::{BreakerInfo, BreakerListReply, BreakerRef, BreakerResetReply};
 pub use dead_letter::{DeadLetter, DeadLetterSource};
-pub use dispatch::{Dispatch, Trigger, execution_id_of_fire, fresh_execution_id, scheduled_execution_id};
+pub use dispatch::{
+    Dispatch, DispatchDecoder, Trigger, execution_id_of_fire, fresh_execution_id, scheduled_execution_id,
+};
 pub use dlq_api::DlqRequest;
 pub use event::{Event, EventKind};
 pub use pause::PauseRequest;

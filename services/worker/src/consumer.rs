@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::Names;
+use jetsched_shared::wire::DispatchDecoder;
 use tokio_util::sync::CancellationToken;
 
 use crate::breaker::Breakers;
@@ -26,6 +27,8 @@ pub(crate) struct Shared {
     pub(crate) dlq: DeadLetters,
     pub(crate) events: EventPublisher,
     pub(crate) executors: Executors,
+    /// Reads dispatch bodies, each task's spec text parsed once.
+    pub(crate) dispatches: DispatchDecoder,
     pub(crate) metrics: Metrics,
     pub(crate) progress_interval: Duration,
     pub(crate) dlq_retry_delay: Duration,

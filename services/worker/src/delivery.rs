@@ -45,7 +45,7 @@ pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Me
             return;
         }
     };
-    let mut dispatch: Dispatch = match serde_json::from_slice(&message.payload) {
+    let mut dispatch = match shared.dispatches.decode(&message.payload) {
         Ok(dispatch) => dispatch,
         Err(error) => {
             tracing::error!(%error, subject = %message.subject, "undecodable dispatch: dead-lettering it");

@@ -14,6 +14,7 @@ use jetsched_shared::names::Names;
 use jetsched_shared::presence;
 use jetsched_shared::priority::{PerPriority, Priority};
 use jetsched_shared::service::{Base, Role};
+use jetsched_shared::wire::DispatchDecoder;
 use prometheus::Registry as MetricsRegistry;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -170,6 +171,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         dlq,
         events,
         executors,
+        dispatches: DispatchDecoder::default(),
         metrics,
         progress_interval: config.progress_interval(),
         dlq_retry_delay: config.dlq_retry_delay,
