@@ -177,9 +177,7 @@ pub fn trace_id_in(headers: Option<&HeaderMap>) -> Option<String> {
 
 /// Parses a `traceparent` value.
 pub fn extract_span_context(traceparent: &str) -> Option<SpanContext> {
-    let mut map = HeaderMap::new();
-    map.insert(TRACEPARENT, traceparent);
-    let cx = TraceContextPropagator::new().extract(&HeadersRef(&map));
+    let cx = TraceContextPropagator::new().extract(&Traceparent(traceparent));
     let span_context = cx.span().span_context().clone();
     span_context.is_valid().then_some(span_context)
 }
@@ -296,6 +294,19 @@ impl Injector for Headers<'_> {
 }
 
 struct HeadersRef<'a>(&'a HeaderMap);
+
+/// A lone `traceparent` value as the propagator's carrier (read once per run: no map built).
+struct Traceparent<'a>(&'a str);
+
+impl Extractor for Traceparent<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        (key == TRACEPARENT).then_some(self.0)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec![TRACEPARENT]
+    }
+}
 
 impl Extractor for HeadersRef<'_> {
     fn get(&self, key: &str) -> Option<&str> {
