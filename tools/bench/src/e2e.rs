@@ -29,6 +29,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::stats::median;
 use crate::system::cpu_seconds;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -48,12 +49,24 @@ pub(crate) struct Args {
     /// When run records are written: deferred, eager, lazy.
     #[arg(long, value_enum, default_value_t = RunRecords::Deferred)]
     pub(crate) run_records: RunRecords,
+    /// Times every phase is measured, one round after the other: with more than one, each
+    /// ratio is taken within its round and the median is reported beside every round's
+    /// share of the ceiling (the machine's speed drifts between phases more than a change moves it).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) rounds: usize,
 }
 
 impl Args {
     /// The default settings with `runs` runs and `workers` replica counts.
     pub(crate) fn sized(runs: usize, workers: Vec<usize>) -> Args {
-        Args { runs, workers, concurrency: 64, run_events: RunEvents::All, run_records: RunRecords::Deferred }
+        Args {
+            runs,
+            workers,
+            concurrency: 64,
+            run_events: RunEvents::All,
+            run_records: RunRecords::Deferred,
+            rounds: 1,
+        }
     }
 }
 
@@ -67,13 +80,60 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let server = NatsServer::start().await;
     let js = jetstream::new(server.client().await);
     let messages = dispatches(args.runs)?;
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds.max(1) {
+        if args.rounds > 1 {
+            eprintln!("e2e: round {round} of {}", args.rounds);
+        }
+        rounds.push(one_round(&js, &server, &args, &messages).await?);
+    }
+    let mut report = json!({
+        "scenario": "e2e",
+        "runs": args.runs,
+        "concurrency": args.concurrency,
+        "run_events": format!("{:?}", args.run_events).to_lowercase(),
+        "run_records": format!("{:?}", args.run_records).to_lowercase(),
+    });
+    if let [only] = rounds.as_slice() {
+        merge(&mut report, only);
+        return Ok(report);
+    }
+    let summary = summarize(&rounds);
+    for row in summary["replicas"].as_array().into_iter().flatten() {
+        eprintln!(
+            "e2e: {} worker(s), median of {} rounds: {:.1}% of the ceiling (rounds: {}), {:.1}% of raw",
+            row["workers"],
+            rounds.len(),
+            100.0 * row["ratio_to_ceiling"].as_f64().unwrap_or(f64::NAN),
+            row["ratios_to_ceiling"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| format!("{:.1}%", 100.0 * r.as_f64().unwrap_or(f64::NAN)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            100.0 * row["ratio_to_raw"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+    merge(&mut report, &summary);
+    report["rounds"] = serde_json::Value::Array(rounds);
+    Ok(report)
+}
 
-    let (raw, raw_cpu) = phase(&js, &server, &messages, Records::None).await?;
+/// One measurement of every phase: raw, ceiling, floor, then the workers for each replica
+/// count, each ratio to the phases of this same round.
+async fn one_round(
+    js: &jetstream::Context,
+    server: &NatsServer,
+    args: &Args,
+    messages: &[Prepared],
+) -> anyhow::Result<serde_json::Value> {
+    let (raw, raw_cpu) = phase(js, server, messages, Records::None).await?;
     eprintln!("e2e: {}: {raw:.0} msg/s{raw_cpu}", Records::None.label());
     let (ceiling_records, floor_records) =
         (Records::Create(args.concurrency), Records::ReadCreate(args.concurrency));
-    let (ceiling, ceiling_cpu) = phase(&js, &server, &messages, ceiling_records).await?;
-    let (floor, floor_cpu) = phase(&js, &server, &messages, floor_records).await?;
+    let (ceiling, ceiling_cpu) = phase(js, server, messages, ceiling_records).await?;
+    let (floor, floor_cpu) = phase(js, server, messages, floor_records).await?;
     for (records, rate, cpu) in [(ceiling_records, ceiling, &ceiling_cpu), (floor_records, floor, &floor_cpu)]
     {
         eprintln!("e2e: {}: {rate:.0} msg/s = {:.1}% of raw{cpu}", records.label(), 100.0 * rate / raw);
@@ -81,9 +141,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
 
     let mut rows = Vec::new();
     for &n in &args.workers {
-        let cpu = Cpu::now(&server).await;
-        let rate = workers(&js, &server.url(), &args, n, &messages).await?;
-        let used = Cpu::now(&server).await.since(&cpu, args.runs);
+        let cpu = Cpu::now(server).await;
+        let rate = workers(js, &server.url(), args, n, messages).await?;
+        let used = Cpu::now(server).await.since(&cpu, args.runs);
         let overhead_us = 1e6 / rate - 1e6 / raw;
         eprintln!(
             "e2e: {n} worker(s): {rate:.0} runs/s = {:.1}% of raw, {:.1}% of the ceiling, {:.1}% of the floor (overhead {overhead_us:.1} µs/run){used}",
@@ -102,11 +162,6 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         }));
     }
     Ok(json!({
-        "scenario": "e2e",
-        "runs": args.runs,
-        "concurrency": args.concurrency,
-        "run_events": format!("{:?}", args.run_events).to_lowercase(),
-        "run_records": format!("{:?}", args.run_records).to_lowercase(),
         "raw_per_second": raw,
         "raw_cpu_us_per_message": raw_cpu.json(),
         "ceiling_per_second": ceiling,
@@ -117,6 +172,44 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         "floor_cpu_us_per_message": floor_cpu.json(),
         "replicas": rows,
     }))
+}
+
+/// The medians of several rounds: each phase's rate, and per replica count its rate and its
+/// ratios (each ratio taken within its round first), with every round's ratio to the ceiling.
+fn summarize(rounds: &[serde_json::Value]) -> serde_json::Value {
+    let median_of =
+        |pointer: &str| median(rounds.iter().filter_map(|r| r.pointer(pointer)?.as_f64()).collect());
+    let mut replicas = Vec::new();
+    let counts = rounds[0]["replicas"].as_array().cloned().unwrap_or_default();
+    for (i, row) in counts.iter().enumerate() {
+        let field = |name: &str| -> Vec<f64> {
+            rounds.iter().filter_map(|r| r["replicas"].get(i)?.get(name)?.as_f64()).collect()
+        };
+        let per_round = field("ratio_to_ceiling");
+        replicas.push(json!({
+            "workers": row["workers"],
+            "runs_per_second": median(field("runs_per_second")),
+            "ratio_to_raw": median(field("ratio_to_raw")),
+            "ratio_to_ceiling": median(per_round.clone()),
+            "ratio_to_floor": median(field("ratio_to_floor")),
+            "ratios_to_ceiling": per_round,
+        }));
+    }
+    json!({
+        "raw_per_second": median_of("/raw_per_second"),
+        "ceiling_per_second": median_of("/ceiling_per_second"),
+        "ceiling_ratio_to_raw": median_of("/ceiling_ratio_to_raw"),
+        "floor_per_second": median_of("/floor_per_second"),
+        "floor_ratio_to_raw": median_of("/floor_ratio_to_raw"),
+        "replicas": replicas,
+    })
+}
+
+/// Copies the fields of `from` (an object) into `into` (an object).
+fn merge(into: &mut serde_json::Value, from: &serde_json::Value) {
+    if let (Some(into), Some(from)) = (into.as_object_mut(), from.as_object()) {
+        into.extend(from.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
 }
 
 fn noop_spec() -> anyhow::Result<TaskSpec> {
@@ -403,5 +496,41 @@ impl std::fmt::Display for CpuPer {
             write!(f, "; server msgs in/out {received:.2}/{sent:.2} per msg")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(ceiling: f64, rate: f64) -> serde_json::Value {
+        json!({
+            "raw_per_second": 2.0 * ceiling,
+            "ceiling_per_second": ceiling,
+            "ceiling_ratio_to_raw": 0.5,
+            "floor_per_second": 0.8 * ceiling,
+            "floor_ratio_to_raw": 0.4,
+            "replicas": [{
+                "workers": 4,
+                "runs_per_second": rate,
+                "ratio_to_raw": rate / (2.0 * ceiling),
+                "ratio_to_ceiling": rate / ceiling,
+                "ratio_to_floor": rate / (0.8 * ceiling),
+            }],
+        })
+    }
+
+    #[test]
+    fn rounds_are_summarized_by_the_median_of_their_own_ratios() {
+        // A slow round (the machine busy in both phases) keeps its ratio; the median of the
+        // ratios is not the ratio of the medians.
+        let rounds = [round(20_000.0, 14_000.0), round(10_000.0, 8_000.0), round(30_000.0, 18_000.0)];
+        let summary = summarize(&rounds);
+        let row = &summary["replicas"][0];
+        assert_eq!(row["workers"], 4);
+        assert_eq!(row["ratio_to_ceiling"].as_f64(), Some(0.7));
+        assert_eq!(row["runs_per_second"].as_f64(), Some(14_000.0));
+        assert_eq!(row["ratios_to_ceiling"], json!([0.7, 0.8, 0.6]));
+        assert_eq!(summary["ceiling_per_second"].as_f64(), Some(20_000.0));
     }
 }

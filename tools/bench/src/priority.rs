@@ -138,10 +138,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     }
     print_table(&rows);
     let median = |setup: &str, pointer: &str| {
-        let mut values: Vec<f64> =
-            rounds.iter().filter_map(|r| r[setup].pointer(pointer).and_then(Value::as_f64)).collect();
-        values.sort_by(f64::total_cmp);
-        values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+        crate::stats::median(
+            rounds.iter().filter_map(|r| r[setup].pointer(pointer).and_then(Value::as_f64)).collect(),
+        )
     };
     let summary = json!({
         "lanes_critical_p99_ms_median": median("lanes", "/critical_wait/p99_ms"),

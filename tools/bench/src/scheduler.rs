@@ -375,11 +375,7 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
         }));
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let median = |key: &str| {
-        let mut values: Vec<f64> = rounds.iter().filter_map(|r| r[key].as_f64()).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+    let median = |key: &str| crate::stats::median(rounds.iter().filter_map(|r| r[key].as_f64()).collect());
     let (raw_ms, load_ms, rss) = (median("raw_watch_ms"), median("load_ms"), median("rss_mib"));
     let ratio = median("ratio_to_raw");
     if rounds.len() > 1 {

@@ -29,6 +29,7 @@ mod prom;
 
 use self::prom::{histogram, metric_sum, window_quantile};
 use crate::Size;
+use crate::stats::median;
 use crate::system::{
     NS, free_port, http_get, rss_and_anon_mib, service_bin, spread_schedules, wait_leader, write_tasks,
 };
@@ -565,16 +566,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
 /// moves them apart, a swing that comes back does not.
 fn thirds(series: &[f64]) -> (f64, f64) {
     let k = (series.len() / 3).max(1).min(series.len());
-    let median = |part: &[f64]| {
-        let mut sorted = part.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        match sorted.len() {
-            0 => f64::NAN,
-            len if len % 2 == 1 => sorted[len / 2],
-            len => (sorted[len / 2 - 1] + sorted[len / 2]) / 2.0,
-        }
-    };
-    (median(&series[..k]), median(&series[series.len() - k..]))
+    (median(series[..k].to_vec()), median(series[series.len() - k..].to_vec()))
 }
 
 #[cfg(test)]
