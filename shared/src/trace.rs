@@ -295,6 +295,16 @@ impl Injector for Headers<'_> {
 
 struct HeadersRef<'a>(&'a HeaderMap);
 
+impl Extractor for HeadersRef<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|value| value.as_str())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(name, _)| name.as_ref()).collect()
+    }
+}
+
 /// A lone `traceparent` value as the propagator's carrier (read once per run: no map built).
 struct Traceparent<'a>(&'a str);
 
@@ -305,16 +315,6 @@ impl Extractor for Traceparent<'_> {
 
     fn keys(&self) -> Vec<&str> {
         vec![TRACEPARENT]
-    }
-}
-
-impl Extractor for HeadersRef<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(|value| value.as_str())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.iter().map(|(name, _)| name.as_ref()).collect()
     }
 }
 

@@ -124,15 +124,6 @@ impl DispatchDecoder {
         Ok(body.with_spec(spec))
     }
 
-    /// Specs kept so far.
-    pub fn len(&self) -> usize {
-        self.specs().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn specs(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Arc<TaskSpec>>> {
         // A panic while holding the map cannot leave it inconsistent: use it as it is.
         self.specs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -198,7 +189,7 @@ mod tests {
                 let bytes = body(&specs[pick], n as u64);
                 same(&decoder.decode(&bytes).expect("decodes"), &bytes);
             }
-            prop_assert!(decoder.len() <= specs.len());
+            prop_assert!(decoder.specs().len() <= specs.len());
         }
     }
 
@@ -209,14 +200,14 @@ mod tests {
         for n in 0..3 {
             same(&decoder.decode(&body(spec, n)).unwrap(), &body(spec, n));
         }
-        assert_eq!(decoder.len(), 1);
+        assert_eq!(decoder.specs().len(), 1);
 
         let invalid = r#"{"id":"t","namespace":"ns","schedule":{"cron":"not a cron"},"executor":{"kind":"handler","name":"noop"},"timeout":"0s"}"#;
         let error = decoder.decode(&body(invalid, 9)).unwrap_err().to_string();
         let reference = serde_json::from_slice::<Dispatch>(&body(invalid, 9)).unwrap_err().to_string();
         assert!(error.contains("schedule.cron") && error.contains("timeout"), "{error}");
         assert!(reference.starts_with(&error), "{error} / {reference}");
-        assert_eq!(decoder.len(), 1, "nothing is kept of an invalid spec");
+        assert_eq!(decoder.specs().len(), 1, "nothing is kept of an invalid spec");
         assert!(decoder.decode(b"{not json").is_err());
     }
 
@@ -229,8 +220,8 @@ mod tests {
                 n + 1
             );
             same(&decoder.decode(&body(&spec, n)).unwrap(), &body(&spec, n));
-            assert!(decoder.len() <= DispatchDecoder::CAPACITY);
+            assert!(decoder.specs().len() <= DispatchDecoder::CAPACITY);
         }
-        assert_eq!(decoder.len(), 10, "started over once full");
+        assert_eq!(decoder.specs().len(), 10, "started over once full");
     }
 }

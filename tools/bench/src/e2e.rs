@@ -180,8 +180,8 @@ fn summarize(rounds: &[serde_json::Value]) -> serde_json::Value {
     let median_of =
         |pointer: &str| median(rounds.iter().filter_map(|r| r.pointer(pointer)?.as_f64()).collect());
     let mut replicas = Vec::new();
-    let counts = rounds[0]["replicas"].as_array().cloned().unwrap_or_default();
-    for (i, row) in counts.iter().enumerate() {
+    let first = rounds[0]["replicas"].as_array().cloned().unwrap_or_default();
+    for (i, row) in first.iter().enumerate() {
         let field = |name: &str| -> Vec<f64> {
             rounds.iter().filter_map(|r| r["replicas"].get(i)?.get(name)?.as_f64()).collect()
         };
