@@ -77,6 +77,8 @@ fi
 
 export NATS_URL="nats://127.0.0.1:4222"
 export RUST_LOG="${RUST_LOG:-info,async_nats=warn}"
+# The allocator returns freed memory at once (README, "Deployment").
+export MIMALLOC_PURGE_DELAY="${MIMALLOC_PURGE_DELAY:-0}"
 
 start() { # name log admin-port args...
     local name="$1" log="$2" port="$3"

@@ -711,10 +711,14 @@ fn help(binary: &str) -> String {
 }
 
 /// Whether `--help` documents variable `var` (`[env: VAR]` or `[env: VAR=...]`). RUST_LOG is
-/// read by the logging setup, which the help mentions in prose.
+/// read by the logging setup, which the help mentions in prose; MIMALLOC_PURGE_DELAY by the
+/// allocator as the process loads, which the README's "Deployment" documents.
 fn documents(help: &str, var: &str) -> bool {
     if var == "RUST_LOG" {
         return help.contains("RUST_LOG");
+    }
+    if var == "MIMALLOC_PURGE_DELAY" {
+        return true;
     }
     help.match_indices(&format!("env: {var}"))
         .any(|(at, m)| matches!(help[at + m.len()..].chars().next(), Some(']' | '=')))

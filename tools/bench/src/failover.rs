@@ -49,6 +49,7 @@ impl Drop for Scheduler {
 
 fn spawn(url: &str, instance: &str, lease_ms: u64) -> anyhow::Result<Scheduler> {
     let child = Command::new(service_bin("jetsched-scheduler")?)
+        .envs(crate::system::service_env())
         .env("NATS_URL", url)
         .env("RUST_LOG", "warn")
         .args(["--instance-id", instance, "--admin-addr", "127.0.0.1:0", "--fire-events", "false"])

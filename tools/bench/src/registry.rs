@@ -112,6 +112,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         let child = tokio::process::Command::new(crate::system::service_bin("jetsched-registry")?)
             .args(["--nats-url", &server.url(), "--admin-addr", "127.0.0.1:0", "--concurrency", "1024"])
             .env("RUST_LOG", "warn")
+            .envs(crate::system::service_env())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true)

@@ -411,6 +411,7 @@ async fn load_scheduler(url: &str) -> anyhow::Result<Loaded> {
     let admin: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     let started = Instant::now();
     let mut child = Command::new(service_bin("jetsched-scheduler")?)
+        .envs(crate::system::service_env())
         .env("NATS_URL", url)
         .env("RUST_LOG", "warn")
         .args(["--instance-id", "bench-scale", "--admin-addr", &admin.to_string(), "--fire-events", "false"])

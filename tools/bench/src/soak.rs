@@ -31,7 +31,8 @@ use self::prom::{histogram, metric_sum, window_quantile};
 use crate::Size;
 use crate::stats::median;
 use crate::system::{
-    NS, free_port, http_get, rss_and_anon_mib, service_bin, spread_schedules, wait_leader, write_tasks,
+    NS, free_port, http_get, rss_and_anon_mib, service_bin, service_env, spread_schedules, wait_leader,
+    write_tasks,
 };
 
 /// Subject the runs request; answered by this process.
@@ -123,6 +124,7 @@ impl Services {
         let log = self.dir.join(format!("{instance}.log"));
         let out = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
         let child = Command::new(service_bin(bin)?)
+            .envs(service_env())
             .env("NATS_URL", url)
             .env("RUST_LOG", "warn")
             .args(["--instance-id", instance, "--admin-addr", &admin.to_string()])

@@ -214,6 +214,15 @@ impl Lag {
 
 /// A workspace service binary next to this one (`target/<profile>/`), else under
 /// `target/release` or `target/debug` of the current directory.
+/// The allocator setting the deployment files give every service process (`deploy/Dockerfile`,
+/// `deploy/local.sh`, the systemd environment file): mimalloc returns freed memory at once.
+/// Nothing when this process's environment sets the delay itself (the child inherits it).
+pub(crate) fn service_env() -> Option<(&'static str, &'static str)> {
+    std::env::var_os(PURGE_DELAY).is_none().then_some((PURGE_DELAY, "0"))
+}
+
+const PURGE_DELAY: &str = "MIMALLOC_PURGE_DELAY";
+
 pub(crate) fn service_bin(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let mut candidates = Vec::new();
