@@ -212,8 +212,6 @@ impl Lag {
     }
 }
 
-/// A workspace service binary next to this one (`target/<profile>/`), else under
-/// `target/release` or `target/debug` of the current directory.
 /// The allocator setting the deployment files give every service process (`deploy/Dockerfile`,
 /// `deploy/local.sh`, the systemd environment file): mimalloc returns freed memory at once.
 /// Nothing when this process's environment sets the delay itself (the child inherits it).
@@ -223,6 +221,8 @@ pub(crate) fn service_env() -> Option<(&'static str, &'static str)> {
 
 const PURGE_DELAY: &str = "MIMALLOC_PURGE_DELAY";
 
+/// A workspace service binary next to this one (`target/<profile>/`), else under
+/// `target/release` or `target/debug` of the current directory.
 pub(crate) fn service_bin(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let mut candidates = Vec::new();
