@@ -7,6 +7,10 @@
 //! Every dispatch carries a W3C `traceparent`: the context of the span that sent it (a fire,
 //! an API request) when there is one, otherwise one derived from the execution id, so a
 //! traced worker or downstream joins the execution's trace even when the sender is not traced.
+//! A sampled one comes with `Nats-Trace-Dest: trace disabled` unless the process lets
+//! nats-server trace dispatches ([`trace::server_msg_trace`]): nats-server reads every header of
+//! a message with a sampled `traceparent` into a map to ask whether its account traces it, about
+//! 4 µs per dispatch, a sixth of what storing one costs it.
 
 use async_nats::HeaderMap;
 use async_nats::header::{HeaderName, NATS_MESSAGE_ID};
@@ -28,6 +32,7 @@ const EXECUTION_ID: HeaderName = HeaderName::from_static(wire::HDR_EXECUTION_ID)
 const LEADER_TERM: HeaderName = HeaderName::from_static(wire::HDR_LEADER_TERM);
 const TRIGGER: HeaderName = HeaderName::from_static(wire::HDR_TRIGGER);
 const PRIORITY: HeaderName = HeaderName::from_static(wire::HDR_PRIORITY);
+const NATS_TRACE_DEST: HeaderName = HeaderName::from_static(trace::NATS_TRACE_DEST);
 
 /// The task a dispatch runs.
 #[derive(Debug, Clone, Copy)]
@@ -193,19 +198,24 @@ pub fn build_traced(
     headers.insert(LEADER_TERM, term.to_string());
     headers.insert(TRIGGER, trigger.as_str());
     headers.insert(PRIORITY, priority.as_str());
-    let trace_id = match parent.filter(|cx| cx.span().span_context().is_valid()) {
+    let (trace_id, sampled) = match parent.filter(|cx| cx.span().span_context().is_valid()) {
         Some(cx) => {
             trace::inject(cx, &mut headers);
-            Some(cx.span().span_context().trace_id().to_string())
+            let context = cx.span().span_context().clone();
+            (Some(context.trace_id().to_string()), context.is_sampled())
         }
         None => {
             let traceparent = trace::fallback_traceparent(&execution_id);
+            let sampled = traceparent.as_deref().is_some_and(|value| value.ends_with("-01"));
             if let Some(traceparent) = &traceparent {
                 headers.insert(trace::TRACEPARENT, traceparent.as_str());
             }
-            traceparent.and_then(|_| trace::trace_id_of(&execution_id)).map(|id| id.to_string())
+            (traceparent.and_then(|_| trace::trace_id_of(&execution_id)).map(|id| id.to_string()), sampled)
         }
     };
+    if sampled && !trace::server_msg_trace() {
+        headers.insert(NATS_TRACE_DEST, trace::NATS_TRACE_DISABLED);
+    }
     Ok(DispatchMessage {
         subject: names.lane_subject(queue, priority, namespace, task_id),
         execution_id,
@@ -320,10 +330,28 @@ mod tests {
             build_traced(&names, Target::of(&spec, 1), origin, SpecBody::Json(SPEC), Some(&cx)).unwrap();
         assert_eq!(header(&message, trace::TRACEPARENT).as_deref(), Some(traceparent));
         assert_eq!(message.trace_id.as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        assert_eq!(
+            header(&message, trace::NATS_TRACE_DEST).as_deref(),
+            Some(trace::NATS_TRACE_DISABLED),
+            "a sampled dispatch tells nats-server not to trace it"
+        );
         let empty = opentelemetry::Context::new();
         let message =
             build_traced(&names, Target::of(&spec, 1), origin, SpecBody::Json(SPEC), Some(&empty)).unwrap();
         assert_eq!(header(&message, trace::TRACEPARENT), trace::fallback_traceparent(&message.execution_id));
+        assert_eq!(
+            header(&message, trace::NATS_TRACE_DEST).as_deref(),
+            Some(trace::NATS_TRACE_DISABLED),
+            "the default sampler samples the derived context too"
+        );
+
+        let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        let remote = trace::remote_context(unsampled, None).expect("valid");
+        let cx = opentelemetry::Context::new().with_remote_span_context(remote);
+        let message =
+            build_traced(&names, Target::of(&spec, 1), origin, SpecBody::Json(SPEC), Some(&cx)).unwrap();
+        assert_eq!(header(&message, trace::TRACEPARENT).as_deref(), Some(unsampled));
+        assert_eq!(header(&message, trace::NATS_TRACE_DEST), None, "nats-server only scans an unsampled one");
     }
 
     #[test]

@@ -515,6 +515,10 @@ pub fn event_msg_id() -> String {
     uuid::Uuid::now_v7().to_string()
 }
 
+/// The environment variable that lets nats-server's own message tracing trace sampled
+/// dispatches (`true`; default `false`), read with the OpenTelemetry variables.
+pub const NATS_MSG_TRACE_ENV: &str = "JETSCHED_NATS_MSG_TRACE";
+
 /// Names of the `jetsched.*` span attributes (re-exported by `trace`).
 pub mod span_attr {
     /// `<namespace>/<id>` of the task.

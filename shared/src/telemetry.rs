@@ -28,6 +28,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, filter};
 
 use crate::config::LogFormat;
+pub use crate::names::NATS_MSG_TRACE_ENV;
 use crate::trace;
 
 /// Spans waiting for export (queued or in a batch being sent) beyond which new ones are dropped,
@@ -42,7 +43,7 @@ const DROP_LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// The tracing part of every service binary's `--help`: the standard OpenTelemetry variables
 /// it reads (they have no flags).
 pub const ENV_HELP: &str = "\
-Tracing (OpenTelemetry; standard variables, no flags):
+Tracing (OpenTelemetry's standard variables and one of jetsched's, no flags):
   Export spans over OTLP to this endpoint (unset: no export) [env: OTEL_EXPORTER_OTLP_ENDPOINT]
   Endpoint for spans only, used as given (e.g. http://collector:4318/v1/traces) [env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT]
   http/protobuf (default) or grpc [env: OTEL_EXPORTER_OTLP_PROTOCOL]
@@ -54,7 +55,8 @@ Tracing (OpenTelemetry; standard variables, no flags):
   Sampler argument (the ratio of traceidratio) [env: OTEL_TRACES_SAMPLER_ARG]
   Spans waiting for export before new ones are dropped (default 4096) [env: OTEL_BSP_MAX_QUEUE_SIZE]
   Longest wait before queued spans are sent, ms (default 5000) [env: OTEL_BSP_SCHEDULE_DELAY]
-  Most spans per export request (default 512) [env: OTEL_BSP_MAX_EXPORT_BATCH_SIZE]";
+  Most spans per export request (default 512) [env: OTEL_BSP_MAX_EXPORT_BATCH_SIZE]
+  true: let nats-server trace sampled dispatches for an account with msg_trace (default false: they carry Nats-Trace-Dest: trace disabled) [env: JETSCHED_NATS_MSG_TRACE]";
 
 /// How spans are exported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +87,9 @@ pub struct TraceSettings {
     pub schedule_delay: Duration,
     /// Most spans in one export request (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
     pub max_export_batch: usize,
+    /// Whether nats-server may trace this process's sampled dispatches with its own message
+    /// tracing (`JETSCHED_NATS_MSG_TRACE`, default false; see [`trace::server_msg_trace`]).
+    pub nats_msg_trace: bool,
 }
 
 /// `OTEL_BSP_SCHEDULE_DELAY`'s standard default.
@@ -103,6 +108,7 @@ impl TraceSettings {
             queue_size: SPAN_QUEUE_CAPACITY,
             schedule_delay: SCHEDULE_DELAY,
             max_export_batch: MAX_EXPORT_BATCH,
+            nats_msg_trace: false,
         }
     }
 
@@ -125,6 +131,11 @@ impl TraceSettings {
         match trace::Sampling::parse(sampler.as_deref(), var("OTEL_TRACES_SAMPLER_ARG").as_deref()) {
             Ok(sampling) => settings.sampling = sampling,
             Err(found) => problems.extend(found),
+        }
+        match var(NATS_MSG_TRACE_ENV).map(|value| value.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("false") => {}
+            Some("true") => settings.nats_msg_trace = true,
+            Some(other) => problems.push(format!("{NATS_MSG_TRACE_ENV} = {other:?}: must be true or false")),
         }
         if var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() || var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
         {
@@ -211,6 +222,7 @@ pub fn init(format: LogFormat, settings: &TraceSettings) -> anyhow::Result<Telem
         LogFormat::Json => fmt.json().flatten_event(true).with_current_span(true).with_filter(filter).boxed(),
     };
     trace::set_sampling(settings.sampling);
+    trace::set_server_msg_trace(settings.nats_msg_trace);
     let Some(protocol) = settings.exporter else {
         let _already_set = tracing_subscriber::registry().with(fmt).try_init();
         return Ok(Telemetry::default());
@@ -475,6 +487,9 @@ mod tests {
         assert_eq!(settings.exporter, None);
         assert_eq!(settings.default_service_name, "jetsched-worker");
         assert_eq!(settings.sampling, trace::Sampling { parent_based: false, ratio: 0.01 });
+        assert!(!settings.nats_msg_trace, "nats-server does not trace dispatches unless asked");
+        assert!(self::settings(&[(NATS_MSG_TRACE_ENV, "TRUE")]).expect("valid").nats_msg_trace);
+        assert!(!self::settings(&[(NATS_MSG_TRACE_ENV, "false")]).expect("valid").nats_msg_trace);
         // Export variables are not looked at without an endpoint.
         assert!(self::settings(&[("OTEL_BSP_MAX_QUEUE_SIZE", "lots")]).is_ok());
     }
@@ -507,14 +522,16 @@ mod tests {
             ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
             ("OTEL_BSP_SCHEDULE_DELAY", "soon"),
             ("OTEL_TRACES_SAMPLER", "sometimes"),
+            (NATS_MSG_TRACE_ENV, "yes please"),
         ])
         .unwrap_err();
-        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert_eq!(problems.len(), 5, "{problems:#?}");
         for name in [
             "OTEL_EXPORTER_OTLP_PROTOCOL",
             "OTEL_BSP_MAX_QUEUE_SIZE",
             "OTEL_BSP_SCHEDULE_DELAY",
             "OTEL_TRACES_SAMPLER",
+            NATS_MSG_TRACE_ENV,
         ] {
             assert!(problems.iter().any(|p| p.starts_with(name)), "{name} named in {problems:#?}");
         }

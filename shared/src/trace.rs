@@ -29,6 +29,13 @@ pub(crate) use sampling::set_process as set_sampling;
 pub const TRACEPARENT: &str = "traceparent";
 /// W3C Trace Context header carrying vendor state.
 pub const TRACESTATE: &str = "tracestate";
+/// nats-server's message-tracing header. A dispatch whose `traceparent` is sampled carries it
+/// with [`NATS_TRACE_DISABLED`] unless [`server_msg_trace`] is on: nats-server reads every header
+/// of a message with a sampled `traceparent` into a map to ask whether the account traces it,
+/// and this value (the one nats-server writes into the messages it stores) tells it not to.
+pub const NATS_TRACE_DEST: &str = "Nats-Trace-Dest";
+/// The [`NATS_TRACE_DEST`] value that turns nats-server's message tracing off for a message.
+pub const NATS_TRACE_DISABLED: &str = "trace disabled";
 /// Environment variable a shell executor's command finds its trace context in.
 pub const TRACEPARENT_ENV: &str = "TRACEPARENT";
 /// Environment variable with the vendor state, when there is one.
@@ -42,6 +49,7 @@ pub use crate::names::span_attr::{
 };
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+static SERVER_MSG_TRACE: AtomicBool = AtomicBool::new(false);
 
 /// Whether spans are exported (an OTLP endpoint is configured). Hot paths test this before
 /// creating any span object.
@@ -51,6 +59,17 @@ pub fn enabled() -> bool {
 
 pub(crate) fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether nats-server may trace this process's sampled dispatches with its own message tracing
+/// (an account's `msg_trace`): `JETSCHED_NATS_MSG_TRACE`, off by default, in which case they
+/// carry [`NATS_TRACE_DEST`]` = `[`NATS_TRACE_DISABLED`].
+pub fn server_msg_trace() -> bool {
+    SERVER_MSG_TRACE.load(Ordering::Relaxed)
+}
+
+pub(crate) fn set_server_msg_trace(on: bool) {
+    SERVER_MSG_TRACE.store(on, Ordering::Relaxed);
 }
 
 /// The trace id of an execution: its UUID's 128 bits. `None` for an id that is not a UUID.

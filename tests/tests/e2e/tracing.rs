@@ -706,3 +706,77 @@ async fn spans_are_exported_over_grpc_when_asked() {
     assert_eq!(run.parent_span_id, fire.span_id);
     assert!(receiver.requests() > 0);
 }
+
+/// A server whose account traces every message with a sampled `traceparent` (nats-server's
+/// message tracing, `msg_trace`), its events sent to `trace.events`.
+async fn server_tracing_its_account() -> NatsServer {
+    let accounts = r#"
+accounts {
+  APP {
+    jetstream: enabled
+    users: [{user: app, password: app}]
+    msg_trace: {dest: "trace.events", sampling: 100}
+  }
+}
+no_auth_user: app
+"#;
+    NatsServer::start_with(jetsched_tests::ServerOpts::default().extra_config(accounts)).await
+}
+
+/// Runs a scheduler process with `vars`, fires one one-shot, and returns the dispatch as
+/// published (a plain subscriber sees its headers as sent) and the trace events nats-server
+/// sent for it within a second after.
+async fn dispatch_and_server_trace_events(vars: &[(&str, &str)]) -> (HeaderMap, Vec<Value>) {
+    let server = server_tracing_its_account().await;
+    let client = server.client().await;
+    let mut events = client.subscribe("trace.events").await.expect("subscribe");
+    let mut dispatches = client.subscribe(Names::default().dispatch_wildcard()).await.expect("subscribe");
+    client.flush().await.expect("flush");
+    let _scheduler = service("jetsched-scheduler", &server, "sched-msg-trace", free_addr(), vars);
+    let (_registry, _execution_id) =
+        put_one_shot(&server, spec("traced", "server-traced").nats("nobody.listens"), soon_ms(3)).await;
+    let dispatch = tokio::time::timeout(WAIT, dispatches.next())
+        .await
+        .expect("the dispatch is published in time")
+        .expect("subscription open");
+    let mut received = Vec::new();
+    let quiet = tokio::time::sleep(Duration::from_secs(1));
+    tokio::pin!(quiet);
+    loop {
+        tokio::select! {
+            event = events.next() => {
+                let event = event.expect("subscription open");
+                received.push(serde_json::from_slice(&event.payload).expect("a trace event is JSON"));
+            }
+            _ = &mut quiet => break,
+        }
+    }
+    (dispatch.headers.expect("a dispatch has headers"), received)
+}
+
+#[tokio::test]
+async fn nats_server_traces_sampled_dispatches_only_when_the_scheduler_lets_it() {
+    // By default a sampled dispatch tells nats-server not to trace it: no event, even though
+    // the account traces every sampled message.
+    let (headers, events) = dispatch_and_server_trace_events(&[]).await;
+    let traceparent = headers.get("traceparent").expect("a traceparent").to_string();
+    assert!(traceparent.ends_with("-01"), "sampled: {traceparent}");
+    assert_eq!(headers.get("Nats-Trace-Dest").map(|v| v.as_str()), Some("trace disabled"));
+    assert!(events.is_empty(), "no server trace of the dispatch: {events:#?}");
+
+    // Let through, nats-server traces the dispatch into the stream under the same trace id.
+    let (headers, events) = dispatch_and_server_trace_events(&[("JETSCHED_NATS_MSG_TRACE", "true")]).await;
+    let traceparent = headers.get("traceparent").expect("a traceparent").to_string();
+    assert_eq!(headers.get("Nats-Trace-Dest"), None);
+    let stream = Names::default().dispatch_stream();
+    let traced = events.iter().find(|event| {
+        let request = &event["request"]["header"];
+        let carried =
+            request["traceparent"].as_array().and_then(|values| values.first()).and_then(Value::as_str);
+        let stored_in = event["events"].as_array().is_some_and(|hops| {
+            hops.iter().any(|hop| hop["type"] == "js" && hop["stream"].as_str() == Some(stream.as_str()))
+        });
+        carried == Some(traceparent.as_str()) && stored_in
+    });
+    assert!(traced.is_some(), "a server trace of the dispatch into {stream}: {events:#?}");
+}
