@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::kv;
 use jetsched_shared::admin::Readiness;
 use jetsched_shared::events::EventSink;
 use jetsched_shared::names::Names;
@@ -21,13 +21,14 @@ use tokio::task::JoinError;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use crate::acks::Acked;
 use crate::clock::SharedClock;
 use crate::flush::{Flush, Flushed};
 use crate::follow::{Follow, Followed};
 use crate::lease::LeaseEvent;
 use crate::metrics::Metrics;
 use crate::overlap::{Checked, Overlap};
-use crate::pipeline::{Acked, Pipeline};
+use crate::pipeline::Pipeline;
 use crate::takeover::Takeover;
 use crate::tasks::Tasks;
 use crate::wake::Wake;
@@ -42,7 +43,9 @@ pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// The NATS handles the loop hands to its parts.
 pub(crate) struct Nats {
     pub(crate) names: Names,
-    pub(crate) js: jetstream::Context,
+    /// Dispatches are core publishes whose acknowledgements come back on the pipeline's
+    /// subscription.
+    pub(crate) client: async_nats::Client,
     pub(crate) tasks: kv::Store,
     pub(crate) state: kv::Store,
     pub(crate) runs: kv::Store,

@@ -2,6 +2,7 @@
 //! leader lease, and while leader dispatches each fire exactly once (de-duplicated by its
 //! nominal time), records fire state and catches up after failovers.
 
+mod acks;
 mod catchup;
 mod clock;
 mod config;

@@ -1,6 +1,6 @@
 //! The dispatch pipeline of a leader: fires waiting to be published (ordinary fires first,
 //! catch-up fires rate-limited in slices), failed publishes waiting to be retried with the same
-//! message id, and the bounded window of publishes awaiting their ack.
+//! message id, and the bounded window of publishes awaiting their ack ([`Acks`]).
 //!
 //! The pipeline decides what is published next and when; publishing itself (and the lease
 //! check before it) is the loop's.
@@ -8,13 +8,11 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use async_nats::jetstream::context::PublishError;
-use async_nats::jetstream::publish::PublishAck;
-use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
+use async_nats::Subject;
 use jetsched_shared::wire::Trigger;
 use tokio::time::Instant;
+
+use crate::acks::{Acked, Acks};
 
 /// Catch-up fires are released in slices of this period (rate limit).
 pub(crate) const CATCHUP_SLICE: Duration = Duration::from_millis(100);
@@ -30,9 +28,6 @@ pub(crate) struct Fire {
     pub(crate) trigger: Trigger,
 }
 
-/// A publish and its outcome.
-pub(crate) type Acked = (Fire, Result<PublishAck, PublishError>);
-
 /// Queues, retries and the in-flight window.
 pub(crate) struct Pipeline {
     /// Ordinary fires waiting for a publish slot.
@@ -44,14 +39,15 @@ pub(crate) struct Pipeline {
     refill_at: Option<Instant>,
     retry: Vec<Fire>,
     retry_at: Option<Instant>,
-    inflight: FuturesUnordered<BoxFuture<'static, Acked>>,
+    inflight: Acks,
     window: usize,
 }
 
 impl Pipeline {
-    /// A pipeline of at most `window` publishes in flight releasing at most `catchup_rate`
-    /// catch-up fires per second (both at least 1: validated settings).
-    pub(crate) fn new(window: usize, catchup_rate: u32) -> Pipeline {
+    /// A pipeline of at most `window` publishes in flight, their acknowledgements arriving
+    /// through `acks`, releasing at most `catchup_rate` catch-up fires per second (both at
+    /// least 1: validated settings).
+    pub(crate) fn new(window: usize, catchup_rate: u32, acks: Acks) -> Pipeline {
         let slice = u64::from(catchup_rate) * CATCHUP_SLICE.as_millis() as u64 / 1000;
         Pipeline {
             ready: VecDeque::new(),
@@ -62,7 +58,7 @@ impl Pipeline {
             refill_at: None,
             retry: Vec::new(),
             retry_at: None,
-            inflight: FuturesUnordered::new(),
+            inflight: acks,
             window,
         }
     }
@@ -117,9 +113,15 @@ impl Pipeline {
         self.catchup_budget = self.catchup_slice;
     }
 
-    /// A publish is on its way.
-    pub(crate) fn track(&mut self, acked: BoxFuture<'static, Acked>) {
-        self.inflight.push(acked);
+    /// `fire` is about to be published at `now`: the number and reply subject of its publish,
+    /// which is in flight from now on.
+    pub(crate) fn reply_to(&mut self, fire: Fire, now: Instant) -> (u64, Subject) {
+        self.inflight.reply_to(fire, now)
+    }
+
+    /// Publish `number` could not be sent: it leaves the window.
+    pub(crate) fn unsent(&mut self, number: u64) {
+        self.inflight.unsent(number);
     }
 
     /// A publish failed: the fire is published again (same message id) after [`RETRY_DELAY`].
@@ -146,12 +148,9 @@ impl Pipeline {
         self.inflight.len()
     }
 
-    /// The next acknowledged publish (pending while none is in flight).
+    /// The next acknowledged or timed-out publish (pending while none is in flight).
     pub(crate) async fn next_ack(&mut self) -> Acked {
-        match self.inflight.next().await {
-            Some(acked) => acked,
-            None => std::future::pending().await,
-        }
+        self.inflight.next().await
     }
 
     /// An acknowledged publish already arrived, if any: never waits. During a burst the acks
@@ -159,7 +158,7 @@ impl Pipeline {
     /// pass of the loop per ack. (Polling here does not lose a wake-up: the loop polls
     /// [`Pipeline::next_ack`] again before it sleeps.)
     pub(crate) fn ready_ack(&mut self) -> Option<Acked> {
-        self.inflight.next().now_or_never().flatten()
+        self.inflight.ready()
     }
 
     pub(crate) fn retry_at(&self) -> Option<Instant> {
@@ -182,21 +181,31 @@ impl Pipeline {
     /// Leadership lost: everything goes, including the acks awaited.
     pub(crate) fn clear(&mut self) {
         self.drop_queued();
-        self.inflight = FuturesUnordered::new();
+        self.inflight.clear();
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+
     use super::*;
 
     fn fire(nominal_ms: i64, trigger: Trigger) -> Fire {
         Fire { idx: 0, generation: 1, nominal_ms, trigger }
     }
 
+    /// A pipeline whose acknowledgements never come.
+    fn unanswered(window: usize, catchup_rate: u32) -> Pipeline {
+        let acks = Acks::new("_INBOX.test", futures::stream::pending().boxed(), Duration::from_secs(5));
+        Pipeline::new(window, catchup_rate, acks)
+    }
+
     fn occupy(pipeline: &mut Pipeline, n: usize) {
-        for _ in 0..n {
-            pipeline.track(std::future::pending().boxed());
+        for ms in 0..n {
+            pipeline.reply_to(fire(-(ms as i64), Trigger::Schedule), Instant::now());
         }
     }
 
@@ -217,7 +226,7 @@ mod tests {
         ];
         for (queued, started, expected) in cases {
             // 20 per second: 2 per slice.
-            let mut pipeline = Pipeline::new(16, 20);
+            let mut pipeline = unanswered(16, 20);
             for &(ms, trigger) in queued {
                 pipeline.push(fire(ms, trigger));
             }
@@ -230,7 +239,7 @@ mod tests {
 
     #[test]
     fn a_used_up_slice_is_refilled_after_the_slice_period() {
-        let mut pipeline = Pipeline::new(16, 10); // one per slice
+        let mut pipeline = unanswered(16, 10); // one per slice
         for ms in 1..=3 {
             pipeline.push(fire(ms, Trigger::Catchup));
         }
@@ -244,7 +253,7 @@ mod tests {
         pipeline.refill();
         assert_eq!((drain(&mut pipeline), pipeline.refill_at()), (vec![2], None));
         // A rate below one per slice still releases one per slice.
-        let mut slow = Pipeline::new(16, 1);
+        let mut slow = unanswered(16, 1);
         slow.push(fire(1, Trigger::Catchup));
         slow.start_catchup();
         assert_eq!(drain(&mut slow), [1]);
@@ -254,7 +263,7 @@ mod tests {
     fn the_window_bounds_publishes_in_flight() {
         // (window, in flight, queued ordinary fires, released)
         for (window, inflight, queued, released) in [(4, 0, 6, 4), (4, 3, 6, 1), (4, 4, 6, 0), (1, 0, 1, 1)] {
-            let mut pipeline = Pipeline::new(window, 100);
+            let mut pipeline = unanswered(window, 100);
             occupy(&mut pipeline, inflight);
             for ms in 0..queued {
                 pipeline.push(fire(ms, Trigger::Schedule));
@@ -262,7 +271,7 @@ mod tests {
             let mut n = 0;
             while let Some(fire) = pipeline.next() {
                 n += 1;
-                pipeline.track(std::future::pending().boxed());
+                pipeline.reply_to(fire, Instant::now());
                 assert_eq!(fire.nominal_ms, n - 1);
             }
             assert_eq!(n, released, "window {window}, {inflight} in flight");
@@ -271,7 +280,7 @@ mod tests {
 
     #[test]
     fn failed_publishes_are_retried_first_in_their_order_after_the_delay() {
-        let mut pipeline = Pipeline::new(16, 100);
+        let mut pipeline = unanswered(16, 100);
         pipeline.push(fire(10, Trigger::Schedule));
         let now = Instant::now();
         pipeline.retry_later(fire(1, Trigger::Schedule), now);
@@ -287,7 +296,7 @@ mod tests {
         for (window, inflight, queued, busy) in
             [(8, 0, 0, false), (8, 3, 0, false), (8, 4, 0, true), (8, 0, 1, true)]
         {
-            let mut pipeline = Pipeline::new(window, 100);
+            let mut pipeline = unanswered(window, 100);
             occupy(&mut pipeline, inflight);
             for ms in 0..queued {
                 pipeline.push(fire(ms, Trigger::Schedule));
@@ -298,23 +307,39 @@ mod tests {
 
     #[test]
     fn acks_already_arrived_are_taken_without_waiting() {
-        let mut pipeline = Pipeline::new(8, 100);
+        let (replies, receiver) = futures::channel::mpsc::unbounded();
+        let acks = Acks::new("_INBOX.test", receiver.boxed(), Duration::from_secs(5));
+        let mut pipeline = Pipeline::new(8, 100, acks);
         assert!(pipeline.ready_ack().is_none(), "nothing in flight");
-        occupy(&mut pipeline, 1);
-        for ms in [1, 2] {
-            let error = PublishError::new(async_nats::jetstream::context::PublishErrorKind::TimedOut);
-            pipeline.track(std::future::ready((fire(ms, Trigger::Schedule), Err(error))).boxed());
+        let now = Instant::now();
+        let subjects: Vec<Subject> =
+            [1, 2, 3].into_iter().map(|ms| pipeline.reply_to(fire(ms, Trigger::Schedule), now).1).collect();
+        for (subject, payload) in [(&subjects[2], r#"{"stream":"D","seq":1}"#), (&subjects[0], "{}")] {
+            replies
+                .unbounded_send(async_nats::Message {
+                    subject: subject.clone(),
+                    reply: None,
+                    payload: payload.to_string().into(),
+                    headers: None,
+                    status: None,
+                    description: None,
+                    length: 0,
+                })
+                .unwrap();
         }
-        let mut taken: Vec<i64> =
-            std::iter::from_fn(|| pipeline.ready_ack()).map(|(f, _)| f.nominal_ms).collect();
-        taken.sort_unstable();
-        assert_eq!(taken, [1, 2]);
-        assert_eq!(pipeline.inflight(), 1, "the pending publish stays in flight");
+        let taken: Vec<(i64, bool)> = std::iter::from_fn(|| pipeline.ready_ack())
+            .map(|(f, result)| (f.nominal_ms, result.is_ok()))
+            .collect();
+        assert_eq!(taken, [(3, true), (1, false)]);
+        assert_eq!(pipeline.inflight(), 1, "the unanswered publish stays in flight");
+        let (number, _) = pipeline.reply_to(fire(4, Trigger::Schedule), now);
+        pipeline.unsent(number);
+        assert_eq!(pipeline.inflight(), 1, "a publish not sent leaves the window");
     }
 
     #[test]
     fn clearing_drops_queues_retries_and_the_window() {
-        let mut pipeline = Pipeline::new(8, 100);
+        let mut pipeline = unanswered(8, 100);
         occupy(&mut pipeline, 2);
         pipeline.push(fire(1, Trigger::Schedule));
         pipeline.push(fire(2, Trigger::Catchup));

@@ -17,6 +17,7 @@ use jetsched_shared::topology::Topology;
 use prometheus::Registry as MetricsRegistry;
 use tokio_util::sync::CancellationToken;
 
+use crate::acks::Acks;
 use crate::catchup::Limits;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
@@ -122,10 +123,10 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
         tasks: Tasks::with_capacity(capacity, specs.clone()),
         follow: Follow::new(feed, empty, specs, readiness.jetstream_returns()),
         takeover: Takeover::new(campaign, limits),
-        pipeline: Pipeline::new(config.publish_window, config.catchup_rate),
+        pipeline: Pipeline::new(config.publish_window, config.catchup_rate, Acks::subscribe(&client).await?),
         overlap: Overlap::default(),
         flush: Flush::new(config.state_flush),
-        nats: Nats { names, js, tasks, state, runs, runs_ttl: config.topology.runs_ttl },
+        nats: Nats { names, client: client.clone(), tasks, state, runs, runs_ttl: config.topology.runs_ttl },
         report: Report { metrics, events, instance, fire_events: config.fire_events, readiness },
     };
     if empty {

@@ -2,7 +2,7 @@
 //! publishes within the window behind the lease fence and the overlap turns, acks into fire
 //! counts and fire state, and the coalesced fire-state writes.
 
-use futures::FutureExt;
+use async_nats::jetstream::message::OutboundMessage;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::trace;
 use jetsched_shared::wire::{Event as WireEvent, EventKind, Trigger, scheduled_execution_id};
@@ -11,10 +11,11 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::Core;
+use crate::acks::Acked;
 use crate::catchup::SkipReason;
 use crate::flush::{Flushed, Step};
 use crate::overlap::{self, Admission, Checked, Decision, Prior};
-use crate::pipeline::{Acked, Fire};
+use crate::pipeline::Fire;
 use crate::spans::{self, FireFacts};
 use crate::tasks::from_ms;
 use crate::timer::DenseKey;
@@ -95,18 +96,24 @@ impl Core {
                     continue;
                 }
             };
-            let publish = self.nats.js.send_publish(message.subject, message.message);
+            let (number, reply) = self.pipeline.reply_to(fire, Instant::now());
+            let OutboundMessage { subject, payload, headers } =
+                message.message.outbound_message(message.subject);
+            let publish = self.nats.client.publish_with_reply_and_headers(
+                subject,
+                reply,
+                headers.unwrap_or_default(),
+                payload,
+            );
             let published = match &span {
                 Some((span, _)) => publish.instrument(span.clone()).await,
                 None => publish.await,
             };
-            match published {
-                Ok(ack) => self.pipeline.track(async move { (fire, ack.await) }.boxed()),
-                Err(error) => {
-                    self.report.metrics.publish_errors.inc();
-                    tracing::warn!(%error, task = %slot.info.key(), nominal = fire.nominal_ms, "publish failed; retrying");
-                    self.pipeline.retry_later(fire, Instant::now());
-                }
+            if let Err(error) = published {
+                self.pipeline.unsent(number);
+                self.report.metrics.publish_errors.inc();
+                tracing::warn!(%error, task = %slot.info.key(), nominal = fire.nominal_ms, "publish failed; retrying");
+                self.pipeline.retry_later(fire, Instant::now());
             }
         }
         self.pipeline.pace(Instant::now());
