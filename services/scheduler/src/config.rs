@@ -20,7 +20,7 @@ pub struct Config {
     #[command(flatten)]
     pub topology: TopologyArgs,
     /// Dispatch publishes awaiting their ack at once (the bounded publish window).
-    #[arg(long, env = "JETSCHED_SCHEDULER_PUBLISH_WINDOW", default_value_t = 512)]
+    #[arg(long, env = "JETSCHED_SCHEDULER_PUBLISH_WINDOW", default_value_t = DEFAULT_PUBLISH_WINDOW)]
     pub publish_window: usize,
     /// How often dirty fire state is written to the state bucket (writes are coalesced).
     #[arg(long, env = "JETSCHED_SCHEDULER_STATE_FLUSH", default_value = "50ms", value_parser = parse_duration)]
@@ -50,6 +50,11 @@ pub struct Config {
 }
 
 /// Default admin listener of the scheduler.
+/// The default publish window: wide enough that a burst of due fires is bound by what the
+/// server can store, not by the acknowledgements' round trip (512 left the two cores idle a
+/// fifth of a 100k burst; 2,048 and 4,096 finished it sooner).
+pub const DEFAULT_PUBLISH_WINDOW: usize = 4096;
+
 pub const DEFAULT_ADMIN_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9102);
 
@@ -60,7 +65,7 @@ impl Config {
             nats: NatsArgs::plain(url),
             common: CommonArgs::for_tests("scheduler-test"),
             topology: TopologyArgs::default(),
-            publish_window: 512,
+            publish_window: DEFAULT_PUBLISH_WINDOW,
             state_flush: Duration::from_millis(50),
             lease_margin: Duration::from_millis(500),
             misfire_threshold: Duration::from_secs(10),

@@ -25,5 +25,5 @@ pub mod timer;
 mod wake;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
-pub use config::{Config, DEFAULT_ADMIN_ADDR};
+pub use config::{Config, DEFAULT_ADMIN_ADDR, DEFAULT_PUBLISH_WINDOW};
 pub use service::{Scheduler, build, build_with_clock};

@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use jetsched_scheduler::{Config, build};
+use jetsched_scheduler::{Config, DEFAULT_PUBLISH_WINDOW, build};
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::names::Names;
 use jetsched_shared::names::task_key;
@@ -33,8 +33,9 @@ pub(crate) struct BurstArgs {
     /// One-shot tasks due at the same second.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) tasks: usize,
-    /// Scheduler publish window (and the raw baseline's).
-    #[arg(long, default_value_t = 512)]
+    /// Scheduler publish window (and the raw and schedule baselines'; at most 5000, the
+    /// JetStream publishes async-nats lets await their ack at once; the scheduler's default)
+    #[arg(long, default_value_t = DEFAULT_PUBLISH_WINDOW, value_parser = clap::builder::RangedI64ValueParser::<usize>::new().range(1..=5000))]
     pub(crate) window: usize,
 }
 
@@ -194,7 +195,7 @@ pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value
     let n = args.tasks;
     let server = NatsServer::start().await;
     let (names, topology, js) = start(&server.url()).await?;
-    let scheduler = build(config(&server.url(), 512)).await?;
+    let scheduler = build(config(&server.url(), DEFAULT_PUBLISH_WINDOW)).await?;
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(scheduler.run(shutdown.clone()));
     wait_leader(&topology, &names).await?;
@@ -270,7 +271,7 @@ pub(crate) async fn handover(args: HandoverArgs) -> anyhow::Result<serde_json::V
         result.context("put fire state")?;
     }
     let replica = |instance: &str| {
-        let mut config = config(&server.url(), 512);
+        let mut config = config(&server.url(), DEFAULT_PUBLISH_WINDOW);
         config.common.instance_id = Some(instance.to_string());
         config
     };
