@@ -32,7 +32,6 @@ const EXECUTION_ID: HeaderName = HeaderName::from_static(wire::HDR_EXECUTION_ID)
 const LEADER_TERM: HeaderName = HeaderName::from_static(wire::HDR_LEADER_TERM);
 const TRIGGER: HeaderName = HeaderName::from_static(wire::HDR_TRIGGER);
 const PRIORITY: HeaderName = HeaderName::from_static(wire::HDR_PRIORITY);
-const NATS_TRACE_DEST: HeaderName = HeaderName::from_static(trace::NATS_TRACE_DEST);
 
 /// The task a dispatch runs.
 #[derive(Debug, Clone, Copy)]
@@ -198,24 +197,20 @@ pub fn build_traced(
     headers.insert(LEADER_TERM, term.to_string());
     headers.insert(TRIGGER, trigger.as_str());
     headers.insert(PRIORITY, priority.as_str());
-    let (trace_id, sampled) = match parent.filter(|cx| cx.span().span_context().is_valid()) {
+    let trace_id = match parent.filter(|cx| cx.span().span_context().is_valid()) {
         Some(cx) => {
             trace::inject(cx, &mut headers);
-            let context = cx.span().span_context().clone();
-            (Some(context.trace_id().to_string()), context.is_sampled())
+            Some(cx.span().span_context().trace_id().to_string())
         }
         None => {
             let traceparent = trace::fallback_traceparent(&execution_id);
-            let sampled = traceparent.as_deref().is_some_and(|value| value.ends_with("-01"));
             if let Some(traceparent) = &traceparent {
                 headers.insert(trace::TRACEPARENT, traceparent.as_str());
             }
-            (traceparent.and_then(|_| trace::trace_id_of(&execution_id)).map(|id| id.to_string()), sampled)
+            traceparent.and_then(|_| trace::trace_id_of(&execution_id)).map(|id| id.to_string())
         }
     };
-    if sampled && !trace::server_msg_trace() {
-        headers.insert(NATS_TRACE_DEST, trace::NATS_TRACE_DISABLED);
-    }
+    trace::keep_from_server_tracing(&mut headers);
     Ok(DispatchMessage {
         subject: names.lane_subject(queue, priority, namespace, task_id),
         execution_id,

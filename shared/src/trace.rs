@@ -72,6 +72,16 @@ pub(crate) fn set_server_msg_trace(on: bool) {
     SERVER_MSG_TRACE.store(on, Ordering::Relaxed);
 }
 
+/// Adds [`NATS_TRACE_DEST`]` = `[`NATS_TRACE_DISABLED`] to `headers` when their `traceparent`
+/// is sampled and [`server_msg_trace`] is off.
+pub fn keep_from_server_tracing(headers: &mut HeaderMap) {
+    let sampled =
+        headers.get(TRACEPARENT).and_then(|v| parse_traceparent(v.as_str())).is_some_and(|(_, s)| s);
+    if sampled && !server_msg_trace() {
+        headers.insert(NATS_TRACE_DEST, NATS_TRACE_DISABLED);
+    }
+}
+
 /// The trace id of an execution: its UUID's 128 bits. `None` for an id that is not a UUID.
 pub fn trace_id_of(execution_id: &str) -> Option<TraceId> {
     uuid::Uuid::parse_str(execution_id)

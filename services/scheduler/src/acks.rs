@@ -87,33 +87,25 @@ pub(crate) struct Acks {
     /// Number -> the fire and the instant its acknowledgement is due by. Numbers grow with time,
     /// so the first entry is always the earliest deadline.
     pending: BTreeMap<u64, (Fire, Instant)>,
-    timeout: Duration,
 }
 
 impl Acks {
     /// Acknowledgements arriving on `replies`, the subscription to `<inbox>.*`.
-    pub(crate) fn new(inbox: &str, replies: BoxStream<'static, Message>, timeout: Duration) -> Acks {
-        Acks {
-            prefix: format!("{inbox}."),
-            replies,
-            closed: false,
-            last: 0,
-            pending: BTreeMap::new(),
-            timeout,
-        }
+    pub(crate) fn new(inbox: &str, replies: BoxStream<'static, Message>) -> Acks {
+        Acks { prefix: format!("{inbox}."), replies, closed: false, last: 0, pending: BTreeMap::new() }
     }
 
     /// Subscribes to a fresh inbox of `client` for the acknowledgements.
     pub(crate) async fn subscribe(client: &async_nats::Client) -> anyhow::Result<Acks> {
         let inbox = client.new_inbox();
         let replies = client.subscribe(format!("{inbox}.*")).await?;
-        Ok(Acks::new(&inbox, replies.boxed(), ACK_TIMEOUT))
+        Ok(Acks::new(&inbox, replies.boxed()))
     }
 
     /// The number and reply subject of `fire`'s publish, sent at `now`.
     pub(crate) fn reply_to(&mut self, fire: Fire, now: Instant) -> (u64, Subject) {
         self.last += 1;
-        self.pending.insert(self.last, (fire, now + self.timeout));
+        self.pending.insert(self.last, (fire, now + ACK_TIMEOUT));
         (self.last, Subject::from(format!("{}{}", self.prefix, self.last)))
     }
 
@@ -208,6 +200,20 @@ fn outcome(reply: &Message) -> Result<Stored, AckError> {
     }
 }
 
+/// An answer on `subject` as the subscription delivers it (for tests).
+#[cfg(test)]
+pub(crate) fn answer_on(subject: &Subject, status: Option<StatusCode>, payload: &str) -> Message {
+    Message {
+        subject: subject.clone(),
+        reply: None,
+        payload: payload.to_string().into(),
+        headers: None,
+        status,
+        description: None,
+        length: payload.len(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,19 +226,7 @@ mod tests {
 
     fn acks() -> (Acks, mpsc::UnboundedSender<Message>) {
         let (sender, receiver) = mpsc::unbounded();
-        (Acks::new("_INBOX.test", receiver.boxed(), Duration::from_secs(5)), sender)
-    }
-
-    fn reply(subject: &Subject, status: Option<StatusCode>, payload: &str) -> Message {
-        Message {
-            subject: subject.clone(),
-            reply: None,
-            payload: payload.to_string().into(),
-            headers: None,
-            status,
-            description: None,
-            length: payload.len(),
-        }
+        (Acks::new("_INBOX.test", receiver.boxed()), sender)
     }
 
     #[test]
@@ -249,7 +243,7 @@ mod tests {
             (5, None, "not json"),
         ];
         for (index, status, payload) in answers {
-            replies.unbounded_send(reply(&subjects[index - 1], status, payload)).unwrap();
+            replies.unbounded_send(answer_on(&subjects[index - 1], status, payload)).unwrap();
         }
         let taken: Vec<(i64, Result<Stored, AckError>)> =
             std::iter::from_fn(|| acks.ready()).map(|(fire, result)| (fire.nominal_ms, result)).collect();
@@ -279,7 +273,7 @@ mod tests {
         for subject in
             [&first, &second, &Subject::from("_INBOX.other.3"), &Subject::from("_INBOX.test.x"), &third]
         {
-            replies.unbounded_send(reply(subject, None, ok)).unwrap();
+            replies.unbounded_send(answer_on(subject, None, ok)).unwrap();
         }
         let taken: Vec<i64> = std::iter::from_fn(|| acks.ready()).map(|(fire, _)| fire.nominal_ms).collect();
         assert_eq!(taken, [3]);
@@ -298,7 +292,7 @@ mod tests {
         assert_eq!((fire_1.nominal_ms, result), (1, Err(AckError::TimedOut)));
         assert_eq!(Instant::now(), start + Duration::from_secs(5));
         // The second is answered before its deadline.
-        replies.unbounded_send(reply(&second, None, r#"{"stream":"D","seq":2}"#)).unwrap();
+        replies.unbounded_send(answer_on(&second, None, r#"{"stream":"D","seq":2}"#)).unwrap();
         let (fire_2, result) = acks.next().await;
         assert_eq!((fire_2.nominal_ms, result), (2, Ok(Stored { duplicate: false })));
         // Nothing awaited: `next` waits for good.

@@ -49,12 +49,12 @@ pub struct Config {
     pub max_clock_skew: Duration,
 }
 
-/// Default admin listener of the scheduler.
 /// The default publish window: wide enough that a burst of due fires is bound by what the
 /// server can store, not by the acknowledgements' round trip (512 left the two cores idle a
 /// fifth of a 100k burst; 2,048 and 4,096 finished it sooner).
 pub const DEFAULT_PUBLISH_WINDOW: usize = 4096;
 
+/// Default admin listener of the scheduler.
 pub const DEFAULT_ADMIN_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9102);
 

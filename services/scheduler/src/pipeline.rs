@@ -199,7 +199,7 @@ mod tests {
 
     /// A pipeline whose acknowledgements never come.
     fn unanswered(window: usize, catchup_rate: u32) -> Pipeline {
-        let acks = Acks::new("_INBOX.test", futures::stream::pending().boxed(), Duration::from_secs(5));
+        let acks = Acks::new("_INBOX.test", futures::stream::pending().boxed());
         Pipeline::new(window, catchup_rate, acks)
     }
 
@@ -308,24 +308,14 @@ mod tests {
     #[test]
     fn acks_already_arrived_are_taken_without_waiting() {
         let (replies, receiver) = futures::channel::mpsc::unbounded();
-        let acks = Acks::new("_INBOX.test", receiver.boxed(), Duration::from_secs(5));
+        let acks = Acks::new("_INBOX.test", receiver.boxed());
         let mut pipeline = Pipeline::new(8, 100, acks);
         assert!(pipeline.ready_ack().is_none(), "nothing in flight");
         let now = Instant::now();
         let subjects: Vec<Subject> =
             [1, 2, 3].into_iter().map(|ms| pipeline.reply_to(fire(ms, Trigger::Schedule), now).1).collect();
         for (subject, payload) in [(&subjects[2], r#"{"stream":"D","seq":1}"#), (&subjects[0], "{}")] {
-            replies
-                .unbounded_send(async_nats::Message {
-                    subject: subject.clone(),
-                    reply: None,
-                    payload: payload.to_string().into(),
-                    headers: None,
-                    status: None,
-                    description: None,
-                    length: 0,
-                })
-                .unwrap();
+            replies.unbounded_send(crate::acks::answer_on(subject, None, payload)).unwrap();
         }
         let taken: Vec<(i64, bool)> = std::iter::from_fn(|| pipeline.ready_ack())
             .map(|(f, result)| (f.nominal_ms, result.is_ok()))
