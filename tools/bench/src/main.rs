@@ -175,7 +175,19 @@ fn print_summary(report: &serde_json::Map<String, Value>) {
     row("failover", "kill -9 to next dispatch p99, ms", f("failover", "/gap/p99_ms"), None);
     row("handover", "graceful stop: fire lag p99, ms", f("handover", "/lag/p99_ms"), None);
     row("handover", "graceful stop: fire lag max, ms", f("handover", "/lag/max_ms"), None);
+    row(
+        "scale",
+        "floor (watch + spec parse), ms",
+        f("scale", "/floor_ms"),
+        Some(f("scale", "/floor_to_raw")),
+    );
     row("scale", "scheduler load, ms", f("scale", "/load_ms"), Some(f("scale", "/ratio_to_raw")));
+    row(
+        "scale",
+        "scheduler load, ms (ratio: vs the floor)",
+        f("scale", "/load_ms"),
+        Some(f("scale", "/ratio_to_floor")),
+    );
     row("scale", "scheduler RSS, MiB", f("scale", "/rss_mib"), None);
 }
 

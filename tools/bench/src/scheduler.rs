@@ -2,7 +2,8 @@
 //! against the server's own message schedules of N messages due the same second and raw
 //! pipelined publishing with ids of N messages, in the same run), steady (N
 //! interval tasks spread to a fire rate: lag), and scale (load time and resident memory of a
-//! real scheduler process with N tasks, against a raw `watch_with_history`).
+//! real scheduler process with N tasks, against a raw `watch_with_history` and against the
+//! same watch with every value parsed as a spec, the floor of any validating loader).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -68,7 +69,7 @@ pub(crate) struct ScaleArgs {
     /// Registered tasks the scheduler loads.
     #[arg(long, default_value_t = 1_000_000)]
     pub(crate) tasks: usize,
-    /// Rounds of raw watch then scheduler load over the same bucket; the report gives medians.
+    /// Rounds of raw watch, floor (watch + spec parse) and scheduler load over the same bucket; the report gives medians.
     #[arg(long, default_value_t = 3)]
     pub(crate) rounds: usize,
 }
@@ -332,32 +333,34 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
     let wrote = write_tasks(&topology, specs).await?;
     eprintln!("scale: {n} tasks written in {:.1} s", wrote.as_secs_f64());
 
-    // Rounds alternate the raw watch and the scheduler, so both see the same machine state.
+    // Rounds alternate the raw watch, the floor and the scheduler, so all see the same
+    // machine state.
     let mut rounds = Vec::new();
     for round in 1..=args.rounds.max(1) {
         // Raw: one ordered watch delivering the last value of every key.
-        let (cpu, started) = (server_cpu(), Instant::now());
-        let mut watch = topology.tasks.watch_with_history(">").await?;
-        let mut count = 0usize;
-        while let Some(entry) = watch.next().await {
-            let entry = entry?;
-            count += 1;
-            if entry.delta == 0 {
-                break;
-            }
-        }
-        let raw = started.elapsed();
-        let raw_server_cpu = server_cpu() - cpu;
-        drop(watch);
+        let raw = watch_all(&topology, false, &server_cpu).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Floor: the same watch, each value validated as a spec where it arrives: what any
+        // scheduler that refuses an invalid spec does at least, before it keeps a thing.
+        let floor = watch_all(&topology, true, &server_cpu).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
 
         let (cpu, loaded) = (server_cpu(), load_scheduler(&server.url()).await?);
-        let ratio = loaded.ready.as_secs_f64() / raw.as_secs_f64();
+        let ratio = loaded.ready.as_secs_f64() / raw.elapsed.as_secs_f64();
+        let to_floor = loaded.ready.as_secs_f64() / floor.elapsed.as_secs_f64();
         eprintln!(
-            "scale round {round}: raw watch_with_history {count} keys in {:.0} ms (server CPU {raw_server_cpu:.1} s); \
-             scheduler ready in {:.0} ms ({ratio:.2}x raw; its CPU {:.1} s, server CPU {:.1} s); RSS {:.0} MiB, \
-             {:.0} MiB 2 s later",
-            raw.as_secs_f64() * 1000.0,
+            "scale round {round}: raw watch_with_history {} keys in {:.0} ms (server CPU {:.1} s, client CPU {:.1} s); \
+             floor (raw + spec parse) {:.0} ms ({:.2}x raw; server CPU {:.1} s, client CPU {:.1} s); \
+             scheduler ready in {:.0} ms ({ratio:.2}x raw, {to_floor:.2}x the floor; its CPU {:.1} s, server CPU {:.1} s); \
+             RSS {:.0} MiB, {:.0} MiB 2 s later",
+            raw.keys,
+            raw.elapsed.as_secs_f64() * 1000.0,
+            raw.server_cpu_s,
+            raw.client_cpu_s,
+            floor.elapsed.as_secs_f64() * 1000.0,
+            floor.elapsed.as_secs_f64() / raw.elapsed.as_secs_f64(),
+            floor.server_cpu_s,
+            floor.client_cpu_s,
             loaded.ready.as_secs_f64() * 1000.0,
             loaded.cpu_s,
             server_cpu() - cpu,
@@ -365,11 +368,17 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
             loaded.rss_settled_mib,
         );
         rounds.push(json!({
-            "raw_watch_ms": raw.as_secs_f64() * 1000.0,
-            "raw_watch_keys": count,
-            "raw_server_cpu_s": raw_server_cpu,
+            "raw_watch_ms": raw.elapsed.as_secs_f64() * 1000.0,
+            "raw_watch_keys": raw.keys,
+            "raw_server_cpu_s": raw.server_cpu_s,
+            "raw_client_cpu_s": raw.client_cpu_s,
+            "floor_ms": floor.elapsed.as_secs_f64() * 1000.0,
+            "floor_to_raw": floor.elapsed.as_secs_f64() / raw.elapsed.as_secs_f64(),
+            "floor_server_cpu_s": floor.server_cpu_s,
+            "floor_client_cpu_s": floor.client_cpu_s,
             "load_ms": loaded.ready.as_secs_f64() * 1000.0,
             "ratio_to_raw": ratio,
+            "ratio_to_floor": to_floor,
             "scheduler_cpu_s": loaded.cpu_s,
             "rss_mib": loaded.rss_mib,
             "rss_mib_settled": loaded.rss_settled_mib,
@@ -378,10 +387,12 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
     }
     let median = |key: &str| crate::stats::median(rounds.iter().filter_map(|r| r[key].as_f64()).collect());
     let (raw_ms, load_ms, rss) = (median("raw_watch_ms"), median("load_ms"), median("rss_mib"));
-    let ratio = median("ratio_to_raw");
+    let (floor_ms, floor_to_raw) = (median("floor_ms"), median("floor_to_raw"));
+    let (ratio, to_floor) = (median("ratio_to_raw"), median("ratio_to_floor"));
     if rounds.len() > 1 {
         eprintln!(
-            "scale: median of {} rounds: raw {raw_ms:.0} ms, scheduler {load_ms:.0} ms, ratio {ratio:.2}x; RSS {rss:.0} MiB",
+            "scale: median of {} rounds: raw {raw_ms:.0} ms, floor {floor_ms:.0} ms ({floor_to_raw:.2}x raw), \
+             scheduler {load_ms:.0} ms, ratio {ratio:.2}x raw, {to_floor:.2}x the floor; RSS {rss:.0} MiB",
             rounds.len()
         );
     }
@@ -389,11 +400,51 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
         "scenario": "scale",
         "tasks": n,
         "raw_watch_ms": raw_ms,
+        "floor_ms": floor_ms,
+        "floor_to_raw": floor_to_raw,
         "load_ms": load_ms,
         "ratio_to_raw": ratio,
+        "ratio_to_floor": to_floor,
         "rss_mib": rss,
         "rounds": rounds,
     }))
+}
+
+/// One ordered watch over the tasks bucket, read to its end.
+struct Watched {
+    keys: usize,
+    elapsed: Duration,
+    server_cpu_s: f64,
+    /// CPU seconds of this process meanwhile.
+    client_cpu_s: f64,
+}
+
+/// Reads the last value of every key of the tasks bucket with one `watch_with_history`,
+/// validating each as a spec when `parse` (a value that is not one fails the phase).
+async fn watch_all(
+    topology: &Topology,
+    parse: bool,
+    server_cpu: &impl Fn() -> f64,
+) -> anyhow::Result<Watched> {
+    let own = std::process::id().to_string();
+    let client_cpu = || cpu_seconds(&own).unwrap_or(0.0);
+    let (server, client, started) = (server_cpu(), client_cpu(), Instant::now());
+    let mut watch = topology.tasks.watch_with_history(">").await?;
+    let mut keys = 0usize;
+    while let Some(entry) = watch.next().await {
+        let entry = entry?;
+        keys += 1;
+        if parse {
+            let spec =
+                TaskSpec::parse(&entry.value).map_err(|e| anyhow::anyhow!("task {}: {e}", entry.key))?;
+            std::hint::black_box(spec);
+        }
+        if entry.delta == 0 {
+            break;
+        }
+    }
+    let elapsed = started.elapsed();
+    Ok(Watched { keys, elapsed, server_cpu_s: server_cpu() - server, client_cpu_s: client_cpu() - client })
 }
 
 /// What one scheduler process took to load the tasks bucket.
