@@ -44,8 +44,8 @@ pub fn live(entry: Option<Entry>) -> Option<Entry> {
 /// [`LastMessage::is_kv_marker`]), read from the bucket stream's leader rather than with a
 /// direct get: on a replicated bucket a direct get may be answered by a replica that has not
 /// applied the last write yet, which a compare-and-set that just conflicted must not see.
-pub async fn read_leader(
-    stream: &async_nats::jetstream::stream::Stream,
+pub async fn read_leader<I>(
+    stream: &async_nats::jetstream::stream::Stream<I>,
     bucket: &str,
     key: &str,
 ) -> Result<Option<LastMessage>, LastRawMessageError> {

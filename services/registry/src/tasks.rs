@@ -3,11 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, kv};
 use chrono::Utc;
 use futures::TryStreamExt;
-use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
+use jetsched_shared::cas::{self, is_already_exists, is_revision_mismatch};
 use jetsched_shared::dispatch::{self, DispatchMessage, Origin, SpecBody, Target};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::events::EventSink;
@@ -27,9 +26,6 @@ pub enum Precondition {
     /// Fail with `conflict` unless the stored revision is this one (0 = must not exist).
     Revision(u64),
 }
-
-/// The header async-nats and the `nats` CLI use to mark KV deletes and purges.
-const KV_OPERATION: &str = "KV-Operation";
 
 /// How many times a conflict reply re-reads a revision that has not caught up yet.
 const CONFLICT_READ_ATTEMPTS: usize = 40;
@@ -123,20 +119,13 @@ impl TaskStore {
     /// The latest message of a key from the stream leader, and whether it is a live value
     /// (not a delete or purge marker).
     async fn read_leader(&self, key: &str) -> Result<Option<(Latest, bool)>, ApiError> {
-        let subject = Names::kv_subject(&self.tasks_bucket, key);
-        match self.tasks_stream.get_last_raw_message_by_subject(&subject).await {
-            Ok(message) => {
-                let deleted = message
-                    .headers
-                    .get(KV_OPERATION)
-                    .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-                let latest =
-                    Latest { key: key.to_string(), value: message.payload, revision: message.sequence };
-                Ok(Some((latest, !deleted)))
-            }
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(unavailable("read tasks bucket", e)),
-        }
+        let latest = cas::read_leader(&self.tasks_stream, &self.tasks_bucket, key)
+            .await
+            .map_err(|e| unavailable("read tasks bucket", e))?;
+        Ok(latest.map(|message| {
+            let live = !message.is_kv_marker();
+            (Latest { key: key.to_string(), value: message.payload, revision: message.sequence }, live)
+        }))
     }
 
     async fn current_revision(&self, key: &str) -> u64 {
