@@ -64,11 +64,15 @@ async fn bench_all_tiny_reports_every_scenario() {
     assert!(number(&report, "/scenarios/e2e/ceiling_per_second") > 10.0);
     assert!(number(&report, "/scenarios/scale/load_ms") > 0.0);
     assert!(number(&report, "/scenarios/scale/rss_mib") > 0.0);
+    assert!(number(&report, "/scenarios/scale/floor_ms") > 0.0);
+    assert!(number(&report, "/scenarios/scale/ratio_to_floor") > 0.0);
     let rounds = report.pointer("/scenarios/scale/rounds").and_then(Value::as_array).expect("scale rounds");
     assert!(!rounds.is_empty());
     for round in rounds {
         assert_eq!(number(round, "/raw_watch_keys"), number(&report, "/scenarios/scale/tasks"));
         assert!(number(round, "/load_ms") > 0.0);
+        // The floor read every key too, and parsed each (a bad spec would have failed it).
+        assert!(number(round, "/floor_ms") > 0.0);
     }
 }
 
