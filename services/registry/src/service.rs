@@ -257,6 +257,9 @@ impl Registry {
         let pause_task =
             tokio::spawn(pause::run(pauses, store.clone(), names, metrics.clone(), shutdown.clone()));
         let permits = Arc::new(Semaphore::new(concurrency));
+        // Shared by every request's task: cloning the stores themselves (each holds its
+        // stream's info) cost an allocation per string and made every task kilobytes larger.
+        let state = Arc::new(Handlers { store, dlq, breakers, runs });
         loop {
             let permit = tokio::select! {
                 biased;
@@ -269,15 +272,10 @@ impl Registry {
                 next = requests.next() => next,
             };
             let Some((endpoint, scoped, request)) = next else { anyhow::bail!("API subscriptions ended") };
-            let store = store.clone();
-            let dlq = dlq.clone();
-            let breakers = breakers.clone();
-            let runs = runs.clone();
-            let metrics = metrics.clone();
+            let (state, metrics) = (state.clone(), metrics.clone());
             tracker.spawn(async move {
                 let _permit = permit;
-                let handlers = Handlers { store: &store, dlq: &dlq, breakers: &breakers, runs: &runs };
-                serve(handlers, limits, &metrics, endpoint, scoped, request).await;
+                serve(&state, limits, &metrics, endpoint, scoped, request).await;
             });
         }
         tracker.close();
@@ -297,8 +295,7 @@ impl Registry {
         }
         // The last sink goes with the store: the pump then stores what is queued and ends.
         // Bounded: the pump retries an event for up to a minute while JetStream cannot store it.
-        drop(store);
-        drop(breakers);
+        drop(state);
         match tokio::time::timeout(EVENTS_GRACE, pump).await {
             Err(_) => tracing::warn!("events not all published before shutdown"),
             Ok(Err(error)) => tracing::warn!(%error, "event pump panicked"),
@@ -311,11 +308,11 @@ impl Registry {
 }
 
 /// What the endpoints read and write.
-struct Handlers<'a> {
-    store: &'a TaskStore,
-    dlq: &'a DlqApi,
-    breakers: &'a BreakerApi,
-    runs: &'a async_nats::jetstream::kv::Store,
+struct Handlers {
+    store: TaskStore,
+    dlq: DlqApi,
+    breakers: BreakerApi,
+    runs: async_nats::jetstream::kv::Store,
 }
 
 /// The micro-service endpoint name and subject (within its group) of an endpoint, plain or
@@ -325,7 +322,7 @@ fn endpoint_names(name: &str, subject: &str, namespaced: bool) -> (String, Strin
 }
 
 async fn serve(
-    handlers: Handlers<'_>,
+    handlers: &Handlers,
     limits: Limits,
     metrics: &Metrics,
     endpoint: Endpoint,
@@ -337,19 +334,25 @@ async fn serve(
     let subject = request.message.subject.clone();
     let scope = scoped.then(|| subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
     let span = spans::request(endpoint, &subject, request.message.headers.as_ref());
+    // Each endpoint's future is boxed at its own size: inline, the largest (kilobytes) would
+    // be part of the task spawned for every request, whatever its endpoint.
     let handling = async {
         match (endpoint, scope) {
             (Endpoint::Dlq(endpoint), scope) => {
-                dlq.handle_in(endpoint, scope, &request.message.payload).await.map_err(Into::into)
+                Box::pin(dlq.handle_in(endpoint, scope, &request.message.payload)).await.map_err(Into::into)
             }
             (Endpoint::Breaker(endpoint), _) => {
-                breakers.handle(endpoint, &request.message.payload).await.map_err(Into::into)
+                Box::pin(breakers.handle(endpoint, &request.message.payload)).await.map_err(Into::into)
             }
             (Endpoint::RunsGet, scope) => {
-                runs::get(runs, scope.unwrap_or_default(), &request.message.payload).await.map_err(Into::into)
+                Box::pin(runs::get(runs, scope.unwrap_or_default(), &request.message.payload))
+                    .await
+                    .map_err(Into::into)
             }
-            (_, Some(namespace)) => scope::handle(store, limits, endpoint, namespace, &request).await,
-            (_, None) => api::handle(store, limits, endpoint, &request).await,
+            (_, Some(namespace)) => {
+                Box::pin(scope::handle(store, limits, endpoint, namespace, &request)).await
+            }
+            (_, None) => Box::pin(api::handle(store, limits, endpoint, &request)).await,
         }
     };
     let result = span.around(handling).await;
