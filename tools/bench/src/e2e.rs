@@ -328,8 +328,9 @@ async fn queue(js: &jetstream::Context, messages: &[Prepared], records: Records)
             ..Default::default()
         })
         .await?;
+    // Shared, not cloned per message: a store's clone copies its stream's info.
     let kv = match records {
-        Some(_) => Some(
+        Some(_) => Some(Arc::new(
             js.create_key_value(jetstream::kv::Config {
                 bucket: bucket.clone(),
                 history: 1,
@@ -337,7 +338,7 @@ async fn queue(js: &jetstream::Context, messages: &[Prepared], records: Records)
                 ..Default::default()
             })
             .await?,
-        ),
+        )),
         None => None,
     };
     let runs = messages.len();
