@@ -133,19 +133,18 @@ impl Flush {
             if Instant::now() >= valid_until {
                 return batch.into_iter().map(|(_, _, idx, generation)| (idx, generation, false)).collect();
             }
+            // Each write borrows the one store: a clone would copy its stream's info per key.
+            let store = &store;
             futures::stream::iter(batch)
-                .map(|(key, body, idx, generation)| {
-                    let store = store.clone();
-                    async move {
-                        let stored = match store.put(&key, body).await {
-                            Ok(_) => true,
-                            Err(error) => {
-                                tracing::debug!(%error, task = %key, "fire state not written");
-                                false
-                            }
-                        };
-                        (idx, generation, stored)
-                    }
+                .map(|(key, body, idx, generation)| async move {
+                    let stored = match store.put(&key, body).await {
+                        Ok(_) => true,
+                        Err(error) => {
+                            tracing::debug!(%error, task = %key, "fire state not written");
+                            false
+                        }
+                    };
+                    (idx, generation, stored)
                 })
                 .buffer_unordered(STATE_WRITE_WINDOW)
                 .collect::<Vec<_>>()

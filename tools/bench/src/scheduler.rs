@@ -348,9 +348,10 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
         let (cpu, loaded) = (server_cpu(), load_scheduler(&server.url()).await?);
         let ratio = loaded.ready.as_secs_f64() / raw.elapsed.as_secs_f64();
         let to_floor = loaded.ready.as_secs_f64() / floor.elapsed.as_secs_f64();
+        let floor_to_raw = floor.elapsed.as_secs_f64() / raw.elapsed.as_secs_f64();
         eprintln!(
             "scale round {round}: raw watch_with_history {} keys in {:.0} ms (server CPU {:.1} s, client CPU {:.1} s); \
-             floor (raw + spec parse) {:.0} ms ({:.2}x raw; server CPU {:.1} s, client CPU {:.1} s); \
+             floor (raw + spec parse) {:.0} ms ({floor_to_raw:.2}x raw; server CPU {:.1} s, client CPU {:.1} s); \
              scheduler ready in {:.0} ms ({ratio:.2}x raw, {to_floor:.2}x the floor; its CPU {:.1} s, server CPU {:.1} s); \
              RSS {:.0} MiB, {:.0} MiB 2 s later",
             raw.keys,
@@ -358,7 +359,6 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
             raw.server_cpu_s,
             raw.client_cpu_s,
             floor.elapsed.as_secs_f64() * 1000.0,
-            floor.elapsed.as_secs_f64() / raw.elapsed.as_secs_f64(),
             floor.server_cpu_s,
             floor.client_cpu_s,
             loaded.ready.as_secs_f64() * 1000.0,
@@ -373,7 +373,7 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
             "raw_server_cpu_s": raw.server_cpu_s,
             "raw_client_cpu_s": raw.client_cpu_s,
             "floor_ms": floor.elapsed.as_secs_f64() * 1000.0,
-            "floor_to_raw": floor.elapsed.as_secs_f64() / raw.elapsed.as_secs_f64(),
+            "floor_to_raw": floor_to_raw,
             "floor_server_cpu_s": floor.server_cpu_s,
             "floor_client_cpu_s": floor.client_cpu_s,
             "load_ms": loaded.ready.as_secs_f64() * 1000.0,

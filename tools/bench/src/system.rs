@@ -39,11 +39,9 @@ pub(crate) async fn write_tasks(
     specs: Vec<(String, Bytes)>,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
+    let kv = &topology.tasks;
     let results: Vec<_> = futures::stream::iter(specs)
-        .map(|(id, body)| {
-            let kv = topology.tasks.clone();
-            async move { kv.put(task_key(NS, &id), body).await }
-        })
+        .map(|(id, body)| async move { kv.put(task_key(NS, &id), body).await })
         .buffer_unordered(256)
         .collect()
         .await;
