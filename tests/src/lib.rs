@@ -37,7 +37,7 @@ pub use netns::{NetLab, sweep as sweep_netns};
 pub use nscluster::{NsCluster, NsService};
 pub use process::{ChildProcess, workspace_bin};
 pub use proxy::{Delay, Proxy};
-pub use server::{NatsServer, ServerOpts};
+pub use server::{NatsServer, ServerOpts, free_addr, free_ports};
 pub use streams::read_stream;
 
 /// How often [`eventually`] re-runs its check.

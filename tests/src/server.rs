@@ -281,7 +281,7 @@ pub(crate) fn loopback(port: u16) -> SocketAddr {
 /// Picked at random below the kernel's ephemeral range (32768+), not by binding port 0: the
 /// ephemeral range is also where outgoing connections get their local port, so a port from it
 /// could be taken while a test restarts the server that owned it.
-pub(crate) fn free_ports<const N: usize>() -> [u16; N] {
+pub fn free_ports<const N: usize>() -> [u16; N] {
     const RANGE: std::ops::Range<u16> = 20_000..32_000;
     let random = RandomState::new();
     let mut held: Vec<TcpListener> = Vec::with_capacity(N);
@@ -304,6 +304,13 @@ pub(crate) fn free_ports<const N: usize>() -> [u16; N] {
         }
     }
     ports
+}
+
+/// A loopback address whose port was free a moment ago, picked as [`free_ports`] picks: for
+/// an admin listener, a webhook or a port where nothing listens, handed to a process.
+pub fn free_addr() -> SocketAddr {
+    let [port] = free_ports();
+    loopback(port)
 }
 
 /// The `nats-server` binary (PATH or `NATS_SERVER_BIN`), checked once per test process.

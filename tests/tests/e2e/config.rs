@@ -8,10 +8,7 @@ use jetsched_tests::{ChildProcess, init_test_logging};
 
 /// A loopback URL where nothing listens.
 fn dead_nats_url() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    let port = listener.local_addr().expect("local addr").port();
-    drop(listener);
-    format!("nats://127.0.0.1:{port}")
+    format!("nats://{}", jetsched_tests::free_addr())
 }
 
 /// Runs `binary` with `args` (and nothing from this test's environment that it reads) until it

@@ -15,7 +15,7 @@ use jetsched_tests::fixtures::wait_run_status;
 use jetsched_tests::otlp::{
     Downstream, KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, OtlpReceiver, ReceivedSpan,
 };
-use jetsched_tests::{App, ChildProcess, NatsServer, admin_get, eventually, metric_value, spec};
+use jetsched_tests::{App, ChildProcess, NatsServer, admin_get, eventually, free_addr, metric_value, spec};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -42,12 +42,6 @@ fn service(
     }
     command.envs(otel.iter().copied());
     ChildProcess::spawn_command(instance, command)
-}
-
-/// A loopback address with a port free now.
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("address")
 }
 
 /// Scheduler and worker processes exporting to `endpoint` with the extra variables `otel`.

@@ -31,7 +31,7 @@ use self::prom::{histogram, metric_sum, window_quantile};
 use crate::Size;
 use crate::stats::median;
 use crate::system::{
-    NS, free_port, http_get, rss_and_anon_mib, service_bin, service_env, spread_schedules, wait_leader,
+    NS, free_admin_addr, http_get, rss_and_anon_mib, service_bin, service_env, spread_schedules, wait_leader,
     write_tasks,
 };
 
@@ -90,6 +90,9 @@ struct Service {
     child: Child,
     admin: SocketAddr,
     log: PathBuf,
+    /// How it was started: `(url, binary, extra arguments)`, to start it again on another
+    /// admin port when its port was taken between being picked and being bound.
+    launch: (String, String, Vec<String>),
 }
 
 impl Drop for Service {
@@ -120,7 +123,15 @@ impl Drop for Services {
 
 impl Services {
     fn spawn(&mut self, url: &str, bin: &str, instance: &str, extra: &[&str]) -> anyhow::Result<()> {
-        let admin: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+        let launch = (url.to_string(), bin.to_string(), extra.iter().map(|a| a.to_string()).collect());
+        let service = self.start(instance, launch)?;
+        self.procs.push(service);
+        Ok(())
+    }
+
+    fn start(&self, instance: &str, launch: (String, String, Vec<String>)) -> anyhow::Result<Service> {
+        let (url, bin, extra) = &launch;
+        let admin = free_admin_addr();
         let log = self.dir.join(format!("{instance}.log"));
         let out = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
         let child = Command::new(service_bin(bin)?)
@@ -134,8 +145,20 @@ impl Services {
             .stderr(out)
             .spawn()
             .with_context(|| format!("spawn {bin}"))?;
-        self.procs.push(Service { name: instance.to_string(), child, admin, log });
-        Ok(())
+        Ok(Service { name: instance.to_string(), child, admin, log, launch })
+    }
+
+    /// Starts process `i` again on another admin port when it exited because its port was
+    /// taken (by another process, between the pick and the bind); true when it did.
+    fn restart_if_port_taken(&mut self, i: usize) -> anyhow::Result<bool> {
+        let p = &mut self.procs[i];
+        if p.child.try_wait()?.is_none() || !tail(&p.log).contains("bind admin listener") {
+            return Ok(false);
+        }
+        eprintln!("soak: {} could not bind {}; starting it on another port", p.name, p.admin);
+        let (name, launch) = (p.name.clone(), p.launch.clone());
+        self.procs[i] = self.start(&name, launch)?;
+        Ok(true)
     }
 
     /// Fails when a process has exited (with the tail of its log).
@@ -151,10 +174,15 @@ impl Services {
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         for i in 0..self.procs.len() {
+            let mut restarts = 0;
             loop {
                 let admin = self.procs[i].admin;
                 if http_get(admin, "/readyz").await.is_ok_and(|r| r.contains("\"ready\":true")) {
                     break;
+                }
+                if restarts < 3 && self.restart_if_port_taken(i)? {
+                    restarts += 1;
+                    continue;
                 }
                 self.check_alive()?;
                 if Instant::now() > deadline {

@@ -272,9 +272,11 @@ fn status_mib(status: &str, field: &str) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-/// A free loopback port (bound and released).
-pub(crate) fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// A loopback address for a service's admin listener, free a moment ago and below the
+/// kernel's ephemeral range (where a port taken by an outgoing connection meanwhile would make
+/// the service fail to bind).
+pub(crate) fn free_admin_addr() -> std::net::SocketAddr {
+    jetsched_tests::free_addr()
 }
 
 /// Body of an HTTP/1.0 GET (the admin endpoints).

@@ -40,7 +40,7 @@ async fn full_stack_failures_and_failover_alert_and_show_in_every_services_metri
     .await;
 
     // Every second, a POST to a port nobody listens on, with a single attempt.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let closed = jetsched_tests::free_addr();
     let spec = serde_json::json!({
         "id": "broken", "namespace": "e2e",
         "schedule": {"every": "1s"},

@@ -129,7 +129,7 @@ async fn start_alerter_process(server: &NatsServer, admin: SocketAddr, what: &st
 async fn a_killed_alerter_process_does_not_resend_after_restart() {
     let (server, client, js, names) = start().await;
     let subscriber = Subscriber::start(&client, &names).await;
-    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let admin = jetsched_tests::free_addr();
     let mut process = start_alerter_process(&server, admin, "the alerter process is ready").await;
     publish_event(&js, &names, &run_event(EventKind::RunDead, "billing", "invoice")).await;
     eventually(WAIT, "run_dead and no_leader from the process", || async {

@@ -28,7 +28,7 @@ impl Browser {
                 "{tool} is missing: install Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
             );
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = jetsched_tests::free_addr().port();
         let driver = Command::new(CHROMEDRIVER)
             .arg(format!("--port={port}"))
             .stdout(std::process::Stdio::null())

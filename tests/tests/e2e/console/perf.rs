@@ -3,23 +3,18 @@
 //! 200 ms and the process stay under 100 MiB. 5,000 tasks by default (CI), as many as
 //! `JETSCHED_CONSOLE_TASKS` says otherwise (the README's figures: 100,000).
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jetsched_shared::names::{Names, task_key};
 use jetsched_shared::topology::{self, TopologyArgs};
-use jetsched_tests::{ChildProcess, NatsServer, admin_get, eventually, init_test_logging, spec};
+use jetsched_tests::{ChildProcess, NatsServer, admin_get, eventually, free_addr, init_test_logging, spec};
 use serde_json::json;
 
 use super::browser::request;
 
 const BUDGET: Duration = Duration::from_millis(200);
 const RSS_LIMIT_KIB: u64 = 100 * 1024;
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
 
 /// `VmRSS` and `VmHWM` (peak) of a process, in KiB.
 fn memory_kib(pid: u32) -> (u64, u64) {
