@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::schedules::{self, CpuMeter};
 use crate::system::{
-    Lag, NS, cpu_seconds, dispatch_count, free_admin_addr, http_get, raw_publish_with_ids, read_dispatch_times,
-    rss_mib, service_bin, spec, spread_schedules, wait_leader, write_tasks,
+    Lag, NS, cpu_seconds, dispatch_count, free_admin_addr, http_get, raw_publish_with_ids,
+    read_dispatch_times, rss_mib, service_bin, spec, spread_schedules, wait_leader, write_tasks,
 };
 
 #[derive(Debug, Clone, clap::Args)]
