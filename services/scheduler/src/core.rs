@@ -10,6 +10,7 @@
 //! deliver), `leadership` (acquiring, resuming, stepping down) and `fires` (due fires to
 //! acknowledged dispatches, fire-state writes).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
@@ -48,7 +49,8 @@ pub(crate) struct Nats {
     pub(crate) client: async_nats::Client,
     pub(crate) tasks: kv::Store,
     pub(crate) state: kv::Store,
-    pub(crate) runs: kv::Store,
+    /// Shared with the overlap checks in flight (a store's clone copies its stream's info).
+    pub(crate) runs: Arc<kv::Store>,
     /// The runs bucket's TTL (an older run record may be gone for that reason alone).
     pub(crate) runs_ttl: Duration,
 }

@@ -6,6 +6,7 @@
 //! The rules and the reads are in `overlap/rules.rs`; this part keeps each gated task's turn.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
@@ -85,7 +86,7 @@ impl Overlap {
     }
 
     /// Holds `fire` (after [`Admission::Check`]) while the previous run is read from `runs`.
-    pub(crate) fn check(&mut self, fire: Fire, policy: OverlapPolicy, prior: Prior, runs: kv::Store) {
+    pub(crate) fn check(&mut self, fire: Fire, policy: OverlapPolicy, prior: Prior, runs: Arc<kv::Store>) {
         let check = match policy {
             OverlapPolicy::BufferOne => {
                 rules::wait_idle(runs, prior).map(|r| r.map(|()| Decision::Dispatch)).boxed()

@@ -126,7 +126,14 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
         pipeline: Pipeline::new(config.publish_window, config.catchup_rate, Acks::subscribe(&client).await?),
         overlap: Overlap::default(),
         flush: Flush::new(config.state_flush),
-        nats: Nats { names, client: client.clone(), tasks, state, runs, runs_ttl: config.topology.runs_ttl },
+        nats: Nats {
+            names,
+            client: client.clone(),
+            tasks,
+            state,
+            runs: Arc::new(runs),
+            runs_ttl: config.topology.runs_ttl,
+        },
         report: Report { metrics, events, instance, fire_events: config.fire_events, readiness },
     };
     if empty {

@@ -5,6 +5,7 @@
 //! ([`is_going`] and [`wait_idle`]) run outside the scheduler's loop, which gets their result
 //! back as an event. Tasks with `allow` never come here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -112,7 +113,7 @@ async fn read_status(runs: &kv::Store, execution_id: &str) -> anyhow::Result<Opt
 }
 
 /// One read: is the previous run still going?
-pub(crate) async fn is_going(runs: kv::Store, prior: Prior) -> anyhow::Result<bool> {
+pub(crate) async fn is_going(runs: Arc<kv::Store>, prior: Prior) -> anyhow::Result<bool> {
     let record = read_status(&runs, &prior.execution_id).await?;
     Ok(going(record, prior.previous, prior.age, prior.ttl))
 }
@@ -120,7 +121,7 @@ pub(crate) async fn is_going(runs: kv::Store, prior: Prior) -> anyhow::Result<bo
 /// Returns once the previous run is no longer going: the record's key is watched first (so a
 /// change between the read and the watch is not lost), then read; updates decide from there.
 /// No polling. A missing record of a dispatched fire waits for the worker to write one.
-pub(crate) async fn wait_idle(runs: kv::Store, prior: Prior) -> anyhow::Result<()> {
+pub(crate) async fn wait_idle(runs: Arc<kv::Store>, prior: Prior) -> anyhow::Result<()> {
     let mut watch = runs.watch(&prior.execution_id).await.context("watch run record")?;
     let record = read_status(&runs, &prior.execution_id).await?;
     if !going(record, prior.previous, prior.age, prior.ttl) {
