@@ -12,7 +12,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, HeaderName};
 pub use opentelemetry::Context;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
@@ -72,11 +72,17 @@ pub(crate) fn set_server_msg_trace(on: bool) {
     SERVER_MSG_TRACE.store(on, Ordering::Relaxed);
 }
 
+/// [`TRACEPARENT`] as a header name without an allocation (a lookup by `&str` validates, builds
+/// and allocates the name every time): every delivery looks it up a few times.
+fn traceparent_name() -> HeaderName {
+    HeaderName::from_static(TRACEPARENT)
+}
+
 /// Adds [`NATS_TRACE_DEST`]` = `[`NATS_TRACE_DISABLED`] to `headers` when their `traceparent`
 /// is sampled and [`server_msg_trace`] is off.
 pub fn keep_from_server_tracing(headers: &mut HeaderMap) {
     let sampled =
-        headers.get(TRACEPARENT).and_then(|v| parse_traceparent(v.as_str())).is_some_and(|(_, s)| s);
+        headers.get(traceparent_name()).and_then(|v| parse_traceparent(v.as_str())).is_some_and(|(_, s)| s);
     if sampled && !server_msg_trace() {
         headers.insert(NATS_TRACE_DEST, NATS_TRACE_DISABLED);
     }
@@ -124,7 +130,7 @@ pub fn records_child(headers: Option<&HeaderMap>) -> bool {
     if !enabled() {
         return false;
     }
-    let parent = headers.and_then(|h| h.get(TRACEPARENT)).and_then(|v| parse_traceparent(v.as_str()));
+    let parent = headers.and_then(|h| h.get(traceparent_name())).and_then(|v| parse_traceparent(v.as_str()));
     match parent {
         Some((trace_id, sampled)) => {
             let sampling = sampling::process();
@@ -167,7 +173,7 @@ pub fn current_is_untraced() -> bool {
 /// The trace context a request's `headers` carry, when it is valid (a caller's context to
 /// pass on as it came while no span of ours continues it).
 pub fn caller(headers: Option<&HeaderMap>) -> Option<Context> {
-    let headers = headers.filter(|headers| headers.get(TRACEPARENT).is_some())?;
+    let headers = headers.filter(|headers| headers.get(traceparent_name()).is_some())?;
     let cx = extract(Some(headers));
     cx.span().span_context().is_valid().then_some(cx)
 }
@@ -199,7 +205,7 @@ pub fn extract(headers: Option<&HeaderMap>) -> Context {
 
 /// The trace id carried by `headers`' `traceparent`, as 32 hex digits.
 pub fn trace_id_in(headers: Option<&HeaderMap>) -> Option<String> {
-    let value = headers?.get(TRACEPARENT)?.as_str();
+    let value = headers?.get(traceparent_name())?.as_str();
     let context = extract_span_context(value)?;
     Some(context.trace_id().to_string())
 }

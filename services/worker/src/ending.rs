@@ -222,7 +222,8 @@ impl Delivery<'_> {
                 .inc();
         }
         let mut reason = reason;
-        if let Some(kind) = plan.event {
+        // Built only when published: most runs' outcome is told under `--run-events all` alone.
+        if let Some(kind) = plan.event.filter(|kind| shared.run_events.wants(*kind)) {
             let mut event = self.event(kind, self.attempt);
             event.error = error;
             event.duration_ms = self.elapsed.map(|e| u64::try_from(e.as_millis()).unwrap_or(u64::MAX));

@@ -4,7 +4,7 @@
 //! handler) whose context the executor passes on. Otherwise the `run` span is one only the logs
 //! see, and the dispatch's own `traceparent` is passed on unchanged.
 
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, HeaderName};
 use jetsched_shared::spec::Executor;
 use jetsched_shared::trace;
 use jetsched_shared::wire::Dispatch;
@@ -19,7 +19,9 @@ pub(crate) struct Propagated {
 impl Propagated {
     /// The dispatch's own trace context, passed on as it came.
     pub(crate) fn from_headers(headers: Option<&HeaderMap>) -> Propagated {
-        let get = |name: &str| headers.and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+        // A static name: looking a `&str` name up builds (and allocates) a header name each time.
+        let get =
+            |name| headers.and_then(|h| h.get(HeaderName::from_static(name))).map(|v| v.as_str().to_string());
         Propagated {
             traceparent: get(trace::TRACEPARENT),
             tracestate: get(trace::TRACESTATE).filter(|s| !s.is_empty()),

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::AckKind;
-use async_nats::{HeaderMap, HeaderValue};
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use chrono::Utc;
 use jetsched_shared::names::breaker_reason;
 use jetsched_shared::spec::OnOpen;
@@ -28,8 +28,11 @@ use crate::delivery::{Delivery, acknowledge};
 const RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// The number in a header (0 when absent or not a number).
-pub(crate) fn header_count(headers: Option<&HeaderMap>, name: &str) -> u32 {
-    headers.and_then(|h| h.get(name)).and_then(|v| v.as_str().parse().ok()).unwrap_or(0)
+pub(crate) fn header_count(headers: Option<&HeaderMap>, name: &'static str) -> u32 {
+    headers
+        .and_then(|h| h.get(HeaderName::from_static(name)))
+        .and_then(|v| v.as_str().parse().ok())
+        .unwrap_or(0)
 }
 
 impl Delivery<'_> {
