@@ -247,6 +247,8 @@ impl TaskStore {
         keys.retain(|k| prefix.as_deref().is_none_or(|p| k.starts_with(p)));
         keys.retain(|k| request.cursor.as_deref().is_none_or(|c| k.as_str() > c));
         keys.sort();
+        // A key written again while the listing runs comes twice (its old and its new message).
+        keys.dedup();
         let mut tasks = Vec::new();
         let mut next_cursor = None;
         for key in keys {
