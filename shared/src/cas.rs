@@ -1,4 +1,5 @@
-//! Compare-and-set on KV buckets: recognising a lost race, whatever form the server gives it.
+//! Compare-and-set on KV buckets: recognising a lost race, whatever form the server gives it;
+//! and reading a bucket so that a concurrent write cannot mislead the reader.
 
 use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind};
 
@@ -38,6 +39,17 @@ fn chain_mentions_mismatch(error: &(dyn std::error::Error + 'static)) -> bool {
 /// An entry that holds a value (not a delete or purge marker).
 pub fn live(entry: Option<Entry>) -> Option<Entry> {
     entry.filter(|e| e.operation == Operation::Put)
+}
+
+/// Every key of `kv` holding a value, in key order, each once. A listing of a bucket's keys
+/// names a key twice when the key is written again while the listing runs (its old message,
+/// then its new one).
+pub async fn keys_once(kv: &async_nats::jetstream::kv::Store) -> anyhow::Result<Vec<String>> {
+    use futures::TryStreamExt;
+    let mut keys: Vec<String> = kv.keys().await?.try_collect().await?;
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(keys)
 }
 
 /// The latest message of `key` in `bucket` (delete and purge markers included, see

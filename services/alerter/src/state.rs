@@ -9,8 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use async_nats::jetstream::{self, kv};
 use chrono::{DateTime, Utc};
-use futures::TryStreamExt;
-use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, live};
+use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, keys_once, live};
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::TopologyArgs;
 use jetsched_shared::wire::millis;
@@ -111,14 +110,7 @@ impl DedupStore {
         throttle: &mut Throttle,
         now: DateTime<Utc>,
     ) -> anyhow::Result<usize> {
-        let keys: Vec<String> = self
-            .kv
-            .keys()
-            .await
-            .context("list alerter windows")?
-            .try_collect()
-            .await
-            .context("list alerter windows")?;
+        let keys = keys_once(&self.kv).await.context("list alerter windows")?;
         let mut restored = 0;
         for key in keys {
             let Some(entry) =

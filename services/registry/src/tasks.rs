@@ -5,8 +5,7 @@ use std::collections::BTreeMap;
 
 use async_nats::jetstream::{self, kv};
 use chrono::Utc;
-use futures::TryStreamExt;
-use jetsched_shared::cas::{self, is_already_exists, is_revision_mismatch};
+use jetsched_shared::cas::{self, is_already_exists, is_revision_mismatch, keys_once};
 use jetsched_shared::dispatch::{self, DispatchMessage, Origin, SpecBody, Target};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::events::EventSink;
@@ -240,15 +239,9 @@ impl TaskStore {
     pub async fn list(&self, request: &ListRequest) -> Result<ListReply, ApiError> {
         let limit = request.limit.unwrap_or(100).clamp(1, 1000);
         let prefix = request.namespace.as_ref().map(|ns| format!("{ns}."));
-        let mut keys: Vec<String> = match self.tasks.keys().await {
-            Ok(keys) => keys.try_collect().await.map_err(|e| unavailable("list tasks bucket", e))?,
-            Err(e) => return Err(unavailable("list tasks bucket", e)),
-        };
+        let mut keys = keys_once(&self.tasks).await.map_err(|e| unavailable("list tasks bucket", e))?;
         keys.retain(|k| prefix.as_deref().is_none_or(|p| k.starts_with(p)));
         keys.retain(|k| request.cursor.as_deref().is_none_or(|c| k.as_str() > c));
-        keys.sort();
-        // A key written again while the listing runs comes twice (its old and its new message).
-        keys.dedup();
         let mut tasks = Vec::new();
         let mut next_cursor = None;
         for key in keys {
