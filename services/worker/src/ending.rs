@@ -222,7 +222,7 @@ impl Delivery<'_> {
                 .inc();
         }
         let mut reason = reason;
-        // Built only when published: most runs' outcome is told under `--run-events all` alone.
+        // Built only when published (`--run-events failures` tells no success).
         if let Some(kind) = plan.event.filter(|kind| shared.run_events.wants(*kind)) {
             let mut event = self.event(kind, self.attempt);
             event.error = error;

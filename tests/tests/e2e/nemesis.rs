@@ -438,10 +438,7 @@ async fn every_scheduler_holds_every_task(setup: &Setup) {
     let started = Instant::now();
     let tasks = setup.js.get_key_value(Names::default().tasks_bucket()).await.expect("tasks bucket");
     let stored = eventually(WAIT, "count the tasks bucket's keys", || async {
-        use futures::TryStreamExt;
-        // A key written again while the listing runs is listed twice: count each once.
-        let keys: std::collections::HashSet<String> = tasks.keys().await.ok()?.try_collect().await.ok()?;
-        Some(keys.len() as u64)
+        jetsched_shared::cas::keys_once(&tasks).await.ok().map(|keys| keys.len() as u64)
     })
     .await;
     for scheduler in &setup.cast.schedulers {

@@ -14,6 +14,8 @@ use jetsched_shared::wire::{HDR_CREATE_ONLY, HDR_EXPECTED_REVISION};
 use jetsched_tests::{App, NatsCluster, NatsServer, ServerOpts, eventually, init_test_logging};
 use serde_json::{Value, json};
 
+mod listing;
+
 const WAIT: Duration = Duration::from_secs(10);
 
 pub(crate) fn config(url: &str, replicas: usize) -> Config {
@@ -785,50 +787,5 @@ async fn dead_letters_are_listed_replayed_and_purged_through_the_registry_api() 
     assert_eq!(bad["error"]["code"], "bad_request", "purging needs a target: {bad}");
 
     worker.stop().await;
-    registry.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_list_names_every_task_once_while_tasks_are_being_rewritten() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let registry = App::registry(config(&server.url(), 1)).await;
-    let client = server.client().await;
-    for i in 0..20 {
-        put(&client, &spec("busy", &format!("t{i:02}")), HeaderMap::new()).await;
-    }
-    // Every task rewritten again and again, straight into the bucket (as fast as it takes them),
-    // while the registry lists them: a listing sees a key's old message and then its new one.
-    let stop = tokio_util::sync::CancellationToken::new();
-    let writer = {
-        let js = jetstream::new(client.clone());
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let tasks = js.get_key_value(Names::default().tasks_bucket()).await.expect("tasks bucket");
-            let mut writes = 0u64;
-            while !stop.is_cancelled() {
-                for i in 0..20 {
-                    let body = serde_json::to_vec(&spec("busy", &format!("t{i:02}"))).unwrap();
-                    tasks.put(format!("busy.t{i:02}"), body.into()).await.expect("rewrite");
-                    writes += 1;
-                }
-            }
-            writes
-        })
-    };
-    let expected: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
-    for _ in 0..150 {
-        let reply = call(&client, "list", json!({"namespace": "busy", "limit": 1000})).await;
-        let ids: Vec<String> = reply["tasks"]
-            .as_array()
-            .unwrap_or_else(|| panic!("a list: {reply}"))
-            .iter()
-            .map(|t| t["task"]["id"].as_str().expect("id").to_string())
-            .collect();
-        assert_eq!(ids, expected, "each task once, in key order");
-    }
-    stop.cancel();
-    let writes = writer.await.expect("writer");
-    assert!(writes >= 150, "the tasks were rewritten while listed: {writes} writes");
     registry.stop().await;
 }

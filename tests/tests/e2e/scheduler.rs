@@ -693,13 +693,8 @@ struct RunTimes {
 
 /// Every run record of task `id`, by nominal time.
 async fn runs_of(topology: &Topology, id: &str) -> Vec<RunTimes> {
-    // A listing of a bucket's keys names a key twice when its value is written again while the
-    // listing runs (a run's verdict, here): each key once.
-    let mut listing = topology.runs.keys().await.expect("run keys");
-    let mut keys = std::collections::BTreeSet::new();
-    while let Some(key) = listing.next().await {
-        keys.insert(key.expect("run key"));
-    }
+    // Each key once: a run's verdict may be written while the keys are listed.
+    let keys = jetsched_shared::cas::keys_once(&topology.runs).await.expect("run keys");
     let mut runs = Vec::new();
     for key in keys {
         let Some(value) = topology.runs.get(&key).await.expect("read run") else { continue };

@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::schedules::{self, CpuMeter};
 use crate::system::{
-    Lag, NS, cpu_seconds, dispatch_count, free_admin_addr, http_get, raw_publish_with_ids,
-    read_dispatch_times, rss_mib, service_bin, spec, spread_schedules, wait_leader, write_tasks,
+    Lag, NS, cpu_seconds, dispatch_count, http_get, raw_publish_with_ids, read_dispatch_times, rss_mib,
+    service_bin, spec, spread_schedules, wait_leader, write_tasks,
 };
 
 #[derive(Debug, Clone, clap::Args)]
@@ -459,7 +459,7 @@ struct Loaded {
 
 /// Starts a real scheduler process, waits until it is ready, samples its memory and kills it.
 async fn load_scheduler(url: &str) -> anyhow::Result<Loaded> {
-    let admin = free_admin_addr();
+    let admin = jetsched_tests::free_addr();
     let started = Instant::now();
     let mut child = Command::new(service_bin("jetsched-scheduler")?)
         .envs(crate::system::service_env())

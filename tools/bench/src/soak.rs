@@ -31,8 +31,7 @@ use self::prom::{histogram, metric_sum, window_quantile};
 use crate::Size;
 use crate::stats::median;
 use crate::system::{
-    NS, free_admin_addr, http_get, rss_and_anon_mib, service_bin, service_env, spread_schedules, wait_leader,
-    write_tasks,
+    NS, http_get, rss_and_anon_mib, service_bin, service_env, spread_schedules, wait_leader, write_tasks,
 };
 
 /// Subject the runs request; answered by this process.
@@ -131,7 +130,7 @@ impl Services {
 
     fn start(&self, instance: &str, launch: (String, String, Vec<String>)) -> anyhow::Result<Service> {
         let (url, bin, extra) = &launch;
-        let admin = free_admin_addr();
+        let admin = jetsched_tests::free_addr();
         let log = self.dir.join(format!("{instance}.log"));
         let out = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
         let child = Command::new(service_bin(bin)?)

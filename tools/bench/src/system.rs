@@ -272,13 +272,6 @@ fn status_mib(status: &str, field: &str) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-/// A loopback address for a service's admin listener, free a moment ago and below the
-/// kernel's ephemeral range (where a port taken by an outgoing connection meanwhile would make
-/// the service fail to bind).
-pub(crate) fn free_admin_addr() -> std::net::SocketAddr {
-    jetsched_tests::free_addr()
-}
-
 /// Body of an HTTP/1.0 GET (the admin endpoints).
 pub(crate) async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
