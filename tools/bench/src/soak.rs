@@ -9,9 +9,6 @@
 //! sustained.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,13 +23,13 @@ use serde_json::{Value, json};
 
 mod freeze;
 mod prom;
+mod services;
 
 use self::prom::{histogram, metric_sum, window_quantile};
+use self::services::Services;
 use crate::Size;
 use crate::stats::median;
-use crate::system::{
-    NS, http_get, rss_and_anon_mib, service_bin, service_env, spread_schedules, wait_leader, write_tasks,
-};
+use crate::system::{NS, http_get, rss_and_anon_mib, spread_schedules, wait_leader, write_tasks};
 
 /// Subject the runs request; answered by this process.
 const SUBJECT: &str = "soak.noop";
@@ -81,123 +78,6 @@ pub(crate) fn preset(size: Size) -> (u64, usize, u64) {
         Size::Small => (60, 1_000, 5),
         Size::Full => (600, 5_000, 10),
     }
-}
-
-/// A service process: killed and reaped on Drop; output in `log`.
-struct Service {
-    name: String,
-    child: Child,
-    admin: SocketAddr,
-    log: PathBuf,
-    /// How it was started: `(url, binary, extra arguments)`, to start it again on another
-    /// admin port when its port was taken between being picked and being bound.
-    launch: (String, String, Vec<String>),
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The processes and their log directory: the directory is removed on Drop unless `keep`
-/// (set until the soak completes, so a failed soak leaves its logs).
-struct Services {
-    procs: Vec<Service>,
-    dir: PathBuf,
-    keep: bool,
-}
-
-impl Drop for Services {
-    fn drop(&mut self) {
-        self.procs.clear();
-        if self.keep {
-            eprintln!("soak: service logs kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-impl Services {
-    fn spawn(&mut self, url: &str, bin: &str, instance: &str, extra: &[&str]) -> anyhow::Result<()> {
-        let launch = (url.to_string(), bin.to_string(), extra.iter().map(|a| a.to_string()).collect());
-        let service = self.start(instance, launch)?;
-        self.procs.push(service);
-        Ok(())
-    }
-
-    fn start(&self, instance: &str, launch: (String, String, Vec<String>)) -> anyhow::Result<Service> {
-        let (url, bin, extra) = &launch;
-        let admin = jetsched_tests::free_addr();
-        let log = self.dir.join(format!("{instance}.log"));
-        let out = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
-        let child = Command::new(service_bin(bin)?)
-            .envs(service_env())
-            .env("NATS_URL", url)
-            .env("RUST_LOG", "warn")
-            .args(["--instance-id", instance, "--admin-addr", &admin.to_string()])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .with_context(|| format!("spawn {bin}"))?;
-        Ok(Service { name: instance.to_string(), child, admin, log, launch })
-    }
-
-    /// Starts process `i` again on another admin port when it exited because its port was
-    /// taken (by another process, between the pick and the bind); true when it did.
-    fn restart_if_port_taken(&mut self, i: usize) -> anyhow::Result<bool> {
-        let p = &mut self.procs[i];
-        if p.child.try_wait()?.is_none() || !tail(&p.log).contains("bind admin listener") {
-            return Ok(false);
-        }
-        eprintln!("soak: {} could not bind {}; starting it on another port", p.name, p.admin);
-        let (name, launch) = (p.name.clone(), p.launch.clone());
-        self.procs[i] = self.start(&name, launch)?;
-        Ok(true)
-    }
-
-    /// Fails when a process has exited (with the tail of its log).
-    fn check_alive(&mut self) -> anyhow::Result<()> {
-        for p in &mut self.procs {
-            if let Some(status) = p.child.try_wait()? {
-                bail!("{} exited ({status}); log tail:\n{}", p.name, tail(&p.log));
-            }
-        }
-        Ok(())
-    }
-
-    async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        for i in 0..self.procs.len() {
-            let mut restarts = 0;
-            loop {
-                let admin = self.procs[i].admin;
-                if http_get(admin, "/readyz").await.is_ok_and(|r| r.contains("\"ready\":true")) {
-                    break;
-                }
-                if restarts < 3 && self.restart_if_port_taken(i)? {
-                    restarts += 1;
-                    continue;
-                }
-                self.check_alive()?;
-                if Instant::now() > deadline {
-                    bail!("{} not ready within 60 s", self.procs[i].name);
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        Ok(())
-    }
-}
-
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 /// Counters read at one instant.
@@ -328,7 +208,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
 
     let dir = std::env::temp_dir().join(format!("jetsched-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let mut services = Services { procs: Vec::new(), dir, keep: true };
+    let mut services = Services::new(dir);
     services.spawn(&url, "jetsched-registry", "registry", &[])?;
     services.spawn(&url, "jetsched-scheduler", "scheduler", &[])?;
     for i in 1..=workers {
