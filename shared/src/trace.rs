@@ -72,17 +72,16 @@ pub(crate) fn set_server_msg_trace(on: bool) {
     SERVER_MSG_TRACE.store(on, Ordering::Relaxed);
 }
 
-/// [`TRACEPARENT`] as a header name without an allocation (a lookup by `&str` validates, builds
-/// and allocates the name every time): every delivery looks it up a few times.
-fn traceparent_name() -> HeaderName {
-    HeaderName::from_static(TRACEPARENT)
-}
+/// [`TRACEPARENT`] and [`TRACESTATE`] as header names: a lookup by `&str` validates, builds and
+/// allocates the name every time, and every delivery looks them up.
+pub const TRACEPARENT_HEADER: HeaderName = HeaderName::from_static(TRACEPARENT);
+pub const TRACESTATE_HEADER: HeaderName = HeaderName::from_static(TRACESTATE);
 
 /// Adds [`NATS_TRACE_DEST`]` = `[`NATS_TRACE_DISABLED`] to `headers` when their `traceparent`
 /// is sampled and [`server_msg_trace`] is off.
 pub fn keep_from_server_tracing(headers: &mut HeaderMap) {
     let sampled =
-        headers.get(traceparent_name()).and_then(|v| parse_traceparent(v.as_str())).is_some_and(|(_, s)| s);
+        headers.get(TRACEPARENT_HEADER).and_then(|v| parse_traceparent(v.as_str())).is_some_and(|(_, s)| s);
     if sampled && !server_msg_trace() {
         headers.insert(NATS_TRACE_DEST, NATS_TRACE_DISABLED);
     }
@@ -130,7 +129,7 @@ pub fn records_child(headers: Option<&HeaderMap>) -> bool {
     if !enabled() {
         return false;
     }
-    let parent = headers.and_then(|h| h.get(traceparent_name())).and_then(|v| parse_traceparent(v.as_str()));
+    let parent = headers.and_then(|h| h.get(TRACEPARENT_HEADER)).and_then(|v| parse_traceparent(v.as_str()));
     match parent {
         Some((trace_id, sampled)) => {
             let sampling = sampling::process();
@@ -173,7 +172,7 @@ pub fn current_is_untraced() -> bool {
 /// The trace context a request's `headers` carry, when it is valid (a caller's context to
 /// pass on as it came while no span of ours continues it).
 pub fn caller(headers: Option<&HeaderMap>) -> Option<Context> {
-    let headers = headers.filter(|headers| headers.get(traceparent_name()).is_some())?;
+    let headers = headers.filter(|headers| headers.get(TRACEPARENT_HEADER).is_some())?;
     let cx = extract(Some(headers));
     cx.span().span_context().is_valid().then_some(cx)
 }
@@ -205,7 +204,7 @@ pub fn extract(headers: Option<&HeaderMap>) -> Context {
 
 /// The trace id carried by `headers`' `traceparent`, as 32 hex digits.
 pub fn trace_id_in(headers: Option<&HeaderMap>) -> Option<String> {
-    let value = headers?.get(traceparent_name())?.as_str();
+    let value = headers?.get(TRACEPARENT_HEADER)?.as_str();
     let context = extract_span_context(value)?;
     Some(context.trace_id().to_string())
 }

@@ -11,10 +11,10 @@ use chrono::Utc;
 use jetsched_shared::events::EventBatch;
 use jetsched_shared::spec::OverlapPolicy;
 use jetsched_shared::trace;
-use jetsched_shared::wire::{Dispatch, Event, EventKind, HDR_ATTEMPTS_SPENT};
+use jetsched_shared::wire::{Dispatch, Event, EventKind};
 use tracing::Instrument;
 
-use crate::breaker::shortcut::header_count;
+use crate::breaker::shortcut::{ATTEMPTS_SPENT, header_count};
 use crate::breaker::{Admission, Gate};
 use crate::config::RunRecords;
 use crate::consumer::Shared;
@@ -35,7 +35,7 @@ pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Me
     let (attempt, sequence) = match message.info() {
         Ok(info) => {
             // A run delayed by its breaker is a new message: it carries the attempts before.
-            let spent = header_count(message.headers.as_ref(), HDR_ATTEMPTS_SPENT);
+            let spent = header_count(message.headers.as_ref(), ATTEMPTS_SPENT);
             let delivered = u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1);
             (delivered.saturating_add(spent), info.stream_sequence)
         }

@@ -19,12 +19,10 @@ pub(crate) struct Propagated {
 impl Propagated {
     /// The dispatch's own trace context, passed on as it came.
     pub(crate) fn from_headers(headers: Option<&HeaderMap>) -> Propagated {
-        // A static name: looking a `&str` name up builds (and allocates) a header name each time.
-        let get =
-            |name| headers.and_then(|h| h.get(HeaderName::from_static(name))).map(|v| v.as_str().to_string());
+        let get = |name: HeaderName| headers.and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
         Propagated {
-            traceparent: get(trace::TRACEPARENT),
-            tracestate: get(trace::TRACESTATE).filter(|s| !s.is_empty()),
+            traceparent: get(trace::TRACEPARENT_HEADER),
+            tracestate: get(trace::TRACESTATE_HEADER).filter(|s| !s.is_empty()),
         }
     }
 

@@ -27,12 +27,14 @@ use crate::delivery::{Delivery, acknowledge};
 /// When a delivery whose skip or delay could not be stored is delivered again.
 const RETRY_DELAY: Duration = Duration::from_secs(1);
 
+/// [`HDR_ATTEMPTS_SPENT`] and [`HDR_DELAYS`] as header names (read on every delivery: a lookup
+/// by `&str` allocates the name each time).
+pub(crate) const ATTEMPTS_SPENT: HeaderName = HeaderName::from_static(HDR_ATTEMPTS_SPENT);
+const DELAYS: HeaderName = HeaderName::from_static(HDR_DELAYS);
+
 /// The number in a header (0 when absent or not a number).
-pub(crate) fn header_count(headers: Option<&HeaderMap>, name: &'static str) -> u32 {
-    headers
-        .and_then(|h| h.get(HeaderName::from_static(name)))
-        .and_then(|v| v.as_str().parse().ok())
-        .unwrap_or(0)
+pub(crate) fn header_count(headers: Option<&HeaderMap>, name: HeaderName) -> u32 {
+    headers.and_then(|h| h.get(name)).and_then(|v| v.as_str().parse().ok()).unwrap_or(0)
 }
 
 impl Delivery<'_> {
@@ -93,7 +95,7 @@ impl Delivery<'_> {
     /// delayed subject, aimed at the original dispatch subject; awaits the stream's ack.
     async fn republish(&self, at: chrono::DateTime<Utc>) -> anyhow::Result<()> {
         let message = self.message;
-        let delays = header_count(message.headers.as_ref(), HDR_DELAYS) + 1;
+        let delays = header_count(message.headers.as_ref(), DELAYS) + 1;
         let mut headers = HeaderMap::new();
         if let Some(original) = message.headers.as_ref() {
             for (name, values) in original.iter() {
