@@ -11,6 +11,8 @@ use crate::backoff::Backoff;
 use crate::names::{self, Names};
 use crate::wire::{Event, EventKind};
 
+pub mod ingest;
+
 /// The name of the counter every publishing service has.
 pub const FAILED_METRIC: &str = "jetsched_events_failed_total";
 
@@ -18,7 +20,9 @@ pub const FAILED_METRIC: &str = "jetsched_events_failed_total";
 /// - [`EventPublisher::queue`]: fire-and-forget through a bounded queue and a background pump
 ///   that pipelines and retries, with barriers (scheduler, registry);
 /// - [`EventPublisher::batch`]: the events of one unit of work published as they come and
-///   their acknowledgements awaited together at its end (worker);
+///   their acknowledgements awaited together at its end (worker; with
+///   [`EventPublisher::with_batches`], the events of all its units in flight share
+///   fast-ingest batches, see [`ingest`]);
 /// - [`EventPublisher::publish`] / [`EventPublisher::store_until`]: one event, awaited.
 ///
 /// An event given up for good (after its retries, or dropped from a full queue) is logged and
@@ -28,6 +32,8 @@ pub struct EventPublisher {
     js: jetstream::Context,
     names: Names,
     failed: prometheus::IntCounter,
+    /// Where [`EventBatch::emit`] sends events, when batches are on.
+    ingest: Option<ingest::Ingest>,
 }
 
 impl EventPublisher {
@@ -40,7 +46,15 @@ impl EventPublisher {
     ) -> prometheus::Result<EventPublisher> {
         let failed = prometheus::IntCounter::new(FAILED_METRIC, "Events given up after retries")?;
         metrics.register(Box::new(failed.clone()))?;
-        Ok(EventPublisher { js, names, failed })
+        Ok(EventPublisher { js, names, failed, ingest: None })
+    }
+
+    /// This publisher with the events of [`EventPublisher::batch`] stored through fast-ingest
+    /// batches over `client` (one reply per batch instead of one per event; see [`ingest`]).
+    pub async fn with_batches(self, client: async_nats::Client) -> anyhow::Result<EventPublisher> {
+        let ingest =
+            ingest::Ingest::start(client).await.context("subscribe to the event batches' replies")?;
+        Ok(EventPublisher { ingest: Some(ingest), ..self })
     }
 
     /// Events given up so far.
@@ -64,9 +78,15 @@ impl EventPublisher {
         self.send_inner(event, Some(id)).await
     }
 
-    async fn send_inner(&self, event: &Event, id: Option<&str>) -> anyhow::Result<PublishAckFuture> {
+    /// An event's subject and body.
+    fn encode(&self, event: &Event) -> anyhow::Result<(String, Vec<u8>)> {
         let subject = self.names.event_subject(event.kind.as_str(), &event.namespace, &event.task_id);
         let body = serde_json::to_vec(event).context("encode event")?;
+        Ok((subject, body))
+    }
+
+    async fn send_inner(&self, event: &Event, id: Option<&str>) -> anyhow::Result<PublishAckFuture> {
+        let (subject, body) = self.encode(event)?;
         let sent = match id {
             Some(id) => {
                 let mut headers = async_nats::HeaderMap::new();
@@ -140,20 +160,27 @@ impl EventPublisher {
 }
 
 /// The events of one unit of work (a run's delivery): each is published as it comes, without
-/// waiting; [`EventBatch::flush`] then awaits every acknowledgement together and publishes again
-/// those not stored, until a deadline. Dropping a batch without flushing it leaves its events'
-/// fate unknown.
+/// waiting (into the publisher's next fast-ingest batch when it has batches, see
+/// [`EventPublisher::with_batches`]); [`EventBatch::flush`] then awaits every acknowledgement
+/// together and publishes again, one by one, those not stored, until a deadline. Dropping a
+/// batch without flushing it leaves its events' fate unknown.
 pub struct EventBatch<'a> {
     publisher: &'a EventPublisher,
-    pending: Vec<(Event, PublishAckFuture)>,
+    pending: Vec<(Event, Pending)>,
     unsent: Vec<Event>,
+}
+
+/// An event sent, its acknowledgement to come.
+enum Pending {
+    Alone(PublishAckFuture),
+    Batched(ingest::Pending),
 }
 
 impl EventBatch<'_> {
     /// Publishes `event` without waiting for its acknowledgement.
     pub async fn emit(&mut self, event: Event) {
-        match self.publisher.send(&event).await {
-            Ok(ack) => self.pending.push((event, ack)),
+        match self.send(&event).await {
+            Ok(pending) => self.pending.push((event, pending)),
             Err(error) => {
                 tracing::debug!(
                     error = format!("{error:#}"),
@@ -165,12 +192,27 @@ impl EventBatch<'_> {
         }
     }
 
+    /// Sends `event` in the next batch while batches are on, else alone.
+    async fn send(&self, event: &Event) -> anyhow::Result<Pending> {
+        if let Some(ingest) = self.publisher.ingest.as_ref().filter(|ingest| ingest.accepting()) {
+            let (subject, body) = self.publisher.encode(event)?;
+            if let Some(pending) = ingest.send(subject.into(), body.into()).await {
+                return Ok(Pending::Batched(pending));
+            }
+        }
+        Ok(Pending::Alone(self.publisher.send(event).await?))
+    }
+
     /// Waits until every event emitted is stored; one that is not is published again for up
     /// to `retry_for`, or until `stop` is cancelled, and then counted as failed.
     pub async fn flush(self, retry_for: Duration, stop: &CancellationToken) {
         let EventBatch { publisher, pending, mut unsent } = self;
-        for (event, ack) in pending {
-            if let Err(error) = ack.await {
+        for (event, pending) in pending {
+            let stored = match pending {
+                Pending::Alone(ack) => ack.await.map(drop).map_err(|error| error.to_string()),
+                Pending::Batched(batched) => batched.stored().await,
+            };
+            if let Err(error) = stored {
                 tracing::debug!(%error, kind = event.kind.as_str(), "event not stored yet");
                 unsent.push(event);
             }

@@ -10,6 +10,17 @@ use crate::priority::Priority;
 /// The default prefix.
 pub const DEFAULT_PREFIX: &str = "jetsched";
 
+/// What a message of a fast-ingest batch does ([`Names::fast_batch_reply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastBatchOp {
+    /// The first message of a batch of more than one.
+    Start = 0,
+    /// A message between the first and the last.
+    Append = 1,
+    /// The last message: the server acknowledges the whole batch once it is stored.
+    Commit = 2,
+}
+
 /// Namespace used in event subjects for events that concern no task (leader changes).
 pub const SYSTEM_NAMESPACE: &str = "_system";
 
@@ -93,6 +104,15 @@ impl Names {
     /// The stream backing a KV bucket.
     pub fn kv_stream(bucket: &str) -> String {
         format!("KV_{bucket}")
+    }
+
+    /// The reply subject of message `seq` of fast-ingest batch `id` (nats-server 2.14+, a
+    /// stream with `allow_batched`): `<inbox>.<id>.<flow>.fail.<seq>.<op>.$FI`, where `flow`
+    /// is the most messages the client lets go unacknowledged, `fail` refuses the rest of the
+    /// batch after a gap, and `op` is 0 (start), 1 (append) or 2 (commit: the last message).
+    /// The server's flow acknowledgements and the batch's final acknowledgement come back on it.
+    pub fn fast_batch_reply(inbox: &str, id: &str, flow: u16, seq: u64, op: FastBatchOp) -> String {
+        format!("{inbox}.{id}.{flow}.fail.{seq}.{}.$FI", op as u8)
     }
 
     /// The subject of direct gets of a stream's messages with the request in the body
@@ -561,6 +581,19 @@ mod tests {
         assert_eq!(replay_msg_id("e1"), "replay:e1");
         assert_eq!(dead_letter_msg_id("e1"), "dlq:e1");
         assert_ne!(event_msg_id(), event_msg_id());
+    }
+
+    #[test]
+    fn a_fast_batch_reply_has_the_servers_shape() {
+        // nats-server reads it from the end: `<inbox>.<id>.<flow>.<gap>.<seq>.<op>.$FI`.
+        assert_eq!(
+            Names::fast_batch_reply("_INBOX.abc", "b7", 256, 3, FastBatchOp::Commit),
+            "_INBOX.abc.b7.256.fail.3.2.$FI"
+        );
+        assert_eq!(
+            Names::fast_batch_reply("_INBOX.x", "b1", 8, 1, FastBatchOp::Start),
+            "_INBOX.x.b1.8.fail.1.0.$FI"
+        );
     }
 
     #[test]

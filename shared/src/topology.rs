@@ -229,6 +229,8 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
             retention: RetentionPolicy::Limits,
             max_age: args.events_max_age,
             max_bytes: args.events_max_bytes,
+            // Workers store their run events in fast-ingest batches (one reply per batch).
+            allow_batch_publish: true,
             ..base(names.events_stream(), vec![names.events_wildcard()], "jetsched events")
         },
         stream::Config {
@@ -376,6 +378,15 @@ pub fn differences(existing: &stream::Config, desired: &stream::Config) -> Vec<D
             true,
         );
     }
+    // Likewise fast-ingest batches.
+    if desired.allow_batch_publish {
+        check(
+            "allow_batched",
+            existing.allow_batch_publish.to_string(),
+            desired.allow_batch_publish.to_string(),
+            true,
+        );
+    }
     if !desired.duplicate_window.is_zero() {
         check(
             "duplicate_window",
@@ -452,6 +463,7 @@ async fn ensure_stream(
     updated.max_messages_per_subject = desired.max_messages_per_subject;
     updated.allow_message_schedules |= desired.allow_message_schedules;
     updated.allow_rollup |= desired.allow_rollup;
+    updated.allow_batch_publish |= desired.allow_batch_publish;
     if !desired.duplicate_window.is_zero() {
         updated.duplicate_window = desired.duplicate_window;
     }

@@ -134,7 +134,9 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
     if let Ok(depth) = dlq.depth().await {
         metrics.dlq_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
     }
-    let events = EventPublisher::with_metrics(js.clone(), names.clone(), &registry)?;
+    let events = EventPublisher::with_metrics(js.clone(), names.clone(), &registry)?
+        .with_batches(client.clone())
+        .await?;
     let executors = Executors {
         http: HttpExecutor::new(
             config.output_limit,

@@ -13,6 +13,7 @@ mod console;
 mod deploy;
 mod direct_batch;
 mod docs;
+mod event_batches;
 mod events;
 mod failover;
 mod full_disk_acks;
