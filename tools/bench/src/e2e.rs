@@ -439,7 +439,7 @@ async fn workers(
 
 /// CPU seconds used so far by this process and by the server ([`cpu_seconds`]), and the
 /// messages the server received and sent so far (its `/varz`).
-struct Cpu {
+pub(crate) struct Cpu {
     bench: Option<f64>,
     server: Option<f64>,
     server_in: Option<f64>,
@@ -447,7 +447,7 @@ struct Cpu {
 }
 
 /// CPU µs per message of a phase, and server messages in and out per message.
-struct CpuPer {
+pub(crate) struct CpuPer {
     bench: Option<f64>,
     server: Option<f64>,
     server_in: Option<f64>,
@@ -455,7 +455,7 @@ struct CpuPer {
 }
 
 impl Cpu {
-    async fn now(server: &NatsServer) -> Cpu {
+    pub(crate) async fn now(server: &NatsServer) -> Cpu {
         let varz = server.monitor_json("/varz").await.ok();
         let count = |field: &str| varz.as_ref().and_then(|varz| varz[field].as_f64());
         Cpu {
@@ -466,7 +466,7 @@ impl Cpu {
         }
     }
 
-    fn since(&self, before: &Cpu, messages: usize) -> CpuPer {
+    pub(crate) fn since(&self, before: &Cpu, messages: usize) -> CpuPer {
         let per = |now: Option<f64>, then: Option<f64>, unit: f64| {
             now.zip(then).map(|(now, then)| (now - then) * unit / messages as f64)
         };
@@ -480,7 +480,7 @@ impl Cpu {
 }
 
 impl CpuPer {
-    fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         json!({"server": self.server, "client": self.bench, "server_msgs_in": self.server_in, "server_msgs_out": self.server_out})
     }
 }

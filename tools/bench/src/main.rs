@@ -4,6 +4,7 @@
 
 mod breakers;
 mod e2e;
+mod events;
 mod failover;
 mod priority;
 mod raw;
@@ -48,6 +49,9 @@ enum Scenario {
     /// No-op runs behind a closed circuit breaker against none (A/B rounds), and the time from
     /// a breaker's threshold crossed to the last call of a failing task, over many trials.
     Breakers(breakers::Args),
+    /// Run events told by many deliveries in flight, in fast-ingest batches against one
+    /// publish per event (A/B rounds on fresh servers): events/s and CPU per event.
+    Events(events::Args),
     /// A critical stream behind a low backlog, against the same load on one lane (A/B rounds).
     Priority(priority::Args),
     /// Leader kill -9 to the next dispatch, over repeated kills of real scheduler processes.
@@ -212,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Breakers(args) => breakers::run(args).await?,
         Scenario::Failover(args) => failover::run(args).await?,
         Scenario::Priority(args) => priority::run(args).await?,
+        Scenario::Events(args) => events::run(args).await?,
         Scenario::Handover(args) => scheduler::handover(args).await?,
         Scenario::Scale(args) => scheduler::scale(args).await?,
         Scenario::Soak(args) => soak::run(args).await?,
