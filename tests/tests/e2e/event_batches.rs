@@ -37,6 +37,19 @@ async fn server_out_msgs(server: &NatsServer) -> u64 {
     varz["out_msgs"].as_u64().expect("out_msgs")
 }
 
+/// The workers' publisher: its units' events in fast-ingest batches.
+async fn batched_publisher(
+    js: &jetstream::Context,
+    names: &Names,
+    client: &async_nats::Client,
+) -> EventPublisher {
+    EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
+        .expect("event metrics")
+        .with_batches(client.clone())
+        .await
+        .expect("batches")
+}
+
 /// Every unit tells its event and flushes it, concurrently; returns the publisher's failures.
 async fn tell_all(publisher: &EventPublisher, namespace: &str) -> u64 {
     let stop = CancellationToken::new();
@@ -65,11 +78,7 @@ async fn the_events_of_many_deliveries_share_batches_and_each_is_stored_once() {
     let js = jetstream::new(client.clone());
     let names = Names::default();
     topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
-    let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
-        .expect("event metrics")
-        .with_batches(client.clone())
-        .await
-        .expect("batches");
+    let publisher = batched_publisher(&js, &names, &client).await;
 
     let before = server_out_msgs(&server).await;
     assert_eq!(tell_all(&publisher, "batched").await, 0, "no event given up");
@@ -109,11 +118,7 @@ async fn a_stream_that_refuses_batches_gets_every_event_the_ordinary_way() {
     assert!(!ingest.accepting(), "batches are off after the refusal");
 
     // Through the publisher: every event is stored once all the same.
-    let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
-        .expect("event metrics")
-        .with_batches(client.clone())
-        .await
-        .expect("batches");
+    let publisher = batched_publisher(&js, &names, &client).await;
     assert_eq!(tell_all(&publisher, "refused").await, 0, "no event given up");
     let counts = stored_by_task(&js, &names).await;
     // The lone message the refused batch carried was not stored.
