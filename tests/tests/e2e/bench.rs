@@ -62,6 +62,7 @@ async fn bench_all_tiny_reports_every_scenario() {
     assert!(number(&report, "/scenarios/handover/lag/samples") > 0.0);
     assert!(number(&report, "/scenarios/e2e/floor_per_second") > 10.0);
     assert!(number(&report, "/scenarios/e2e/ceiling_per_second") > 10.0);
+    assert!(number(&report, "/scenarios/e2e/event_ceiling_per_second") > 10.0);
     assert!(number(&report, "/scenarios/scale/load_ms") > 0.0);
     assert!(number(&report, "/scenarios/scale/rss_mib") > 0.0);
     assert!(number(&report, "/scenarios/scale/floor_ms") > 0.0);

@@ -6,7 +6,10 @@
 //! - ceiling: raw plus one run-record create per message before the ack, with the workers'
 //!   concurrency: what any worker that stores a record per run can at most reach;
 //! - floor: raw plus the two run-record operations the redelivery guarantee needs per message
-//!   (read the key, create it) before the ack, with the workers' concurrency.
+//!   (read the key, create it) before the ack, with the workers' concurrency;
+//! - ceiling with an event: the ceiling plus one event stored per message (published before the
+//!   ack, its acknowledgement awaited after it): what any worker that also stores a
+//!   `run.succeeded` event per run, as the default settings do, can at most reach.
 //!
 //! Every phase gets fresh streams; the dispatch bodies are built once, outside the timings.
 //! CPU time per message of this process (client and workers) and of the server comes from
@@ -99,20 +102,21 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         return Ok(report);
     }
     let summary = summarize(&rounds);
+    let percent = |value: &serde_json::Value| 100.0 * value.as_f64().unwrap_or(f64::NAN);
+    let each = |values: &serde_json::Value| {
+        let rounds = values.as_array().into_iter().flatten();
+        rounds.map(|r| format!("{:.1}%", percent(r))).collect::<Vec<_>>().join(", ")
+    };
     for row in summary["replicas"].as_array().into_iter().flatten() {
         eprintln!(
-            "e2e: {} worker(s), median of {} rounds: {:.1}% of the ceiling (rounds: {}), {:.1}% of raw",
+            "e2e: {} worker(s), median of {} rounds: {:.1}% of the ceiling (rounds: {}), {:.1}% of the ceiling with an event (rounds: {}), {:.1}% of raw",
             row["workers"],
             rounds.len(),
-            100.0 * row["ratio_to_ceiling"].as_f64().unwrap_or(f64::NAN),
-            row["ratios_to_ceiling"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|r| format!("{:.1}%", 100.0 * r.as_f64().unwrap_or(f64::NAN)))
-                .collect::<Vec<_>>()
-                .join(", "),
-            100.0 * row["ratio_to_raw"].as_f64().unwrap_or(f64::NAN),
+            percent(&row["ratio_to_ceiling"]),
+            each(&row["ratios_to_ceiling"]),
+            percent(&row["ratio_to_event_ceiling"]),
+            each(&row["ratios_to_event_ceiling"]),
+            percent(&row["ratio_to_raw"]),
         );
     }
     merge(&mut report, &summary);
@@ -130,12 +134,19 @@ async fn one_round(
 ) -> anyhow::Result<serde_json::Value> {
     let (raw, raw_cpu) = phase(js, server, messages, Records::None).await?;
     eprintln!("e2e: {}: {raw:.0} msg/s{raw_cpu}", Records::None.label());
-    let (ceiling_records, floor_records) =
-        (Records::Create(args.concurrency), Records::ReadCreate(args.concurrency));
+    let (ceiling_records, floor_records, event_records) = (
+        Records::Create(args.concurrency),
+        Records::ReadCreate(args.concurrency),
+        Records::CreateEvent(args.concurrency),
+    );
     let (ceiling, ceiling_cpu) = phase(js, server, messages, ceiling_records).await?;
     let (floor, floor_cpu) = phase(js, server, messages, floor_records).await?;
-    for (records, rate, cpu) in [(ceiling_records, ceiling, &ceiling_cpu), (floor_records, floor, &floor_cpu)]
-    {
+    let (event_ceiling, event_cpu) = phase(js, server, messages, event_records).await?;
+    for (records, rate, cpu) in [
+        (ceiling_records, ceiling, &ceiling_cpu),
+        (floor_records, floor, &floor_cpu),
+        (event_records, event_ceiling, &event_cpu),
+    ] {
         eprintln!("e2e: {}: {rate:.0} msg/s = {:.1}% of raw{cpu}", records.label(), 100.0 * rate / raw);
     }
 
@@ -146,10 +157,11 @@ async fn one_round(
         let used = Cpu::now(server).await.since(&cpu, args.runs);
         let overhead_us = 1e6 / rate - 1e6 / raw;
         eprintln!(
-            "e2e: {n} worker(s): {rate:.0} runs/s = {:.1}% of raw, {:.1}% of the ceiling, {:.1}% of the floor (overhead {overhead_us:.1} µs/run){used}",
+            "e2e: {n} worker(s): {rate:.0} runs/s = {:.1}% of raw, {:.1}% of the ceiling, {:.1}% of the floor, {:.1}% of the ceiling with an event (overhead {overhead_us:.1} µs/run){used}",
             100.0 * rate / raw,
             100.0 * rate / ceiling,
             100.0 * rate / floor,
+            100.0 * rate / event_ceiling,
         );
         rows.push(json!({
             "workers": n,
@@ -157,6 +169,7 @@ async fn one_round(
             "ratio_to_raw": rate / raw,
             "ratio_to_ceiling": rate / ceiling,
             "ratio_to_floor": rate / floor,
+            "ratio_to_event_ceiling": rate / event_ceiling,
             "overhead_us_per_run": overhead_us,
             "cpu_us_per_run": used.json(),
         }));
@@ -170,6 +183,9 @@ async fn one_round(
         "floor_per_second": floor,
         "floor_ratio_to_raw": floor / raw,
         "floor_cpu_us_per_message": floor_cpu.json(),
+        "event_ceiling_per_second": event_ceiling,
+        "event_ceiling_ratio_to_raw": event_ceiling / raw,
+        "event_ceiling_cpu_us_per_message": event_cpu.json(),
         "replicas": rows,
     }))
 }
@@ -192,7 +208,9 @@ fn summarize(rounds: &[serde_json::Value]) -> serde_json::Value {
             "ratio_to_raw": median(field("ratio_to_raw")),
             "ratio_to_ceiling": median(per_round.clone()),
             "ratio_to_floor": median(field("ratio_to_floor")),
+            "ratio_to_event_ceiling": median(field("ratio_to_event_ceiling")),
             "ratios_to_ceiling": per_round,
+            "ratios_to_event_ceiling": field("ratio_to_event_ceiling"),
         }));
     }
     json!({
@@ -201,6 +219,8 @@ fn summarize(rounds: &[serde_json::Value]) -> serde_json::Value {
         "ceiling_ratio_to_raw": median_of("/ceiling_ratio_to_raw"),
         "floor_per_second": median_of("/floor_per_second"),
         "floor_ratio_to_raw": median_of("/floor_ratio_to_raw"),
+        "event_ceiling_per_second": median_of("/event_ceiling_per_second"),
+        "event_ceiling_ratio_to_raw": median_of("/event_ceiling_ratio_to_raw"),
         "replicas": replicas,
     })
 }
@@ -263,13 +283,16 @@ enum Records {
     /// Read it, then create it, `concurrency` messages at a time: the floor of what a worker
     /// must do to recognise a redelivery.
     ReadCreate(usize),
+    /// Create it and store an event, `concurrency` messages at a time: the ceiling of a worker
+    /// storing a record and an outcome event per run.
+    CreateEvent(usize),
 }
 
 impl Records {
     fn concurrency(self) -> Option<usize> {
         match self {
             Records::None => None,
-            Records::Create(n) | Records::ReadCreate(n) => Some(n),
+            Records::Create(n) | Records::ReadCreate(n) | Records::CreateEvent(n) => Some(n),
         }
     }
 
@@ -279,6 +302,7 @@ impl Records {
             Records::None => "BENCHRAW",
             Records::Create(_) => "BENCHCEILING",
             Records::ReadCreate(_) => "BENCHFLOOR",
+            Records::CreateEvent(_) => "BENCHEVENTCEILING",
         }
     }
 
@@ -287,6 +311,7 @@ impl Records {
             Records::None => "raw publish + pull + ack",
             Records::Create(_) => "ceiling (raw + run record create)",
             Records::ReadCreate(_) => "floor (raw + run record read and create)",
+            Records::CreateEvent(_) => "ceiling with an event (ceiling + one event stored)",
         }
     }
 }
@@ -307,6 +332,7 @@ async fn phase(
 /// `records` done per message before its ack.
 async fn queue(js: &jetstream::Context, messages: &[Prepared], records: Records) -> anyhow::Result<f64> {
     let read = matches!(records, Records::ReadCreate(_));
+    let event = matches!(records, Records::CreateEvent(_));
     let name = records.stream();
     let records = records.concurrency();
     let bucket = format!("{name}_RUNS");
@@ -341,8 +367,20 @@ async fn queue(js: &jetstream::Context, messages: &[Prepared], records: Records)
         )),
         None => None,
     };
+    let events = format!("{name}_EVENTS");
+    if event {
+        let _ = js.delete_stream(&events).await;
+        js.create_stream(jetstream::stream::Config {
+            name: events.clone(),
+            subjects: vec![format!("{}.>", events.to_lowercase())],
+            ..Default::default()
+        })
+        .await?;
+    }
+    let event_subject = format!("{}.run.succeeded", events.to_lowercase());
     let runs = messages.len();
     let started = Instant::now();
+    let events_js = js.clone();
     let consume = tokio::spawn(async move {
         let batch = records.unwrap_or(256);
         let mut pulled = consumer.stream().max_messages_per_batch(batch).messages().await?;
@@ -358,6 +396,7 @@ async fn queue(js: &jetstream::Context, messages: &[Prepared], records: Records)
             };
             let permit = permits.clone().acquire_owned().await?;
             let record = record.clone();
+            let (js, event_subject) = (events_js.clone(), event_subject.clone());
             tasks.spawn(async move {
                 let _permit = permit;
                 let result = async {
@@ -366,8 +405,16 @@ async fn queue(js: &jetstream::Context, messages: &[Prepared], records: Records)
                         let found = kv.entry(key.as_str()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
                         anyhow::ensure!(found.is_none(), "fresh key");
                     }
-                    kv.create(key.as_str(), record).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-                    message.ack_with(AckKind::Ack).await.map_err(|e| anyhow::anyhow!("{e}"))
+                    kv.create(key.as_str(), record.clone()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let stored = match event {
+                        true => Some(js.publish(event_subject, record).await?),
+                        false => None,
+                    };
+                    message.ack_with(AckKind::Ack).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                    if let Some(stored) = stored {
+                        stored.await?;
+                    }
+                    anyhow::Ok(())
                 }
                 .await;
                 if let Err(error) = result {
@@ -385,6 +432,9 @@ async fn queue(js: &jetstream::Context, messages: &[Prepared], records: Records)
     js.delete_stream(name).await?;
     if records.is_some() {
         js.delete_key_value(&bucket).await?;
+    }
+    if event {
+        js.delete_stream(&events).await?;
     }
     Ok(runs as f64 / elapsed.as_secs_f64())
 }
