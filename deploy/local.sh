@@ -92,8 +92,10 @@ start jetsched-registry registry 9101 --instance-id registry-1
 wait_http "http://127.0.0.1:9101/readyz" "jetsched-registry"
 start jetsched-scheduler scheduler-1 9102 --instance-id scheduler-1
 start jetsched-scheduler scheduler-2 9112 --instance-id scheduler-2
-start jetsched-worker worker-1 9103 --instance-id worker-1 --shell-allow echo,date
-start jetsched-worker worker-2 9113 --instance-id worker-2 --shell-allow echo,date
+# The demo examples call HTTP servers on 127.0.0.1: loopback is allowed for every namespace
+# here only (the http executor refuses internal networks unless --http-allow lists them).
+start jetsched-worker worker-1 9103 --instance-id worker-1 --shell-allow echo,date --http-allow '*=127.0.0.0/8'
+start jetsched-worker worker-2 9113 --instance-id worker-2 --shell-allow echo,date --http-allow '*=127.0.0.0/8'
 start jetsched-alerter alerter 9104 --instance-id alerter-1
 start jetsched-console console 9105 --instance-id console-1 --http-addr 127.0.0.1:9180 --allow-actions
 for port in 9102 9112 9103 9113 9104 9105; do

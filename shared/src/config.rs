@@ -150,6 +150,95 @@ impl NatsArgs {
             .collect::<anyhow::Result<Vec<_>>>()?;
         options.connect(addrs).await.with_context(|| format!("connect to NATS at {}", self.urls.join(",")))
     }
+
+    /// The same servers, TLS settings and timeouts, authenticated with `credentials` instead
+    /// of these settings' own (the worker's per-namespace executor connections).
+    pub fn with_credentials(&self, credentials: &NatsCredentials) -> NatsArgs {
+        let mut args =
+            NatsArgs { user: None, password: None, token: None, creds: None, nkey: None, ..self.clone() };
+        match credentials {
+            NatsCredentials::CredsFile(path) => args.creds = Some(path.clone()),
+            NatsCredentials::NkeyFile(path) => args.nkey = Some(path.clone()),
+            NatsCredentials::UserPassword { user, password } => {
+                args.user = Some(user.clone());
+                args.password = Some(password.clone());
+            }
+        }
+        args
+    }
+}
+
+/// One NATS user's credentials, read from a file that holds one of: a credentials file (user
+/// JWT and nkey seed, as nsc issues them: it has a `-----BEGIN NATS USER JWT-----` block), an
+/// nkey seed (`SU...`), or `user:password` on one line.
+#[derive(Clone, PartialEq, Eq)]
+pub enum NatsCredentials {
+    CredsFile(PathBuf),
+    NkeyFile(PathBuf),
+    UserPassword { user: String, password: String },
+}
+
+/// Why a credentials file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    #[error("cannot read it: {0}")]
+    Unreadable(#[from] std::io::Error),
+    #[error(
+        "it holds neither a NATS credentials file (-----BEGIN NATS USER JWT-----), an nkey seed (SU...) nor user:password on one line"
+    )]
+    Unrecognized,
+}
+
+impl NatsCredentials {
+    /// Reads `path` and tells which kind of credentials it holds.
+    pub fn read(path: &Path) -> Result<NatsCredentials, CredentialsError> {
+        let text = std::fs::read_to_string(path)?;
+        NatsCredentials::recognize(path, &text)
+    }
+
+    fn recognize(path: &Path, text: &str) -> Result<NatsCredentials, CredentialsError> {
+        if text.contains("-----BEGIN NATS USER JWT-----") {
+            return Ok(NatsCredentials::CredsFile(path.to_path_buf()));
+        }
+        let line = text.trim();
+        if line.contains(['\n', '\r']) {
+            return Err(CredentialsError::Unrecognized);
+        }
+        let seed = line.len() > 2
+            && line.starts_with("SU")
+            && line.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit());
+        if seed {
+            return Ok(NatsCredentials::NkeyFile(path.to_path_buf()));
+        }
+        match line.split_once(':') {
+            Some((user, password)) if !user.is_empty() && !password.is_empty() => {
+                Ok(NatsCredentials::UserPassword { user: user.to_string(), password: password.to_string() })
+            }
+            _ => Err(CredentialsError::Unrecognized),
+        }
+    }
+
+    /// The kind, for logs and reports (never the secret).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            NatsCredentials::CredsFile(_) => "credentials file",
+            NatsCredentials::NkeyFile(_) => "nkey seed",
+            NatsCredentials::UserPassword { .. } => "user and password",
+        }
+    }
+}
+
+/// Never shows the password.
+impl fmt::Debug for NatsCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NatsCredentials::CredsFile(path) => f.debug_tuple("CredsFile").field(path).finish(),
+            NatsCredentials::NkeyFile(path) => f.debug_tuple("NkeyFile").field(path).finish(),
+            NatsCredentials::UserPassword { user, .. } => {
+                f.debug_struct("UserPassword").field("user", user).finish_non_exhaustive()
+            }
+        }
+    }
 }
 
 /// async-nats' default buffer per subscription, in messages.
@@ -492,6 +581,8 @@ fn topology_problems(topology: &TopologyArgs, problems: &mut Problems) {
     problems.check((1..=64).contains(&history), "tasks-history", history, "must be between 1 and 64");
     problems.at_least("events-max-bytes", topology.events_max_bytes, 1);
     problems.at_least("dlq-max-bytes", topology.dlq_max_bytes, 1);
+    problems.at_least("events-max-per-subject", topology.events_max_per_subject, 0);
+    problems.at_least("dlq-max-per-subject", topology.dlq_max_per_subject, 0);
     for (flag, value) in [
         ("lease", topology.lease),
         ("runs-ttl", topology.runs_ttl),
@@ -594,5 +685,62 @@ mod tests {
         assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
         assert_eq!(parse_duration(" 1m 30s "), Ok(Duration::from_secs(90)));
         assert!(parse_duration("soon").unwrap_err().contains("soon"));
+    }
+
+    #[test]
+    fn credentials_files_are_recognized_by_their_content() {
+        let path = Path::new("/secrets/team");
+        let creds = "-----BEGIN NATS USER JWT-----\neyJ0eXAi\n------END NATS USER JWT------\n\n\
+                     -----BEGIN USER NKEY SEED-----\nSUAM\n------END USER NKEY SEED------\n";
+        let seed = "SUANQDPB2RUOE4ETUA26CNX7FUKE5ZZKFCQIIW63OX225F2CO7UEXTM7ZY\n";
+        let cases: [(&str, Option<NatsCredentials>); 9] = [
+            (creds, Some(NatsCredentials::CredsFile(path.into()))),
+            (seed, Some(NatsCredentials::NkeyFile(path.into()))),
+            (
+                "team:s3cret:with:colons\n",
+                Some(NatsCredentials::UserPassword {
+                    user: "team".into(),
+                    password: "s3cret:with:colons".into(),
+                }),
+            ),
+            ("", None),
+            ("team\n", None),
+            (":password", None),
+            ("team:", None),
+            ("team:a\nother:b\n", None),
+            ("SUlowercase", None),
+        ];
+        for (text, want) in cases {
+            match (NatsCredentials::recognize(path, text), want) {
+                (Ok(got), Some(want)) => assert_eq!(got, want, "{text:?}"),
+                (Err(CredentialsError::Unrecognized), None) => {}
+                (got, want) => panic!("{text:?}: got {got:?}, want {want:?}"),
+            }
+        }
+        let secret = NatsCredentials::UserPassword { user: "u".into(), password: "hunter2".into() };
+        assert!(!format!("{secret:?}").contains("hunter2"));
+        assert!(matches!(
+            NatsCredentials::read(Path::new("/nonexistent/creds")),
+            Err(CredentialsError::Unreadable(_))
+        ));
+    }
+
+    #[test]
+    fn other_credentials_keep_the_servers_and_tls_settings() {
+        let mut nats = NatsArgs::plain("nats://a:4222,nats://b:4222");
+        nats.token = Some("worker-token".into());
+        nats.tls_ca = Some("/ca.pem".into());
+        let team = nats
+            .with_credentials(&NatsCredentials::UserPassword { user: "team".into(), password: "pw".into() });
+        assert_eq!(team.urls, nats.urls);
+        assert_eq!(team.tls_ca, nats.tls_ca);
+        assert_eq!(
+            (team.user.as_deref(), team.password.as_deref(), team.token.as_deref()),
+            (Some("team"), Some("pw"), None)
+        );
+        // One way to authenticate (the missing CA file is this test's only other problem).
+        assert!(team.problems().iter().all(|p| p.flag == "tls-ca"), "{}", team.problems());
+        let seed = nats.with_credentials(&NatsCredentials::NkeyFile("/seed".into()));
+        assert_eq!((seed.nkey, seed.token, seed.user), (Some("/seed".into()), None, None));
     }
 }

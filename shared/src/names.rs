@@ -24,8 +24,11 @@ pub enum FastBatchOp {
 /// Namespace used in event subjects for events that concern no task (leader changes).
 pub const SYSTEM_NAMESPACE: &str = "_system";
 
-/// Namespace used in event subjects for a named (shared) breaker's events; the id is its key.
-pub const BREAKER_NAMESPACE: &str = "_breaker";
+/// The namespace-like scope of the breakers a worker declares shared by every namespace
+/// (`--shared-breakers`): the middle token of their bucket key (`key.=shared.<key>`) and the
+/// namespace of their events (the id being the key). `=` is allowed in KV keys and subject
+/// tokens but in no namespace id (`[A-Za-z0-9_-]`), so no namespace can collide with it.
+pub const SHARED_BREAKER_SCOPE: &str = "=shared";
 
 /// Reasons carried by breaker and auto-pause events.
 pub mod breaker_reason {
@@ -90,7 +93,8 @@ impl Names {
         format!("{}_RUNS", self.upper)
     }
     /// Circuit breakers shared by every worker: [`breaker_task_key`] → a task's own breaker and
-    /// its consecutive-failure count, [`breaker_named_key`] → a named breaker.
+    /// its consecutive-failure count, [`breaker_named_key`] → a namespace's named breaker,
+    /// [`breaker_shared_key`] → a named breaker shared by every namespace.
     pub fn breakers_bucket(&self) -> String {
         format!("{}_BREAKERS", self.upper)
     }
@@ -330,6 +334,16 @@ impl Names {
     pub fn runs_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
         format!("{}.{endpoint}.{namespace}", self.runs_api_group())
     }
+    /// `jetsched.api.events` — a namespace's event history read through the registry
+    /// (namespaced only: a team whose account has no access to the events stream reads its
+    /// history here, and follows new events on its live subjects).
+    pub fn events_api_group(&self) -> String {
+        format!("{}.api.events", self.prefix)
+    }
+    /// `jetsched.api.events.<endpoint>.<namespace>`.
+    pub fn events_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
+        format!("{}.{endpoint}.{namespace}", self.events_api_group())
+    }
     /// The namespace of a namespaced API subject (`<group>.<endpoint>.<namespace>`, `group`
     /// being one of the groups above), or `None` for any other subject.
     pub fn api_namespace<'a>(&self, group: &str, subject: &'a str) -> Option<&'a str> {
@@ -442,6 +456,63 @@ impl Names {
     }
 }
 
+/// A subject space no task's `nats` executor may send a request to (see
+/// [`Names::reserved_space`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReservedSpace {
+    /// A first token starting with `$`: the server's own subjects (`$JS`, `$KV`, `$O`, `$SYS`,
+    /// `$SRV`, `$JSC`, `$NRG`, `$MQTT`, ...). Their requests act with the requester's rights,
+    /// and the server sends the answer wherever the reply subject points.
+    Server,
+    /// A first token `_INBOX...` or `_R_`: reply subjects, which deliver into another
+    /// client's pending request.
+    Replies,
+    /// The prefix as first token (`jetsched.>`): dispatches, events, the API, control requests.
+    Jetsched,
+}
+
+impl ReservedSpace {
+    /// The space of `subject` among those every deployment reserves (the server's and the
+    /// replies'), judged by its first token; jetsched's own needs the prefix:
+    /// [`Names::reserved_space`].
+    pub fn of(subject: &str) -> Option<ReservedSpace> {
+        let first = subject.split('.').next().unwrap_or_default();
+        if first.starts_with('$') {
+            Some(ReservedSpace::Server)
+        } else if first.starts_with("_INBOX") || first == "_R_" {
+            Some(ReservedSpace::Replies)
+        } else {
+            None
+        }
+    }
+
+    /// Why the space is reserved, in words (`names` gives jetsched's prefix).
+    pub fn describe(self, names: Option<&Names>) -> String {
+        match self {
+            ReservedSpace::Server => "subjects whose first token starts with `$` belong to the NATS server \
+                 (JetStream, KV, object store, system and service APIs)"
+                .to_string(),
+            ReservedSpace::Replies => {
+                "reply subjects (`_INBOX...`, `_R_`) belong to other clients' requests".to_string()
+            }
+            ReservedSpace::Jetsched => format!(
+                "`{}.>` is jetsched's own subject space (dispatches, events, the API, control requests)",
+                names.map_or(DEFAULT_PREFIX, Names::prefix)
+            ),
+        }
+    }
+}
+
+impl Names {
+    /// The reserved space `subject` lies in, if any: the server's, the replies' or this
+    /// deployment's own (its first token is the prefix).
+    pub fn reserved_space(&self, subject: &str) -> Option<ReservedSpace> {
+        ReservedSpace::of(subject).or_else(|| {
+            (subject.split('.').next() == Some(self.prefix.as_str())).then_some(ReservedSpace::Jetsched)
+        })
+    }
+}
+
 /// `text` as one subject token and key part: characters outside `[-_=A-Za-z0-9]` become `_`.
 fn token(text: &str) -> String {
     text.chars().map(|c| if c.is_ascii_alphanumeric() || "-_=".contains(c) { c } else { '_' }).collect()
@@ -462,9 +533,16 @@ pub fn breaker_task_key(namespace: &str, task_id: &str) -> String {
     format!("task.{namespace}.{task_id}")
 }
 
-/// A named breaker in the breakers bucket: `key.<key>`.
-pub fn breaker_named_key(key: &str) -> String {
-    format!("key.{key}")
+/// A namespace's named breaker in the breakers bucket: `key.<namespace>.<key>` (tasks of that
+/// namespace naming `key` share it; another namespace naming the same key has its own).
+pub fn breaker_named_key(namespace: &str, key: &str) -> String {
+    format!("key.{namespace}.{key}")
+}
+
+/// A named breaker shared by every namespace (a key the workers declare shared) in the
+/// breakers bucket: `key.=shared.<key>` ([`SHARED_BREAKER_SCOPE`]).
+pub fn breaker_shared_key(key: &str) -> String {
+    format!("key.{SHARED_BREAKER_SCOPE}.{key}")
 }
 
 /// What a breakers-bucket key names.
@@ -472,30 +550,63 @@ pub fn breaker_named_key(key: &str) -> String {
 pub enum BreakerKey<'a> {
     /// A task's own breaker: `(namespace, task_id)`.
     Task(&'a str, &'a str),
-    /// A named breaker.
-    Named(&'a str),
+    /// A named breaker of one namespace: `(namespace, key)`.
+    Named(&'a str, &'a str),
+    /// A named breaker shared by every namespace: its key.
+    Shared(&'a str),
 }
 
 impl<'a> BreakerKey<'a> {
-    /// Parses a breakers-bucket key; `None` for anything else.
+    /// Parses a breakers-bucket key; `None` for anything else (including the earlier
+    /// un-namespaced `key.<key>`, which no worker reads any more).
     pub fn parse(key: &'a str) -> Option<BreakerKey<'a>> {
         if let Some(rest) = key.strip_prefix("task.") {
             let (namespace, task_id) = rest.split_once('.')?;
             return (!namespace.is_empty() && !task_id.is_empty() && !task_id.contains('.'))
                 .then_some(BreakerKey::Task(namespace, task_id));
         }
-        let name = key.strip_prefix("key.")?;
-        (!name.is_empty() && !name.contains('.')).then_some(BreakerKey::Named(name))
+        let (scope, name) = key.strip_prefix("key.")?.split_once('.')?;
+        if !is_name_token(name) {
+            return None;
+        }
+        if scope == SHARED_BREAKER_SCOPE {
+            return Some(BreakerKey::Shared(name));
+        }
+        is_name_token(scope).then_some(BreakerKey::Named(scope, name))
     }
 
-    /// The `(namespace, id)` its events are published under: the task's, or
-    /// ([`BREAKER_NAMESPACE`], key) for a named breaker.
+    /// The `(namespace, id)` its events are published under: the task's; the namespace and the
+    /// key for a namespace's named breaker; ([`SHARED_BREAKER_SCOPE`], key) for a shared one.
     pub fn event_target(self) -> (&'a str, &'a str) {
         match self {
             BreakerKey::Task(namespace, task_id) => (namespace, task_id),
-            BreakerKey::Named(name) => (BREAKER_NAMESPACE, name),
+            BreakerKey::Named(namespace, name) => (namespace, name),
+            BreakerKey::Shared(name) => (SHARED_BREAKER_SCOPE, name),
         }
     }
+
+    /// What a user calls it (and gives the CLI): `<namespace>/<id>` for a task's own breaker,
+    /// `<namespace>:<key>` for a namespace's named one, the bare key for a shared one.
+    pub fn name(self) -> String {
+        match self {
+            BreakerKey::Task(namespace, task_id) => format!("{namespace}/{task_id}"),
+            BreakerKey::Named(namespace, name) => format!("{namespace}:{name}"),
+            BreakerKey::Shared(name) => name.to_string(),
+        }
+    }
+
+    /// The key a named breaker was given in specs (`None` for a task's own).
+    pub fn spec_key(self) -> Option<&'a str> {
+        match self {
+            BreakerKey::Task(..) => None,
+            BreakerKey::Named(_, name) | BreakerKey::Shared(name) => Some(name),
+        }
+    }
+}
+
+/// `[A-Za-z0-9_-]+`: a namespace id or a breaker key as one key token.
+fn is_name_token(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// The de-duplication id of a pause request: `pause:<namespace>.<task_id>:<execution_id>` (the
@@ -649,13 +760,35 @@ mod tests {
         assert_eq!(names.lane_of_worker_consumer("workers-max-deliveries"), None);
         assert_eq!(names.parse_lane_subject("acme.lane.normal.q.ns.t"), None);
         assert_eq!(breaker_task_key("ns", "t"), "task.ns.t");
-        assert_eq!(breaker_named_key("payments-api"), "key.payments-api");
+        assert_eq!(breaker_named_key("ns", "payments-api"), "key.ns.payments-api");
+        assert_eq!(breaker_shared_key("payments-api"), "key.=shared.payments-api");
         assert_eq!(BreakerKey::parse("task.ns.t"), Some(BreakerKey::Task("ns", "t")));
-        assert_eq!(BreakerKey::parse("key.pay"), Some(BreakerKey::Named("pay")));
-        assert_eq!(BreakerKey::parse("key.pay").unwrap().event_target(), (BREAKER_NAMESPACE, "pay"));
-        for bad in ["task.ns", "task.ns.t.x", "key.", "other.x", "key.a.b"] {
+        assert_eq!(BreakerKey::parse("key.ns.pay"), Some(BreakerKey::Named("ns", "pay")));
+        assert_eq!(BreakerKey::parse("key.=shared.pay"), Some(BreakerKey::Shared("pay")));
+        assert_eq!(BreakerKey::parse("key.ns.pay").unwrap().event_target(), ("ns", "pay"));
+        assert_eq!(
+            BreakerKey::parse("key.=shared.pay").unwrap().event_target(),
+            (SHARED_BREAKER_SCOPE, "pay")
+        );
+        let named =
+            ["task.ns.t", "key.ns.pay", "key.=shared.pay"].map(|k| BreakerKey::parse(k).unwrap().name());
+        assert_eq!(named, ["ns/t", "ns:pay", "pay"]);
+        for bad in [
+            "task.ns",
+            "task.ns.t.x",
+            "key.",
+            "other.x",
+            "key.pay",
+            "key.a.b.c",
+            "key.=other.pay",
+            "key..pay",
+        ] {
             assert_eq!(BreakerKey::parse(bad), None, "{bad}");
         }
+        // Every key is a valid KV key, and no namespace id can take the shared scope's place.
+        let kv_key = |k: &str| k.bytes().all(|b| b.is_ascii_alphanumeric() || b"-/_=.".contains(&b));
+        assert!(kv_key(&breaker_shared_key("a_b-1")) && kv_key(&breaker_named_key("n-s_1", "a_b-1")));
+        assert!(!is_name_token(SHARED_BREAKER_SCOPE));
         assert_eq!(pause_request_msg_id("ns", "t", "e1"), "pause:ns.t:e1");
     }
 

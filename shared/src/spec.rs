@@ -21,7 +21,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 
 pub use self::breaker::{BreakerSpec, OnOpen};
-pub use self::executor::Executor;
+pub use self::executor::{Executor, confined_subject};
 pub use self::retry::RetryPolicy;
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{self, Obj, Problems, err, format_duration, truncate_ms};
@@ -391,8 +391,13 @@ impl TaskSpec {
 
     /// Admission at registration time `now`: `after` becomes `at = now + delay`; an `at` older than
     /// `now - catchup_window` is `in_the_past` (field `schedule.at`), and so is a cron whose year
-    /// range has no fire after `now` (field `schedule.cron`).
+    /// range has no fire after `now` (field `schedule.cron`). A `nats` executor whose subject
+    /// lies in the server's or the reply subjects' space is refused (field `executor.subject`;
+    /// [`Executor::check_confined`] refuses jetsched's own space as well). These are rules of
+    /// admission, not of parsing: a spec stored before them still parses, and the worker
+    /// refuses its runs.
     pub fn admit(mut self, now: DateTime<Utc>) -> Result<TaskSpec, ApiError> {
+        self.executor.check_admissible()?;
         match &self.schedule {
             Schedule::After(delay) => {
                 let at =

@@ -1,19 +1,33 @@
 //! Worker configuration: every setting is a flag and an environment variable; `validate`
 //! reports every problem at once.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, parse_duration, validate_shared};
+use jetsched_shared::config::{
+    CommonArgs, InvalidConfig, NatsArgs, NatsCredentials, Problems, parse_duration, validate_shared,
+};
 use jetsched_shared::priority::PerPriority;
+use jetsched_shared::spec::validate_id;
 use jetsched_shared::topology::TopologyArgs;
 
+use crate::executor::Scope;
+use crate::executor::http::destination::{HttpAllow, parse_network};
+use crate::executor::shell::ShellAllow;
 pub use crate::lanes::policy::PolicyKind;
 
 /// The jetsched worker: pulls dispatched runs from the shared durable consumer of each queue
 /// it serves, executes them, retries with backoff and jitter, and dead-letters what cannot
 /// succeed. Scale by starting more replicas with the same queues.
+///
+/// Executors act with no more than the task's namespace was given: a nats request never goes
+/// to the server's (`$...`), the replies' (`_INBOX...`, `_R_`) or jetsched's own subjects, and
+/// goes out as the namespace's own NATS user when it has --executor-credentials; an http
+/// request reaches internal networks only through --http-allow; a shell program starts only
+/// when --shell-allow lists it for the namespace.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "jetsched-worker", version, after_help = jetsched_shared::telemetry::ENV_HELP)]
 pub struct Config {
@@ -55,14 +69,51 @@ pub struct Config {
     /// Longest wait of one pull request (also bounds how long shutdown waits for the pull).
     #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_PULL_EXPIRES", default_value = "2s", value_parser = parse_duration)]
     pub pull_expires: Duration,
-    /// Programs the shell executor may start (argv[0], exact match). Empty: shell disabled.
+    /// Programs the shell executor may start (argv[0], exact match), comma-separated or
+    /// repeated: `NAMESPACE=PROGRAM` lets that namespace's tasks start PROGRAM; a bare `PROGRAM`
+    /// (or `*=PROGRAM`) lets every namespace's, for a deployment with a single team. Empty: the
+    /// shell executor is disabled.
     #[arg(
-        help_heading = "Worker",
+        help_heading = "Executors",
         long = "shell-allow",
         env = "JETSCHED_WORKER_SHELL_ALLOW",
+        value_name = "[NAMESPACE=]PROGRAM",
         value_delimiter = ','
     )]
     pub shell_allow: Vec<String>,
+    /// Internal networks the http executor may reach, comma-separated or repeated:
+    /// `NAMESPACE=CIDR` for that namespace's tasks, `*=CIDR` for every namespace's (a bare
+    /// address is one host), e.g. `billing=10.20.0.0/16,*=192.168.7.20`. Without an entry,
+    /// loopback, private (RFC 1918), shared (100.64.0.0/10), link-local (cloud metadata),
+    /// unique-local, multicast, broadcast, unspecified and reserved destinations (and the IPv6
+    /// forms of such IPv4 addresses) are refused, after name resolution and at every redirect.
+    /// HTTP_PROXY and HTTPS_PROXY are not used.
+    #[arg(
+        help_heading = "Executors",
+        long = "http-allow",
+        env = "JETSCHED_WORKER_HTTP_ALLOW",
+        value_name = "NAMESPACE=CIDR",
+        value_delimiter = ','
+    )]
+    pub http_allow: Vec<String>,
+    /// NATS credentials the nats executor uses for a namespace's requests, comma-separated or
+    /// repeated: `NAMESPACE=PATH`, PATH a file holding a credentials file (JWT and seed), an
+    /// nkey seed (SU...) or `user:password` on one line. The worker opens one more connection
+    /// per namespace (same servers and TLS settings, reply subjects under `_INBOX.<namespace>`),
+    /// so a task reaches only what that namespace's NATS user may. Other namespaces' requests
+    /// use the worker's own connection unless --executor-credentials-required.
+    #[arg(
+        help_heading = "Executors",
+        long = "executor-credentials",
+        env = "JETSCHED_WORKER_EXECUTOR_CREDENTIALS",
+        value_name = "NAMESPACE=PATH",
+        value_delimiter = ','
+    )]
+    pub executor_credentials: Vec<String>,
+    /// Refuse (permanently) the nats tasks of a namespace without --executor-credentials,
+    /// instead of sending their requests with the worker's own rights.
+    #[arg(help_heading = "Executors", long, env = "JETSCHED_WORKER_EXECUTOR_CREDENTIALS_REQUIRED")]
+    pub executor_credentials_required: bool,
     /// Bytes kept of an HTTP response body or of a process's stdout/stderr tail.
     #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_OUTPUT_LIMIT", default_value_t = 2048)]
     pub output_limit: usize,
@@ -86,6 +137,18 @@ pub struct Config {
     /// When the dead-letter stream refuses an entry (full), the run is retried after this delay.
     #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_DLQ_RETRY_DELAY", default_value = "30s", value_parser = parse_duration)]
     pub dlq_retry_delay: Duration,
+    /// Circuit-breaker keys shared by every namespace (comma-separated or repeated): tasks of
+    /// any namespace naming one of these keys share one breaker. Any other key belongs to the
+    /// namespace of the task naming it (the same key in two namespaces: two breakers). Give
+    /// every worker the same list.
+    #[arg(
+        help_heading = "Worker",
+        long = "shared-breakers",
+        env = "JETSCHED_WORKER_SHARED_BREAKERS",
+        value_name = "KEY",
+        value_delimiter = ','
+    )]
+    pub shared_breakers: Vec<String>,
     /// Which lane of a queue a free permit pulls from: `weighted` (each lane with work gets a
     /// share of the starts by its weight, none starves) or `strict` (the most urgent lane with work).
     #[arg(help_heading = "Priorities", long, env = "JETSCHED_WORKER_PRIORITY_POLICY", value_enum, default_value_t = PolicyKind::Weighted)]
@@ -162,11 +225,16 @@ impl Config {
             shutdown_grace: Duration::from_secs(30),
             pull_expires: Duration::from_secs(2),
             shell_allow: Vec::new(),
+            // Tests' downstreams (HTTP servers, OTLP receivers) listen on 127.0.0.1.
+            http_allow: vec!["*=127.0.0.0/8".to_string()],
+            executor_credentials: Vec::new(),
+            executor_credentials_required: false,
             output_limit: 2048,
             run_events: RunEvents::All,
             run_records: RunRecords::Deferred,
             running_after: Duration::from_secs(1),
             dlq_retry_delay: Duration::from_secs(30),
+            shared_breakers: Vec::new(),
             priority_policy: PolicyKind::Weighted,
             priority_weights: DEFAULT_WEIGHTS.to_string(),
             reserve: String::new(),
@@ -186,6 +254,24 @@ impl Config {
     /// The progress-ack period: the configured one or a third of `ack_wait`.
     pub fn progress_interval(&self) -> Duration {
         self.progress_interval.unwrap_or(self.ack_wait / 3)
+    }
+
+    /// The programs the shell executor may start, per namespace (`validate` refuses invalid
+    /// entries; they are left out here).
+    pub(crate) fn shell_allow(&self) -> ShellAllow {
+        parse_shell_allow(&self.shell_allow, &mut Problems::new())
+    }
+
+    /// The internal networks the http executor may reach, per namespace (`validate` refuses
+    /// invalid entries; they are left out here).
+    pub(crate) fn http_allow(&self) -> HttpAllow {
+        parse_http_allow(&self.http_allow, &mut Problems::new())
+    }
+
+    /// The credentials file of each namespace given one (`validate` refuses invalid entries;
+    /// they are left out here).
+    pub(crate) fn executor_credentials(&self) -> BTreeMap<String, PathBuf> {
+        parse_executor_credentials(&self.executor_credentials, &mut Problems::new())
     }
 
     /// Checks every setting (the shared ones too) and reports every problem at once.
@@ -209,6 +295,11 @@ impl Config {
         problems.at_least_duration("pull-expires", self.pull_expires, Duration::from_millis(100));
         problems.positive("dlq-retry-delay", self.dlq_retry_delay);
         problems.positive("running-after", self.running_after);
+        for key in &self.shared_breakers {
+            let ok = (1..=64).contains(&key.len())
+                && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            problems.check(ok, "shared-breakers", format!("{key:?}"), "must match [A-Za-z0-9_-]{1,64}");
+        }
         match PerPriority::parse_over(DEFAULT_WEIGHTS, &self.priority_weights) {
             Ok(weights) => {
                 let ok = weights.0.iter().all(|w| *w >= 1);
@@ -237,8 +328,106 @@ impl Config {
                 }
             }
         }
+        parse_shell_allow(&self.shell_allow, &mut problems);
+        parse_http_allow(&self.http_allow, &mut problems);
+        for (namespace, path) in parse_executor_credentials(&self.executor_credentials, &mut problems) {
+            if let Err(error) = NatsCredentials::read(&path) {
+                problems.push(
+                    "executor-credentials",
+                    format!("{namespace}={}", path.display()),
+                    error.to_string(),
+                );
+            }
+        }
         problems.finish::<Config>()
     }
+}
+
+/// Splits an entry of a per-namespace setting into its scope and value: `NAMESPACE=VALUE` is
+/// that namespace's (`None` when the namespace is not a valid id, with the problem recorded),
+/// `*=VALUE` every namespace's; `bare` is the scope of an entry without `=` (`None`: refused).
+fn scoped<'a>(
+    flag: &str,
+    entry: &'a str,
+    bare: Option<Scope>,
+    form: &str,
+    problems: &mut Problems,
+) -> Option<(Scope, &'a str)> {
+    let entry = entry.trim();
+    let (scope, value) = match entry.split_once('=') {
+        Some(("*", value)) => (Scope::Every, value),
+        Some((namespace, value)) => {
+            if let Err(error) = validate_id("namespace", namespace) {
+                problems.push(flag, format!("{entry:?}"), format!("{}: use {form}", error.message));
+                return None;
+            }
+            (Scope::Namespace(namespace.to_string()), value)
+        }
+        None => match bare {
+            Some(scope) => (scope, entry),
+            None => {
+                problems.push(flag, format!("{entry:?}"), format!("use {form}"));
+                return None;
+            }
+        },
+    };
+    if value.is_empty() {
+        problems.push(flag, format!("{entry:?}"), format!("the value is empty: use {form}"));
+        return None;
+    }
+    Some((scope, value))
+}
+
+fn parse_shell_allow(entries: &[String], problems: &mut Problems) -> ShellAllow {
+    let mut allow = ShellAllow::default();
+    for entry in entries {
+        let form = "PROGRAM, *=PROGRAM or NAMESPACE=PROGRAM";
+        if let Some((scope, program)) = scoped("shell-allow", entry, Some(Scope::Every), form, problems) {
+            allow.insert(scope, program);
+        }
+    }
+    allow
+}
+
+fn parse_http_allow(entries: &[String], problems: &mut Problems) -> HttpAllow {
+    let mut allow = HttpAllow::default();
+    for entry in entries {
+        let form = "NAMESPACE=CIDR or *=CIDR";
+        let Some((scope, network)) = scoped("http-allow", entry, None, form, problems) else { continue };
+        match parse_network(network) {
+            Ok(network) => allow.insert(scope, network),
+            Err(error) => problems.push("http-allow", format!("{entry:?}"), error),
+        }
+    }
+    allow
+}
+
+fn parse_executor_credentials(entries: &[String], problems: &mut Problems) -> BTreeMap<String, PathBuf> {
+    let mut credentials = BTreeMap::new();
+    for entry in entries {
+        let form = "NAMESPACE=PATH";
+        let Some((scope, path)) = scoped("executor-credentials", entry, None, form, problems) else {
+            continue;
+        };
+        let Scope::Namespace(namespace) = scope else {
+            problems.push(
+                "executor-credentials",
+                format!("{entry:?}"),
+                "credentials belong to one namespace: use NAMESPACE=PATH",
+            );
+            continue;
+        };
+        if credentials.contains_key(&namespace) {
+            problems.push(
+                "executor-credentials",
+                format!("{entry:?}"),
+                format!("namespace {namespace:?} is given credentials twice"),
+            );
+            continue;
+        }
+        credentials.insert(namespace, PathBuf::from(path));
+    }
+    credentials
 }
 
 #[cfg(test)]
@@ -272,6 +461,18 @@ mod tests {
         let text = error.to_string();
         assert!(text.contains("--queue (JETSCHED_WORKER_QUEUES) = \"a.b\""), "{text}");
         assert!(text.contains("--progress-interval (JETSCHED_WORKER_PROGRESS_INTERVAL) = 5s"), "{text}");
+    }
+
+    #[test]
+    fn shared_breakers_are_breaker_keys() {
+        let config = Config::parse_from(["jetsched-worker", "--shared-breakers", "payments-api,mail_1"]);
+        assert_eq!(config.shared_breakers, vec!["payments-api", "mail_1"]);
+        config.validate().unwrap();
+        let config = Config::parse_from(["jetsched-worker", "--shared-breakers", "ok,a.b,"]);
+        let error = config.validate().unwrap_err();
+        let flags: Vec<&str> = error.problems().map(|p| p.flag.as_str()).collect();
+        assert_eq!(flags, ["shared-breakers", "shared-breakers"], "{error}");
+        assert!(error.to_string().contains("JETSCHED_WORKER_SHARED_BREAKERS"), "{error}");
     }
 
     #[test]
@@ -314,5 +515,103 @@ mod tests {
     fn shell_allow_list_is_comma_separated() {
         let config = Config::parse_from(["jetsched-worker", "--shell-allow", "/bin/echo,sleep"]);
         assert_eq!(config.shell_allow, vec!["/bin/echo", "sleep"]);
+    }
+
+    #[test]
+    fn executor_settings_are_scoped_by_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let billing = dir.path().join("billing");
+        std::fs::write(&billing, "tenant-billing:secret\n").unwrap();
+        let config = Config::parse_from([
+            "jetsched-worker",
+            "--shell-allow",
+            "date,billing=/usr/local/bin/invoice",
+            "--shell-allow",
+            "*=echo",
+            "--http-allow",
+            "billing=10.20.0.0/16,*=192.168.7.20",
+            "--executor-credentials",
+            &format!("billing={}", billing.display()),
+            "--executor-credentials-required",
+        ]);
+        config.validate().unwrap();
+        let shell = config.shell_allow();
+        assert!(shell.permits("ops", "date") && shell.permits("ops", "echo"));
+        assert!(shell.permits("billing", "/usr/local/bin/invoice"));
+        assert!(!shell.permits("ops", "/usr/local/bin/invoice"));
+        let http = config.http_allow();
+        let internal = |ip: &str| ip.parse::<std::net::IpAddr>().unwrap();
+        assert!(http.common().check(internal("192.168.7.20")).is_ok());
+        assert!(http.common().check(internal("10.20.0.1")).is_err());
+        let (namespace, own) = http.namespaces().next().expect("billing's own networks");
+        assert_eq!(namespace, "billing");
+        assert!(own.check(internal("10.20.0.1")).is_ok() && own.check(internal("192.168.7.20")).is_ok());
+        assert_eq!(
+            config.executor_credentials().into_iter().collect::<Vec<_>>(),
+            [("billing".into(), billing)]
+        );
+        assert!(config.executor_credentials_required);
+
+        // The tests' configuration reaches loopback only.
+        let tests = Config::for_tests("nats://127.0.0.1:4222", "t").http_allow();
+        assert!(tests.common().check(internal("127.0.0.1")).is_ok());
+        assert!(tests.common().check(internal("10.0.0.1")).is_err());
+        assert_eq!(Config::parse_from(["jetsched-worker"]).http_allow(), HttpAllow::default());
+    }
+
+    #[test]
+    fn executor_settings_problems_are_reported_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let garbage = dir.path().join("garbage");
+        std::fs::write(&garbage, "not credentials\n").unwrap();
+        let ok = dir.path().join("ok");
+        std::fs::write(&ok, "u:p").unwrap();
+        let config = Config::parse_from([
+            "jetsched-worker",
+            "--shell-allow",
+            "bad.ns=date,ops=",
+            "--http-allow",
+            "10.0.0.0/8,ops=10.1.2.3/8,ops=intranet,*=fd00::/8",
+            "--executor-credentials",
+            &format!("ops={},ops={}", ok.display(), ok.display()),
+            "--executor-credentials",
+            &format!("*={},billing,dev=/nonexistent/creds,qa={}", ok.display(), garbage.display()),
+        ]);
+        let error = config.validate().unwrap_err();
+        let problems: Vec<(&str, &str)> =
+            error.problems().map(|p| (p.flag.as_str(), p.rule.as_str())).collect();
+        let flags: Vec<&str> = problems.iter().map(|(flag, _)| *flag).collect();
+        assert_eq!(
+            flags,
+            [
+                "shell-allow",
+                "shell-allow",
+                "http-allow",
+                "http-allow",
+                "http-allow",
+                "executor-credentials",
+                "executor-credentials",
+                "executor-credentials",
+                "executor-credentials",
+                "executor-credentials",
+            ],
+            "{error}"
+        );
+        let text = error.to_string();
+        for expected in [
+            "--shell-allow (JETSCHED_WORKER_SHELL_ALLOW) = \"bad.ns=date\": \"bad.ns\" must match [A-Za-z0-9_-]{1,128}",
+            "\"ops=\": the value is empty",
+            "\"10.0.0.0/8\": use NAMESPACE=CIDR or *=CIDR",
+            "did you mean 10.0.0.0/8?",
+            "\"ops=intranet\": \"intranet\" is neither a CIDR nor an address",
+            "--executor-credentials (JETSCHED_WORKER_EXECUTOR_CREDENTIALS)",
+            "namespace \"ops\" is given credentials twice",
+            "credentials belong to one namespace",
+            "\"billing\": use NAMESPACE=PATH",
+            "dev=/nonexistent/creds: cannot read it",
+            "holds neither a NATS credentials file",
+        ] {
+            assert!(text.contains(expected), "{expected:?} in:\n{text}");
+        }
     }
 }

@@ -1,5 +1,10 @@
 //! Executors: what an attempt does, by the spec's `executor.kind`, and the [`Outcome`] that
 //! encodes the ack decision.
+//!
+//! No executor acts with more than its task's namespace was given: a `nats` request stays out
+//! of the reserved subject spaces and goes out on the namespace's own connection when it has
+//! credentials; an `http` request reaches internal networks only where `--http-allow` lets the
+//! namespace; a `shell` program starts only when `--shell-allow` lists it for the namespace.
 
 pub(crate) mod handler;
 pub(crate) mod http;
@@ -42,6 +47,16 @@ impl Outcome {
     pub fn permanent(error: impl Into<String>) -> Outcome {
         Outcome::Permanent { error: error.into() }
     }
+}
+
+/// Which namespaces an entry of a per-namespace executor setting (`--shell-allow`,
+/// `--http-allow`) applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// `*=...` (or, for `--shell-allow`, a bare program).
+    Every,
+    /// `NAMESPACE=...`.
+    Namespace(String),
 }
 
 /// One attempt handed to an executor.

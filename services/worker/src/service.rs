@@ -25,7 +25,8 @@ use crate::config::PolicyKind;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::consumer::Shared;
 use crate::dlq::{DeadLetters, Mover, advisory_consumer};
-use crate::executor::{Executors, Handlers, http::HttpExecutor, nats::NatsExecutor, shell::ShellExecutor};
+use crate::executor::nats::{self, NatsExecutor};
+use crate::executor::{Executors, Handlers, http::HttpExecutor, shell::ShellExecutor};
 use crate::lanes::policy::{Policy, Reserve};
 use crate::lanes::{LanePulls, run_lanes};
 use crate::metrics::Metrics;
@@ -137,13 +138,22 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
     let events = EventPublisher::with_metrics(js.clone(), names.clone(), &registry)?
         .with_batches(client.clone())
         .await?;
+    let namespace_clients =
+        nats::connect_namespaces(&config.nats, &config.executor_credentials(), &instance).await?;
     let executors = Executors {
         http: HttpExecutor::new(
+            &config.http_allow(),
             config.output_limit,
             &format!("jetsched-worker/{}", env!("CARGO_PKG_VERSION")),
         )?,
-        nats: NatsExecutor::new(client.clone(), config.output_limit),
-        shell: ShellExecutor::new(config.shell_allow.clone(), config.output_limit),
+        nats: NatsExecutor::new(
+            names.clone(),
+            client.clone(),
+            namespace_clients,
+            config.executor_credentials_required,
+            config.output_limit,
+        ),
+        shell: ShellExecutor::new(config.shell_allow(), config.output_limit),
         handlers,
     };
     let mover = Mover {
@@ -162,6 +172,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         instance.clone(),
         events.clone(),
         metrics.clone(),
+        config.shared_breakers.iter().cloned().collect(),
     ));
     let breakers_watch = breakers.load().await?;
     let shared = Arc::new(Shared {
@@ -184,7 +195,8 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
     });
     tracing::info!(
         admin = %admin.local_addr(), instance = %instance, queues = ?config.queues,
-        concurrency = config.concurrency, shell = !config.shell_allow.is_empty(),
+        concurrency = config.concurrency, shell = !config.shell_allow().is_empty(),
+        executor_credentials = ?config.executor_credentials().keys().collect::<Vec<_>>(),
         handlers = ?shared.executors.handlers.names(), "worker ready"
     );
     Ok(Worker {
@@ -281,6 +293,7 @@ impl Worker {
         admin_stop.cancel();
         background.close();
         background.wait().await;
+        shared.executors.nats.drain().await;
         client.drain().await.context("drain NATS connection")?;
         tracing::info!("worker stopped");
         Ok(())

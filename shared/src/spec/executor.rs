@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::field::{Obj, Problems, err, wrong_type};
+use crate::names::{Names, ReservedSpace};
 
 /// What a worker runs for a fire. JSON: `{"kind": "http" | "nats" | "shell" | "handler", ...fields}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,7 +20,8 @@ pub enum Executor {
         headers: BTreeMap<String, String>,
         body: Option<Value>,
     },
-    /// A NATS request to `subject` (no wildcards).
+    /// A NATS request to `subject` (no wildcards; never in a reserved space: see
+    /// [`Executor::check_confined`]).
     Nats { subject: String, payload: Option<Value>, headers: BTreeMap<String, String> },
     /// A process started with `command` as argv (only on workers with an explicit allow-list).
     Shell { command: Vec<String>, env: BTreeMap<String, String>, cwd: Option<String> },
@@ -37,6 +39,31 @@ impl Executor {
             Executor::Nats { .. } => "nats",
             Executor::Shell { .. } => "shell",
             Executor::Handler { .. } => "handler",
+        }
+    }
+
+    /// Whether a worker may carry out this executor with the rights it holds, for a deployment
+    /// whose names are `names`: a `nats` subject must lie outside the reserved spaces (see
+    /// [`confined_subject`]). The registry checks it when it stores a spec, and the worker
+    /// again before every request (a spec stored before the rule, or written straight into
+    /// the tasks bucket, is refused there). The other kinds are confined by the worker itself
+    /// (`http` destinations after name resolution, `shell` programs per namespace).
+    pub fn check_confined(&self, names: &Names) -> Result<(), ApiError> {
+        match self {
+            Executor::Nats { subject, .. } => confined_subject(subject, names),
+            Executor::Http { .. } | Executor::Shell { .. } | Executor::Handler { .. } => Ok(()),
+        }
+    }
+
+    /// The part of [`check_confined`](Self::check_confined) that needs no deployment names,
+    /// applied when a spec is admitted (`TaskSpec::admit`).
+    pub(super) fn check_admissible(&self) -> Result<(), ApiError> {
+        match self {
+            Executor::Nats { subject, .. } => match ReservedSpace::of(subject) {
+                Some(space) => Err(refused_subject(subject, space, None)),
+                None => Ok(()),
+            },
+            Executor::Http { .. } | Executor::Shell { .. } | Executor::Handler { .. } => Ok(()),
         }
     }
 
@@ -275,4 +302,19 @@ pub(super) fn validate_subject(path: &str, subject: &str) -> Result<(), ApiError
         }
     }
     Ok(())
+}
+
+fn refused_subject(subject: &str, space: ReservedSpace, names: Option<&Names>) -> ApiError {
+    let why = space.describe(names);
+    err(ErrorCode::InvalidValue, "executor.subject", format!("{subject:?} is refused: {why}"))
+}
+
+/// Checks that a `nats` executor's `subject` stays out of the reserved spaces: the server's
+/// (`$...`), reply subjects (`_INBOX...`, `_R_`) and jetsched's own (`<prefix>.>`: dispatches,
+/// events, the API, control requests). A refusal is `invalid_value` at `executor.subject`.
+pub fn confined_subject(subject: &str, names: &Names) -> Result<(), ApiError> {
+    match names.reserved_space(subject) {
+        Some(space) => Err(refused_subject(subject, space, Some(names))),
+        None => Ok(()),
+    }
 }

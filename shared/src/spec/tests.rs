@@ -335,6 +335,24 @@ fn invalid_specs_report_code_and_field() {
             Some("executor.subject"),
         ),
         (
+            "nats subject of the JetStream API (admit)",
+            replaced("executor", json!({"kind": "nats", "subject": "$JS.API.STREAM.INFO.KV_JETSCHED_RUNS"})),
+            InvalidValue,
+            Some("executor.subject"),
+        ),
+        (
+            "nats subject of a KV bucket (admit)",
+            replaced("executor", json!({"kind": "nats", "subject": "$KV.JETSCHED_TASKS.a.b"})),
+            InvalidValue,
+            Some("executor.subject"),
+        ),
+        (
+            "nats reply subject (admit)",
+            replaced("executor", json!({"kind": "nats", "subject": "_INBOX.abc"})),
+            InvalidValue,
+            Some("executor.subject"),
+        ),
+        (
             "nats with body",
             replaced("executor", json!({"kind": "nats", "subject": "a", "body": {}})),
             UnknownField,
@@ -640,6 +658,70 @@ fn invalid_specs_report_code_and_field() {
         cases.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn nats_subjects_are_confined_outside_the_reserved_spaces() {
+    use crate::names::Names;
+    let names = Names::default();
+    let custom = Names::new("acme").unwrap();
+    // (subject, refused under the default prefix, refused at admission without names)
+    let cases = [
+        ("jobs.run", false, false),
+        ("billing.invoices.send", false, false),
+        ("$JS.API.STREAM.INFO.KV_JETSCHED_RUNS", true, true),
+        ("$JS.API.CONSUMER.MSG.NEXT.JETSCHED_DISPATCH.workers", true, true),
+        ("$KV.JETSCHED_TASKS.x.y", true, true),
+        ("$O.bucket.C.x", true, true),
+        ("$SYS.REQ.SERVER.PING", true, true),
+        ("$SRV.PING", true, true),
+        ("$JSC.R.x", true, true),
+        ("$NRG.x", true, true),
+        ("$MQTT.sess.x", true, true),
+        ("$G", true, true),
+        ("_INBOX.x", true, true),
+        ("_INBOX", true, true),
+        ("_INBOX_custom.x", true, true),
+        ("_R_.abc.def", true, true),
+        ("jetsched.control.pause.x", true, false),
+        ("jetsched", true, false),
+        ("jetsched.api.task.put", true, false),
+        // Only the first token counts, and subjects are case-sensitive.
+        ("jobs.jetsched.x", false, false),
+        ("jobs.$JS.x", false, false),
+        ("jetsched_other.x", false, false),
+        ("JETSCHED.x", false, false),
+        ("INBOX.x", false, false),
+    ];
+    for (subject, refused, refused_at_admission) in cases {
+        let executor = Executor::Nats { subject: subject.into(), payload: None, headers: BTreeMap::new() };
+        match executor.check_confined(&names) {
+            Ok(()) => assert!(!refused, "{subject} accepted"),
+            Err(e) => {
+                assert!(refused, "{subject} refused: {e}");
+                assert_eq!((e.code, e.field.as_deref()), (ErrorCode::InvalidValue, Some("executor.subject")));
+                assert!(e.message.contains(subject) && e.message.contains("refused"), "{e}");
+            }
+        }
+        assert_eq!(executor.check_admissible().is_err(), refused_at_admission, "{subject}");
+        let spec = replaced("executor", json!({"kind": "nats", "subject": subject}));
+        assert!(TaskSpec::parse(&spec).is_ok(), "{subject}: parsing stays structural");
+        assert_eq!(parse_and_admit(&spec).is_err(), refused_at_admission, "{subject}");
+    }
+    // The prefix is the deployment's.
+    assert!(confined_subject("jetsched.x", &custom).is_ok());
+    let e = confined_subject("acme.control.pause.x", &custom).unwrap_err();
+    assert!(e.message.contains("`acme.>`"), "{e}");
+    let e = confined_subject("$JS.API.INFO", &names).unwrap_err();
+    assert!(e.message.contains("NATS server"), "{e}");
+    // The other kinds are confined by the worker.
+    let http = Executor::Http {
+        method: "POST".into(),
+        url: "http://127.0.0.1/".into(),
+        headers: BTreeMap::new(),
+        body: None,
+    };
+    assert!(http.check_confined(&names).is_ok());
 }
 
 #[test]
@@ -1306,9 +1388,15 @@ fn breaker_defaults_canonical_form_and_bucket_key() {
                "max_open_for": "10m", "half_open_runs": 1, "on_open": "delay"})
     );
     assert_eq!(spec.to_json()["pause_after_failures"], json!(3));
-    assert_eq!(breaker.bucket_key("billing", "nightly-report"), "task.billing.nightly-report");
+    let (none_shared, all_shared) = (|_: &str| false, |_: &str| true);
+    assert_eq!(breaker.bucket_key("billing", "nightly-report", none_shared), "task.billing.nightly-report");
+    assert_eq!(breaker.bucket_key("billing", "nightly-report", all_shared), "task.billing.nightly-report");
     let named = BreakerSpec { key: Some("payments-api".into()), ..breaker };
-    assert_eq!(named.bucket_key("billing", "nightly-report"), "key.payments-api");
+    // A named breaker belongs to the task's namespace, unless its key is declared shared.
+    assert_eq!(named.bucket_key("billing", "nightly-report", none_shared), "key.billing.payments-api");
+    assert_eq!(named.bucket_key("demo", "nightly-report", none_shared), "key.demo.payments-api");
+    assert_eq!(named.bucket_key("billing", "nightly-report", all_shared), "key.=shared.payments-api");
+    assert_eq!(named.bucket_key("demo", "other", |k: &str| k == "payments-api"), "key.=shared.payments-api");
     // A long open period raises the default ceiling with it.
     let long = TaskSpec::parse(&patched(json!({"breaker": {"open_for": "20m"}}))).unwrap();
     assert_eq!(long.breaker.unwrap().max_open_for, Duration::from_secs(1200));

@@ -38,7 +38,8 @@ fn service(
         .env("JETSCHED_LOG_FORMAT", "json")
         .env("RUST_LOG", "info");
     if binary == "jetsched-worker" {
-        command.args(["--pull-expires", "500ms"]);
+        // The downstreams listen on 127.0.0.1, which the http executor refuses by default.
+        command.args(["--pull-expires", "500ms", "--http-allow", "*=127.0.0.0/8"]);
     }
     command.envs(otel.iter().copied());
     ChildProcess::spawn_command(instance, command)

@@ -1,31 +1,73 @@
 //! The `http` executor: one request per attempt. 2xx succeeds; 408, 429, 5xx and network
 //! errors are retryable (a `Retry-After` in seconds is honoured, capped by the policy); any
 //! other status is permanent. The status and a bounded body excerpt are recorded.
+//!
+//! A task's request never reaches an internal address (loopback, private, link-local with
+//! the cloud metadata service, ...) unless `--http-allow` lets its namespace reach that network
+//! ([`destination`]): checked after name resolution and at every redirect, a refusal is
+//! permanent and names `executor.url` and the address. Each namespace with networks of its own
+//! has its own client (its resolver and redirect policy carry the networks); the others share
+//! one. The worker's `HTTP_PROXY`/`HTTPS_PROXY` variables are not used: through a proxy the
+//! address finally reached could not be checked.
 
-use std::collections::BTreeMap;
+pub(crate) mod destination;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use reqwest::{Method, StatusCode};
+use reqwest::{Method, StatusCode, Url};
 
+use self::destination::{GuardedResolver, HttpAllow, Networks, Refused, literal_refusal, refusal};
 use super::{Attempt, Outcome, head};
 
+/// Redirects followed per request (reqwest's default).
+const MAX_REDIRECTS: usize = 10;
+
 pub(crate) struct HttpExecutor {
-    client: reqwest::Client,
+    /// For namespaces without networks of their own.
+    common: Guarded,
+    by_namespace: HashMap<String, Guarded>,
     body_limit: usize,
 }
 
-impl HttpExecutor {
-    pub(crate) fn new(body_limit: usize, user_agent: &str) -> anyhow::Result<HttpExecutor> {
-        // reqwest is built without a bundled crypto provider: use ring, as async-nats does.
-        // Installing fails harmlessly when a provider is already installed.
-        let _already_installed = rustls::crypto::ring::default_provider().install_default();
+/// A client and the internal networks it may reach.
+struct Guarded {
+    client: reqwest::Client,
+    networks: Arc<Networks>,
+}
+
+impl Guarded {
+    fn new(networks: Networks, user_agent: &str) -> anyhow::Result<Guarded> {
+        let networks = Arc::new(networks);
         let client = reqwest::Client::builder()
             .user_agent(user_agent)
             .connect_timeout(Duration::from_secs(10))
+            .no_proxy()
+            .dns_resolver(GuardedResolver::new(networks.clone()))
+            .redirect(destination::redirect_policy(networks.clone(), MAX_REDIRECTS))
             .build()
             .context("build HTTP client")?;
-        Ok(HttpExecutor { client, body_limit })
+        Ok(Guarded { client, networks })
+    }
+}
+
+impl HttpExecutor {
+    pub(crate) fn new(
+        allow: &HttpAllow,
+        body_limit: usize,
+        user_agent: &str,
+    ) -> anyhow::Result<HttpExecutor> {
+        // reqwest is built without a bundled crypto provider: use ring, as async-nats does.
+        // Installing fails harmlessly when a provider is already installed.
+        let _already_installed = rustls::crypto::ring::default_provider().install_default();
+        let common = Guarded::new(allow.common(), user_agent)?;
+        let by_namespace = allow
+            .namespaces()
+            .map(|(namespace, networks)| Ok((namespace.to_string(), Guarded::new(networks, user_agent)?)))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(HttpExecutor { common, by_namespace, body_limit })
     }
 
     pub(crate) async fn execute(
@@ -41,7 +83,18 @@ impl HttpExecutor {
             Ok(method) => method,
             Err(error) => return Outcome::permanent(format!("invalid HTTP method {method:?}: {error}")),
         };
-        let mut request = self.client.request(method, url).timeout(timeout);
+        let parsed = match Url::parse(url) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                return Outcome::permanent(format!("invalid request: executor.url {url:?}: {error}"));
+            }
+        };
+        let namespace = attempt.dispatch.namespace.as_str();
+        let guarded = self.by_namespace.get(namespace).unwrap_or(&self.common);
+        if let Some(refused) = literal_refusal(&parsed, &guarded.networks) {
+            return refused_outcome(url, namespace, &refused);
+        }
+        let mut request = guarded.client.request(method, parsed).timeout(timeout);
         for (name, value) in attempt.header_pairs() {
             request = request.header(name, value);
         }
@@ -62,7 +115,10 @@ impl HttpExecutor {
             Err(error) if error.is_timeout() => {
                 return Outcome::retry(format!("timed out after {timeout:?}"));
             }
-            Err(error) => return Outcome::retry(format!("request failed: {}", error_chain(&error))),
+            Err(error) => match refusal(&error) {
+                Some(refused) => return refused_outcome(url, namespace, refused),
+                None => return Outcome::retry(format!("request failed: {}", error_chain(&error))),
+            },
         };
         let status = response.status();
         tracing::Span::current().record("http.response.status_code", status.as_u16());
@@ -100,6 +156,15 @@ impl HttpExecutor {
     }
 }
 
+/// A destination refused before any byte was sent to it: permanent (the spec must change, or
+/// the operator's --http-allow).
+fn refused_outcome(url: &str, namespace: &str, refused: &Refused) -> Outcome {
+    Outcome::permanent(format!(
+        "executor.url {url:?} refused: {refused}; internal networks are reachable only where the \
+         worker's --http-allow lets namespace {namespace:?} reach them"
+    ))
+}
+
 fn classify(status: StatusCode, retry_after: Option<Duration>, detail: String) -> Outcome {
     if status.is_success() {
         Outcome::Ok { detail: Some(detail) }
@@ -127,6 +192,26 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_refused_name_is_found_in_the_clients_error() {
+        let _already_installed = rustls::crypto::ring::default_provider().install_default();
+        let guarded = Guarded::new(Networks::default(), "test").unwrap();
+        let error = guarded.client.get("http://localhost:9/").send().await.unwrap_err();
+        match refusal(&error) {
+            Some(Refused::Resolved { host, addresses }) => {
+                assert_eq!(host, "localhost");
+                assert!(addresses.iter().all(|(ip, _)| ip.is_loopback()), "{addresses:?}");
+            }
+            other => panic!("{other:?}: {}", error_chain(&error)),
+        }
+        let outcome = refused_outcome("http://localhost:9/", "ops", refusal(&error).unwrap());
+        let Outcome::Permanent { error } = outcome else { panic!("{outcome:?}") };
+        assert!(
+            error.starts_with("executor.url \"http://localhost:9/\" refused: localhost resolves"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn statuses_are_classified() {

@@ -11,12 +11,26 @@
 //! 4. any other reply → ok (so a plain `nats reply` responder works).
 //!
 //! No responders, a timeout or a connection error → retry. An unknown status → fail.
+//!
+//! Confinement: a subject in a reserved space (the server's `$...`, reply subjects `_INBOX...`
+//! and `_R_`, jetsched's own `<prefix>.>`) is refused before anything is sent, whatever the
+//! registry let through (a spec stored before the rule, or written straight into the tasks
+//! bucket): the attempt fails permanently, naming `executor.subject`. A namespace given
+//! `--executor-credentials` sends its requests on a connection of its own, authenticated as
+//! that namespace's NATS user, so a task reaches only what that user may; with
+//! `--executor-credentials-required`, a namespace without credentials is refused instead of
+//! borrowing the worker's rights.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context;
 use async_nats::HeaderMap;
 use async_nats::client::{Request, RequestErrorKind};
+use jetsched_shared::config::{NatsArgs, NatsCredentials};
+use jetsched_shared::names::Names;
+use jetsched_shared::spec::confined_subject;
 use jetsched_shared::wire::HDR_STATUS;
 
 use super::{Attempt, Outcome, head};
@@ -25,13 +39,72 @@ const SERVICE_ERROR_CODE: &str = "Nats-Service-Error-Code";
 const SERVICE_ERROR: &str = "Nats-Service-Error";
 
 pub(crate) struct NatsExecutor {
+    names: Names,
+    /// The worker's own connection.
     client: async_nats::Client,
+    /// The connection of each namespace given credentials.
+    by_namespace: HashMap<String, async_nats::Client>,
+    /// Refuse namespaces without a connection of their own.
+    required: bool,
     body_limit: usize,
 }
 
+/// Opens one connection per namespace in `credentials`, to the servers of `nats` with its TLS
+/// settings, authenticated with that namespace's credentials and receiving replies under
+/// `_INBOX.<namespace>` (all a team's NATS user needs to subscribe to).
+pub(crate) async fn connect_namespaces(
+    nats: &NatsArgs,
+    credentials: &BTreeMap<String, PathBuf>,
+    instance: &str,
+) -> anyhow::Result<HashMap<String, async_nats::Client>> {
+    let mut clients = HashMap::new();
+    for (namespace, path) in credentials {
+        let what = || format!("--executor-credentials {namespace}={}", path.display());
+        let credentials = NatsCredentials::read(path).with_context(what)?;
+        let client = nats
+            .with_credentials(&credentials)
+            .connect_with_inbox_prefix(
+                &format!("jetsched-worker {instance} executor {namespace}"),
+                Some(&Names::namespace_inbox_prefix(namespace)),
+            )
+            .await
+            .with_context(|| format!("{} ({})", what(), credentials.kind()))?;
+        clients.insert(namespace.clone(), client);
+    }
+    Ok(clients)
+}
+
 impl NatsExecutor {
-    pub(crate) fn new(client: async_nats::Client, body_limit: usize) -> NatsExecutor {
-        NatsExecutor { client, body_limit }
+    pub(crate) fn new(
+        names: Names,
+        client: async_nats::Client,
+        by_namespace: HashMap<String, async_nats::Client>,
+        required: bool,
+        body_limit: usize,
+    ) -> NatsExecutor {
+        NatsExecutor { names, client, by_namespace, required, body_limit }
+    }
+
+    /// Drains the namespaces' connections (the worker drains its own).
+    pub(crate) async fn drain(&self) {
+        for (namespace, client) in &self.by_namespace {
+            if let Err(error) = client.drain().await {
+                tracing::warn!(%error, namespace, "drain the executor connection");
+            }
+        }
+    }
+
+    /// The connection `namespace`'s requests go out on, or why there is none.
+    fn client_of(&self, namespace: &str) -> Result<&async_nats::Client, String> {
+        match self.by_namespace.get(namespace) {
+            Some(client) => Ok(client),
+            None if self.required => Err(format!(
+                "namespace {namespace:?} has no NATS credentials on this worker \
+                 (--executor-credentials {namespace}=PATH) and --executor-credentials-required \
+                 refuses to send its requests with the worker's own rights"
+            )),
+            None => Ok(&self.client),
+        }
     }
 
     pub(crate) async fn execute(
@@ -42,6 +115,13 @@ impl NatsExecutor {
         spec_headers: &BTreeMap<String, String>,
         timeout: Duration,
     ) -> Outcome {
+        if let Err(error) = confined_subject(subject, &self.names) {
+            return Outcome::permanent(format!("refused, nothing was sent: {error}"));
+        }
+        let client = match self.client_of(&attempt.dispatch.namespace) {
+            Ok(client) => client,
+            Err(refusal) => return Outcome::permanent(format!("refused, nothing was sent: {refusal}")),
+        };
         let mut headers = HeaderMap::new();
         for (name, value) in spec_headers {
             headers.insert(name.as_str(), value.as_str());
@@ -60,7 +140,7 @@ impl NatsExecutor {
             None => Vec::new(),
         };
         let request = Request::new().payload(body.into()).headers(headers).timeout(Some(timeout));
-        match self.client.send_request(subject.to_string(), request).await {
+        match client.send_request(subject.to_string(), request).await {
             Ok(reply) => classify(reply.headers.as_ref(), &reply.payload, self.body_limit),
             Err(error) => match error.kind() {
                 RequestErrorKind::NoResponders => Outcome::retry(format!("no responders on {subject}")),

@@ -1,6 +1,8 @@
 //! The `shell` executor: starts `command` as argv (no shell, no interpolation) — only when
-//! the program is on the worker's `--shell-allow` list; otherwise the attempt is a permanent
-//! failure, so a spec never becomes remote code execution on a worker that did not opt in.
+//! the worker's `--shell-allow` list lets the task's namespace start the program (an entry
+//! `NAMESPACE=PROGRAM` for one namespace, a bare `PROGRAM` for all); otherwise the attempt is a
+//! permanent failure, so a spec never becomes remote code execution on a worker that did not
+//! opt in, nor one team's program another team's.
 //!
 //! The process gets the spec's `env`, the execution headers as `JETSCHED_EXECUTION_ID`,
 //! `JETSCHED_TASK`, `JETSCHED_NOMINAL_TIME`, `JETSCHED_ATTEMPT`, `JETSCHED_TRIGGER` and a
@@ -10,7 +12,7 @@
 //! executable, not found), is permanent; other exits and signals are retryable. The last
 //! `output_limit` bytes of stdout and stderr are recorded.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -19,18 +21,46 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use super::{Attempt, Outcome, tail};
+use super::{Attempt, Outcome, Scope, tail};
 
 /// `PATH` of the started process unless the spec's `env` sets one.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// The `--shell-allow` setting: the programs every namespace may start, and each listed
+/// namespace's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ShellAllow {
+    every: BTreeSet<String>,
+    by_namespace: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl ShellAllow {
+    pub(crate) fn insert(&mut self, scope: Scope, program: &str) {
+        let programs = match scope {
+            Scope::Every => &mut self.every,
+            Scope::Namespace(namespace) => self.by_namespace.entry(namespace).or_default(),
+        };
+        programs.insert(program.to_string());
+    }
+
+    /// No program for any namespace: the executor is off.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.every.is_empty() && self.by_namespace.is_empty()
+    }
+
+    /// Whether `namespace`'s tasks may start `program`.
+    pub(crate) fn permits(&self, namespace: &str, program: &str) -> bool {
+        self.every.contains(program) || self.by_namespace.get(namespace).is_some_and(|p| p.contains(program))
+    }
+}
+
 pub(crate) struct ShellExecutor {
-    allow: Vec<String>,
+    allow: ShellAllow,
     output_limit: usize,
 }
 
 impl ShellExecutor {
-    pub(crate) fn new(allow: Vec<String>, output_limit: usize) -> ShellExecutor {
+    pub(crate) fn new(allow: ShellAllow, output_limit: usize) -> ShellExecutor {
         ShellExecutor { allow, output_limit }
     }
 
@@ -48,8 +78,11 @@ impl ShellExecutor {
                 "the shell executor is disabled on this worker (start it with --shell-allow <program>)",
             );
         }
-        if !self.allow.iter().any(|allowed| allowed == program) {
-            return Outcome::permanent(format!("{program:?} is not on this worker's --shell-allow list"));
+        let namespace = attempt.dispatch.namespace.as_str();
+        if !self.allow.permits(namespace, program) {
+            return Outcome::permanent(format!(
+                "{program:?} is not on this worker's --shell-allow list for namespace {namespace:?}"
+            ));
         }
         let mut cmd = Command::new(program);
         // The worker's own environment (NATS credentials among it) is not inherited.
@@ -147,4 +180,29 @@ async fn read_tail(reader: Option<impl AsyncRead + Unpin>, limit: usize) -> Vec<
         }
     }
     kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_are_allowed_per_namespace_or_for_all() {
+        let mut allow = ShellAllow::default();
+        assert!(allow.is_empty());
+        allow.insert(Scope::Every, "date");
+        allow.insert(Scope::Namespace("billing".into()), "/usr/local/bin/invoice");
+        assert!(!allow.is_empty());
+        let cases = [
+            ("billing", "date", true),
+            ("ops", "date", true),
+            ("billing", "/usr/local/bin/invoice", true),
+            ("ops", "/usr/local/bin/invoice", false),
+            ("billing", "invoice", false),
+            ("billing", "sh", false),
+        ];
+        for (namespace, program, want) in cases {
+            assert_eq!(allow.permits(namespace, program), want, "{namespace} {program}");
+        }
+    }
 }
