@@ -171,7 +171,8 @@ impl Candidate {
 }
 
 /// The `breaker_open` alert of a `breaker.opened` event. Its subject is the event's: the task
-/// for a task's own breaker, `_breaker/<key>` for a named one.
+/// for a task's own breaker, `<namespace>/<key>` for a namespace's named one, `=shared/<key>`
+/// for a key shared by every namespace.
 fn breaker_open(event: &Event) -> Candidate {
     let (ns, task) = (event.namespace.as_str(), event.task_id.as_str());
     let name = event.key.as_deref().unwrap_or(task);
@@ -197,6 +198,14 @@ fn breaker_open(event: &Event) -> Candidate {
     candidate
 }
 
+/// Which breaker a `breaker.*` event is about: its bucket key when it carries one.
+fn breaker_of(event: &Event) -> (String, String) {
+    match &event.key {
+        Some(key) => (String::new(), key.clone()),
+        None => (event.namespace.clone(), event.task_id.clone()),
+    }
+}
+
 /// A std duration as a chrono one, capped at 100 years so instant arithmetic cannot overflow.
 pub(crate) fn chrono_duration(d: Duration) -> chrono::Duration {
     const CAP: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -218,8 +227,10 @@ pub struct Detector {
     dlq_full: bool,
     /// JetStream has not answered since its alert.
     jetstream_down: bool,
-    /// Breakers (`(namespace, id)` of their events) open since their alert: a breaker that
-    /// re-opens after a failed probe does not alert again until it has closed.
+    /// Breakers (the bucket key their events carry, else `(namespace, id)` of the events) open
+    /// since their alert: a breaker that re-opens after a failed probe does not alert again
+    /// until it has closed. By key, since a task's own breaker and a named one of its namespace
+    /// may have events about the same `(namespace, id)`.
     open_breakers: HashSet<(String, String)>,
 }
 
@@ -296,8 +307,7 @@ impl Detector {
             }
             // Inserted only when the rule is on; a breaker already open is the same episode.
             EventKind::BreakerOpened
-                if self.on(Rule::BreakerOpen)
-                    && self.open_breakers.insert((ns.to_string(), task.to_string())) =>
+                if self.on(Rule::BreakerOpen) && self.open_breakers.insert(breaker_of(event)) =>
             {
                 out.push(breaker_open(event));
             }
@@ -313,7 +323,7 @@ impl Detector {
                 );
             }
             EventKind::BreakerClosed => {
-                self.open_breakers.remove(&(ns.to_string(), task.to_string()));
+                self.open_breakers.remove(&breaker_of(event));
             }
             EventKind::LeaderAcquired => {
                 let instance = event.instance.as_deref().unwrap_or("unknown");
@@ -530,28 +540,40 @@ mod tests {
     fn an_open_breaker_alerts_once_per_episode_until_it_closes() {
         let mut d = Detector::new(Thresholds::default());
         let opened = |s: i64| Event {
-            key: Some("key.pay".into()),
+            key: Some("key.billing.pay".into()),
             failure_rate: Some(0.75),
             failures: Some(3),
             runs: Some(4),
             open_until: Some(at(s + 30)),
-            ..Event { time: at(s), ..Event::new(EventKind::BreakerOpened, "_breaker", "pay") }
+            ..Event { time: at(s), ..Event::new(EventKind::BreakerOpened, "billing", "pay") }
         };
         let out = d.on_event(&opened(0));
         assert_eq!(out.len(), 1);
         assert_eq!((out[0].rule, out[0].rule.severity()), (Rule::BreakerOpen, Severity::Warning));
-        assert_eq!((out[0].namespace.as_str(), out[0].task_id.as_str()), ("_breaker", "pay"));
+        assert_eq!((out[0].namespace.as_str(), out[0].task_id.as_str()), ("billing", "pay"));
         assert!(out[0].summary.contains("75%") && out[0].summary.contains("3 of 4"), "{}", out[0].summary);
-        assert_eq!(out[0].details.get("key").map(String::as_str), Some("key.pay"));
+        assert_eq!(out[0].details.get("key").map(String::as_str), Some("key.billing.pay"));
         // Re-opened after a failed probe: the same episode.
         assert!(d.on_event(&event(EventKind::BreakerHalfOpened, at(31))).is_empty());
         assert!(d.on_event(&opened(32)).is_empty());
-        // Another breaker alerts on its own.
-        let other = Event { namespace: "billing".into(), task_id: "report".into(), ..opened(33) };
+        // Another breaker alerts on its own: one of another namespace, and the own breaker of a
+        // task whose id is the key (its events are about the same namespace and id).
+        let other = Event { key: Some("key.demo.pay".into()), namespace: "demo".into(), ..opened(33) };
         assert_eq!(d.on_event(&other).len(), 1);
+        let own = Event { key: Some("task.billing.pay".into()), ..opened(33) };
+        assert_eq!(d.on_event(&own).len(), 1);
         // Closed: the next opening is a new episode.
-        d.on_event(&Event { time: at(40), ..Event::new(EventKind::BreakerClosed, "_breaker", "pay") });
+        let closed = Event {
+            key: Some("key.billing.pay".into()),
+            ..Event { time: at(40), ..Event::new(EventKind::BreakerClosed, "billing", "pay") }
+        };
+        d.on_event(&closed);
         assert_eq!(d.on_event(&opened(50)).len(), 1);
+        // Events without a key (from before keys were told) are told apart by namespace and id.
+        let keyless = |kind| Event { key: None, ..Event { kind, ..opened(60) } };
+        d.on_event(&keyless(EventKind::BreakerClosed));
+        assert_eq!(d.on_event(&keyless(EventKind::BreakerOpened)).len(), 1);
+        assert!(d.on_event(&keyless(EventKind::BreakerOpened)).is_empty());
         let mut off = Detector::new(Thresholds { enabled: vec![Rule::RunFailed], ..Thresholds::default() });
         assert!(off.on_event(&opened(0)).is_empty());
     }

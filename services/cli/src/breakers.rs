@@ -1,5 +1,7 @@
 //! `jetsched breakers` and `jetsched breaker reset|show`: the circuit breakers the workers share,
-//! through the registry's breaker API.
+//! through the registry's breaker API. A breaker is named as `list` shows it: `namespace/id` (a
+//! task's own), `namespace:key` (a namespace's named breaker) or a bare key (a shared one, or a
+//! key only one namespace uses).
 
 use anyhow::Context;
 use chrono::Utc;
@@ -12,20 +14,32 @@ use crate::output;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum BreakerCommand {
-    /// Show one breaker: a named key (`payments-api`) or a task's own (`namespace/id`).
+    /// Show one breaker: a namespace's named key (`billing:payments-api`), a task's own
+    /// (`billing/charge-cards`), or a key alone (`payments-api`: shared, or used by one namespace).
     Show { key: String },
-    /// Close a breaker and clear its counts (and a task's consecutive-failure count).
+    /// Close a breaker and clear its counts (and a task's consecutive-failure count); named as
+    /// for `show`.
     Reset { key: String },
 }
 
-/// What the user typed: a task's own breaker as `namespace/id`, otherwise a named key.
+/// What the user typed: a task's own breaker as `namespace/id`, a namespace's named breaker as
+/// `namespace:key`, otherwise a key alone (or a bucket key).
 fn reference(key: &str) -> BreakerRef {
-    match key.split_once('/') {
-        Some((namespace, id)) => {
-            BreakerRef { namespace: Some(namespace.into()), id: Some(id.into()), ..BreakerRef::default() }
-        }
-        None => BreakerRef { key: Some(key.into()), ..BreakerRef::default() },
+    if let Some((namespace, id)) = key.split_once('/') {
+        return BreakerRef {
+            namespace: Some(namespace.into()),
+            id: Some(id.into()),
+            ..BreakerRef::default()
+        };
     }
+    if let Some((namespace, key)) = key.split_once(':') {
+        return BreakerRef {
+            namespace: Some(namespace.into()),
+            key: Some(key.into()),
+            ..BreakerRef::default()
+        };
+    }
+    BreakerRef { key: Some(key.into()), ..BreakerRef::default() }
 }
 
 /// `jetsched breakers`: every breaker as a table, or the reply as JSON.
@@ -94,9 +108,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slash_names_a_tasks_own_breaker() {
+    fn a_slash_names_a_tasks_own_breaker_and_a_colon_a_namespaces_key() {
         assert_eq!(reference("billing/report").id.as_deref(), Some("report"));
         assert_eq!(reference("billing/report").namespace.as_deref(), Some("billing"));
-        assert_eq!(reference("payments-api").key.as_deref(), Some("payments-api"));
+        let named = reference("billing:payments-api");
+        assert_eq!(
+            (named.namespace.as_deref(), named.key.as_deref()),
+            (Some("billing"), Some("payments-api"))
+        );
+        assert_eq!(named.id, None);
+        let bare = reference("payments-api");
+        assert_eq!((bare.namespace, bare.key.as_deref()), (None, Some("payments-api")));
+        assert_eq!(reference("key.=shared.pay").key.as_deref(), Some("key.=shared.pay"));
     }
 }

@@ -1,5 +1,9 @@
 //! Circuit breakers shared by every worker through `JETSCHED_BREAKERS`.
 //!
+//! A breaker belongs to a namespace: a task's own (`task.<namespace>.<id>`) or a key named by
+//! tasks of one namespace (`key.<namespace>.<key>`); a key the workers declare shared
+//! (`--shared-breakers`) has one breaker for every namespace (`key.=shared.<key>`).
+//!
 //! Each worker keeps the latest record of every breaker from one watch of the bucket, so a
 //! delivery behind a closed (or plainly open) breaker costs no KV operation. Attempts are
 //! counted in memory and merged into the records every [`MERGE_EVERY`] with compare-and-set
@@ -13,14 +17,14 @@ pub(crate) mod shortcut;
 mod store;
 mod sync;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use chrono::{DateTime, Utc};
 use jetsched_shared::events::EventPublisher;
-use jetsched_shared::names::{BREAKER_NAMESPACE, BreakerKey, Names};
+use jetsched_shared::names::{BreakerKey, Names, SHARED_BREAKER_SCOPE};
 use jetsched_shared::spec::BreakerSpec;
 use jetsched_shared::wire::{BreakerRecord, Dispatch, Event, EventKind};
 use tokio::sync::Notify;
@@ -48,6 +52,9 @@ pub(crate) struct Breakers {
     names: Names,
     events: EventPublisher,
     metrics: Metrics,
+    /// Breaker keys shared by every namespace (`--shared-breakers`); any other key belongs to
+    /// the namespace of the task naming it.
+    shared: HashSet<String>,
     /// Latest record per key, from the watch and from this worker's own writes.
     known: Mutex<HashMap<String, Versioned>>,
     /// Attempts counted since the last merge, per key.
@@ -89,6 +96,7 @@ impl Breakers {
         worker: String,
         events: EventPublisher,
         metrics: Metrics,
+        shared: HashSet<String>,
     ) -> Breakers {
         Breakers {
             store: Store::new(kv, worker),
@@ -96,6 +104,7 @@ impl Breakers {
             names,
             events,
             metrics,
+            shared,
             known: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             counted: Notify::new(),
@@ -109,7 +118,7 @@ impl Breakers {
     /// down.
     pub(crate) async fn admit(&self, dispatch: &Dispatch) -> Option<Gate> {
         let spec = dispatch.spec.breaker.as_ref()?;
-        let key = spec.bucket_key(&dispatch.namespace, &dispatch.task_id);
+        let key = spec.bucket_key(&dispatch.namespace, &dispatch.task_id, |key| self.shared.contains(key));
         let now = Utc::now();
         // The common case, closed, copies nothing out of the known records.
         let known = {
@@ -255,7 +264,8 @@ fn transition_event(
         Transition::HalfOpened => EventKind::BreakerHalfOpened,
         Transition::Closed => EventKind::BreakerClosed,
     };
-    let (namespace, id) = BreakerKey::parse(key).map_or((BREAKER_NAMESPACE, key), BreakerKey::event_target);
+    let (namespace, id) =
+        BreakerKey::parse(key).map_or((SHARED_BREAKER_SCOPE, key), BreakerKey::event_target);
     let (runs, failures) = match transition {
         Transition::Opened => (record.opened_runs, record.opened_failures),
         _ => record.window_counts(now),

@@ -1,6 +1,7 @@
-//! The life of one delivery up to its [`Ending`]: JetStream metadata and body, what the run
-//! record says (run it, or a redelivery already decided), the attempt with progress acks, and
-//! the retry policy's decision. [`crate::ending`] takes it from there.
+//! The life of one delivery up to its [`Ending`]: JetStream metadata and body (one that does
+//! not decode, or names another run than its subject, is dead-lettered and never run), what the
+//! run record says (run it, or a redelivery already decided), the attempt with progress acks,
+//! and the retry policy's decision. [`crate::ending`] takes it from there.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -18,7 +19,7 @@ use crate::breaker::shortcut::{ATTEMPTS_SPENT, header_count};
 use crate::breaker::{Admission, Gate};
 use crate::config::RunRecords;
 use crate::consumer::Shared;
-use crate::dlq::{DeadLetter, undecodable};
+use crate::dlq::{DeadLetter, disagreement, mismatched, undecodable};
 use crate::ending::{Ending, Stored};
 use crate::executor::Attempt;
 use crate::retry::decide;
@@ -57,14 +58,26 @@ pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Me
                 &shared.worker,
                 sequence,
             );
-            let answer = match Box::pin(shared.store_dead_letter(&entry)).await {
-                Ok(()) => AckKind::Term,
-                Err(_) => AckKind::Nak(Some(shared.dlq_retry_delay)),
-            };
-            acknowledge(shared, &message, answer).await;
+            refuse(shared, &message, &entry).await;
             return;
         }
     };
+    // The subject is what the publisher's permissions were checked against: a body naming
+    // another run (another namespace's task, say) is not run under it.
+    if let Some(reason) = disagreement(&shared.names, &message.subject, &dispatch) {
+        tracing::error!(subject = %message.subject, reason, "dispatch subject and body disagree: dead-lettering it");
+        let entry = mismatched(
+            &shared.names,
+            &message.subject,
+            &message.payload,
+            &dispatch,
+            reason,
+            &shared.worker,
+            sequence,
+        );
+        refuse(shared, &message, &entry).await;
+        return;
+    }
     dispatch.trace_id = trace::trace_id_in(message.headers.as_ref());
     let span = spans::run(&dispatch, attempt, &message.subject, message.headers.as_ref());
     let delivery = Delivery {
@@ -80,6 +93,16 @@ pub(crate) async fn process(shared: &Shared, queue: &str, message: jetstream::Me
         events: shared.events.batch(),
     };
     delivery.deliver().instrument(span).await;
+}
+
+/// Ends a delivery that is not run: its dead letter stored (awaiting the stream's ack, counted
+/// by source), then the message terminated; handed back for later when the entry is not stored.
+async fn refuse(shared: &Shared, message: &jetstream::Message, entry: &DeadLetter) {
+    let answer = match Box::pin(shared.store_dead_letter(entry)).await {
+        Ok(()) => AckKind::Term,
+        Err(_) => AckKind::Nak(Some(shared.dlq_retry_delay)),
+    };
+    acknowledge(shared, message, answer).await;
 }
 
 /// One delivery being handled: the message, what it carries, the run record as last stored,

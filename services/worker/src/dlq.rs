@@ -184,6 +184,22 @@ impl Mover {
                 return Ok(());
             }
         };
+        if let Some(reason) = disagreement(&self.names, &raw.subject, &dispatch) {
+            // Never dead-lettered as the run its body names (whose record it would close).
+            let entry = mismatched(
+                &self.names,
+                &raw.subject,
+                &raw.payload,
+                &dispatch,
+                reason,
+                &self.worker,
+                raw.sequence,
+            );
+            self.dlq.publish(&entry).await?;
+            self.metrics.dead_letters.with_label_values(&[DeadLetterSource::Mismatched.as_str()]).inc();
+            stream.delete_message(raw.sequence).await.context("delete the dispatch message")?;
+            return Ok(());
+        }
         dispatch.trace_id = jetsched_shared::trace::trace_id_in(Some(&raw.headers));
         let record = self.runs.get(&dispatch.execution_id).await?;
         if let Some((record, _)) = &record
@@ -253,6 +269,48 @@ impl Mover {
     }
 }
 
+/// Where the subject a dispatch was delivered on and its body disagree about the run (the
+/// queue, namespace and task of the subject against the body's and its spec snapshot's): the
+/// reason, naming both sides of each disagreement; `None` when they agree.
+pub(crate) fn disagreement(names: &Names, subject: &str, dispatch: &Dispatch) -> Option<String> {
+    let Some((queue, _, namespace, task_id)) = names.parse_lane_subject(subject) else {
+        return Some(format!(
+            "subject {subject} is not a dispatch subject of a queue, namespace and task: nothing was run"
+        ));
+    };
+    let spec = &dispatch.spec;
+    let differences: Vec<String> = [
+        ("queue", queue, "spec.queue", spec.queue.as_str()),
+        ("namespace", namespace, "namespace", dispatch.namespace.as_str()),
+        ("namespace", namespace, "spec.namespace", spec.namespace.as_str()),
+        ("task", task_id, "task_id", dispatch.task_id.as_str()),
+        ("task", task_id, "spec.id", spec.id.as_str()),
+    ]
+    .into_iter()
+    .filter(|(_, in_subject, _, in_body)| in_subject != in_body)
+    .map(|(what, in_subject, field, in_body)| {
+        format!("the subject's {what} is {in_subject:?}, the body's {field} {in_body:?}")
+    })
+    .collect();
+    (!differences.is_empty()).then(|| {
+        format!(
+            "the dispatch's subject ({subject}) and body disagree: {}; nothing was run",
+            differences.join("; ")
+        )
+    })
+}
+
+/// The queue, lane, namespace and task a dispatch subject names (`unknown` for a subject that
+/// is not one).
+fn subject_address(names: &Names, subject: &str) -> (String, Priority, String, String) {
+    match names.parse_lane_subject(subject) {
+        Some((queue, priority, namespace, task_id)) => {
+            (queue.to_string(), priority, namespace.to_string(), task_id.to_string())
+        }
+        None => ("unknown".to_string(), Priority::Normal, "unknown".to_string(), "unknown".to_string()),
+    }
+}
+
 /// A dead letter for a dispatch body that does not decode: queue, namespace and task come
 /// from the subject (`<prefix>.dispatch.<queue>.<namespace>.<task_id>`).
 pub(crate) fn undecodable(
@@ -263,13 +321,7 @@ pub(crate) fn undecodable(
     worker: &str,
     sequence: u64,
 ) -> DeadLetter {
-    let unknown = || "unknown".to_string();
-    let (queue, priority, namespace, task_id) = match names.parse_lane_subject(subject) {
-        Some((queue, priority, namespace, task_id)) => {
-            (queue.to_string(), priority, namespace.to_string(), task_id.to_string())
-        }
-        None => (unknown(), Priority::Normal, unknown(), unknown()),
-    };
+    let (queue, priority, namespace, task_id) = subject_address(names, subject);
     DeadLetter {
         execution_id: format!("undecodable-{sequence}"),
         namespace,
@@ -283,6 +335,43 @@ pub(crate) fn undecodable(
         raw_dispatch: Some(String::from_utf8_lossy(payload).into_owned()),
         reason: format!("the dispatch message does not decode: {error}"),
         source: DeadLetterSource::Undecodable,
+        dead_at: Utc::now(),
+        worker: worker.to_string(),
+        attempts: Vec::new(),
+        dispatch_sequence: sequence,
+        trace_id: None,
+        priority,
+    }
+}
+
+/// A dead letter for a dispatch whose subject and body disagree ([`disagreement`]'s
+/// `reason`). It is addressed by the subject (what the publisher's permissions vouched for), so
+/// the run the body names is left untouched; its execution id is the message's
+/// (`mismatched-<sequence>`), never the body's, and it carries the body as it came, not as a
+/// spec snapshot: it cannot be replayed, only purged.
+pub(crate) fn mismatched(
+    names: &Names,
+    subject: &str,
+    payload: &[u8],
+    dispatch: &Dispatch,
+    reason: String,
+    worker: &str,
+    sequence: u64,
+) -> DeadLetter {
+    let (queue, priority, namespace, task_id) = subject_address(names, subject);
+    DeadLetter {
+        execution_id: format!("mismatched-{sequence}"),
+        namespace,
+        task_id,
+        queue,
+        nominal_time: dispatch.nominal_time,
+        trigger: dispatch.trigger,
+        term: dispatch.term,
+        revision: dispatch.revision,
+        spec: None,
+        raw_dispatch: Some(String::from_utf8_lossy(payload).into_owned()),
+        reason,
+        source: DeadLetterSource::Mismatched,
         dead_at: Utc::now(),
         worker: worker.to_string(),
         attempts: Vec::new(),
@@ -315,6 +404,59 @@ mod tests {
         let subject = names.lane_subject("q1", Priority::High, "billing", "report");
         let entry = undecodable(&names, &subject, b"{not json", &error, "w1", 43);
         assert_eq!((entry.queue.as_str(), entry.priority), ("q1", Priority::High));
+    }
+
+    fn dispatch_of(namespace: &str, task_id: &str, spec: (&str, &str, &str)) -> Dispatch {
+        let (queue, spec_namespace, spec_id) = spec;
+        let spec = format!(
+            r#"{{"id":"{spec_id}","namespace":"{spec_namespace}","queue":"{queue}","schedule":{{"every":"1m"}},"executor":{{"kind":"handler","name":"x"}}}}"#
+        );
+        let body = format!(
+            r#"{{"execution_id":"e1","namespace":"{namespace}","task_id":"{task_id}","nominal_time":"2026-01-01T00:00:00.000Z","trigger":"manual","term":0,"revision":3,"spec":{spec}}}"#
+        );
+        serde_json::from_str(&body).unwrap()
+    }
+
+    #[test]
+    fn a_dispatch_whose_subject_and_body_disagree_is_refused_naming_both() {
+        let names = Names::default();
+        let demo = names.dispatch_subject("q1", "demo", "report");
+        let agreeing = dispatch_of("demo", "report", ("q1", "demo", "report"));
+        assert_eq!(disagreement(&names, &demo, &agreeing), None);
+        let high = names.lane_subject("q1", Priority::High, "demo", "report");
+        assert_eq!(disagreement(&names, &high, &agreeing), None, "any lane");
+
+        let billing = dispatch_of("billing", "report", ("q1", "billing", "report"));
+        let reason = disagreement(&names, &demo, &billing).expect("refused");
+        assert!(
+            reason.contains(r#"the subject's namespace is "demo", the body's namespace "billing""#),
+            "{reason}"
+        );
+        assert!(reason.contains(r#"the body's spec.namespace "billing""#), "{reason}");
+        assert!(!reason.contains("task") && !reason.contains("queue"), "only what differs: {reason}");
+        let other_spec = dispatch_of("demo", "report", ("q1", "demo", "other"));
+        let reason = disagreement(&names, &demo, &other_spec).expect("refused");
+        assert!(reason.contains(r#"the subject's task is "report", the body's spec.id "other""#), "{reason}");
+        let other_queue = dispatch_of("demo", "report", ("q2", "demo", "report"));
+        let reason = disagreement(&names, &demo, &other_queue).expect("refused");
+        assert!(reason.contains(r#"the subject's queue is "q1", the body's spec.queue "q2""#), "{reason}");
+        let reason =
+            disagreement(&names, "jetsched.dispatch.q1.demo.report.extra", &agreeing).expect("refused");
+        assert!(reason.contains("not a dispatch subject"), "{reason}");
+
+        let reason = disagreement(&names, &high, &billing).unwrap();
+        let entry = mismatched(&names, &high, b"{...}", &billing, reason.clone(), "w1", 7);
+        assert_eq!(
+            (entry.queue.as_str(), entry.namespace.as_str(), entry.task_id.as_str(), entry.priority),
+            ("q1", "demo", "report", Priority::High),
+            "addressed by its subject"
+        );
+        assert_eq!(
+            (entry.execution_id.as_str(), entry.source),
+            ("mismatched-7", DeadLetterSource::Mismatched)
+        );
+        assert_eq!((entry.reason, entry.raw_dispatch.as_deref()), (reason, Some("{...}")));
+        assert!(entry.spec.is_none(), "no spec snapshot: it cannot be replayed");
     }
 
     #[test]

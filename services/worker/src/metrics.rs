@@ -17,7 +17,8 @@ pub(crate) struct Metrics {
     pub(crate) reruns: IntCounterVec,
     /// `jetsched_worker_runs_in_flight`.
     pub(crate) in_flight: IntGauge,
-    /// `jetsched_worker_dead_letters_total{source}`: `verdict`, `max_deliveries`, `undecodable`.
+    /// `jetsched_worker_dead_letters_total{source}`: `verdict`, `max_deliveries`, `undecodable`,
+    /// `mismatched` (a dispatch whose subject and body name different runs).
     pub(crate) dead_letters: IntCounterVec,
     /// `jetsched_worker_dlq_rejected_total`: dead letters the DLQ stream refused (full).
     pub(crate) dlq_rejected: prometheus::IntCounter,

@@ -11,10 +11,11 @@ use crate::field::{Obj, Problems, err, format_duration};
 use crate::names;
 
 /// A task's circuit breaker (README, "Circuit breakers"). Without `key` the breaker is the
-/// task's own; tasks giving the same `key` share one breaker.
+/// task's own; tasks of one namespace giving the same `key` share one breaker (tasks of every
+/// namespace do when the workers declare the key shared).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerSpec {
-    /// `[A-Za-z0-9_-]{1,64}`: the shared breaker's name.
+    /// `[A-Za-z0-9_-]{1,64}`: the named breaker's key.
     pub key: Option<String>,
     /// The breaker opens when at least `min_runs` attempts fell in `window` and this share of
     /// them failed: `0 < failure_rate <= 1` (default 0.5).
@@ -73,11 +74,13 @@ impl Default for BreakerSpec {
 }
 
 impl BreakerSpec {
-    /// The breaker's key in the breakers bucket: `key.<key>` for a named breaker,
-    /// `task.<namespace>.<id>` for the task's own.
-    pub fn bucket_key(&self, namespace: &str, task_id: &str) -> String {
+    /// The breaker's key in the breakers bucket: `task.<namespace>.<id>` for the task's own,
+    /// `key.<namespace>.<key>` for a named breaker (it belongs to the task's namespace), or
+    /// `key.=shared.<key>` when `shared` says the key is shared by every namespace.
+    pub fn bucket_key(&self, namespace: &str, task_id: &str, shared: impl Fn(&str) -> bool) -> String {
         match &self.key {
-            Some(key) => names::breaker_named_key(key),
+            Some(key) if shared(key) => names::breaker_shared_key(key),
+            Some(key) => names::breaker_named_key(namespace, key),
             None => names::breaker_task_key(namespace, task_id),
         }
     }

@@ -1,5 +1,6 @@
-//! Circuit-breaker records in `JETSCHED_BREAKERS`, one per breaker (`key.<key>` for a named
-//! breaker, `task.<namespace>.<id>` for a task's own breaker and its consecutive-failure count).
+//! Circuit-breaker records in `JETSCHED_BREAKERS`, one per breaker (`task.<namespace>.<id>` for
+//! a task's own breaker and its consecutive-failure count, `key.<namespace>.<key>` for a
+//! namespace's named breaker, `key.=shared.<key>` for a key shared by every namespace).
 //!
 //! Workers merge their counts into a record with compare-and-set and watch the bucket, so every
 //! worker sees one state. Every field has a serde default so the record can grow.

@@ -5,8 +5,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{BreakerState, millis};
 
-/// Addresses one breaker: `{"key": "payments-api"}` for a named breaker, `{"namespace":
-/// "billing", "id": "nightly-report"}` for a task's own.
+/// Addresses one breaker: `{"namespace": "billing", "key": "payments-api"}` for a namespace's
+/// named breaker, `{"namespace": "billing", "id": "nightly-report"}` for a task's own, `{"key":
+/// ...}` alone for a bucket key as `list` shows it, or for a key that is shared or used by one
+/// namespace only.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BreakerRef {
@@ -22,9 +24,11 @@ pub struct BreakerRef {
 /// tasks whose spec uses it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BreakerInfo {
-    /// The key in the breakers bucket: `key.<key>` or `task.<namespace>.<id>`.
+    /// The key in the breakers bucket: `task.<namespace>.<id>`, `key.<namespace>.<key>`, or
+    /// `key.=shared.<key>` for a key shared by every namespace.
     pub key: String,
-    /// What a user calls it: the named breaker's key, or `<namespace>/<id>` for a task's own.
+    /// What a user calls it: `<namespace>/<id>` for a task's own, `<namespace>:<key>` for a
+    /// namespace's named breaker, the bare key for a shared one.
     pub name: String,
     pub state: BreakerState,
     /// Failure rate of the sliding window (0 when nothing was counted).

@@ -17,6 +17,9 @@ pub enum DeadLetterSource {
     MaxDeliveries,
     /// The dispatch message could not be decoded.
     Undecodable,
+    /// The dispatch's subject and body name different runs (queue, namespace or task): nothing
+    /// was run, the entry is addressed by the subject and keeps the body as it came.
+    Mismatched,
 }
 
 impl DeadLetterSource {
@@ -25,6 +28,7 @@ impl DeadLetterSource {
             DeadLetterSource::Verdict => "verdict",
             DeadLetterSource::MaxDeliveries => "max_deliveries",
             DeadLetterSource::Undecodable => "undecodable",
+            DeadLetterSource::Mismatched => "mismatched",
         }
     }
 }
@@ -43,10 +47,11 @@ pub struct DeadLetter {
     pub term: u64,
     /// Revision of the spec snapshot.
     pub revision: u64,
-    /// The spec the run executed (absent only for an undecodable dispatch).
+    /// The spec the run executed (absent for an undecodable dispatch, and for one whose subject
+    /// and body disagree).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<TaskSpec>,
-    /// The dispatch body, when it could not be decoded.
+    /// The dispatch body, when it could not be decoded or disagrees with its subject.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw_dispatch: Option<String>,
     /// Why the run is dead.

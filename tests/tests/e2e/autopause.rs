@@ -2,7 +2,8 @@
 //! down pauses the task once with its reason when it comes back; `pause_after_failures: 3`
 //! pauses an always-failing task after its third failed run in a row (a success in between
 //! starts the count over), with every run event published and with failures only; resume
-//! clears the reason; the breaker endpoints list, get and reset the breakers bucket.
+//! clears the reason; the breaker endpoints list, get and reset the breakers bucket, by
+//! namespace and key, by a task, or by the key alone when that is not ambiguous.
 
 use async_nats::jetstream;
 use chrono::Utc;
@@ -143,12 +144,13 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
     let open_until = Utc::now() + chrono::Duration::seconds(30);
     let record =
         BreakerRecord { state: BreakerState::Open, open_until: Some(open_until), ..BreakerRecord::default() };
-    store.put("key.pay", serde_json::to_vec(&record).unwrap().into()).await.expect("record stored");
+    store.put("key.brapi.pay", serde_json::to_vec(&record).unwrap().into()).await.expect("record stored");
 
     let listed = breaker_call(&client, "list", json!({})).await;
     let breakers = listed["breakers"].as_array().unwrap_or_else(|| panic!("{listed}"));
     let keys: Vec<&str> = breakers.iter().filter_map(|b| b["key"].as_str()).collect();
-    assert_eq!(keys, ["key.pay", "task.brapi.c"], "{listed}");
+    assert_eq!(keys, ["key.brapi.pay", "task.brapi.c"], "{listed}");
+    assert_eq!(breakers[0]["name"], json!("brapi:pay"), "{listed}");
     assert_eq!(breakers[0]["state"], json!("open"));
     assert_eq!(breakers[0]["tasks"], json!(["brapi/a", "brapi/b"]));
     assert!(breakers[0]["open_until"].is_string(), "{listed}");
@@ -156,19 +158,22 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
 
     let got = breaker_call(&client, "get", json!({"namespace": "brapi", "id": "c"})).await;
     assert_eq!(got["name"], json!("brapi/c"), "{got}");
+    let got = breaker_call(&client, "get", json!({"namespace": "brapi", "key": "pay"})).await;
+    assert_eq!((&got["key"], &got["state"]), (&json!("key.brapi.pay"), &json!("open")), "{got}");
+    // The key alone still names it: only one namespace uses it.
     let reset = breaker_call(&client, "reset", json!({"key": "pay"})).await;
     assert_eq!(reset["previous_state"], json!("open"), "{reset}");
     assert_eq!(reset["breaker"]["state"], json!("closed"), "{reset}");
     let stored: BreakerRecord =
-        serde_json::from_slice(&store.get("key.pay").await.unwrap().unwrap()).unwrap();
+        serde_json::from_slice(&store.get("key.brapi.pay").await.unwrap().unwrap()).unwrap();
     assert_eq!(stored.state, BreakerState::Closed);
     let closed = eventually(WAIT, "breaker.closed stored", || async {
-        let found = events_about(&js, EventKind::BreakerClosed, "_breaker", "pay", WAIT).await;
+        let found = events_about(&js, EventKind::BreakerClosed, "brapi", "pay", WAIT).await;
         (!found.is_empty()).then_some(found)
     })
     .await;
     assert_eq!(closed[0].reason.as_deref(), Some("reset"));
-    assert_eq!(closed[0].key.as_deref(), Some("key.pay"));
+    assert_eq!(closed[0].key.as_deref(), Some("key.brapi.pay"));
 
     let missing = breaker_call(&client, "get", json!({"key": "nothing"})).await;
     assert_eq!(missing["error"]["code"], json!("not_found"), "{missing}");
@@ -180,6 +185,43 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
     );
     let both = breaker_call(&client, "get", json!({"key": "pay", "id": "a"})).await;
     assert_eq!(both["error"]["code"], json!("bad_request"), "{both}");
+
+    // Another namespace naming the same key has a breaker of its own: the key alone is
+    // ambiguous, the namespace and the key are not.
+    let put =
+        task_call(&client, "put", spec("brapi2", "d").field("breaker", json!({"key": "pay"})).json()).await;
+    assert!(put["revision"].as_u64().is_some(), "{put}");
+    let ambiguous = breaker_call(&client, "get", json!({"key": "pay"})).await;
+    assert_eq!(
+        (&ambiguous["error"]["code"], &ambiguous["error"]["field"]),
+        (&json!("bad_request"), &json!("namespace")),
+        "{ambiguous}"
+    );
+    let message = ambiguous["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("brapi:pay") && message.contains("brapi2:pay"), "{ambiguous}");
+    let other = breaker_call(&client, "get", json!({"namespace": "brapi2", "key": "pay"})).await;
+    assert_eq!((&other["key"], &other["tasks"]), (&json!("key.brapi2.pay"), &json!(["brapi2/d"])), "{other}");
+    // Once a worker has stored the key's shared breaker, the key alone names it, with every
+    // task naming the key; brapi's own record is still listed until it is gone.
+    store.put("key.=shared.pay", serde_json::to_vec(&record).unwrap().into()).await.expect("record stored");
+    let shared = breaker_call(&client, "get", json!({"key": "pay"})).await;
+    assert_eq!((&shared["key"], &shared["name"]), (&json!("key.=shared.pay"), &json!("pay")), "{shared}");
+    assert_eq!(shared["tasks"], json!(["brapi/a", "brapi/b", "brapi2/d"]), "{shared}");
+    let listed = breaker_call(&client, "list", json!({})).await;
+    let keys: Vec<&str> =
+        listed["breakers"].as_array().expect("breakers").iter().filter_map(|b| b["key"].as_str()).collect();
+    assert_eq!(keys, ["key.=shared.pay", "key.brapi.pay", "task.brapi.c"], "{listed}");
+    let reset = breaker_call(&client, "reset", json!({"key": "pay"})).await;
+    assert_eq!(
+        (&reset["previous_state"], &reset["breaker"]["key"]),
+        (&json!("open"), &json!("key.=shared.pay"))
+    );
+    let closed = eventually(WAIT, "the shared breaker's breaker.closed stored", || async {
+        let found = events_about(&js, EventKind::BreakerClosed, "=shared", "pay", WAIT).await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert_eq!(closed[0].key.as_deref(), Some("key.=shared.pay"));
     registry.stop().await;
 }
 

@@ -1,7 +1,8 @@
 //! Circuit breakers in the worker: a failing downstream opens the breaker shared by three
 //! workers, only probes reach it while open, delayed runs come back once it recovers (none
 //! lost, doubled or dead-lettered) while another task of the queue keeps running on time;
-//! `on_open: skip` with a key shared by two tasks; a worker killed holding unmerged counts.
+//! `on_open: skip` with a key shared by two tasks; a worker killed holding unmerged counts; the
+//! same key in two namespaces, two breakers unless the workers declare the key shared.
 //!
 //! Windows and open periods are short (window 2 s, open_for 1 s) to keep the tests fast.
 
@@ -239,7 +240,7 @@ async fn on_open_skip_records_the_reason_and_tasks_sharing_a_key_share_the_break
     }
     let store = breakers(&js).await;
     eventually(WAIT, "the shared breaker opens", || async {
-        breaker(&store, "key.shared-api").await.is_some_and(|r| r.state == BreakerState::Open)
+        breaker(&store, "key.brk.shared-api").await.is_some_and(|r| r.state == BreakerState::Open)
     })
     .await;
     assert!(breaker(&store, "task.brk.first").await.is_none(), "a named breaker is not the task's own");
@@ -262,16 +263,16 @@ async fn on_open_skip_records_the_reason_and_tasks_sharing_a_key_share_the_break
         assert_eq!(event.reason.as_deref(), Some("breaker_open"));
         assert!(skipped.contains(event.execution_id.as_ref().expect("execution id")));
     }
-    let opened = eventually(WAIT, "breaker.opened under _breaker", || async {
-        let opened = events_about(&js, EventKind::BreakerOpened, "_breaker", "shared-api", WAIT).await;
+    let opened = eventually(WAIT, "breaker.opened under the namespace and the key", || async {
+        let opened = events_about(&js, EventKind::BreakerOpened, "brk", "shared-api", WAIT).await;
         (!opened.is_empty()).then_some(opened)
     })
     .await;
     assert_eq!(opened.len(), 1);
-    assert_eq!(opened[0].key.as_deref(), Some("key.shared-api"));
-    let series = r#"jetsched_worker_runs_short_circuited_total{action="skip",key="key.shared-api"}"#;
+    assert_eq!(opened[0].key.as_deref(), Some("key.brk.shared-api"));
+    let series = r#"jetsched_worker_runs_short_circuited_total{action="skip",key="key.brk.shared-api"}"#;
     assert_eq!(worker.metric(series).await, Some(3.0));
-    assert_eq!(worker.metric(r#"jetsched_worker_breaker_state{key="key.shared-api"}"#).await, Some(2.0));
+    assert_eq!(worker.metric(r#"jetsched_worker_breaker_state{key="key.brk.shared-api"}"#).await, Some(2.0));
     // A redelivered skipped run is not run again.
     assert_eq!(run_record(&js, &names, &skipped[0]).await.map(|r| r.status), Some(RunStatus::Skipped));
     worker.stop().await;
@@ -317,4 +318,151 @@ async fn a_worker_killed_holding_unmerged_counts_still_lets_the_breaker_open() {
     .await;
     assert!(dead_letters(&js, &names).await.is_empty(), "nothing dead-lettered");
     eprintln!("attempts the killed worker had merged: {merged_before_kill:?}");
+}
+
+/// The calls a handler received, as `<namespace>/<id>`.
+type Calls = Arc<Mutex<Vec<String>>>;
+
+/// `down` fails every run for good, `up` succeeds; each records its calls.
+fn recording_handlers() -> (Handlers, Calls, Calls) {
+    let (down, up): (Calls, Calls) = Default::default();
+    let (d, u) = (down.clone(), up.clone());
+    let handlers = Handlers::new()
+        .register("down", move |run: RunContext| {
+            d.lock().unwrap().push(format!("{}/{}", run.namespace, run.task_id));
+            async move { Outcome::permanent("downstream is down") }
+        })
+        .register("up", move |run: RunContext| {
+            u.lock().unwrap().push(format!("{}/{}", run.namespace, run.task_id));
+            async move { Outcome::ok() }
+        });
+    (handlers, down, up)
+}
+
+/// What [`same_key_in_two_namespaces`] leaves: the worker, the bucket key demo's breaker opened
+/// under, billing's execution ids, and the handlers' calls.
+struct TwoNamespaces {
+    js: jetstream::Context,
+    worker: App,
+    store: kv::Store,
+    opened_key: String,
+    billing_runs: Vec<String>,
+    up: Calls,
+    down: Calls,
+    _server: jetsched_tests::NatsServer,
+}
+
+/// Tasks of `demo` and `billing` name breaker key `pay` (on a worker sharing the keys
+/// `shared`): demo's fails until its breaker opens (`min_runs: 1`, `open_for: 1h`) and its next
+/// run is held, then billing's task is dispatched three times.
+async fn same_key_in_two_namespaces(shared: &[&str]) -> TwoNamespaces {
+    let (server, _client, js) = server_with_topology().await;
+    let names = Names::default();
+    let (handlers, down, up) = recording_handlers();
+    let mut config = config(&server, "brk-ns");
+    config.shared_breakers = shared.iter().map(|key| key.to_string()).collect();
+    let worker = App::worker(config, handlers).await;
+    let demo = spec("demo", "charge")
+        .handler("down")
+        .fast_retry(1)
+        .field("breaker", json!({"key": "pay", "min_runs": 1, "window": "10m", "open_for": "1h"}))
+        .task();
+    let billing = spec("billing", "charge")
+        .handler("up")
+        .fast_retry(1)
+        .field("breaker", json!({"key": "pay", "min_runs": 3, "window": "10m", "open_for": "30s"}))
+        .task();
+    let opened_key = if shared.contains(&"pay") { "key.=shared.pay" } else { "key.demo.pay" };
+    let store = breakers(&js).await;
+    let base = Utc::now().timestamp_millis();
+    let failed = dispatch(&js, &names, &demo, base).await;
+    wait_run_status(&js, &names, &failed, RunStatus::Dead, WAIT).await;
+    eventually(WAIT, "demo's breaker opens", || async {
+        breaker(&store, opened_key).await.is_some_and(|r| r.state == BreakerState::Open)
+    })
+    .await;
+    // The worker saw it open (its own merge opened it) before billing's runs come.
+    let state = format!(r#"jetsched_worker_breaker_state{{key="{opened_key}"}}"#);
+    eventually(WAIT, "the worker holds the breaker open", || async {
+        worker.metric(&state).await == Some(2.0)
+    })
+    .await;
+    // Demo's next run is held by its open breaker, whatever the key's scope.
+    dispatch(&js, &names, &demo, base + 1).await;
+    let held = format!(r#"jetsched_worker_runs_short_circuited_total{{action="delay",key="{opened_key}"}}"#);
+    eventually(WAIT, "demo's next run is delayed", || async { worker.metric(&held).await == Some(1.0) })
+        .await;
+    let mut billing_runs = Vec::new();
+    for n in 0..3 {
+        billing_runs.push(dispatch(&js, &names, &billing, base + 10 + n).await);
+    }
+    TwoNamespaces {
+        js,
+        worker,
+        store,
+        opened_key: opened_key.to_string(),
+        billing_runs,
+        up,
+        down,
+        _server: server,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_breaker_key_belongs_to_its_namespace_another_namespace_naming_it_keeps_running() {
+    let names = Names::default();
+    let t = same_key_in_two_namespaces(&[]).await;
+    let js = &t.js;
+    for id in &t.billing_runs {
+        let record = wait_run_status(js, &names, id, RunStatus::Succeeded, WAIT).await;
+        assert_eq!(record.attempts.len(), 1, "run at once, not delayed: {record:?}");
+    }
+    assert_eq!(*t.up.lock().unwrap(), ["billing/charge"; 3], "every billing run reached its handler");
+    assert_eq!(*t.down.lock().unwrap(), ["demo/charge"], "demo's second run is held");
+    // Billing's breaker is its own: closed, its three successes counted; demo's stays open.
+    let billing = eventually(WAIT, "billing's attempts are merged into its breaker", || async {
+        breaker(&t.store, "key.billing.pay").await.filter(|r| r.window_counts(Utc::now()).0 == 3)
+    })
+    .await;
+    assert_eq!(billing.state, BreakerState::Closed, "{billing:?}");
+    assert_eq!(billing.window_counts(Utc::now()), (3, 0));
+    let demo = breaker(&t.store, "key.demo.pay").await.expect("demo's breaker");
+    assert_eq!((demo.state, demo.window_counts(Utc::now())), (BreakerState::Open, (1, 1)));
+    assert!(breaker(&t.store, "key.=shared.pay").await.is_none(), "no shared breaker");
+    let billing_held = r#"jetsched_worker_runs_short_circuited_total{action="delay",key="key.billing.pay"}"#;
+    assert_eq!(t.worker.metric(billing_held).await, None, "no billing run held");
+    eventually(WAIT, "the worker sees billing's breaker closed", || async {
+        t.worker.metric(r#"jetsched_worker_breaker_state{key="key.billing.pay"}"#).await == Some(0.0)
+    })
+    .await;
+    // The opening is told in demo's namespace, with the key; nothing in billing's.
+    let opened = events_about(js, EventKind::BreakerOpened, "demo", "pay", WAIT).await;
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    assert_eq!(opened[0].key.as_deref(), Some(t.opened_key.as_str()));
+    assert!(events_about(js, EventKind::BreakerOpened, "billing", "pay", WAIT).await.is_empty());
+    t.worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_breaker_key_declared_shared_is_one_breaker_for_every_namespace() {
+    let names = Names::default();
+    let t = same_key_in_two_namespaces(&["other", "pay"]).await;
+    let js = &t.js;
+    // Demo's failure opened the one breaker of `pay`: billing's runs are held behind it.
+    let held = r#"jetsched_worker_runs_short_circuited_total{action="delay",key="key.=shared.pay"}"#;
+    eventually(WAIT, "billing's three runs are delayed too", || async {
+        t.worker.metric(held).await == Some(4.0)
+    })
+    .await;
+    assert!(t.up.lock().unwrap().is_empty(), "no billing run reached its handler");
+    for id in &t.billing_runs {
+        assert_eq!(run_record(js, &names, id).await, None, "billing's run {id} waits unrun");
+    }
+    for key in ["key.demo.pay", "key.billing.pay"] {
+        assert!(breaker(&t.store, key).await.is_none(), "no breaker of one namespace: {key}");
+    }
+    let opened = events_about(js, EventKind::BreakerOpened, "=shared", "pay", WAIT).await;
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    assert_eq!(opened[0].key.as_deref(), Some("key.=shared.pay"));
+    t.worker.stop().await;
 }

@@ -105,7 +105,8 @@ async fn every_subcommand_against_a_running_registry() {
     assert!(table.contains("BREAKER") && table.contains("payments-api"), "{table}");
     assert!(table.contains("billing/guarded") && table.contains("closed"), "{table}");
     let listed = json_out(&jetsched(&url, &["breakers", "--json"]).await);
-    assert_eq!(listed["breakers"][0]["key"], "key.payments-api", "{listed}");
+    assert_eq!(listed["breakers"][0]["key"], "key.billing.payments-api", "{listed}");
+    assert_eq!(listed["breakers"][0]["name"], "billing:payments-api", "{listed}");
     let reset = jetsched(&url, &["breaker", "reset", "payments-api"]).await;
     assert!(stdout(&reset).contains("payments-api reset (was closed)"), "{}", stderr(&reset));
     let missing = jetsched(&url, &["breaker", "show", "no-such-breaker"]).await;

@@ -12,6 +12,7 @@ mod config;
 mod console;
 mod deploy;
 mod direct_batch;
+mod dispatch_mismatch;
 mod docs;
 mod event_batches;
 mod events;
