@@ -73,3 +73,45 @@ pub async fn read_leader<I>(
         Err(error) => Err(error),
     }
 }
+
+/// How many keys of `bucket` under `prefix` (`<prefix>.<rest>`) hold a value (delete and purge
+/// markers are not counted), read from the bucket's stream: the last message of each key,
+/// headers only. Costs one message per key under the prefix, so callers keep the prefix's
+/// key count bounded (a quota).
+pub async fn count_live_keys<I>(
+    stream: &async_nats::jetstream::stream::Stream<I>,
+    client: &async_nats::Client,
+    bucket: &str,
+    prefix: &str,
+) -> anyhow::Result<u64> {
+    use async_nats::jetstream::consumer::{DeliverPolicy, ReplayPolicy, push};
+    use futures::StreamExt;
+
+    let consumer = stream
+        .create_consumer(push::OrderedConfig {
+            deliver_subject: client.new_inbox(),
+            filter_subject: Names::kv_subject(bucket, &format!("{prefix}.>")),
+            headers_only: true,
+            replay_policy: ReplayPolicy::Instant,
+            deliver_policy: DeliverPolicy::LastPerSubject,
+            ..Default::default()
+        })
+        .await?;
+    let mut pending = consumer.cached_info().num_pending;
+    let mut live = 0;
+    if pending == 0 {
+        return Ok(0);
+    }
+    let mut messages = consumer.messages().await?;
+    while pending > 0 {
+        let message = tokio::time::timeout(std::time::Duration::from_secs(5), messages.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("the keys of {bucket} under {prefix} stopped arriving"))?
+            .ok_or_else(|| anyhow::anyhow!("the keys of {bucket} under {prefix} ended early"))??;
+        pending = message.info().map_err(|e| anyhow::anyhow!("key metadata: {e}"))?.pending;
+        if !crate::direct_batch::is_kv_marker(message.headers.as_ref()) {
+            live += 1;
+        }
+    }
+    Ok(live)
+}

@@ -17,6 +17,14 @@ pub const MAX_SUBJECTS: usize = 256;
 /// How long the whole answer to one request may take.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The header a KV delete or purge marker carries (`DEL` or `PURGE`).
+pub const KV_OPERATION: &str = "KV-Operation";
+
+/// Whether a message's `KV-Operation` header marks it as a delete or purge.
+pub fn is_kv_marker(headers: Option<&HeaderMap>) -> bool {
+    headers.and_then(|h| h.get(KV_OPERATION)).is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"))
+}
+
 /// The latest message of one subject, as the stream stored it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LastMessage {
@@ -31,7 +39,7 @@ pub struct LastMessage {
 impl LastMessage {
     /// True when the message is a KV delete or purge marker.
     pub fn is_kv_marker(&self) -> bool {
-        self.headers.get("KV-Operation").is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"))
+        is_kv_marker(Some(&self.headers))
     }
 }
 

@@ -41,6 +41,9 @@ pub enum ErrorCode {
     UnknownEndpoint,
     /// A request on a namespaced subject names (or addresses) another namespace.
     NamespaceMismatch,
+    /// The request would take a namespace past a limit its operator set (`field` names the
+    /// limit, e.g. `quota.tasks`); nothing was changed.
+    QuotaExceeded,
     /// The service could not complete the request (NATS or storage failure); retrying may help.
     Unavailable,
     /// A bug: the service hit a state it does not expect.
@@ -67,6 +70,7 @@ impl ErrorCode {
             ErrorCode::Conflict => "conflict",
             ErrorCode::UnknownEndpoint => "unknown_endpoint",
             ErrorCode::NamespaceMismatch => "namespace_mismatch",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
         }
@@ -78,6 +82,7 @@ impl ErrorCode {
             ErrorCode::NotFound | ErrorCode::UnknownEndpoint => 404,
             ErrorCode::Conflict => 409,
             ErrorCode::NamespaceMismatch => 403,
+            ErrorCode::QuotaExceeded => 429,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,

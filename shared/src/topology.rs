@@ -67,6 +67,17 @@ pub struct TopologyArgs {
     /// Size limit of the dead-letter stream; when full, new dead letters are refused (never evicted).
     #[arg(long, env = "JETSCHED_DLQ_MAX_BYTES", default_value_t = 1 << 30)]
     pub dlq_max_bytes: i64,
+    /// Events kept per subject, that is per task and event kind (oldest of that subject
+    /// discarded); 0: no such limit. With a task quota per namespace this bounds what one
+    /// namespace can hold of the events stream: tasks × kinds × this, so one team's events never
+    /// evict another's history.
+    #[arg(long, env = "JETSCHED_EVENTS_MAX_PER_SUBJECT", default_value_t = 0)]
+    pub events_max_per_subject: i64,
+    /// Dead letters kept per subject, that is per task; 0: no such limit. When a task's share is
+    /// full its new dead letters are refused (the worker keeps the run and retries storing it),
+    /// never the other tasks' or namespaces'.
+    #[arg(long, env = "JETSCHED_DLQ_MAX_PER_SUBJECT", default_value_t = 0)]
+    pub dlq_max_per_subject: i64,
     /// How long unprocessed intake submissions are kept.
     #[arg(long, env = "JETSCHED_INTAKE_MAX_AGE", default_value = "7d", value_parser = parse_duration)]
     pub intake_max_age: Duration,
@@ -88,6 +99,8 @@ impl Default for TopologyArgs {
             events_max_age: Duration::from_secs(7 * 24 * 3600),
             events_max_bytes: 1 << 30,
             dlq_max_bytes: 1 << 30,
+            events_max_per_subject: 0,
+            dlq_max_per_subject: 0,
             intake_max_age: Duration::from_secs(7 * 24 * 3600),
             topology_wait: Duration::from_secs(60),
         }
@@ -223,12 +236,15 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
             retention: RetentionPolicy::Limits,
             max_bytes: args.dlq_max_bytes,
             discard: DiscardPolicy::New,
+            max_messages_per_subject: args.dlq_max_per_subject,
+            discard_new_per_subject: args.dlq_max_per_subject > 0,
             ..base(names.dlq_stream(), vec![names.dlq_wildcard()], "jetsched dead letters")
         },
         stream::Config {
             retention: RetentionPolicy::Limits,
             max_age: args.events_max_age,
             max_bytes: args.events_max_bytes,
+            max_messages_per_subject: args.events_max_per_subject,
             // Workers store their run events in fast-ingest batches (one reply per batch).
             allow_batch_publish: true,
             ..base(names.events_stream(), vec![names.events_wildcard()], "jetsched events")
@@ -369,6 +385,12 @@ pub fn differences(existing: &stream::Config, desired: &stream::Config) -> Vec<D
         limit(desired.max_messages_per_subject).to_string(),
         true,
     );
+    check(
+        "discard_new_per_subject",
+        existing.discard_new_per_subject.to_string(),
+        desired.discard_new_per_subject.to_string(),
+        true,
+    );
     // Message schedules can be turned on by an update, never off.
     if desired.allow_message_schedules {
         check(
@@ -461,6 +483,7 @@ async fn ensure_stream(
     updated.max_bytes = desired.max_bytes;
     updated.discard = desired.discard;
     updated.max_messages_per_subject = desired.max_messages_per_subject;
+    updated.discard_new_per_subject = desired.discard_new_per_subject;
     updated.allow_message_schedules |= desired.allow_message_schedules;
     updated.allow_rollup |= desired.allow_rollup;
     updated.allow_batch_publish |= desired.allow_batch_publish;

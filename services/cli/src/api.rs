@@ -108,6 +108,20 @@ impl Api {
         decode(endpoint, self.client.dlq(endpoint, request).await?)
     }
 
+    /// The event history of one namespace (`<prefix>.api.events.history.<namespace>`), the
+    /// way a team in an account of its own reads it: the last `last` events, oldest first.
+    pub(crate) async fn event_history(
+        &self,
+        namespace: &str,
+        task_id: Option<&str>,
+        last: u64,
+    ) -> Result<Vec<Value>, Failure> {
+        let request = serde_json::json!({ "task_id": task_id, "last": last.clamp(1, 1000) });
+        let subject = self.client.names().events_api_namespaced("history", namespace);
+        let reply: Value = self.call("history", subject, &request).await?;
+        Ok(reply.get("events").and_then(Value::as_array).cloned().unwrap_or_default())
+    }
+
     /// A breaker endpoint (`list`, `get`, `reset`).
     pub(crate) async fn breaker<R: Serialize, T: DeserializeOwned>(
         &self,

@@ -149,6 +149,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
         Command::Events(args) if args.namespace.is_some() => {
             crate::tenant::events(
+                &api,
                 &client,
                 &names,
                 args.namespace.as_deref().unwrap_or_default(),
@@ -159,7 +160,9 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             .await
         }
         Command::Events(args) => events(&client, &names, args).await,
-        Command::Runs { task, last } => crate::inspect::runs(&client, &names, &task, last, json_out).await,
+        Command::Runs { task, last } => {
+            crate::inspect::runs(&api, &client, &names, &task, last, json_out).await
+        }
         Command::Status => crate::inspect::status(&client, &names, json_out).await,
         Command::Dlq(command) => crate::dlq::run(&api, command, json_out).await,
         Command::Breakers => crate::breakers::list(&api, json_out).await,

@@ -15,9 +15,8 @@ use jetsched_shared::wire::{Event, EventKind, LeaderRecord, format_time};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::api::{Failure, task_ref};
+use crate::api::{Api, Failure, task_ref};
 use crate::output::{self, outln};
-use crate::tenant::NamespaceEvents;
 
 /// The roles `status` looks for, in the order it shows them.
 const ROLES: [&str; 4] = ["registry", "scheduler", "worker", "alerter"];
@@ -64,11 +63,16 @@ async fn recent_events(
     Ok(out.split_off(keep))
 }
 
-/// Whether a JetStream request failed because the server refused this user the subject (the
-/// request then times out or reports a permissions violation, depending on the server).
+/// Whether a JetStream request failed because this user cannot reach the events stream: the
+/// server refused the subject (the request then times out or reports a permissions violation,
+/// depending on the server), or the user's account has no such stream.
 fn is_permission_error(error: &anyhow::Error) -> bool {
     let text = format!("{error:#}").to_lowercase();
-    text.contains("permission") || text.contains("timed out") || text.contains("no responders")
+    // A team's own account has a JetStream of its own, without the events stream.
+    text.contains("permission")
+        || text.contains("timed out")
+        || text.contains("no responders")
+        || text.contains("stream not found")
 }
 
 #[derive(Default)]
@@ -85,6 +89,7 @@ struct RunView {
 }
 
 pub(crate) async fn runs(
+    api: &Api,
     client: &async_nats::Client,
     names: &Names,
     task: &str,
@@ -100,16 +105,14 @@ pub(crate) async fn runs(
     let subject = names.event_subject("*.*", &task.namespace, &task.id);
     let events = match recent_events(&js, names, subject.clone(), last).await {
         Ok(events) => events,
-        // A team confined to its namespace may not read the stream's information or pull: read
-        // the task's events the way its permissions allow.
-        Err(error) if is_permission_error(&error) => {
-            NamespaceEvents::open(client, names, &task.namespace, subject, last)
-                .await?
-                .recent
-                .iter()
-                .filter_map(|payload| serde_json::from_slice::<Event>(payload).ok())
-                .collect()
-        }
+        // A team (an account of its own, or a user confined to its namespace) cannot read the
+        // events stream: the registry reads the task's history for it.
+        Err(error) if is_permission_error(&error) => api
+            .event_history(&task.namespace, Some(&task.id), last)
+            .await?
+            .into_iter()
+            .filter_map(|event| serde_json::from_value::<Event>(event).ok())
+            .collect(),
         Err(error) => return Err(error.into()),
     };
     let mut runs: BTreeMap<String, RunView> = BTreeMap::new();

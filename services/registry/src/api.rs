@@ -37,6 +37,9 @@ pub enum Endpoint {
     Breaker(crate::breakers::BreakerEndpoint),
     /// Reading a run record (`<prefix>.api.runs.get.<namespace>`), served by [`crate::runs`].
     RunsGet,
+    /// A namespace's event history (`<prefix>.api.events.history.<namespace>`), served by
+    /// [`crate::history`].
+    EventsHistory,
     /// Anything else under `<prefix>.api.>`.
     Unknown,
 }
@@ -66,6 +69,7 @@ impl Endpoint {
             Endpoint::Dlq(endpoint) => endpoint.label(),
             Endpoint::Breaker(endpoint) => endpoint.label(),
             Endpoint::RunsGet => "runs-get",
+            Endpoint::EventsHistory => "events-history",
             Endpoint::Unknown => "unknown",
         }
     }
@@ -154,8 +158,12 @@ pub fn decode_request(
             )
             .into());
         }
-        Endpoint::RunsGet => {
-            return Err(ApiError::new(ErrorCode::Internal, "run requests are decoded by the runs API").into());
+        Endpoint::RunsGet | Endpoint::EventsHistory => {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                "run and event requests are decoded by their own endpoints",
+            )
+            .into());
         }
         Endpoint::Breaker(_) => {
             return Err(ApiError::new(

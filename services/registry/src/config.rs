@@ -7,6 +7,8 @@ use clap::Parser;
 use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, validate_shared};
 use jetsched_shared::topology::TopologyArgs;
 
+use crate::quota::Quotas;
+
 /// The jetsched task registry: validates specs, stores them in the tasks bucket with
 /// compare-and-set, serves the task API and applies fire-and-forget submissions.
 #[derive(Debug, Clone, Parser)]
@@ -21,6 +23,12 @@ pub struct Config {
     /// Largest accepted spec (bytes); also capped by the server's max payload.
     #[arg(long, env = "JETSCHED_REGISTRY_MAX_SPEC_BYTES", default_value_t = 64 * 1024)]
     pub max_spec_bytes: usize,
+    /// Quotas per namespace: `<namespace>.<limit>=<value>`, `*` for every namespace without its
+    /// own setting; limits `tasks` (tasks the namespace may hold) and `spec_bytes` (largest
+    /// stored spec). Repeatable or comma-separated, e.g. `*.tasks=1000,billing.tasks=5000`.
+    /// None by default.
+    #[arg(long = "quota", env = "JETSCHED_REGISTRY_QUOTAS", value_delimiter = ',')]
+    pub quotas: Vec<String>,
     /// API requests handled concurrently by this replica.
     #[arg(long, env = "JETSCHED_REGISTRY_CONCURRENCY", default_value_t = 256)]
     pub concurrency: usize,
@@ -38,8 +46,14 @@ impl Config {
             common: CommonArgs::for_tests("registry-test"),
             topology: TopologyArgs::default(),
             max_spec_bytes: 64 * 1024,
+            quotas: Vec::new(),
             concurrency: 256,
         }
+    }
+
+    /// The quotas per namespace (malformed settings are reported by [`Config::validate`]).
+    pub fn quotas(&self) -> Quotas {
+        Quotas::parse(&self.quotas, &mut jetsched_shared::config::Problems::new())
     }
 
     /// Checks every setting (the shared ones too) and reports every problem at once.
@@ -47,6 +61,7 @@ impl Config {
         let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
         problems.at_least("max-spec-bytes", self.max_spec_bytes, 1);
         problems.at_least("concurrency", self.concurrency, 1);
+        Quotas::parse(&self.quotas, &mut problems);
         problems.finish::<Config>()
     }
 }

@@ -28,6 +28,20 @@ use serde_json::Value;
 
 use crate::scope::{check_namespace, mismatch};
 
+/// A dead letter as stored: its sequence, the subject it was stored on (which names its queue,
+/// namespace and task) and its body.
+struct Stored {
+    sequence: u64,
+    subject: String,
+    payload: bytes::Bytes,
+}
+
+impl From<jetstream::message::StreamMessage> for Stored {
+    fn from(message: jetstream::message::StreamMessage) -> Stored {
+        Stored { sequence: message.sequence, subject: message.subject.to_string(), payload: message.payload }
+    }
+}
+
 /// The dead-letter endpoints, in registration order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DlqEndpoint {
@@ -135,7 +149,7 @@ impl DlqApi {
                 let (entries, next) = self.scan(&request, request.cursor.unwrap_or(1), limit).await?;
                 let entries: Vec<Listed> = entries
                     .into_iter()
-                    .map(|(sequence, payload)| Listed { sequence, entry: json_or_text(&payload) })
+                    .map(|stored| Listed { sequence: stored.sequence, entry: json_or_text(&stored.payload) })
                     .collect();
                 let mut reply = serde_json::json!({ "entries": entries });
                 if let Some(next) = next {
@@ -145,8 +159,9 @@ impl DlqApi {
             }
             DlqEndpoint::Get => {
                 let sequence = required_sequence(&request)?;
-                let payload = self.entry_in(sequence, scope).await?;
-                serde_json::to_value(Listed { sequence, entry: json_or_text(&payload) }).map_err(internal)?
+                let stored = self.entry_in(sequence, scope).await?;
+                serde_json::to_value(Listed { sequence, entry: json_or_text(&stored.payload) })
+                    .map_err(internal)?
             }
             DlqEndpoint::Replay => {
                 let priority = crate::api::priority_field(request.priority.as_deref())?;
@@ -177,7 +192,7 @@ impl DlqApi {
         request: &DlqRequest,
         from: u64,
         limit: usize,
-    ) -> Result<(Vec<(u64, bytes::Bytes)>, Option<u64>), ApiError> {
+    ) -> Result<(Vec<Stored>, Option<u64>), ApiError> {
         let stream = self.stream().await?;
         let filter = self.filter(request);
         let mut out = Vec::new();
@@ -186,7 +201,7 @@ impl DlqApi {
             match stream.get_first_raw_message_by_subject(&filter, next).await {
                 Ok(message) => {
                     next = message.sequence + 1;
-                    out.push((message.sequence, message.payload));
+                    out.push(Stored::from(message));
                 }
                 Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => return Ok((out, None)),
                 Err(error) => return Err(unavailable(error)),
@@ -196,10 +211,10 @@ impl DlqApi {
         Ok((out, Some(next)))
     }
 
-    async fn entry(&self, sequence: u64) -> Result<bytes::Bytes, ApiError> {
+    async fn entry(&self, sequence: u64) -> Result<Stored, ApiError> {
         let stream = self.stream().await?;
         match stream.get_raw_message(sequence).await {
-            Ok(message) => Ok(message.payload),
+            Ok(message) => Ok(Stored::from(message)),
             Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => {
                 Err(ApiError::new(ErrorCode::NotFound, format!("no dead letter at sequence {sequence}")))
             }
@@ -209,21 +224,11 @@ impl DlqApi {
 
     /// The entry at `sequence`, refused when `scope` is set and the entry (its subject) is of
     /// another namespace.
-    async fn entry_in(&self, sequence: u64, scope: Option<&str>) -> Result<bytes::Bytes, ApiError> {
-        let Some(scope) = scope else { return self.entry(sequence).await };
-        let stream = self.stream().await?;
-        let message = match stream.get_raw_message(sequence).await {
-            Ok(message) => message,
-            Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => {
-                return Err(ApiError::new(
-                    ErrorCode::NotFound,
-                    format!("no dead letter at sequence {sequence}"),
-                ));
-            }
-            Err(error) => return Err(unavailable(error)),
-        };
-        match self.names.parse_dlq_subject(&message.subject) {
-            Some((_, namespace, _)) if namespace == scope => Ok(message.payload),
+    async fn entry_in(&self, sequence: u64, scope: Option<&str>) -> Result<Stored, ApiError> {
+        let stored = self.entry(sequence).await?;
+        let Some(scope) = scope else { return Ok(stored) };
+        match self.names.parse_dlq_subject(&stored.subject) {
+            Some((_, namespace, _)) if namespace == scope => Ok(stored),
             _ => Err(ApiError::at(
                 ErrorCode::NamespaceMismatch,
                 "sequence",
@@ -240,7 +245,7 @@ impl DlqApi {
         limit: usize,
     ) -> Result<Value, ApiError> {
         let entries = match request.sequence {
-            Some(sequence) => vec![(sequence, self.entry_in(sequence, scope).await?)],
+            Some(sequence) => vec![self.entry_in(sequence, scope).await?],
             None if request.has_filter() => self.scan(request, 1, limit).await?.0,
             None => {
                 return Err(ApiError::new(
@@ -262,9 +267,10 @@ impl DlqApi {
         let stream = self.stream().await?;
         let mut replayed = Vec::new();
         let mut failed = Vec::new();
-        for (sequence, payload) in entries {
+        for stored in entries {
             pace.tick().await;
-            match self.replay_one(&stream, sequence, &payload, priority).await {
+            let sequence = stored.sequence;
+            match self.replay_one(&stream, &stored, priority).await {
                 Ok(done) => replayed.push(done),
                 Err(error) if request.sequence.is_some() => return Err(error),
                 Err(error) => failed.push(NotReplayed { sequence, error: error.message }),
@@ -274,16 +280,29 @@ impl DlqApi {
     }
 
     /// Dispatches the entry again under a new execution id, then removes it from the DLQ.
+    ///
+    /// The task is the one the entry's subject names: only the services may publish on
+    /// dead-letter subjects, while the body is a copy of a dispatch whose fields a spec shaped.
+    /// A body (or its spec snapshot) naming another namespace, task or queue is refused.
     async fn replay_one(
         &self,
         stream: &jetstream::stream::Stream,
-        sequence: u64,
-        payload: &[u8],
+        stored: &Stored,
         priority: Option<Priority>,
     ) -> Result<Replayed, ApiError> {
-        let entry: DeadLetter = serde_json::from_slice(payload).map_err(|e| {
+        let sequence = stored.sequence;
+        let entry: DeadLetter = serde_json::from_slice(&stored.payload).map_err(|e| {
             ApiError::new(ErrorCode::BadRequest, format!("dead letter {sequence} cannot be replayed: {e}"))
         })?;
+        let Some((queue, namespace, task_id)) = self.names.parse_dlq_subject(&stored.subject) else {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "dead letter {sequence} is stored on {:?}, not a dead-letter subject",
+                    stored.subject
+                ),
+            ));
+        };
         let Some(spec) = entry.spec else {
             return Err(ApiError::new(
                 ErrorCode::BadRequest,
@@ -292,11 +311,32 @@ impl DlqApi {
                 ),
             ));
         };
+        let disagreements: Vec<String> = [
+            ("namespace", entry.namespace.as_str(), namespace),
+            ("task_id", entry.task_id.as_str(), task_id),
+            ("spec.namespace", spec.namespace.as_str(), namespace),
+            ("spec.id", spec.id.as_str(), task_id),
+            ("spec.queue", spec.queue.as_str(), queue),
+        ]
+        .into_iter()
+        .filter(|(_, body, subject)| body != subject)
+        .map(|(field, body, subject)| format!("{field} {body:?} (its subject says {subject:?})"))
+        .collect();
+        if !disagreements.is_empty() {
+            return Err(ApiError::at(
+                ErrorCode::NamespaceMismatch,
+                "sequence",
+                format!(
+                    "dead letter {sequence} cannot be replayed: its body disagrees with its subject: {}",
+                    disagreements.join(", ")
+                ),
+            ));
+        }
         // Keyed by the dead letter: a retried replay request (entry not yet deleted) is absorbed.
         let target = Target {
-            namespace: &entry.namespace,
-            task_id: &entry.task_id,
-            queue: &spec.queue,
+            namespace,
+            task_id,
+            queue,
             revision: entry.revision,
             priority: priority.unwrap_or(entry.priority),
         };

@@ -23,6 +23,7 @@ use crate::api::{self, Endpoint, Limits};
 use crate::breakers::{BreakerApi, BreakerEndpoint};
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::dlq::{DlqApi, DlqEndpoint};
+use crate::history::EventHistory;
 use crate::metrics::Metrics;
 use crate::tasks::TaskStore;
 use crate::{intake, pause};
@@ -46,6 +47,7 @@ pub struct Registry {
     dlq: DlqApi,
     breakers: BreakerApi,
     runs: async_nats::jetstream::kv::Store,
+    history: EventHistory,
     event_pump: EventPump,
     names: Names,
     limits: Limits,
@@ -92,7 +94,8 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         events,
         metrics.changes.clone(),
     )
-    .await?;
+    .await?
+    .with_quotas(config.quotas());
 
     let service = client
         .service_builder()
@@ -159,6 +162,16 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         .await
         .map_err(|e| anyhow::anyhow!("add endpoint {}: {e}", names.runs_api_namespaced("get", "*")))?;
     requests.push(runs_get.map(|r| (Endpoint::RunsGet, true, r)).boxed());
+    // Event history only per namespace too: administrators read the events stream directly.
+    let events_history = service
+        .group(names.events_api_group())
+        .endpoint_builder()
+        .name(Endpoint::EventsHistory.name())
+        .metadata(namespaced(true))
+        .add("history.*")
+        .await
+        .map_err(|e| anyhow::anyhow!("add endpoint {}: {e}", names.events_api_namespaced("history", "*")))?;
+    requests.push(events_history.map(|r| (Endpoint::EventsHistory, true, r)).boxed());
     let unknown = service
         .endpoint_builder()
         .name("unknown")
@@ -178,7 +191,14 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             .collect(),
     );
     let known_namespaced = Arc::new(
-        known.iter().cloned().chain([format!("{}.get", names.runs_api_group())]).collect::<Vec<_>>(),
+        known
+            .iter()
+            .cloned()
+            .chain([
+                format!("{}.get", names.runs_api_group()),
+                format!("{}.history", names.events_api_group()),
+            ])
+            .collect::<Vec<_>>(),
     );
     requests.push(
         unknown
@@ -209,6 +229,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         dlq: DlqApi::new(js.clone(), names.clone()),
         breakers,
         runs: topology.runs,
+        history: EventHistory::new(js.clone(), names.clone()),
         event_pump,
         names,
         limits,
@@ -236,6 +257,7 @@ impl Registry {
             dlq,
             breakers,
             runs,
+            history,
             event_pump,
             names,
             limits,
@@ -259,7 +281,7 @@ impl Registry {
         let permits = Arc::new(Semaphore::new(concurrency));
         // Shared by every request's task: cloning the stores themselves (each holds its
         // stream's info) cost an allocation per string and made every task kilobytes larger.
-        let state = Arc::new(Handlers { store, dlq, breakers, runs });
+        let state = Arc::new(Handlers { store, dlq, breakers, runs, history });
         loop {
             let permit = tokio::select! {
                 biased;
@@ -313,6 +335,7 @@ struct Handlers {
     dlq: DlqApi,
     breakers: BreakerApi,
     runs: async_nats::jetstream::kv::Store,
+    history: EventHistory,
 }
 
 /// The micro-service endpoint name and subject (within its group) of an endpoint, plain or
@@ -329,7 +352,7 @@ async fn serve(
     scoped: bool,
     request: Request,
 ) {
-    let Handlers { store, dlq, breakers, runs } = handlers;
+    let Handlers { store, dlq, breakers, runs, history } = handlers;
     let started = Instant::now();
     let subject = request.message.subject.clone();
     let scope = scoped.then(|| subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
@@ -346,6 +369,11 @@ async fn serve(
             }
             (Endpoint::RunsGet, scope) => {
                 Box::pin(runs::get(runs, scope.unwrap_or_default(), &request.message.payload))
+                    .await
+                    .map_err(Into::into)
+            }
+            (Endpoint::EventsHistory, scope) => {
+                Box::pin(history.handle(scope.unwrap_or_default(), &request.message.payload))
                     .await
                     .map_err(Into::into)
             }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::quota::Quotas;
 use async_nats::jetstream::{self, kv};
 use chrono::Utc;
 use jetsched_shared::cas::{self, is_already_exists, is_revision_mismatch, keys_once};
@@ -74,6 +75,7 @@ pub struct TaskStore {
     events: EventSink,
     /// `jetsched_task_changes_total{kind}`.
     changes: prometheus::IntCounterVec,
+    quotas: Quotas,
 }
 
 fn unavailable(what: &str, error: impl std::fmt::Display) -> ApiError {
@@ -105,7 +107,23 @@ impl TaskStore {
             .get_stream_no_info(Names::kv_stream(&tasks_bucket))
             .await
             .map_err(|e| anyhow::anyhow!("open the stream of bucket {tasks_bucket}: {e}"))?;
-        Ok(TaskStore { js, tasks, tasks_stream, tasks_bucket, state, breakers, names, events, changes })
+        Ok(TaskStore {
+            js,
+            tasks,
+            tasks_stream,
+            tasks_bucket,
+            state,
+            breakers,
+            names,
+            events,
+            changes,
+            quotas: Quotas::default(),
+        })
+    }
+
+    /// The store with the operator's quotas per namespace (none by default).
+    pub fn with_quotas(self, quotas: Quotas) -> TaskStore {
+        TaskStore { quotas, ..self }
     }
 
     /// The latest live value of a key. Read from the stream leader, not with a direct get: on
@@ -175,8 +193,29 @@ impl TaskStore {
     /// Stores an admitted spec; returns the stored task and whether it was new or changed.
     pub async fn put(&self, spec: TaskSpec, precondition: Precondition) -> Result<Stored, ApiError> {
         crate::spans::task(&spec.namespace, &spec.id);
+        // A `nats` executor never reaches into the server's or jetsched's own subjects.
+        spec.executor.check_confined(&self.names)?;
         let key = spec.key();
         let body = bytes::Bytes::from(serde_json::to_vec(&spec.to_json()).expect("a spec serializes"));
+        self.quotas.check_spec_bytes(&spec.namespace, body.len())?;
+        // A write that may create a task counts the namespace's tasks first, one creation of
+        // the namespace at a time; an update of a known revision never adds one.
+        let creation = match precondition {
+            Precondition::Revision(expected) if expected > 0 => None,
+            _ => self.quotas.creation_lock(&spec.namespace),
+        };
+        let _creating = match &creation {
+            Some(lock) => Some(lock.lock().await),
+            None => None,
+        };
+        if creation.is_some() && self.entry(&key).await?.is_none() {
+            let client = self.js.client();
+            let count =
+                cas::count_live_keys(&self.tasks_stream, &client, &self.tasks_bucket, &spec.namespace)
+                    .await
+                    .map_err(|e| unavailable("count the namespace's tasks", format!("{e:#}")))?;
+            self.quotas.check_tasks(&spec.namespace, count)?;
+        }
         let (revision, kind) = match precondition {
             Precondition::CreateOnly | Precondition::Revision(0) => {
                 match self.tasks.create(&key, body.clone()).await {

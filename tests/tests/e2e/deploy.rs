@@ -28,7 +28,7 @@ pub(crate) const WAIT: Duration = Duration::from_secs(20);
 pub(crate) const DENIED_WAIT: Duration = Duration::from_millis(500);
 
 /// Test-only passwords of `deploy/secure/nats.conf` (documented there as local-only).
-const USERS: [(&str, &str); 8] = [
+const USERS: [(&str, &str); 11] = [
     ("registry", "registry-local-only"),
     ("scheduler", "scheduler-local-only"),
     ("worker", "worker-local-only"),
@@ -36,6 +36,9 @@ const USERS: [(&str, &str); 8] = [
     ("client", "client-local-only"),
     ("operator", "operator-local-only"),
     ("tenant-demo", "tenant-demo-local-only"),
+    ("tenant-billing", "tenant-billing-local-only"),
+    ("executor-demo", "executor-demo-local-only"),
+    ("executor-billing", "executor-billing-local-only"),
     ("console", "console-local-only"),
 ];
 
@@ -159,6 +162,15 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
+    /// Waits for an error from the server containing `what` (e.g. `maximum payload`).
+    pub(crate) async fn expect_error(&self, what: &str) {
+        let what = what.to_lowercase();
+        eventually(WAIT, &format!("server error {what}"), || async {
+            self.errors.lock().expect("errors lock").iter().any(|e| e.contains(&what))
+        })
+        .await;
+    }
+
     /// Waits for the server's permissions violation naming `what` (e.g. `publish to
     /// "$kv.jetsched_tasks.x"`).
     pub(crate) async fn expect_violation(&self, what: &str) {
@@ -298,8 +310,11 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     // Breakers: the worker writes the breakers bucket, never the tasks, and asks the registry
     // for a pause through the control stream; the client cannot write either.
     let breakers = worker_js.get_key_value(names.breakers_bucket()).await.expect("breakers bucket");
-    breakers.put("key.secure-probe", "{}".into()).await.expect("the worker writes the breakers bucket");
-    let forged_breaker = format!("$KV.{}.key.secure-probe", names.breakers_bucket());
+    breakers
+        .put("key.secure.secure-probe", "{}".into())
+        .await
+        .expect("the worker writes the breakers bucket");
+    let forged_breaker = format!("$KV.{}.key.secure.secure-probe", names.breakers_bucket());
     client.client.publish(forged_breaker.clone(), "{}".into()).await.expect("send");
     client.expect_violation(&format!("publish to \"{forged_breaker}\"")).await;
     let forged_pause = names.pause_request_subject("secure", "manual");

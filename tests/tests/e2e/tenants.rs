@@ -1,17 +1,24 @@
-//! Namespaces as a security boundary, on the shipped secured config (`deploy/secure/nats.conf`)
-//! with real connections: `tenant-demo` reaches the tasks, dead letters, runs and events of
-//! namespace `demo` and nothing of `billing`, refused either by the server (permission
-//! violation) or by the registry (`namespace_mismatch`), and nothing changes in `billing`.
+//! Teams as a wall that holds, on the shipped secured config (`deploy/secure/nats.conf`) with
+//! real connections: each team has an account of its own (`demo`, `billing`) that reaches
+//! jetsched only through what the services' account `JETSCHED` exports to it. As `tenant-demo`:
+//! everything of `demo` works (API, intake, dead letters, runs, event history, live events, the
+//! CLI unchanged), and every attack on `billing` or on the system fails, checked on the other
+//! side: `billing`'s tasks, fire state, run records, dead letters and events, the lease and the
+//! services' durable consumers are untouched, and `billing`'s fires go on.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::push};
+use async_nats::jetstream;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
-use jetsched_tests::{App, init_test_logging, workspace_bin};
+use jetsched_shared::spec::Priority;
+use jetsched_tests::{App, eventually, init_test_logging, workspace_bin};
+use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
 
-use crate::deploy::{DENIED_WAIT, Probe, SecureServer, WAIT, password};
+use crate::deploy::{DENIED_WAIT, SecureServer, WAIT, password};
 
 const TENANT: &str = "tenant-demo";
 
@@ -24,31 +31,25 @@ async fn ask(client: &async_nats::Client, subject: String, body: Value) -> Value
     serde_json::from_slice(&reply.payload).expect("JSON reply")
 }
 
-/// A request the server refuses: no reply, and a permission violation naming the subject.
-async fn refused(probe: &Probe, subject: String) {
-    let request = probe.client.request(subject.clone(), "{}".into());
-    let answered = tokio::time::timeout(DENIED_WAIT, request).await;
+/// A request nobody answers in the team's account: no import reaches it.
+async fn unanswered(client: &async_nats::Client, subject: String) {
+    let answered = tokio::time::timeout(DENIED_WAIT, client.request(subject.clone(), "{}".into())).await;
     assert!(!matches!(answered, Ok(Ok(_))), "{subject} was answered: {answered:?}");
-    probe.expect_violation(&format!("publish to \"{subject}\"")).await;
 }
 
 fn mismatch(reply: &Value, what: &str) {
     assert_eq!(reply["error"]["code"], "namespace_mismatch", "{what}: {reply}");
-    assert!(reply["error"]["field"].as_str().is_some_and(|f| f.ends_with("namespace")), "{what}: {reply}");
 }
 
-fn spec(namespace: Option<&str>, id: &str) -> Value {
-    let mut spec = json!({
-        "id": id, "schedule": {"every": "1h"},
-        "executor": {"kind": "handler", "name": "probe"},
-    });
+fn spec(namespace: Option<&str>, id: &str, schedule: Value) -> Value {
+    let mut spec = json!({"id": id, "schedule": schedule, "executor": {"kind": "handler", "name": "probe"}});
     if let Some(namespace) = namespace {
         spec["namespace"] = json!(namespace);
     }
     spec
 }
 
-/// A dead letter as a worker stores it, for a task of `namespace`.
+/// A dead letter as a worker stores it, whose body names `namespace`/`id`.
 fn dead_letter(namespace: &str, id: &str, execution_id: &str) -> Value {
     json!({
         "execution_id": execution_id, "namespace": namespace, "task_id": id, "queue": "default",
@@ -60,33 +61,86 @@ fn dead_letter(namespace: &str, id: &str, execution_id: &str) -> Value {
     })
 }
 
-#[tokio::test]
-async fn a_tenant_reaches_its_namespace_and_nothing_else() {
-    init_test_logging();
-    let server = SecureServer::start().await;
-    let names = Names::default();
-    let mut registry_config = jetsched_registry::Config::for_tests(&server.url);
-    registry_config.nats = server.nats_args("registry");
-    let registry = App::registry(registry_config).await;
+/// The secured server with the registry, scheduler, worker and alerter on their own users; the
+/// worker's `probe` handler records every run as `namespace/task`.
+struct Deployment {
+    server: SecureServer,
+    names: Names,
+    registry: App,
+    scheduler: App,
+    worker: App,
+    alerter: App,
+    runs: Arc<Mutex<Vec<String>>>,
+}
 
-    // An administrator (`client`, plain subjects) owns namespace billing.
-    let admin = server.connect("client").await;
-    let put = ask(&admin.client, names.task_api_subject("put"), spec(Some("billing"), "payroll")).await;
+impl Deployment {
+    async fn start(quotas: &[&str], topology: jetsched_shared::topology::TopologyArgs) -> Deployment {
+        let server = SecureServer::start().await;
+        let mut registry_config = jetsched_registry::Config::for_tests(&server.url);
+        registry_config.nats = server.nats_args("registry");
+        registry_config.quotas = quotas.iter().map(|q| q.to_string()).collect();
+        registry_config.topology = topology.clone();
+        let registry = App::registry(registry_config).await;
+        let mut scheduler_config = jetsched_scheduler::Config::for_tests(&server.url);
+        scheduler_config.nats = server.nats_args("scheduler");
+        scheduler_config.topology = topology.clone();
+        let scheduler = App::scheduler(scheduler_config).await;
+        let runs = Arc::new(Mutex::new(Vec::new()));
+        let seen = runs.clone();
+        let handlers = Handlers::new().register("probe", move |run: RunContext| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().expect("runs").push(format!("{}/{}", run.namespace, run.task_id));
+                Outcome::ok()
+            }
+        });
+        let mut worker_config = jetsched_worker::Config::for_tests(&server.url, "tenants-worker");
+        worker_config.nats = server.nats_args("worker");
+        worker_config.topology = topology.clone();
+        worker_config.pull_expires = Duration::from_millis(500);
+        let worker = App::worker(worker_config, handlers).await;
+        let mut alerter_config = jetsched_alerter::Config::for_tests(&server.url);
+        alerter_config.nats = server.nats_args("alerter");
+        alerter_config.topology = topology;
+        let alerter = App::alerter(alerter_config).await;
+        Deployment { server, names: Names::default(), registry, scheduler, worker, alerter, runs }
+    }
+
+    fn runs_of(&self, task: &str) -> usize {
+        self.runs.lock().expect("runs").iter().filter(|r| *r == task).count()
+    }
+
+    async fn stop(self) {
+        self.alerter.stop().await;
+        self.worker.stop().await;
+        self.scheduler.stop().await;
+        self.registry.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
+    init_test_logging();
+    let deployment = Deployment::start(&[], Default::default()).await;
+    let (server, names) = (&deployment.server, &deployment.names);
+
+    let billing = server.connect("tenant-billing").await;
+    let put = ask(
+        &billing.client,
+        names.task_api_namespaced("put", "billing"),
+        spec(None, "payroll", json!({"every": "1h"})),
+    )
+    .await;
     assert_eq!(put["revision"], 1, "{put}");
 
-    let tenant = server
-        .connect_with(
-            TENANT,
-            async_nats::ConnectOptions::new().custom_inbox_prefix(Names::namespace_inbox_prefix("demo")),
-        )
-        .await;
+    // The team's programs use the local subjects unchanged, with the default inbox prefix: its
+    // account has `_INBOX.>` to itself.
+    let tenant = server.connect(TENANT).await;
     let task = |endpoint: &str| names.task_api_namespaced(endpoint, "demo");
     let dlq = |endpoint: &str| names.dlq_api_namespaced(endpoint, "demo");
-
-    // Everything in demo works; a body without namespace takes the subject's.
-    let put = ask(&tenant.client, task("put"), spec(None, "report")).await;
+    let put = ask(&tenant.client, task("put"), spec(None, "report", json!({"every": "1h"}))).await;
     assert_eq!(put["task"]["namespace"], "demo", "{put}");
-    let put = ask(&tenant.client, task("put"), spec(Some("demo"), "scratch")).await;
+    let put = ask(&tenant.client, task("put"), spec(Some("demo"), "scratch", json!({"every": "1h"}))).await;
     assert!(put["revision"].as_u64().is_some(), "{put}");
     let got = ask(&tenant.client, task("get"), json!({"id": "report"})).await;
     assert_eq!(got["task"]["id"], "report", "{got}");
@@ -100,24 +154,80 @@ async fn a_tenant_reaches_its_namespace_and_nothing_else() {
     assert_eq!(listed, ["demo", "demo"], "list shows demo only");
     let paused = ask(&tenant.client, task("pause"), json!({"id": "report"})).await;
     assert_eq!(paused["task"]["paused"], true, "{paused}");
-    let resumed = ask(&tenant.client, task("resume"), json!({"namespace": "demo", "id": "report"})).await;
+    let resumed = ask(&tenant.client, task("resume"), json!({"id": "report"})).await;
     assert_eq!(resumed["task"]["paused"], false, "{resumed}");
-    let triggered = ask(&tenant.client, task("trigger"), json!({"id": "report"})).await;
-    assert!(triggered["execution_id"].is_string(), "{triggered}");
     let next = ask(&tenant.client, task("next"), json!({"id": "report", "count": 2})).await;
     assert_eq!(next["times"].as_array().map(Vec::len), Some(2), "{next}");
     let deleted = ask(&tenant.client, task("delete"), json!({"id": "scratch"})).await;
     assert_eq!(deleted["deleted"], true, "{deleted}");
+
+    // A trigger runs on the worker; its live events reach the team's account (a stream import),
+    // its history comes through the registry, its run record too.
+    let mut live = tenant.client.subscribe(names.namespace_events_filter("demo")).await.expect("subscribe");
+    let triggered = ask(&tenant.client, task("trigger"), json!({"id": "report"})).await;
+    let execution = triggered["execution_id"].as_str().expect("execution id").to_string();
+    eventually(WAIT, "the triggered run ran", || async { deployment.runs_of("demo/report") >= 1 }).await;
+    let event = tokio::time::timeout(WAIT, live.next()).await.expect("a live demo event").expect("event");
+    let event: Value = serde_json::from_slice(&event.payload).expect("event JSON");
+    assert_eq!(event["namespace"], "demo", "{event}");
+    let record = eventually(WAIT, "the run record is final", || async {
+        let reply =
+            ask(&tenant.client, names.runs_api_namespaced("get", "demo"), json!({"execution_id": execution}))
+                .await;
+        (reply["run"]["status"] == "succeeded").then_some(reply)
+    })
+    .await;
+    assert_eq!(record["run"]["namespace"], "demo", "{record}");
+    let history = eventually(WAIT, "the event history shows the run", || async {
+        let reply =
+            ask(&tenant.client, names.events_api_namespaced("history", "demo"), json!({"last": 100})).await;
+        let kinds: Vec<String> = reply["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap_or_default().to_string())
+            .collect();
+        kinds.iter().any(|k| k == "run.succeeded").then_some(reply)
+    })
+    .await;
+    for event in history["events"].as_array().expect("events") {
+        assert_eq!(event["namespace"], "demo", "history shows demo only: {event}");
+    }
+    let one = ask(
+        &tenant.client,
+        names.events_api_namespaced("history", "demo"),
+        json!({"task_id": "report", "last": 1}),
+    )
+    .await;
+    assert_eq!(one["events"].as_array().map(Vec::len), Some(1), "{one}");
+    mismatch(
+        &ask(&tenant.client, names.events_api_namespaced("history", "demo"), json!({"namespace": "billing"}))
+            .await,
+        "events history",
+    );
+
+    // Fire-and-forget intake through the import: applied by the registry.
+    tenant
+        .client
+        .publish(
+            names.submit_subject("demo", "submitted"),
+            spec(None, "submitted", json!({"every": "1h"})).to_string().into(),
+        )
+        .await
+        .expect("submit");
+    eventually(WAIT, "the submission was applied", || async {
+        ask(&tenant.client, task("get"), json!({"id": "submitted"})).await["task"]["id"] == "submitted"
+    })
+    .await;
 
     // A body naming billing on a demo subject: refused by the registry on every endpoint.
     let other = json!({"namespace": "billing", "id": "payroll"});
     for endpoint in ["get", "list", "delete", "pause", "resume", "trigger", "next"] {
         mismatch(&ask(&tenant.client, task(endpoint), other.clone()).await, endpoint);
     }
-    mismatch(&ask(&tenant.client, task("put"), spec(Some("billing"), "planted")).await, "put");
     mismatch(
-        &ask(&tenant.client, task("next"), json!({"spec": spec(Some("billing"), "x")})).await,
-        "next spec",
+        &ask(&tenant.client, task("put"), spec(Some("billing"), "planted", json!({"every": "1h"}))).await,
+        "put",
     );
     for endpoint in ["list", "get", "replay", "purge"] {
         mismatch(
@@ -125,139 +235,52 @@ async fn a_tenant_reaches_its_namespace_and_nothing_else() {
             endpoint,
         );
     }
-    mismatch(
-        &ask(
-            &tenant.client,
-            names.runs_api_namespaced("get", "demo"),
-            json!({"namespace": "billing", "execution_id": "x"}),
-        )
-        .await,
-        "runs get",
-    );
 
-    // The server refuses every subject outside demo, and the plain (all-namespace) API.
-    refused(&tenant, names.task_api_namespaced("put", "billing")).await;
-    refused(&tenant, names.task_api_namespaced("list", "billing")).await;
-    refused(&tenant, names.dlq_api_namespaced("purge", "billing")).await;
-    refused(&tenant, names.task_api_subject("list")).await;
-    refused(&tenant, names.dlq_api_subject("list")).await;
-    refused(&tenant, format!("$KV.{}.billing.payroll", names.tasks_bucket())).await;
-    refused(&tenant, format!("$JS.API.DIRECT.GET.KV_{}", names.runs_bucket())).await;
-    refused(&tenant, format!("$JS.API.STREAM.INFO.{}", names.events_stream())).await;
-    refused(&tenant, format!("$JS.API.CONSUMER.MSG.NEXT.{}.alerter", names.events_stream())).await;
-    refused(&tenant, format!("$JS.API.CONSUMER.CREATE.{}", names.events_stream())).await;
-    refused(
-        &tenant,
-        format!("$JS.API.CONSUMER.CREATE.{}.sneak.{}", names.events_stream(), names.events_wildcard()),
-    )
-    .await;
-    tenant
-        .client
-        .publish(names.submit_subject("billing", "planted"), spec(None, "planted").to_string().into())
-        .await
-        .expect("send");
-    tenant.expect_violation(&format!("publish to \"{}\"", names.submit_subject("billing", "planted"))).await;
-    for subject in ["_INBOX.>".to_string(), names.events_wildcard(), names.namespace_events_filter("billing")]
-    {
-        let _sub = tenant.client.subscribe(subject.clone()).await.expect("send sub");
-        tenant.expect_violation(&format!("subscription to \"{subject}\"")).await;
+    // Nothing of billing or of the plain API exists in the team's account: no answer at all.
+    for subject in [
+        names.task_api_namespaced("put", "billing"),
+        names.task_api_namespaced("list", "billing"),
+        names.dlq_api_namespaced("purge", "billing"),
+        names.runs_api_namespaced("get", "billing"),
+        names.events_api_namespaced("history", "billing"),
+        names.task_api_subject("list"),
+        names.dlq_api_subject("list"),
+        names.breaker_api_subject("list"),
+    ] {
+        unanswered(&tenant.client, subject).await;
     }
-
-    // Events: the live subscription and an ordered push consumer show demo's only.
-    let mut live = tenant.client.subscribe(names.namespace_events_filter("demo")).await.expect("subscribe");
-    ask(&admin.client, names.task_api_subject("pause"), json!({"namespace": "billing", "id": "payroll"}))
-        .await;
-    let billing_before = ask(
-        &admin.client,
-        names.task_api_subject("resume"),
-        json!({"namespace": "billing", "id": "payroll"}),
-    )
-    .await;
-    ask(&tenant.client, task("pause"), json!({"id": "report"})).await;
-    let event = tokio::time::timeout(WAIT, live.next()).await.expect("a live demo event").expect("event");
-    let event: Value = serde_json::from_slice(&event.payload).expect("event JSON");
-    assert_eq!(
-        (event["namespace"].as_str(), event["kind"].as_str()),
-        (Some("demo"), Some("task.paused")),
-        "{event}"
-    );
-    let js = jetstream::new(tenant.client.clone());
-    let history = js
-        .create_consumer_on_stream(
-            push::OrderedConfig {
-                name: Some(format!("demo-history-{}", uuid::Uuid::new_v4().simple())),
-                filter_subject: names.namespace_events_filter("demo"),
-                deliver_subject: tenant.client.new_inbox(),
-                ..Default::default()
-            },
-            names.events_stream(),
-        )
-        .await
-        .expect("tenant creates an ordered consumer of its own events");
-    let mut messages = history.messages().await.expect("history");
-    let mut kinds = Vec::new();
-    while let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(2), messages.next()).await {
-        let message = message.expect("event");
-        let event: Value = serde_json::from_slice(&message.payload).expect("event JSON");
-        assert_eq!(event["namespace"], "demo", "{event}");
-        kinds.push(event["kind"].as_str().unwrap_or_default().to_string());
-        if message.info().map(|i| i.pending).unwrap_or(0) == 0 {
-            break;
-        }
-    }
-    assert!(
-        kinds.iter().any(|k| k == "task.registered") && kinds.iter().any(|k| k == "fire.dispatched"),
-        "{kinds:?}"
-    );
-    // The subject's filter is the one the server applies: a body asking for more is refused.
-    let sneaky = format!(
-        "$JS.API.CONSUMER.CREATE.{}.sneak.{}",
+    // Its JetStream is its own: the services' streams do not exist there.
+    let tenant_js = jetstream::new(tenant.client.clone());
+    for stream in [
         names.events_stream(),
-        names.namespace_events_filter("demo")
-    );
-    let body = json!({"stream_name": names.events_stream(), "config": {
-        "name": "sneak", "filter_subject": names.events_wildcard(), "deliver_subject": tenant.client.new_inbox(),
-        "ack_policy": "none"}});
-    let reply = ask(&tenant.client, sneaky, body).await;
-    assert!(reply["error"]["err_code"].is_u64(), "a wider filter than the subject's was accepted: {reply}");
-    eprintln!("server refused a wider filter: {reply}");
-    // The server does not check a push consumer's deliver subject against its creator's
-    // permissions: one aimed at billing's intake is accepted. What it can deliver is demo's
-    // own events, which no endpoint takes for a spec; and no submission reaches billing.
-    let injected = names.submit_subject("billing", "injected");
-    let reply = ask(
-        &tenant.client,
-        format!(
-            "$JS.API.CONSUMER.CREATE.{}.inject.{}",
-            names.events_stream(),
-            names.namespace_events_filter("demo")
-        ),
-        json!({"stream_name": names.events_stream(), "config": {
-            "name": "inject", "filter_subject": names.namespace_events_filter("demo"),
-            "deliver_subject": injected, "ack_policy": "none"}}),
-    )
-    .await;
-    assert_eq!(reply["config"]["deliver_subject"], injected.as_str(), "{reply}");
-    let operator = server.connect("operator").await;
-    let operator_js = jetstream::new(operator.client.clone());
-    let rejected = names.event_subject("task.rejected", "billing", "injected");
-    let found = tokio::time::timeout(Duration::from_secs(3), async {
-        loop {
-            let stream = operator_js.get_stream(names.events_stream()).await.expect("events stream");
-            if let Ok(message) = stream.get_last_raw_message_by_subject(&rejected).await {
-                return String::from_utf8_lossy(&message.payload).to_string();
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await;
-    assert!(found.is_err(), "demo's events reached billing's intake: {found:?}");
+        names.dlq_stream(),
+        names.dispatch_stream(),
+        Names::kv_stream(&names.tasks_bucket()),
+    ] {
+        let error = tenant_js.get_stream(&stream).await.err().unwrap_or_else(|| panic!("{stream} reached"));
+        assert!(error.to_string().to_lowercase().contains("not found"), "{stream}: {error}");
+    }
+    // Billing's live events never reach demo's account.
+    let mut theirs =
+        tenant.client.subscribe(names.namespace_events_filter("billing")).await.expect("subscribe");
+    ask(&billing.client, names.task_api_namespaced("pause", "billing"), json!({"id": "payroll"})).await;
+    let leaked = tokio::time::timeout(Duration::from_secs(1), theirs.next()).await;
+    assert!(leaked.is_err(), "billing's event reached demo: {leaked:?}");
+    let mut everything = tenant.client.subscribe(">").await.expect("subscribe");
+    ask(&billing.client, names.task_api_namespaced("resume", "billing"), json!({"id": "payroll"})).await;
+    while let Ok(Some(message)) = tokio::time::timeout(Duration::from_millis(500), everything.next()).await {
+        assert!(
+            !message.subject.contains("billing"),
+            "billing's traffic in demo's account: {}",
+            message.subject
+        );
+    }
 
-    // Dead letters: a worker stores one in demo and one in billing.
+    // Dead letters: a worker stores one in demo and one in billing; the team sees its own.
     let worker = server.connect("worker").await;
     let worker_js = jetstream::new(worker.client.clone());
     let mut sequences = Vec::new();
-    for (namespace, id) in [("demo", "report"), ("billing", "payroll"), ("demo", "report")] {
+    for (namespace, id) in [("demo", "report"), ("billing", "payroll")] {
         let execution = uuid::Uuid::new_v4().to_string();
         let ack = worker_js
             .publish(
@@ -270,7 +293,7 @@ async fn a_tenant_reaches_its_namespace_and_nothing_else() {
             .expect("dead letter stored");
         sequences.push(ack.sequence);
     }
-    let [demo_seq, billing_seq, demo_seq2] = sequences[..] else { unreachable!() };
+    let [demo_seq, billing_seq] = sequences[..] else { unreachable!() };
     let listed = ask(&tenant.client, dlq("list"), json!({})).await;
     let listed: Vec<u64> = listed["entries"]
         .as_array()
@@ -278,38 +301,21 @@ async fn a_tenant_reaches_its_namespace_and_nothing_else() {
         .iter()
         .filter_map(|e| e["sequence"].as_u64())
         .collect();
-    assert_eq!(listed, [demo_seq, demo_seq2], "dlq list shows demo's only");
+    assert_eq!(listed, [demo_seq], "dlq list shows demo's only");
     for endpoint in ["get", "replay", "purge"] {
-        let reply = ask(&tenant.client, dlq(endpoint), json!({"sequence": billing_seq})).await;
-        assert_eq!(reply["error"]["code"], "namespace_mismatch", "{endpoint} of billing's entry: {reply}");
+        mismatch(&ask(&tenant.client, dlq(endpoint), json!({"sequence": billing_seq})).await, endpoint);
     }
     let replayed = ask(&tenant.client, dlq("replay"), json!({"sequence": demo_seq})).await;
     assert_eq!(replayed["replayed"][0]["sequence"], demo_seq, "{replayed}");
-    let purged = ask(&tenant.client, dlq("purge"), json!({"all": true})).await;
-    assert_eq!(purged["purged"], 1, "purge all in demo purges demo's: {purged}");
     let billing_entry =
-        ask(&admin.client, names.dlq_api_subject("get"), json!({"sequence": billing_seq})).await;
+        ask(&billing.client, names.dlq_api_namespaced("get", "billing"), json!({"sequence": billing_seq}))
+            .await;
     assert_eq!(billing_entry["entry"]["namespace"], "billing", "billing's dead letter kept: {billing_entry}");
 
-    // Run records: readable through the registry for demo's runs only.
-    let runs = worker_js.get_key_value(names.runs_bucket()).await.expect("runs bucket");
-    for (execution, namespace) in [("run-demo", "demo"), ("run-billing", "billing")] {
-        let record =
-            json!({"execution_id": execution, "namespace": namespace, "task_id": "t", "status": "succeeded"});
-        runs.put(execution, record.to_string().into()).await.expect("run record");
-    }
-    let runs_get = names.runs_api_namespaced("get", "demo");
-    let own = ask(&tenant.client, runs_get.clone(), json!({"execution_id": "run-demo"})).await;
-    assert_eq!(own["run"]["namespace"], "demo", "{own}");
-    let theirs = ask(&tenant.client, runs_get, json!({"execution_id": "run-billing"})).await;
-    assert_eq!(theirs["error"]["code"], "not_found", "{theirs}");
-    refused(&tenant, names.runs_api_namespaced("get", "billing")).await;
-
-    // The CLI as the tenant: namespaced subjects, its own inbox prefix, its own events.
+    // The CLI as the tenant, unchanged: local subjects, its account's own inboxes.
     for args in [
         vec!["get", "demo/report"],
         vec!["ls", "--namespace", "demo"],
-        vec!["pause", "demo/report"],
         vec!["next", "demo/report"],
         vec!["dlq", "ls", "--namespace", "demo"],
         vec!["events", "--namespace", "demo", "--last", "5"],
@@ -320,7 +326,6 @@ async fn a_tenant_reaches_its_namespace_and_nothing_else() {
             .env("NATS_URL", &server.url)
             .env("NATS_USER", TENANT)
             .env("NATS_PASSWORD", password(TENANT))
-            .env("NATS_INBOX_PREFIX", Names::namespace_inbox_prefix("demo"))
             .output()
             .await
             .expect("run jetsched");
@@ -332,29 +337,375 @@ async fn a_tenant_reaches_its_namespace_and_nothing_else() {
             String::from_utf8_lossy(&output.stderr)
         );
         assert!(!stdout.contains("billing"), "jetsched {} showed billing: {stdout}", args.join(" "));
+        if args[0] == "runs" {
+            assert!(stdout.contains(&execution), "jetsched runs shows the triggered run: {stdout}");
+        }
     }
 
-    // Nothing changed in billing.
-    let billing_after =
-        ask(&admin.client, names.task_api_subject("get"), json!({"namespace": "billing", "id": "payroll"}))
-            .await;
-    assert_eq!(billing_after["revision"], billing_before["revision"], "billing changed: {billing_after}");
-    assert_eq!(billing_after["task"]["paused"], false);
-    let planted =
-        ask(&admin.client, names.task_api_subject("get"), json!({"namespace": "billing", "id": "planted"}))
-            .await;
-    assert_eq!(planted["error"]["code"], "not_found", "{planted}");
+    let payroll =
+        ask(&billing.client, names.task_api_namespaced("get", "billing"), json!({"id": "payroll"})).await;
+    assert_eq!(payroll["task"]["paused"], false, "{payroll}");
+    deployment.stop().await;
+}
 
-    registry.stop().await;
-    // The registry never hit a violation: only the probes did, and the CLI's `runs`, which
-    // asks for the events stream's information first and, refused, reads the task's events
-    // through the tenant's own consumer.
-    let log = server.log();
-    let unexpected: Vec<&str> = log
-        .lines()
-        .filter(|line| line.to_lowercase().contains("violation"))
-        .filter(|line| !line.contains(":probe-tenant-demo\""))
-        .filter(|line| !(line.contains(":jetsched-cli\"") && line.contains("STREAM.INFO")))
-        .collect();
-    assert!(unexpected.is_empty(), "unexpected permission violations:\n{}", unexpected.join("\n"));
+/// What of billing and of the system an attack could change, read in the services' account.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    /// Messages per subject of billing's tasks, the run record, breakers, dead letters and
+    /// intake (fire state and the lease change as billing fires: checked by their content).
+    subjects: BTreeMap<String, usize>,
+    /// The services' durable consumers: their configuration as the server reports it.
+    consumers: BTreeMap<String, String>,
+}
+
+async fn snapshot(js: &jetstream::Context, names: &Names) -> Snapshot {
+    let mut subjects = BTreeMap::new();
+    let tasks = Names::kv_stream(&names.tasks_bucket());
+    let runs = Names::kv_stream(&names.runs_bucket());
+    let breakers = Names::kv_stream(&names.breakers_bucket());
+    for (stream, filter) in [
+        (tasks, format!("$KV.{}.billing.>", names.tasks_bucket())),
+        (runs, format!("$KV.{}.run-billing", names.runs_bucket())),
+        (breakers, format!("$KV.{}.>", names.breakers_bucket())),
+        (names.dlq_stream(), names.dlq_subject("*", "billing", ">")),
+        (names.intake_stream(), names.submit_subject("billing", ">")),
+    ] {
+        let stream_handle = js.get_stream(&stream).await.unwrap_or_else(|e| panic!("{stream}: {e}"));
+        let mut listed = stream_handle.info_with_subjects(&filter).await.expect("stream subjects");
+        while let Some(entry) = listed.next().await {
+            let (subject, count) = entry.expect("subject count");
+            subjects.insert(subject, count);
+        }
+    }
+    let mut consumers = BTreeMap::new();
+    for (stream, consumer) in [
+        (names.dispatch_stream(), "workers-default".to_string()),
+        (names.intake_stream(), "registry-intake".to_string()),
+        (names.events_stream(), names.alerter_consumer("run.failed")),
+        (names.events_stream(), names.alerter_consumer("run.dead")),
+    ] {
+        let handle = js.get_stream(&stream).await.expect("stream");
+        let info =
+            handle.consumer_info(&consumer).await.unwrap_or_else(|e| panic!("{stream}/{consumer}: {e}"));
+        let config = serde_json::to_value(&info.config).expect("consumer config");
+        consumers.insert(format!("{stream}/{consumer}"), config.to_string());
+    }
+    Snapshot { subjects, consumers }
+}
+
+#[tokio::test]
+async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_go_on() {
+    init_test_logging();
+    let deployment = Deployment::start(&[], Default::default()).await;
+    let (server, names) = (&deployment.server, &deployment.names);
+    let billing = server.connect("tenant-billing").await;
+    let billing_task = |endpoint: &str| names.task_api_namespaced(endpoint, "billing");
+    ask(&billing.client, billing_task("put"), spec(None, "payroll", json!({"every": "1h"}))).await;
+    ask(&billing.client, billing_task("put"), spec(None, "heartbeat", json!({"every": "1s"}))).await;
+    // Billing's run record and dead letter, as the worker writes them.
+    let worker = server.connect("worker").await;
+    let worker_js = jetstream::new(worker.client.clone());
+    let runs = worker_js.get_key_value(names.runs_bucket()).await.expect("runs bucket");
+    let record = json!({"execution_id": "run-billing", "namespace": "billing", "task_id": "payroll", "status": "succeeded"});
+    runs.put("run-billing", record.to_string().into()).await.expect("run record");
+    worker_js
+        .publish(
+            names.dlq_subject("default", "billing", "payroll"),
+            dead_letter("billing", "payroll", "dead-billing").to_string().into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    eventually(WAIT, "billing's heartbeat fires", || async { deployment.runs_of("billing/heartbeat") >= 2 })
+        .await;
+
+    let operator = server.connect("operator").await;
+    let operator_js = jetstream::new(operator.client.clone());
+    let before = snapshot(&operator_js, names).await;
+    let lease_bucket = operator_js.get_key_value(names.leader_bucket()).await.expect("lease bucket");
+    let lease_before = lease_bucket.get(names.leader_key()).await.expect("lease").expect("a leader");
+    let lease_before: Value = serde_json::from_slice(&lease_before).expect("lease JSON");
+
+    // The attacks, as tenant-demo, for five seconds while billing's heartbeat fires.
+    let tenant = server.connect(TENANT).await;
+    let targets = [
+        format!("$KV.{}.billing.payroll", names.tasks_bucket()),
+        format!("$KV.{}.{}", names.leader_bucket(), names.leader_key()),
+        format!("$KV.{}.billing.payroll", names.state_bucket()),
+        format!("$KV.{}.run-billing", names.runs_bucket()),
+        format!("$KV.{}.billing.payments", names.breakers_bucket()),
+        names.dispatch_subject("default", "billing", "payroll"),
+        names.lane_subject("default", Priority::High, "billing", "payroll"),
+        names.delayed_subject("default", "forged"),
+        names.dlq_subject("default", "billing", "payroll"),
+        names.event_subject("run.failed", "billing", "payroll"),
+        names.submit_subject("billing", "planted"),
+        names.pause_request_subject("billing", "payroll"),
+        format!(
+            "$JS.API.CONSUMER.CREATE.{}.{}.{}",
+            names.events_stream(),
+            names.alerter_consumer("run.failed"),
+            names.namespace_events_filter("demo")
+        ),
+        format!("$JS.API.CONSUMER.CREATE.{}.workers-default", names.dispatch_stream()),
+        format!("$JS.API.STREAM.PURGE.{}", names.dlq_stream()),
+    ];
+    // Requests the team may send, each answered to every target; and the targets published to
+    // directly, in the team's own account.
+    let requests = [
+        (names.task_api_namespaced("get", "demo"), json!({"id": "nothing"})),
+        (names.task_api_namespaced("list", "demo"), json!({})),
+        (names.dlq_api_namespaced("list", "demo"), json!({})),
+        (names.runs_api_namespaced("get", "demo"), json!({"execution_id": "x"})),
+        (names.events_api_namespaced("history", "demo"), json!({"last": 5})),
+        (names.submit_subject("demo", "echo"), spec(None, "echo", json!({"every": "1h"}))),
+    ];
+    let heartbeat_runs = deployment.runs_of("billing/heartbeat");
+    let started = tokio::time::Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(5) {
+        for target in &targets {
+            for (subject, body) in &requests {
+                tenant
+                    .client
+                    .publish_with_reply(subject.clone(), target.clone(), body.to_string().into())
+                    .await
+                    .expect("send");
+                sent += 1;
+            }
+            let forged = json!({"namespace": "billing", "task_id": "payroll", "forged": true});
+            tenant.client.publish(target.clone(), forged.to_string().into()).await.expect("send");
+        }
+        tenant.client.flush().await.expect("flush");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    eprintln!("sent {sent} requests with reply subjects aimed at the services' account");
+
+    // Fires went on: billing's heartbeat ran about once a second throughout.
+    let during = deployment.runs_of("billing/heartbeat") - heartbeat_runs;
+    assert!(during >= 4, "billing's heartbeat ran {during} times in 5 s of attacks");
+    // Nothing of billing or of the system changed.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = snapshot(&operator_js, names).await;
+    assert_eq!(after, before, "an attack changed billing or a service's consumer");
+    let state = operator_js.get_key_value(names.state_bucket()).await.expect("state bucket");
+    for key in ["billing.payroll", "billing.heartbeat"] {
+        if let Some(value) = state.get(key).await.expect("state") {
+            let value: Value = serde_json::from_slice(&value).expect("fire state is JSON");
+            for foreign in ["error", "forged", "task", "tasks", "entries", "events", "run"] {
+                assert!(value.get(foreign).is_none(), "{key} holds something else than fire state: {value}");
+            }
+        }
+    }
+    let lease_after = lease_bucket.get(names.leader_key()).await.expect("lease").expect("a leader");
+    let lease_after: Value = serde_json::from_slice(&lease_after).expect("the lease is still a lease record");
+    assert_eq!(lease_after["instance"], lease_before["instance"], "{lease_after}");
+    assert_eq!(lease_after["term"], lease_before["term"], "the lease changed hands: {lease_after}");
+    // Every billing event stored is one the services wrote.
+    let history =
+        ask(&billing.client, names.events_api_namespaced("history", "billing"), json!({"last": 1000})).await;
+    for event in history["events"].as_array().expect("events") {
+        assert_eq!(event["namespace"], "billing", "{event}");
+        assert!(event.get("forged").is_none() && event["kind"].is_string(), "a forged event: {event}");
+    }
+    let planted = ask(&billing.client, billing_task("get"), json!({"id": "planted"})).await;
+    assert_eq!(planted["error"]["code"], "not_found", "{planted}");
+    let payroll = ask(&billing.client, billing_task("get"), json!({"id": "payroll"})).await;
+    assert_eq!(
+        (payroll["revision"].as_u64(), &payroll["task"]["paused"]),
+        (Some(1), &json!(false)),
+        "{payroll}"
+    );
+    // demo's own echo submission went through, as it should.
+    let echo = ask(&tenant.client, names.task_api_namespaced("get", "demo"), json!({"id": "echo"})).await;
+    assert_eq!(echo["task"]["id"], "echo", "{echo}");
+    deployment.stop().await;
+}
+
+#[tokio::test]
+async fn nothing_a_team_shapes_is_trusted() {
+    init_test_logging();
+    let deployment = Deployment::start(&[], Default::default()).await;
+    let (server, names) = (&deployment.server, &deployment.names);
+    let tenant = server.connect(TENANT).await;
+    let put = |spec: Value| ask(&tenant.client, names.task_api_namespaced("put", "demo"), spec);
+
+    // A `nats` executor aimed at the system's subjects is refused when the spec is stored.
+    for subject in [
+        format!("$JS.API.STREAM.INFO.KV_{}", names.runs_bucket()),
+        format!("$KV.{}.billing.payroll", names.tasks_bucket()),
+        "$SYS.REQ.SERVER.PING".to_string(),
+        "_INBOX.anything".to_string(),
+        names.pause_request_subject("billing", "payroll"),
+        names.delayed_subject("default", "x"),
+    ] {
+        let reply = put(json!({"id": "reach", "schedule": {"every": "1h"},
+                               "executor": {"kind": "nats", "subject": subject}}))
+        .await;
+        assert_eq!(reply["error"]["field"], "executor.subject", "{subject}: {reply}");
+    }
+
+    // A dead letter stored on demo's subject whose body names billing (a dispatch a spec
+    // shaped): its replay is refused, and nothing runs for billing.
+    let worker = server.connect("worker").await;
+    let worker_js = jetstream::new(worker.client.clone());
+    let sequence = worker_js
+        .publish(
+            names.dlq_subject("default", "demo", "report"),
+            dead_letter("billing", "payroll", "crossed").to_string().into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("stored")
+        .sequence;
+    let reply =
+        ask(&tenant.client, names.dlq_api_namespaced("replay", "demo"), json!({"sequence": sequence})).await;
+    mismatch(&reply, "replay of an entry naming billing");
+    assert!(reply["error"]["message"].as_str().unwrap_or_default().contains("subject"), "{reply}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(deployment.runs_of("billing/payroll"), 0, "a billing run was started");
+    let entry =
+        ask(&tenant.client, names.dlq_api_namespaced("get", "demo"), json!({"sequence": sequence})).await;
+    assert_eq!(entry["sequence"], sequence, "the refused entry stays for the operator: {entry}");
+    deployment.stop().await;
+}
+
+#[tokio::test]
+async fn quotas_hold_per_namespace() {
+    init_test_logging();
+    let topology = jetsched_shared::topology::TopologyArgs { dlq_max_per_subject: 3, ..Default::default() };
+    let deployment =
+        Deployment::start(&["demo.tasks=5", "demo.spec_bytes=2048", "*.tasks=100"], topology).await;
+    let (server, names) = (&deployment.server, &deployment.names);
+    let tenant = server.connect(TENANT).await;
+    let put = |id: String| {
+        let client = tenant.client.clone();
+        let subject = names.task_api_namespaced("put", "demo");
+        async move { ask(&client, subject, spec(None, &id, json!({"every": "1h"}))).await }
+    };
+
+    // Tasks: five fit, the sixth is refused naming the limit, and twenty at once change nothing.
+    for i in 0..5 {
+        assert!(put(format!("t{i}")).await["revision"].is_u64());
+    }
+    let refused = put("t5".to_string()).await;
+    assert_eq!(
+        (&refused["error"]["code"], &refused["error"]["field"]),
+        (&json!("quota_exceeded"), &json!("quota.tasks")),
+        "{refused}"
+    );
+    let burst = futures::future::join_all((10..30).map(|i| put(format!("b{i}")))).await;
+    assert!(burst.iter().all(|r| r["error"]["code"] == "quota_exceeded"), "{burst:?}");
+    let listed = ask(&tenant.client, names.task_api_namespaced("list", "demo"), json!({})).await;
+    assert_eq!(listed["tasks"].as_array().map(Vec::len), Some(5), "{listed}");
+    // Changing a task it holds is no new task; after a delete there is room again.
+    assert!(put("t0".to_string()).await["revision"].is_u64(), "an update within the quota");
+    ask(&tenant.client, names.task_api_namespaced("delete", "demo"), json!({"id": "t4"})).await;
+    assert!(put("t5".to_string()).await["revision"].is_u64(), "room after a delete");
+    // Another namespace is not counted against demo.
+    let billing = server.connect("tenant-billing").await;
+    let other = ask(
+        &billing.client,
+        names.task_api_namespaced("put", "billing"),
+        spec(None, "payroll", json!({"every": "1h"})),
+    )
+    .await;
+    assert!(other["revision"].is_u64(), "{other}");
+
+    // Spec size.
+    let mut big = spec(None, "t0", json!({"every": "1h"}));
+    big["executor"]["payload"] = json!({"padding": "x".repeat(3000)});
+    let refused = ask(&tenant.client, names.task_api_namespaced("put", "demo"), big).await;
+    assert_eq!(refused["error"]["field"], "quota.spec_bytes", "{refused}");
+
+    // The team account's payload limit: an oversized submission is refused by the server,
+    // nothing is stored in the intake.
+    let operator = server.connect("operator").await;
+    let operator_js = jetstream::new(operator.client.clone());
+    let intake_before = operator_js
+        .get_stream(names.intake_stream())
+        .await
+        .expect("intake")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    // 100 KiB: within the server's limit (the client sends it), over the account's 64 KiB.
+    let sender = server.connect(TENANT).await;
+    let huge = vec![b'x'; 100 << 10];
+    sender.client.publish(names.submit_subject("demo", "huge"), huge.into()).await.expect("sent");
+    let _ = sender.client.flush().await;
+    sender.expect_error("maximum payload").await;
+    let intake_after = operator_js
+        .get_stream(names.intake_stream())
+        .await
+        .expect("intake")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    assert_eq!(intake_after, intake_before, "the oversized submission was stored");
+
+    // The team's own JetStream is bounded: consumers past its limit are refused.
+    let tenant_js = jetstream::new(tenant.client.clone());
+    let mut own = tenant_js
+        .create_stream(jetstream::stream::Config {
+            name: "OWN".into(),
+            subjects: vec!["own.>".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("the team creates a stream of its own");
+    let mut created = 0;
+    let mut refusal = None;
+    for i in 0..80 {
+        match own
+            .create_consumer(jetstream::consumer::pull::Config {
+                durable_name: Some(format!("c{i}")),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(_) => created += 1,
+            Err(error) => {
+                refusal = Some(error.to_string());
+                break;
+            }
+        }
+    }
+    assert_eq!(created, 64, "consumers created before the account's limit: {refusal:?}");
+    let _ = own.info().await.expect("own stream");
+
+    // A task's share of the dead-letter stream: the fourth dead letter of one demo task is
+    // refused by the server, billing's still fits.
+    let worker = server.connect("worker").await;
+    let worker_js = jetstream::new(worker.client.clone());
+    let mut stored = 0;
+    for i in 0..5 {
+        let ack = worker_js
+            .publish(
+                names.dlq_subject("default", "demo", "t0"),
+                dead_letter("demo", "t0", &format!("d{i}")).to_string().into(),
+            )
+            .await
+            .expect("publish")
+            .await;
+        stored += usize::from(ack.is_ok());
+    }
+    assert_eq!(stored, 3, "one task filled more than its share of the dead-letter stream");
+    worker_js
+        .publish(
+            names.dlq_subject("default", "billing", "payroll"),
+            dead_letter("billing", "payroll", "b").to_string().into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("billing's dead letter is stored while demo's task is full");
+
+    deployment.stop().await;
 }
