@@ -2,6 +2,7 @@
 //! measured beside raw JetStream doing the equivalent work in the same run. Prints a table
 //! and a JSON report.
 
+mod accounts;
 mod breakers;
 mod e2e;
 mod events;
@@ -37,6 +38,9 @@ struct Cli {
 enum Scenario {
     /// Registry `put` throughput and latency with concurrent clients, beside raw concurrent KV puts.
     Registry(registry::Args),
+    /// The API and a run's path from a team's account (service and stream imports) against the
+    /// same from the services' account, in alternating rounds.
+    Accounts(accounts::Args),
     /// Raw JetStream baselines: pipelined publish with message ids, pull + ack.
     Raw(raw::Args),
     /// N one-shot tasks due at the same second: time to dispatch all, lag, ratio to raw publishing
@@ -209,6 +213,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let report = match cli.scenario {
         Scenario::Registry(args) => registry::run(args).await?,
+        Scenario::Accounts(args) => accounts::run(args).await?,
         Scenario::Raw(args) => raw::run(args).await?,
         Scenario::Burst(args) => scheduler::burst(args).await?,
         Scenario::Steady(args) => scheduler::steady(args).await?,
