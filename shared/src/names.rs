@@ -7,6 +7,14 @@
 use crate::error::{ApiError, ErrorCode};
 use crate::priority::Priority;
 
+mod breaker_keys;
+mod reserved;
+
+#[cfg(test)]
+use breaker_keys::is_name_token;
+pub use breaker_keys::{BreakerKey, breaker_named_key, breaker_shared_key, breaker_task_key};
+pub use reserved::ReservedSpace;
+
 /// The default prefix.
 pub const DEFAULT_PREFIX: &str = "jetsched";
 
@@ -456,63 +464,6 @@ impl Names {
     }
 }
 
-/// A subject space no task's `nats` executor may send a request to (see
-/// [`Names::reserved_space`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReservedSpace {
-    /// A first token starting with `$`: the server's own subjects (`$JS`, `$KV`, `$O`, `$SYS`,
-    /// `$SRV`, `$JSC`, `$NRG`, `$MQTT`, ...). Their requests act with the requester's rights,
-    /// and the server sends the answer wherever the reply subject points.
-    Server,
-    /// A first token `_INBOX...` or `_R_`: reply subjects, which deliver into another
-    /// client's pending request.
-    Replies,
-    /// The prefix as first token (`jetsched.>`): dispatches, events, the API, control requests.
-    Jetsched,
-}
-
-impl ReservedSpace {
-    /// The space of `subject` among those every deployment reserves (the server's and the
-    /// replies'), judged by its first token; jetsched's own needs the prefix:
-    /// [`Names::reserved_space`].
-    pub fn of(subject: &str) -> Option<ReservedSpace> {
-        let first = subject.split('.').next().unwrap_or_default();
-        if first.starts_with('$') {
-            Some(ReservedSpace::Server)
-        } else if first.starts_with("_INBOX") || first == "_R_" {
-            Some(ReservedSpace::Replies)
-        } else {
-            None
-        }
-    }
-
-    /// Why the space is reserved, in words (`names` gives jetsched's prefix).
-    pub fn describe(self, names: Option<&Names>) -> String {
-        match self {
-            ReservedSpace::Server => "subjects whose first token starts with `$` belong to the NATS server \
-                 (JetStream, KV, object store, system and service APIs)"
-                .to_string(),
-            ReservedSpace::Replies => {
-                "reply subjects (`_INBOX...`, `_R_`) belong to other clients' requests".to_string()
-            }
-            ReservedSpace::Jetsched => format!(
-                "`{}.>` is jetsched's own subject space (dispatches, events, the API, control requests)",
-                names.map_or(DEFAULT_PREFIX, Names::prefix)
-            ),
-        }
-    }
-}
-
-impl Names {
-    /// The reserved space `subject` lies in, if any: the server's, the replies' or this
-    /// deployment's own (its first token is the prefix).
-    pub fn reserved_space(&self, subject: &str) -> Option<ReservedSpace> {
-        ReservedSpace::of(subject).or_else(|| {
-            (subject.split('.').next() == Some(self.prefix.as_str())).then_some(ReservedSpace::Jetsched)
-        })
-    }
-}
-
 /// `text` as one subject token and key part: characters outside `[-_=A-Za-z0-9]` become `_`.
 fn token(text: &str) -> String {
     text.chars().map(|c| if c.is_ascii_alphanumeric() || "-_=".contains(c) { c } else { '_' }).collect()
@@ -526,87 +477,6 @@ pub fn task_key(namespace: &str, task_id: &str) -> String {
 /// Splits a task key back into `(namespace, task_id)`.
 pub fn split_task_key(key: &str) -> Option<(&str, &str)> {
     key.split_once('.')
-}
-
-/// A task's own breaker (and auto-pause count) in the breakers bucket: `task.<namespace>.<id>`.
-pub fn breaker_task_key(namespace: &str, task_id: &str) -> String {
-    format!("task.{namespace}.{task_id}")
-}
-
-/// A namespace's named breaker in the breakers bucket: `key.<namespace>.<key>` (tasks of that
-/// namespace naming `key` share it; another namespace naming the same key has its own).
-pub fn breaker_named_key(namespace: &str, key: &str) -> String {
-    format!("key.{namespace}.{key}")
-}
-
-/// A named breaker shared by every namespace (a key the workers declare shared) in the
-/// breakers bucket: `key.=shared.<key>` ([`SHARED_BREAKER_SCOPE`]).
-pub fn breaker_shared_key(key: &str) -> String {
-    format!("key.{SHARED_BREAKER_SCOPE}.{key}")
-}
-
-/// What a breakers-bucket key names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerKey<'a> {
-    /// A task's own breaker: `(namespace, task_id)`.
-    Task(&'a str, &'a str),
-    /// A named breaker of one namespace: `(namespace, key)`.
-    Named(&'a str, &'a str),
-    /// A named breaker shared by every namespace: its key.
-    Shared(&'a str),
-}
-
-impl<'a> BreakerKey<'a> {
-    /// Parses a breakers-bucket key; `None` for anything else (including the earlier
-    /// un-namespaced `key.<key>`, which no worker reads any more).
-    pub fn parse(key: &'a str) -> Option<BreakerKey<'a>> {
-        if let Some(rest) = key.strip_prefix("task.") {
-            let (namespace, task_id) = rest.split_once('.')?;
-            return (!namespace.is_empty() && !task_id.is_empty() && !task_id.contains('.'))
-                .then_some(BreakerKey::Task(namespace, task_id));
-        }
-        let (scope, name) = key.strip_prefix("key.")?.split_once('.')?;
-        if !is_name_token(name) {
-            return None;
-        }
-        if scope == SHARED_BREAKER_SCOPE {
-            return Some(BreakerKey::Shared(name));
-        }
-        is_name_token(scope).then_some(BreakerKey::Named(scope, name))
-    }
-
-    /// The `(namespace, id)` its events are published under: the task's; the namespace and the
-    /// key for a namespace's named breaker; ([`SHARED_BREAKER_SCOPE`], key) for a shared one.
-    pub fn event_target(self) -> (&'a str, &'a str) {
-        match self {
-            BreakerKey::Task(namespace, task_id) => (namespace, task_id),
-            BreakerKey::Named(namespace, name) => (namespace, name),
-            BreakerKey::Shared(name) => (SHARED_BREAKER_SCOPE, name),
-        }
-    }
-
-    /// What a user calls it (and gives the CLI): `<namespace>/<id>` for a task's own breaker,
-    /// `<namespace>:<key>` for a namespace's named one, the bare key for a shared one.
-    pub fn name(self) -> String {
-        match self {
-            BreakerKey::Task(namespace, task_id) => format!("{namespace}/{task_id}"),
-            BreakerKey::Named(namespace, name) => format!("{namespace}:{name}"),
-            BreakerKey::Shared(name) => name.to_string(),
-        }
-    }
-
-    /// The key a named breaker was given in specs (`None` for a task's own).
-    pub fn spec_key(self) -> Option<&'a str> {
-        match self {
-            BreakerKey::Task(..) => None,
-            BreakerKey::Named(_, name) | BreakerKey::Shared(name) => Some(name),
-        }
-    }
-}
-
-/// `[A-Za-z0-9_-]+`: a namespace id or a breaker key as one key token.
-fn is_name_token(text: &str) -> bool {
-    !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// The de-duplication id of a pause request: `pause:<namespace>.<task_id>:<execution_id>` (the
