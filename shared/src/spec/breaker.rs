@@ -10,7 +10,7 @@ use crate::error::ErrorCode;
 use crate::field::{Obj, Problems, err, format_duration};
 use crate::names;
 
-/// A task's circuit breaker (README, "Circuit breakers"). Without `key` the breaker is the
+/// A task's circuit breaker (docs/breakers.md). Without `key` the breaker is the
 /// task's own; tasks of one namespace giving the same `key` share one breaker (tasks of every
 /// namespace do when the workers declare the key shared).
 #[derive(Debug, Clone, PartialEq)]

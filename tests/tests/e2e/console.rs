@@ -252,7 +252,7 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     );
     browser.screenshot(shots.as_ref(), "events").await;
 
-    // The other pages render for the README.
+    // The other pages render for docs/console.md.
     page.goto(&format!("{base}/runs")).await.unwrap();
     assert!(browser.text("main").await.contains("flaky-export"));
     browser.screenshot(shots.as_ref(), "runs").await;

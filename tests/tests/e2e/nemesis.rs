@@ -339,7 +339,7 @@ impl Setup {
             leader_kills: 0,
         };
         let report = chaos::check(&self.js, &self.topology, self.calls, observed).await;
-        // The README's results row: faults, fires expected / dispatched / skipped, re-runs, lost.
+        // The results row of docs/nemesis.md: faults, fires expected / dispatched / skipped, re-runs, lost.
         eprintln!(
             "nemesis results ({label}, namespace {NS}): expected {} / dispatched {} / skipped by policy {}, \
              runs retried {}, re-run {}, dead-lettered {}, lost 0",

@@ -8,7 +8,7 @@
 //! task, and a run's path: `trigger`, then the run's `run.succeeded` event on the live subject
 //! (the worker runs a no-op handler).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::HeaderMap;
 use futures::StreamExt;
@@ -18,6 +18,7 @@ use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::registry::drive;
 use crate::stats::Figures;
 
 const NAMESPACE: &str = "bench";
@@ -74,35 +75,6 @@ fn spec(id: &str, generation: usize) -> Value {
         "executor": {"kind": "handler", "name": "noop"},
         "labels": {"generation": generation.to_string()}
     })
-}
-
-/// `total` operations over `clients` loops; per-operation latencies and the elapsed time.
-async fn drive<F, Fut>(clients: usize, total: usize, op: F) -> anyhow::Result<(Vec<Duration>, Duration)>
-where
-    F: Fn(usize) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
-{
-    let started = Instant::now();
-    let mut handles = Vec::new();
-    for client in 0..clients {
-        let op = op.clone();
-        handles.push(tokio::spawn(async move {
-            let mut samples = Vec::new();
-            let mut i = client;
-            while i < total {
-                let t = Instant::now();
-                op(i).await?;
-                samples.push(t.elapsed());
-                i += clients;
-            }
-            anyhow::Ok(samples)
-        }));
-    }
-    let mut samples = Vec::with_capacity(total);
-    for handle in handles {
-        samples.extend(handle.await??);
-    }
-    Ok((samples, started.elapsed()))
 }
 
 async fn request(client: &async_nats::Client, subject: String, body: Vec<u8>) -> anyhow::Result<Value> {

@@ -49,7 +49,11 @@ fn spec(id: &str, generation: usize) -> Vec<u8> {
 }
 
 /// Runs `total` operations over `clients` concurrent loops; returns per-operation latencies.
-async fn drive<F, Fut>(clients: usize, total: usize, op: F) -> anyhow::Result<(Vec<Duration>, Duration)>
+pub(crate) async fn drive<F, Fut>(
+    clients: usize,
+    total: usize,
+    op: F,
+) -> anyhow::Result<(Vec<Duration>, Duration)>
 where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,

@@ -1,7 +1,7 @@
 //! The console's task page with many tasks: the real binary against a tasks bucket filled by
 //! direct KV puts of valid specs; the first page and filtered searches must render within
 //! 200 ms and the process stay under 100 MiB. 5,000 tasks by default (CI), as many as
-//! `JETSCHED_CONSOLE_TASKS` says otherwise (the README's figures: 100,000).
+//! `JETSCHED_CONSOLE_TASKS` says otherwise (the figures of docs/console.md: 100,000).
 
 use std::time::{Duration, Instant};
 
