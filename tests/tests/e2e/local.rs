@@ -1,6 +1,7 @@
 //! The README's run command, for real: `deploy/local.sh` starts NATS and every service with the
 //! demo specs, the demo tasks fire and succeed, the failing one reaches the dead-letter stream,
-//! and SIGINT (Ctrl-C) leaves no process behind.
+//! the README's quickstart runs against it line by line, and SIGINT (Ctrl-C) leaves no process
+//! behind.
 //!
 //! It uses the fixed local ports of `nats.conf` (4222, 8222) and the services' default admin
 //! ports (9101-9113), like a person running the script would.
@@ -60,7 +61,7 @@ async fn local_script_runs_the_demo_and_stops_cleanly_on_ctrl_c() {
         async_nats::connect("nats://127.0.0.1:4222").await.ok()
     })
     .await;
-    let js = jetstream::new(client);
+    let js = jetstream::new(client.clone());
     let names = Names::default();
 
     // The interval demo runs and succeeds.
@@ -83,6 +84,9 @@ async fn local_script_runs_the_demo_and_stops_cleanly_on_ctrl_c() {
             .is_ok()
     })
     .await;
+
+    // The README's quickstart, line by line, as a person in a second terminal would run it.
+    crate::docs::run_readme_quickstart(&bin_dir, &client).await;
 
     // `jetsched status` sees the whole system: a leader and every replica.
     let status = std::process::Command::new(bin_dir.join("jetsched"))
