@@ -118,7 +118,8 @@ struct EventsArgs {
     /// Keep printing new events.
     #[arg(long)]
     follow: bool,
-    /// Only events of this task (`namespace/id`).
+    /// Only events of this task (`namespace/id`): its last `--last` events, read through the
+    /// registry.
     #[arg(long)]
     task: Option<String>,
     /// Only events of this namespace, read the way a team confined to it may: its live
@@ -147,17 +148,13 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Resume { task } => control(&api, "resume", &task, "resumed", json_out).await,
         Command::Trigger { task, priority } => trigger(&api, &task, priority, json_out).await,
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
-        Command::Events(args) if args.namespace.is_some() => {
-            crate::tenant::events(
-                &api,
-                &client,
-                &names,
-                args.namespace.as_deref().unwrap_or_default(),
-                args.task.as_deref(),
-                args.last,
-                args.follow,
-            )
-            .await
+        // One namespace or one task: the registry reads the last events of just those.
+        Command::Events(EventsArgs { namespace: Some(namespace), task, last, follow }) => {
+            crate::tenant::events(&api, &client, &names, &namespace, task.as_deref(), last, follow).await
+        }
+        Command::Events(EventsArgs { namespace: None, task: Some(task), last, follow }) => {
+            let namespace = task_ref(&task).namespace;
+            crate::tenant::events(&api, &client, &names, &namespace, Some(&task), last, follow).await
         }
         Command::Events(args) => events(&client, &names, args).await,
         Command::Runs { task, last } => {
@@ -430,13 +427,7 @@ async fn events(client: &async_nats::Client, names: &Names, args: EventsArgs) ->
     let mut stream = js.get_stream(names.events_stream()).await.context("open the events stream")?;
     let info = stream.info().await.context("events stream info")?;
     let last = info.state.last_sequence;
-    let filter = match &args.task {
-        Some(task) => {
-            let task = task_ref(task);
-            names.event_subject("*.*", &task.namespace, &task.id)
-        }
-        None => names.events_wildcard(),
-    };
+    let filter = names.events_wildcard();
     let start = last.saturating_sub(args.last).max(1);
     if !args.follow && info.state.messages == 0 {
         return Ok(());

@@ -376,7 +376,30 @@ pub(crate) async fn status(
     } else {
         print_status(&report, read_at);
     }
-    Ok(())
+    match report.unhealthy().as_slice() {
+        [] => Ok(()),
+        problems => Err(Failure::Reported(format!("unhealthy: {}", problems.join("; ")))),
+    }
+}
+
+impl Status {
+    /// What keeps the system from firing and recording runs: no leader, no registry, a stream
+    /// missing. (No worker is not among them: a queue may be scaled to zero on purpose.)
+    fn unhealthy(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.leader.is_none() {
+            problems.push("no scheduler holds the lease".to_string());
+        }
+        if self.replicas.get("registry").is_none_or(Vec::is_empty) {
+            problems.push("no registry answers".to_string());
+        }
+        for stream in &self.streams {
+            if let StreamView::Missing { stream, .. } = stream {
+                problems.push(format!("stream {stream} is missing"));
+            }
+        }
+        problems
+    }
 }
 
 fn print_status(report: &Status, now: DateTime<Utc>) {

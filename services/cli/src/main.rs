@@ -1,6 +1,6 @@
 //! `jetsched`: submit, inspect and control tasks over NATS (the registry's API and the event
-//! stream). Exit codes: 0 success, 1 the API answered with an error, 2 usage or connection
-//! problems.
+//! stream). Exit codes: 0 success, 1 the API answered with an error (or `status` found no
+//! leader, no registry or a stream missing), 2 usage or connection problems.
 
 mod api;
 mod breakers;

@@ -3,9 +3,11 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use anyhow::Context;
 use jetsched_shared::admin::AdminServer;
+use jetsched_shared::backoff::Backoff;
 use jetsched_shared::service::{Base, Role};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
@@ -48,14 +50,12 @@ pub async fn build(config: Config) -> anyhow::Result<Console> {
     };
     let base = Base::start(role, &config.common, &config.nats, prometheus::Registry::new()).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
-    let tasks = js.get_key_value(names.tasks_bucket()).await.with_context(|| {
-        format!("open the tasks bucket {} (is the registry started?)", names.tasks_bucket())
-    })?;
-    let runs = js
-        .get_key_value(names.runs_bucket())
-        .await
-        .with_context(|| format!("open the runs bucket {}", names.runs_bucket()))?;
-    // The console ensures no topology: it only reads what the services created.
+    // The console ensures no topology: it reads what the registry creates, and waits for it
+    // (up to --topology-wait) when started first, saying so, as the other services wait for
+    // JetStream.
+    let deadline = tokio::time::Instant::now() + config.topology.topology_wait;
+    let tasks = open_bucket(&js, &names.tasks_bucket(), deadline).await?;
+    let runs = open_bucket(&js, &names.runs_bucket(), deadline).await?;
     readiness.set("topology", true);
     let index = Arc::new(RwLock::new(TaskIndex::default()));
     let feed = IndexFeed::open(&tasks, index.clone()).await?;
@@ -123,4 +123,26 @@ impl Console {
         client.drain().await.context("drain the NATS connection")?;
         result
     }
+}
+
+/// Opens a bucket the registry creates, retrying with backoff until `deadline` while it does
+/// not exist yet (or JetStream does not answer).
+async fn open_bucket(
+    js: &async_nats::jetstream::Context,
+    bucket: &str,
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<async_nats::jetstream::kv::Store> {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(2))
+        .retry_until(
+            deadline,
+            |_| js.get_key_value(bucket),
+            |error, attempt, delay| {
+                tracing::info!(bucket, attempt, ?delay, %error, "waiting for the registry to create the topology");
+                true
+            },
+        )
+        .await
+        .map_err(|gave_up| {
+            anyhow::anyhow!("open the bucket {bucket} (is the registry started? --topology-wait): {gave_up}")
+        })
 }

@@ -7,6 +7,7 @@ mod bench;
 mod breakers;
 mod chaos;
 mod cli;
+
 mod clock_guard;
 mod config;
 mod console;
@@ -22,6 +23,7 @@ mod intake_recovery;
 mod invariants;
 mod local;
 mod nemesis;
+mod operator_truth;
 mod priorities;
 mod registry;
 mod scheduler;
