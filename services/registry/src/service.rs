@@ -218,8 +218,8 @@ enum Event {
     Ended,
 }
 
-/// The next request, taken only once a permit to handle it is: the loop holds at most
-/// `--concurrency` requests.
+/// The next request, taken only once a permit to handle it is: at most `--concurrency`
+/// requests are in flight.
 async fn next_request(permits: &Arc<Semaphore>, requests: &mut Requests) -> Event {
     let permit = permits.clone().acquire_owned().await.expect("semaphore never closed");
     match requests.next().await {
