@@ -41,7 +41,10 @@ use jetsched_shared::wire::{
     EventKind,
 };
 
-/// The breaker endpoints, in registration order.
+use crate::codec::{Detail, Empty, decode, encode};
+use crate::failure::Failure;
+
+/// The breaker endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerEndpoint {
     List,
@@ -49,38 +52,11 @@ pub enum BreakerEndpoint {
     Reset,
 }
 
-impl BreakerEndpoint {
-    pub(crate) const ALL: [BreakerEndpoint; 3] =
-        [BreakerEndpoint::List, BreakerEndpoint::Get, BreakerEndpoint::Reset];
-
-    /// The last subject token (`jetsched.api.breaker.<name>`).
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            BreakerEndpoint::List => "list",
-            BreakerEndpoint::Get => "get",
-            BreakerEndpoint::Reset => "reset",
-        }
-    }
-
-    /// The micro-service endpoint name and metrics label.
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            BreakerEndpoint::List => "breaker-list",
-            BreakerEndpoint::Get => "breaker-get",
-            BreakerEndpoint::Reset => "breaker-reset",
-        }
-    }
-}
-
 /// How long reading a whole bucket may take before the request fails `unavailable`.
 const SCAN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How many times a reset retries a lost compare-and-set race with a worker's merge.
 const RESET_ATTEMPTS: usize = 16;
-
-fn unavailable(what: &str, error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(ErrorCode::Unavailable, format!("{what}: {error}"))
-}
 
 /// What a request addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,33 +193,22 @@ impl BreakerApi {
     }
 
     /// Handles one request; returns the reply body.
-    pub async fn handle(&self, endpoint: BreakerEndpoint, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
-        let payload: &[u8] = if payload.iter().all(u8::is_ascii_whitespace) { b"{}" } else { payload };
-        let request: BreakerRef = serde_json::from_slice(payload).map_err(|e| {
-            let code = if e.is_syntax() || e.is_eof() {
-                ErrorCode::InvalidJson
-            } else if e.to_string().starts_with("unknown field") {
-                ErrorCode::UnknownField
-            } else {
-                ErrorCode::BadRequest
-            };
-            ApiError::new(code, format!("invalid request: {e}"))
-        })?;
-        let reply = match endpoint {
+    pub(crate) async fn handle(&self, endpoint: BreakerEndpoint, payload: &[u8]) -> Result<Vec<u8>, Failure> {
+        let request: BreakerRef = decode(payload, Empty::Object, Detail::UnknownField)?;
+        match endpoint {
             BreakerEndpoint::List => {
                 if request != BreakerRef::default() {
-                    return Err(ApiError::new(ErrorCode::BadRequest, "list takes no fields"));
+                    return Err(ApiError::new(ErrorCode::BadRequest, "list takes no fields").into());
                 }
-                serde_json::to_vec(&self.list().await?)
+                encode(&self.list().await?)
             }
-            BreakerEndpoint::Get => serde_json::to_vec(&self.get(&resolve(&request)?).await?),
-            BreakerEndpoint::Reset => serde_json::to_vec(&self.reset(&resolve(&request)?).await?),
-        };
-        reply.map_err(|e| ApiError::new(ErrorCode::Internal, format!("encode reply: {e}")))
+            BreakerEndpoint::Get => encode(&self.get(&resolve(&request)?).await?),
+            BreakerEndpoint::Reset => encode(&self.reset(&resolve(&request)?).await?),
+        }
     }
 
     /// Every breaker: the bucket's records and those the specs name without a record yet.
-    pub async fn list(&self) -> Result<BreakerListReply, ApiError> {
+    pub async fn list(&self) -> Result<BreakerListReply, Failure> {
         let (records, users) = tokio::try_join!(latest(&self.js, &self.breakers), self.users())?;
         let mut users = attribute(users, |key| records.contains_key(key));
         let mut breakers = Vec::new();
@@ -259,12 +224,12 @@ impl BreakerApi {
     }
 
     /// One breaker; `not_found` when it has no record and no task uses it.
-    pub async fn get(&self, address: &Address) -> Result<BreakerInfo, ApiError> {
-        pick(self.list().await?.breakers, address)
+    pub async fn get(&self, address: &Address) -> Result<BreakerInfo, Failure> {
+        Ok(pick(self.list().await?.breakers, address)?)
     }
 
     /// Closes a breaker and clears its counts with compare-and-set.
-    pub async fn reset(&self, address: &Address) -> Result<BreakerResetReply, ApiError> {
+    pub async fn reset(&self, address: &Address) -> Result<BreakerResetReply, Failure> {
         let key = match address {
             Address::Key(key) => key.clone(),
             Address::Bare(_) => self.get(address).await?.key,
@@ -289,7 +254,7 @@ impl BreakerApi {
             match self.breakers.update(key, body.into(), revision).await {
                 Ok(_) => {}
                 Err(e) if is_revision_mismatch(&e) => continue,
-                Err(e) => return Err(unavailable("write breakers bucket", e)),
+                Err(e) => return Err(Failure::unavailable("write breakers bucket", e)),
             }
             if previous.state != BreakerState::Closed {
                 let (runs, failures) = previous.window_counts(Utc::now());
@@ -312,18 +277,20 @@ impl BreakerApi {
         Err(ApiError::new(
             ErrorCode::Unavailable,
             format!("breaker {key} is being changed concurrently; retry"),
-        ))
+        )
+        .into())
     }
 
-    async fn entry(&self, key: &str) -> Result<Option<(u64, bytes::Bytes)>, ApiError> {
-        let entry = self.breakers.entry(key).await.map_err(|e| unavailable("read breakers bucket", e))?;
+    async fn entry(&self, key: &str) -> Result<Option<(u64, bytes::Bytes)>, Failure> {
+        let entry =
+            self.breakers.entry(key).await.map_err(|e| Failure::unavailable("read breakers bucket", e))?;
         Ok(entry.filter(|e| e.operation == kv::Operation::Put).map(|e| (e.revision, e.value)))
     }
 
     /// Bucket key → `<namespace>/<id>` of the tasks using it (sorted): a task's breaker (a
     /// named one in the task's namespace: see [`attribute`] for shared keys), and its own key
     /// when it counts consecutive failures.
-    async fn users(&self) -> Result<BTreeMap<String, Vec<String>>, ApiError> {
+    async fn users(&self) -> Result<BTreeMap<String, Vec<String>>, Failure> {
         let mut users: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (_, (_, value)) in latest(&self.js, &self.tasks).await? {
             let Ok(spec) = TaskSpec::parse(&value) else { continue };
@@ -351,18 +318,20 @@ impl BreakerApi {
 async fn latest(
     js: &jetstream::Context,
     store: &kv::Store,
-) -> Result<BTreeMap<String, (u64, bytes::Bytes)>, ApiError> {
+) -> Result<BTreeMap<String, (u64, bytes::Bytes)>, Failure> {
     let mut out = BTreeMap::new();
     // An empty bucket delivers nothing to a watch: learn first whether there is anything to
     // wait for (a store's own status is the one cached when it was opened).
-    let stream = js.get_stream(&store.stream_name).await.map_err(|e| unavailable("read bucket status", e))?;
+    let stream =
+        js.get_stream(&store.stream_name).await.map_err(|e| Failure::unavailable("read bucket status", e))?;
     if stream.cached_info().state.messages == 0 {
         return Ok(out);
     }
-    let mut watch = store.watch_with_history(">").await.map_err(|e| unavailable("watch bucket", e))?;
+    let mut watch =
+        store.watch_with_history(">").await.map_err(|e| Failure::unavailable("watch bucket", e))?;
     let reading = async {
         while let Some(entry) = watch.next().await {
-            let entry = entry.map_err(|e| unavailable("read bucket", e))?;
+            let entry = entry.map_err(|e| Failure::unavailable("read bucket", e))?;
             if entry.operation == kv::Operation::Put {
                 out.insert(entry.key.clone(), (entry.revision, entry.value));
             } else {
@@ -372,11 +341,11 @@ async fn latest(
                 break;
             }
         }
-        Ok::<_, ApiError>(())
+        Ok::<_, Failure>(())
     };
-    tokio::time::timeout(SCAN_TIMEOUT, reading)
-        .await
-        .map_err(|_| ApiError::new(ErrorCode::Unavailable, "reading the bucket took too long"))??;
+    tokio::time::timeout(SCAN_TIMEOUT, reading).await.map_err(|_| {
+        Failure::from(ApiError::new(ErrorCode::Unavailable, "reading the bucket took too long"))
+    })??;
     Ok(out)
 }
 

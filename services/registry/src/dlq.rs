@@ -26,7 +26,9 @@ use jetsched_shared::wire::{DeadLetter, DlqRequest};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::scope::{check_namespace, mismatch};
+use crate::codec::{self, Detail, Empty, encode, priority_field, within};
+use crate::failure::Failure;
+use crate::scope::{check_namespace, same_namespace};
 
 /// A dead letter as stored: its sequence, the subject it was stored on (which names its queue,
 /// namespace and task) and its body.
@@ -42,38 +44,13 @@ impl From<jetstream::message::StreamMessage> for Stored {
     }
 }
 
-/// The dead-letter endpoints, in registration order.
+/// The dead-letter endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DlqEndpoint {
     List,
     Get,
     Replay,
     Purge,
-}
-
-impl DlqEndpoint {
-    pub(crate) const ALL: [DlqEndpoint; 4] =
-        [DlqEndpoint::List, DlqEndpoint::Get, DlqEndpoint::Replay, DlqEndpoint::Purge];
-
-    /// The last subject token (`jetsched.api.dlq.<name>`).
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            DlqEndpoint::List => "list",
-            DlqEndpoint::Get => "get",
-            DlqEndpoint::Replay => "replay",
-            DlqEndpoint::Purge => "purge",
-        }
-    }
-
-    /// The micro-service endpoint name and metrics label (distinct from the task endpoints).
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            DlqEndpoint::List => "dlq-list",
-            DlqEndpoint::Get => "dlq-get",
-            DlqEndpoint::Replay => "dlq-replay",
-            DlqEndpoint::Purge => "dlq-purge",
-        }
-    }
 }
 
 const DEFAULT_LIMIT: usize = 100;
@@ -112,21 +89,20 @@ impl DlqApi {
         DlqApi { js, names }
     }
 
-    /// Handles one request and returns the reply body; confined to `scope` when it came on a namespaced subject
-    /// (`<prefix>.api.dlq.<endpoint>.<namespace>`): the filter is that namespace, a body naming
-    /// another is refused, and an entry addressed by sequence must belong to it.
-    pub(crate) async fn handle_in(
+    /// Handles one request and returns the reply body; confined to `scope` when it came on a
+    /// namespaced subject (`<prefix>.api.dlq.<endpoint>.<namespace>`): the filter is that
+    /// namespace, a body naming another is refused, and an entry addressed by sequence must
+    /// belong to it.
+    pub(crate) async fn handle(
         &self,
         endpoint: DlqEndpoint,
         scope: Option<&str>,
         payload: &[u8],
-    ) -> Result<Vec<u8>, ApiError> {
+    ) -> Result<Vec<u8>, Failure> {
         let mut request = decode(payload)?;
         if let Some(scope) = scope {
             check_namespace(scope)?;
-            if let Some(named) = request.namespace.as_deref().filter(|named| *named != scope) {
-                return Err(mismatch("namespace", named, scope));
-            }
+            same_namespace(request.namespace.as_deref(), scope)?;
             request.namespace = Some(scope.to_string());
         }
         for (field, value) in
@@ -137,13 +113,7 @@ impl DlqApi {
             }
         }
         let limit = request.limit.unwrap_or(DEFAULT_LIMIT);
-        if limit == 0 || limit > MAX_LIMIT {
-            return Err(ApiError::at(
-                ErrorCode::BadRequest,
-                "limit",
-                format!("limit must be within 1..={MAX_LIMIT}"),
-            ));
-        }
+        within("limit", limit as u64, MAX_LIMIT as u64)?;
         let reply = match endpoint {
             DlqEndpoint::List => {
                 let (entries, next) = self.scan(&request, request.cursor.unwrap_or(1), limit).await?;
@@ -160,23 +130,22 @@ impl DlqApi {
             DlqEndpoint::Get => {
                 let sequence = required_sequence(&request)?;
                 let stored = self.entry_in(sequence, scope).await?;
-                serde_json::to_value(Listed { sequence, entry: json_or_text(&stored.payload) })
-                    .map_err(internal)?
+                serde_json::json!({ "sequence": sequence, "entry": json_or_text(&stored.payload) })
             }
             DlqEndpoint::Replay => {
-                let priority = crate::api::priority_field(request.priority.as_deref())?;
+                let priority = priority_field(request.priority.as_deref())?;
                 self.replay(&request, priority, scope, limit).await?
             }
             DlqEndpoint::Purge => self.purge(&request, scope).await?,
         };
-        serde_json::to_vec(&reply).map_err(internal)
+        encode(&reply)
     }
 
     fn stream_name(&self) -> String {
         self.names.dlq_stream()
     }
 
-    async fn stream(&self) -> Result<jetstream::stream::Stream, ApiError> {
+    async fn stream(&self) -> Result<jetstream::stream::Stream, Failure> {
         self.js.get_stream(self.stream_name()).await.map_err(unavailable)
     }
 
@@ -192,7 +161,7 @@ impl DlqApi {
         request: &DlqRequest,
         from: u64,
         limit: usize,
-    ) -> Result<(Vec<Stored>, Option<u64>), ApiError> {
+    ) -> Result<(Vec<Stored>, Option<u64>), Failure> {
         let stream = self.stream().await?;
         let filter = self.filter(request);
         let mut out = Vec::new();
@@ -211,12 +180,13 @@ impl DlqApi {
         Ok((out, Some(next)))
     }
 
-    async fn entry(&self, sequence: u64) -> Result<Stored, ApiError> {
+    async fn entry(&self, sequence: u64) -> Result<Stored, Failure> {
         let stream = self.stream().await?;
         match stream.get_raw_message(sequence).await {
             Ok(message) => Ok(Stored::from(message)),
             Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => {
-                Err(ApiError::new(ErrorCode::NotFound, format!("no dead letter at sequence {sequence}")))
+                Err(ApiError::new(ErrorCode::NotFound, format!("no dead letter at sequence {sequence}"))
+                    .into())
             }
             Err(error) => Err(unavailable(error)),
         }
@@ -224,7 +194,7 @@ impl DlqApi {
 
     /// The entry at `sequence`, refused when `scope` is set and the entry (its subject) is of
     /// another namespace.
-    async fn entry_in(&self, sequence: u64, scope: Option<&str>) -> Result<Stored, ApiError> {
+    async fn entry_in(&self, sequence: u64, scope: Option<&str>) -> Result<Stored, Failure> {
         let stored = self.entry(sequence).await?;
         let Some(scope) = scope else { return Ok(stored) };
         match self.names.parse_dlq_subject(&stored.subject) {
@@ -233,7 +203,8 @@ impl DlqApi {
                 ErrorCode::NamespaceMismatch,
                 "sequence",
                 format!("dead letter {sequence} is not in namespace {scope:?}"),
-            )),
+            )
+            .into()),
         }
     }
 
@@ -243,7 +214,7 @@ impl DlqApi {
         priority: Option<Priority>,
         scope: Option<&str>,
         limit: usize,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Value, Failure> {
         let entries = match request.sequence {
             Some(sequence) => vec![self.entry_in(sequence, scope).await?],
             None if request.has_filter() => self.scan(request, 1, limit).await?.0,
@@ -251,17 +222,12 @@ impl DlqApi {
                 return Err(ApiError::new(
                     ErrorCode::BadRequest,
                     "give a sequence, or a filter (queue, namespace, task_id) for a bulk replay",
-                ));
+                )
+                .into());
             }
         };
         let rate = request.rate.unwrap_or(DEFAULT_RATE);
-        if rate == 0 || rate > MAX_RATE {
-            return Err(ApiError::at(
-                ErrorCode::BadRequest,
-                "rate",
-                format!("rate must be within 1..={MAX_RATE}"),
-            ));
-        }
+        within("rate", rate.into(), MAX_RATE.into())?;
         let mut pace = tokio::time::interval(Duration::from_secs(1) / rate);
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stream = self.stream().await?;
@@ -273,7 +239,10 @@ impl DlqApi {
             match self.replay_one(&stream, &stored, priority).await {
                 Ok(done) => replayed.push(done),
                 Err(error) if request.sequence.is_some() => return Err(error),
-                Err(error) => failed.push(NotReplayed { sequence, error: error.message }),
+                Err(error) => {
+                    let error = error.wire().first().message.clone();
+                    failed.push(NotReplayed { sequence, error });
+                }
             }
         }
         Ok(serde_json::json!({ "replayed": replayed, "failed": failed }))
@@ -289,10 +258,10 @@ impl DlqApi {
         stream: &jetstream::stream::Stream,
         stored: &Stored,
         priority: Option<Priority>,
-    ) -> Result<Replayed, ApiError> {
+    ) -> Result<Replayed, Failure> {
         let sequence = stored.sequence;
         let entry: DeadLetter = serde_json::from_slice(&stored.payload).map_err(|e| {
-            ApiError::new(ErrorCode::BadRequest, format!("dead letter {sequence} cannot be replayed: {e}"))
+            Failure::caused(ErrorCode::BadRequest, format!("dead letter {sequence} cannot be replayed"), e)
         })?;
         let Some((queue, namespace, task_id)) = self.names.parse_dlq_subject(&stored.subject) else {
             return Err(ApiError::new(
@@ -301,7 +270,8 @@ impl DlqApi {
                     "dead letter {sequence} is stored on {:?}, not a dead-letter subject",
                     stored.subject
                 ),
-            ));
+            )
+            .into());
         };
         let Some(spec) = entry.spec else {
             return Err(ApiError::new(
@@ -309,7 +279,8 @@ impl DlqApi {
                 format!(
                     "dead letter {sequence} has no spec snapshot (undecodable dispatch): purge it instead"
                 ),
-            ));
+            )
+            .into());
         };
         let disagreements: Vec<String> = [
             ("namespace", entry.namespace.as_str(), namespace),
@@ -330,7 +301,8 @@ impl DlqApi {
                     "dead letter {sequence} cannot be replayed: its body disagrees with its subject: {}",
                     disagreements.join(", ")
                 ),
-            ));
+            )
+            .into());
         }
         // Keyed by the dead letter: a retried replay request (entry not yet deleted) is absorbed.
         let target = Target {
@@ -346,13 +318,13 @@ impl DlqApi {
         let parent = crate::spans::dispatch_parent();
         let DispatchMessage { subject, execution_id, message, .. } =
             dispatch::build_traced(&self.names, target, origin, SpecBody::Spec(&spec), parent.as_ref())
-                .map_err(internal)?;
+                .map_err(|e| Failure::internal("encode dispatch", e))?;
         self.js.send_publish(subject, message).await.map_err(unavailable)?.await.map_err(unavailable)?;
         stream.delete_message(sequence).await.map_err(unavailable)?;
         Ok(Replayed { sequence, original_execution_id: entry.execution_id, execution_id })
     }
 
-    async fn purge(&self, request: &DlqRequest, scope: Option<&str>) -> Result<Value, ApiError> {
+    async fn purge(&self, request: &DlqRequest, scope: Option<&str>) -> Result<Value, Failure> {
         let stream = self.stream().await?;
         let purged = match request.sequence {
             Some(sequence) => {
@@ -360,7 +332,7 @@ impl DlqApi {
                     self.entry_in(sequence, scope).await?;
                 }
                 let deleted = stream.delete_message(sequence).await.map_err(|e| {
-                    ApiError::new(ErrorCode::NotFound, format!("no dead letter at sequence {sequence}: {e}"))
+                    Failure::caused(ErrorCode::NotFound, format!("no dead letter at sequence {sequence}"), e)
                 })?;
                 u64::from(deleted)
             }
@@ -372,7 +344,8 @@ impl DlqApi {
                 return Err(ApiError::new(
                     ErrorCode::BadRequest,
                     "give a sequence, a filter (queue, namespace, task_id) or \"all\": true",
-                ));
+                )
+                .into());
             }
         };
         Ok(serde_json::json!({ "purged": purged }))
@@ -385,14 +358,8 @@ fn required_sequence(request: &DlqRequest) -> Result<u64, ApiError> {
         .ok_or_else(|| ApiError::at(ErrorCode::MissingField, "sequence", "give the entry's sequence"))
 }
 
-fn decode(payload: &[u8]) -> Result<DlqRequest, ApiError> {
-    if payload.iter().all(u8::is_ascii_whitespace) {
-        return Ok(DlqRequest::default());
-    }
-    serde_json::from_slice(payload).map_err(|e| {
-        let code = if e.is_syntax() || e.is_eof() { ErrorCode::InvalidJson } else { ErrorCode::BadRequest };
-        ApiError::new(code, format!("invalid request: {e}"))
-    })
+fn decode(payload: &[u8]) -> Result<DlqRequest, Failure> {
+    codec::decode(payload, Empty::Object, Detail::Syntax)
 }
 
 fn json_or_text(payload: &[u8]) -> Value {
@@ -400,12 +367,8 @@ fn json_or_text(payload: &[u8]) -> Value {
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(payload).into_owned()))
 }
 
-fn internal(error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(ErrorCode::Internal, error.to_string())
-}
-
-fn unavailable(error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(ErrorCode::Unavailable, format!("dead-letter stream: {error}"))
+fn unavailable(error: impl Into<crate::failure::Cause>) -> Failure {
+    Failure::unavailable("dead-letter stream", error)
 }
 
 #[cfg(test)]
@@ -416,9 +379,9 @@ mod tests {
     fn requests_decode_strictly_and_filters_use_wildcards() {
         assert!(decode(b"").unwrap().sequence.is_none());
         assert_eq!(decode(br#"{"sequence": 4}"#).unwrap().sequence, Some(4));
-        assert_eq!(decode(br#"{"sequence": "x"}"#).unwrap_err().code, ErrorCode::BadRequest);
-        assert_eq!(decode(br#"{"bogus": 1}"#).unwrap_err().code, ErrorCode::BadRequest);
-        assert_eq!(decode(b"{").unwrap_err().code, ErrorCode::InvalidJson);
+        assert_eq!(decode(br#"{"sequence": "x"}"#).unwrap_err().code(), ErrorCode::BadRequest);
+        assert_eq!(decode(br#"{"bogus": 1}"#).unwrap_err().code(), ErrorCode::BadRequest);
+        assert_eq!(decode(b"{").unwrap_err().code(), ErrorCode::InvalidJson);
         let api_names = Names::default();
         let request = decode(br#"{"namespace": "billing"}"#).unwrap();
         let any = |v: &Option<String>| v.clone().unwrap_or_else(|| "*".to_string());
@@ -427,12 +390,5 @@ mod tests {
             api_names.dlq_subject("*", "billing", "*")
         );
         assert!(request.has_filter());
-    }
-
-    #[test]
-    fn endpoint_labels_differ_from_the_task_endpoints() {
-        for endpoint in DlqEndpoint::ALL {
-            assert!(endpoint.label().starts_with("dlq-") && endpoint.label().ends_with(endpoint.name()));
-        }
     }
 }

@@ -13,13 +13,14 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy};
 use futures::StreamExt;
-use jetsched_shared::error::{ApiError, ErrorCode};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::validate_id;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::scope::{check_namespace, mismatch};
+use crate::codec::{Detail, Empty, decode, encode, within};
+use crate::failure::{Cause, Failure};
+use crate::scope::{check_namespace, same_namespace};
 
 /// Most events one request returns.
 const MAX_LAST: u64 = 1000;
@@ -56,28 +57,12 @@ impl EventHistory {
     }
 
     /// Answers `events.history` for `namespace`.
-    pub(crate) async fn handle(&self, namespace: &str, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
+    pub(crate) async fn handle(&self, namespace: &str, payload: &[u8]) -> Result<Vec<u8>, Failure> {
         check_namespace(namespace)?;
-        let request: HistoryRequest = if payload.iter().all(u8::is_ascii_whitespace) {
-            HistoryRequest { namespace: None, task_id: None, last: None }
-        } else {
-            serde_json::from_slice(payload).map_err(|e| {
-                let code =
-                    if e.is_syntax() || e.is_eof() { ErrorCode::InvalidJson } else { ErrorCode::BadRequest };
-                ApiError::new(code, format!("invalid request: {e}"))
-            })?
-        };
-        if let Some(named) = request.namespace.as_deref().filter(|named| *named != namespace) {
-            return Err(mismatch("namespace", named, namespace));
-        }
+        let request: HistoryRequest = decode(payload, Empty::Object, Detail::Syntax)?;
+        same_namespace(request.namespace.as_deref(), namespace)?;
         let last = request.last.unwrap_or(DEFAULT_LAST);
-        if !(1..=MAX_LAST).contains(&last) {
-            return Err(ApiError::at(
-                ErrorCode::BadRequest,
-                "last",
-                format!("last must be within 1..={MAX_LAST}"),
-            ));
-        }
+        within("last", last, MAX_LAST)?;
         let filter = match request.task_id.as_deref() {
             Some(task) => {
                 validate_id("task_id", task)?;
@@ -85,20 +70,16 @@ impl EventHistory {
             }
             None => self.names.namespace_events_filter(namespace),
         };
-        let events = self
-            .recent(filter, last)
-            .await
-            .map_err(|e| ApiError::new(ErrorCode::Unavailable, format!("read the events stream: {e:#}")))?;
-        let reply = serde_json::json!({ "events": events });
-        Ok(serde_json::to_vec(&reply).expect("a JSON value serializes"))
+        let events = self.recent(filter, last).await?;
+        encode(&serde_json::json!({ "events": events }))
     }
 
     /// The last `last` events matching `filter`, oldest first: windows read back from the end
     /// of the stream, each larger than the one before, so a busy stream is not read whole for
     /// a few events and a quiet namespace's old events are still found.
-    async fn recent(&self, filter: String, last: u64) -> anyhow::Result<Vec<Value>> {
-        let mut stream = self.js.get_stream(self.names.events_stream()).await?;
-        let state = stream.info().await?.state.clone();
+    async fn recent(&self, filter: String, last: u64) -> Result<Vec<Value>, Failure> {
+        let mut stream = self.js.get_stream(self.names.events_stream()).await.map_err(unavailable)?;
+        let state = stream.info().await.map_err(unavailable)?.state.clone();
         if state.messages == 0 {
             return Ok(Vec::new());
         }
@@ -123,26 +104,29 @@ impl EventHistory {
         start: u64,
         end: u64,
         last: u64,
-    ) -> anyhow::Result<VecDeque<Value>> {
+    ) -> Result<VecDeque<Value>, Failure> {
         let consumer = stream
             .create_consumer(jetstream::consumer::pull::OrderedConfig {
                 filter_subject: filter.to_string(),
                 deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: start },
                 ..Default::default()
             })
-            .await?;
+            .await
+            .map_err(unavailable)?;
         let mut pending = consumer.cached_info().num_pending;
         let mut out = VecDeque::new();
         if pending == 0 {
             return Ok(out);
         }
-        let mut messages = consumer.messages().await?;
+        let mut messages = consumer.messages().await.map_err(unavailable)?;
         while pending > 0 {
             let Ok(Some(message)) = tokio::time::timeout(READ_TIMEOUT, messages.next()).await else {
-                anyhow::bail!("the events stream stopped delivering");
+                return Err(unavailable("the events stream stopped delivering"));
             };
-            let message = message?;
-            let info = message.info().map_err(|e| anyhow::anyhow!("event metadata: {e}"))?;
+            let message = message.map_err(unavailable)?;
+            let info = message
+                .info()
+                .map_err(|e| Failure::unavailable("read the events stream: event metadata", e))?;
             if info.stream_sequence > end {
                 break;
             }
@@ -156,4 +140,9 @@ impl EventHistory {
         }
         Ok(out)
     }
+}
+
+/// The events stream could not be read (`unavailable`).
+fn unavailable(error: impl Into<Cause>) -> Failure {
+    Failure::unavailable("read the events stream", error)
 }

@@ -10,7 +10,8 @@ use jetsched_shared::spec::{TaskSpec, validate_id};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::api::{Limits, check_size, precondition};
+use crate::codec::{Limits, check_size, precondition};
+use crate::failure::Failure;
 use crate::metrics::Metrics;
 use crate::pull::{self, Verdict};
 use crate::spans;
@@ -97,7 +98,7 @@ async fn apply(
     check_size(&message.payload, limits).map_err(reject_one)?;
     let precondition = precondition(message.headers.as_ref()).map_err(reject_one)?;
     let mut value: serde_json::Value = serde_json::from_slice(&message.payload)
-        .map_err(|e| reject_one(ApiError::new(ErrorCode::InvalidJson, format!("spec is not JSON: {e}"))))?;
+        .map_err(|e| reject(Failure::caused(ErrorCode::InvalidJson, "spec is not JSON", e).wire()))?;
     // The subject names the task; the body may leave out its id and namespace.
     if let Some(object) = value.as_object_mut() {
         object.entry("id").or_insert_with(|| id.into());
@@ -112,6 +113,6 @@ async fn apply(
         )));
     }
     let spec = spec.admit(chrono::Utc::now()).map_err(reject_one)?;
-    store.put(spec, precondition).await.map_err(reject_one)?;
+    store.put(spec, precondition).await.map_err(|failure| reject(failure.wire()))?;
     Ok(())
 }

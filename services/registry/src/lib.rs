@@ -2,11 +2,19 @@
 //! dead-letter and breaker APIs), the durable intake consumer (`jetsched.submit.<namespace>.<id>`)
 //! and the durable consumer of workers' pause requests, all writing the tasks bucket through
 //! [`tasks::TaskStore`].
+//!
+//! A request goes from `endpoints` (the table of every endpoint, and the router) through the
+//! [`codec`] (decoded and validated at the edge) to its API (`api` for tasks, [`dlq`],
+//! [`breakers`], `runs`, `history`) and on to the store; a failure stays a typed
+//! [`failure::Failure`] until `endpoints` answers it with the error reply.
 
-pub mod api;
+mod api;
 pub mod breakers;
+pub mod codec;
 mod config;
 pub mod dlq;
+mod endpoints;
+pub mod failure;
 mod history;
 mod intake;
 mod metrics;

@@ -7,10 +7,12 @@
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use jetsched_shared::error::{ApiError, ErrorCode};
 use jetsched_shared::names::Names;
-use jetsched_shared::spec::{MAX_PAUSED_REASON, validate_id};
+use jetsched_shared::spec::validate_id;
 use jetsched_shared::wire::PauseRequest;
 use tokio_util::sync::CancellationToken;
 
+use crate::codec::paused_reason;
+use crate::failure::Failure;
 use crate::metrics::Metrics;
 use crate::pull::{self, Verdict};
 use crate::tasks::TaskStore;
@@ -77,12 +79,12 @@ impl pull::Handler for Pauses {
 
 /// The request of a message, checked: its subject names the task the body names, the reason
 /// is a valid `paused_reason`.
-fn decode(names: &Names, subject: &str, payload: &[u8]) -> Result<PauseRequest, ApiError> {
+fn decode(names: &Names, subject: &str, payload: &[u8]) -> Result<PauseRequest, Failure> {
     let (namespace, id) = names.parse_pause_request_subject(subject).ok_or_else(|| {
         ApiError::new(ErrorCode::BadRequest, format!("subject {subject} is not a pause request subject"))
     })?;
     let request: PauseRequest = serde_json::from_slice(payload)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("pause request is not valid: {e}")))?;
+        .map_err(|e| Failure::caused(ErrorCode::InvalidJson, "pause request is not valid", e))?;
     validate_id("namespace", namespace)?;
     validate_id("id", id)?;
     if request.namespace != namespace || request.task_id != id {
@@ -92,16 +94,10 @@ fn decode(names: &Names, subject: &str, payload: &[u8]) -> Result<PauseRequest, 
                 "request for {}/{} on the subject of {namespace}/{id}",
                 request.namespace, request.task_id
             ),
-        ));
+        )
+        .into());
     }
-    let length = request.reason.chars().count();
-    if length == 0 || length > MAX_PAUSED_REASON {
-        return Err(ApiError::at(
-            ErrorCode::InvalidValue,
-            "reason",
-            format!("must be 1 to {MAX_PAUSED_REASON} characters"),
-        ));
-    }
+    paused_reason(&request.reason)?;
     Ok(request)
 }
 
@@ -109,7 +105,7 @@ async fn apply(store: &TaskStore, names: &Names, subject: &str, payload: &[u8]) 
     let request = match decode(names, subject, payload) {
         Ok(request) => request,
         Err(error) => {
-            tracing::warn!(%subject, %error, "pause request ignored");
+            tracing::warn!(%subject, error = %error.wire(), "pause request ignored");
             return Outcome::Invalid;
         }
     };
@@ -123,12 +119,14 @@ async fn apply(store: &TaskStore, names: &Names, subject: &str, payload: &[u8]) 
             );
             Outcome::Paused
         }
-        Err(error) if error.code == ErrorCode::NotFound => Outcome::Gone,
-        Err(error) if error.code == ErrorCode::Unavailable => {
+        Err(failure) if failure.code() == ErrorCode::NotFound => Outcome::Gone,
+        Err(failure) if failure.code() == ErrorCode::Unavailable => {
+            let error = failure.wire();
             tracing::warn!(namespace = %namespace, task = %id, %error, "pause failed; will retry");
             Outcome::Retry
         }
-        Err(error) => {
+        Err(failure) => {
+            let error = failure.wire();
             tracing::error!(namespace = %namespace, task = %id, %error, "pause request not applied");
             Outcome::Invalid
         }
@@ -157,7 +155,7 @@ mod tests {
         let subject = names.pause_request_subject("ns", "t");
         let ok = decode(&names, &subject, &body("ns", "t", "consecutive_failures")).unwrap();
         assert_eq!((ok.namespace.as_str(), ok.task_id.as_str(), ok.count), ("ns", "t", 3));
-        let code = |subject: &str, payload: &[u8]| decode(&names, subject, payload).unwrap_err().code;
+        let code = |subject: &str, payload: &[u8]| decode(&names, subject, payload).unwrap_err().code();
         assert_eq!(code(&subject, &body("ns", "other", "x")), ErrorCode::InvalidValue);
         assert_eq!(code(&subject, &body("ns", "t", "")), ErrorCode::InvalidValue);
         assert_eq!(code(&subject, b"{"), ErrorCode::InvalidJson);

@@ -13,7 +13,9 @@ use jetsched_shared::spec::validate_id;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::scope::{check_namespace, mismatch};
+use crate::codec::{Detail, Empty, decode, encode};
+use crate::failure::Failure;
+use crate::scope::{check_namespace, same_namespace};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,15 +26,10 @@ struct RunRequest {
 }
 
 /// Answers `runs.get` for `namespace`.
-pub(crate) async fn get(runs: &kv::Store, namespace: &str, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
+pub(crate) async fn get(runs: &kv::Store, namespace: &str, payload: &[u8]) -> Result<Vec<u8>, Failure> {
     check_namespace(namespace)?;
-    let request: RunRequest = serde_json::from_slice(payload).map_err(|e| {
-        let code = if e.is_syntax() || e.is_eof() { ErrorCode::InvalidJson } else { ErrorCode::BadRequest };
-        ApiError::new(code, format!("invalid request: {e}"))
-    })?;
-    if let Some(named) = request.namespace.as_deref().filter(|named| *named != namespace) {
-        return Err(mismatch("namespace", named, namespace));
-    }
+    let request: RunRequest = decode(payload, Empty::Refused, Detail::Syntax)?;
+    same_namespace(request.namespace.as_deref(), namespace)?;
     validate_id("execution_id", &request.execution_id)?;
     let missing = || {
         ApiError::new(
@@ -43,14 +40,13 @@ pub(crate) async fn get(runs: &kv::Store, namespace: &str, payload: &[u8]) -> Re
     let entry = runs
         .entry(&request.execution_id)
         .await
-        .map_err(|e| ApiError::new(ErrorCode::Unavailable, format!("read runs bucket: {e}")))?
+        .map_err(|e| Failure::unavailable("read runs bucket", e))?
         .filter(|entry| entry.operation == kv::Operation::Put)
         .ok_or_else(missing)?;
     let record: Value = serde_json::from_slice(&entry.value)
-        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("stored run record is not JSON: {e}")))?;
+        .map_err(|e| Failure::internal("stored run record is not JSON", e))?;
     if record.get("namespace").and_then(Value::as_str) != Some(namespace) {
-        return Err(missing());
+        return Err(missing().into());
     }
-    let reply = serde_json::json!({ "run": record, "revision": entry.revision });
-    Ok(serde_json::to_vec(&reply).expect("a JSON value serializes"))
+    encode(&serde_json::json!({ "run": record, "revision": entry.revision }))
 }

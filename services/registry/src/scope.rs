@@ -5,14 +5,11 @@
 //! A body that leaves out `namespace` takes the subject's; a body naming another namespace is
 //! refused with `namespace_mismatch` (field `namespace`) before anything is read or written.
 
-use async_nats::service::Request;
-use chrono::Utc;
-use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode};
+use jetsched_shared::error::{ApiError, ErrorCode};
 use jetsched_shared::spec::validate_id;
 use serde_json::{Map, Value};
 
-use crate::api::{self, Endpoint, Limits};
-use crate::tasks::TaskStore;
+use crate::codec::TaskEndpoint;
 
 /// The refusal of a request that reaches outside its subject's namespace.
 pub fn mismatch(field: &str, named: &str, namespace: &str) -> ApiError {
@@ -23,6 +20,14 @@ pub fn mismatch(field: &str, named: &str, namespace: &str) -> ApiError {
             "the request names namespace {named:?} but was sent on the subject of namespace {namespace:?}"
         ),
     )
+}
+
+/// Refuses a request body naming a namespace other than its subject's.
+pub fn same_namespace(named: Option<&str>, namespace: &str) -> Result<(), ApiError> {
+    match named {
+        Some(named) if named != namespace => Err(mismatch("namespace", named, namespace)),
+        _ => Ok(()),
+    }
 }
 
 /// Checks the subject's namespace token (a subject may carry any token).
@@ -48,7 +53,7 @@ fn confine(object: &mut Map<String, Value>, field: &str, namespace: &str) -> Res
 /// with `namespace` added when it does not (an empty body is `{}`), refused when it names
 /// another. A body that is not a JSON object is passed on for the decoder to refuse. `next`
 /// with an inline spec confines the spec too.
-pub fn confine_body(endpoint: Endpoint, namespace: &str, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
+pub fn confine_body(endpoint: TaskEndpoint, namespace: &str, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
     let value: Value = if payload.iter().all(u8::is_ascii_whitespace) {
         Value::Object(Map::new())
     } else {
@@ -58,7 +63,7 @@ pub fn confine_body(endpoint: Endpoint, namespace: &str, payload: &[u8]) -> Resu
         }
     };
     let Value::Object(mut object) = value else { return Ok(payload.to_vec()) };
-    if endpoint == Endpoint::Next
+    if endpoint == TaskEndpoint::Next
         && let Some(Value::Object(spec)) = object.get_mut("spec")
     {
         confine(spec, "spec.namespace", namespace)?;
@@ -67,32 +72,11 @@ pub fn confine_body(endpoint: Endpoint, namespace: &str, payload: &[u8]) -> Resu
     Ok(serde_json::to_vec(&object).expect("a JSON object serializes"))
 }
 
-/// Handles a task request received on `<prefix>.api.task.<endpoint>.<namespace>`.
-pub(crate) async fn handle(
-    store: &TaskStore,
-    limits: Limits,
-    endpoint: Endpoint,
-    namespace: &str,
-    request: &Request,
-) -> Result<Vec<u8>, ApiErrors> {
-    check_namespace(namespace)?;
-    let message = &request.message;
-    // The size limit applies to what the client sent, before the namespace is added.
-    if endpoint == Endpoint::Put {
-        api::check_size(&message.payload, limits)?;
-    }
-    let body = confine_body(endpoint, namespace, &message.payload)?;
-    let limits = Limits { max_spec_bytes: limits.max_spec_bytes.saturating_add(body.len()) };
-    let decoded =
-        api::decode_request(endpoint, &message.subject, &body, message.headers.as_ref(), limits, Utc::now())?;
-    Ok(api::answer(store, decoded).await?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn confined(endpoint: Endpoint, body: &str) -> Result<Value, ErrorCode> {
+    fn confined(endpoint: TaskEndpoint, body: &str) -> Result<Value, ErrorCode> {
         confine_body(endpoint, "demo", body.as_bytes())
             .map(|b| serde_json::from_slice(&b).unwrap_or(Value::Null))
             .map_err(|e| e.code)
@@ -100,30 +84,33 @@ mod tests {
 
     #[test]
     fn a_body_takes_the_subjects_namespace_or_is_refused() {
-        assert_eq!(confined(Endpoint::Get, r#"{"id": "a"}"#).unwrap()["namespace"], "demo");
+        assert_eq!(confined(TaskEndpoint::Get, r#"{"id": "a"}"#).unwrap()["namespace"], "demo");
         assert_eq!(
-            confined(Endpoint::Get, r#"{"namespace": "demo", "id": "a"}"#).unwrap()["namespace"],
+            confined(TaskEndpoint::Get, r#"{"namespace": "demo", "id": "a"}"#).unwrap()["namespace"],
             "demo"
         );
-        assert_eq!(confined(Endpoint::List, "").unwrap()["namespace"], "demo");
+        assert_eq!(confined(TaskEndpoint::List, "").unwrap()["namespace"], "demo");
         assert_eq!(
-            confined(Endpoint::Get, r#"{"namespace": "billing", "id": "a"}"#),
+            confined(TaskEndpoint::Get, r#"{"namespace": "billing", "id": "a"}"#),
             Err(ErrorCode::NamespaceMismatch)
         );
-        assert_eq!(confined(Endpoint::Put, r#"{"namespace": "billing"}"#), Err(ErrorCode::NamespaceMismatch));
-        let error = confine_body(Endpoint::List, "demo", br#"{"namespace": "billing"}"#).unwrap_err();
+        assert_eq!(
+            confined(TaskEndpoint::Put, r#"{"namespace": "billing"}"#),
+            Err(ErrorCode::NamespaceMismatch)
+        );
+        let error = confine_body(TaskEndpoint::List, "demo", br#"{"namespace": "billing"}"#).unwrap_err();
         assert_eq!(error.field.as_deref(), Some("namespace"));
         // Inline previews: the spec is confined.
         assert_eq!(
-            confined(Endpoint::Next, r#"{"spec": {"namespace": "billing"}}"#),
+            confined(TaskEndpoint::Next, r#"{"spec": {"namespace": "billing"}}"#),
             Err(ErrorCode::NamespaceMismatch)
         );
         assert_eq!(
-            confined(Endpoint::Next, r#"{"spec": {"id": "x"}}"#).unwrap()["spec"]["namespace"],
+            confined(TaskEndpoint::Next, r#"{"spec": {"id": "x"}}"#).unwrap()["spec"]["namespace"],
             "demo"
         );
         // Not an object: passed on unchanged for the decoder to refuse.
-        assert_eq!(confine_body(Endpoint::Get, "demo", b"{").unwrap(), b"{");
-        assert_eq!(confined(Endpoint::Get, "[1]").unwrap(), serde_json::json!([1]));
+        assert_eq!(confine_body(TaskEndpoint::Get, "demo", b"{").unwrap(), b"{");
+        assert_eq!(confined(TaskEndpoint::Get, "[1]").unwrap(), serde_json::json!([1]));
     }
 }

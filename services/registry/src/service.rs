@@ -3,38 +3,35 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::consumer::PullConsumer;
-use async_nats::service::{Request, ServiceExt};
-use futures::{StreamExt, stream::SelectAll};
+use async_nats::service::ServiceExt;
+use futures::StreamExt;
 use jetsched_shared::admin::AdminServer;
 use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::events::{EventPublisher, EventPump};
 use jetsched_shared::names::Names;
 use jetsched_shared::service::{Base, Role};
 use prometheus::Registry as MetricsRegistry;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api::{self, Endpoint, Limits};
-use crate::breakers::{BreakerApi, BreakerEndpoint};
+use crate::breakers::BreakerApi;
+use crate::codec::Limits;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
-use crate::dlq::{DlqApi, DlqEndpoint};
+use crate::dlq::DlqApi;
+use crate::endpoints::{self, Handlers, Requests, Routed};
 use crate::history::EventHistory;
 use crate::metrics::Metrics;
 use crate::tasks::TaskStore;
 use crate::{intake, pause};
-use crate::{runs, scope, spans};
 
 /// How long a stopping registry waits for its queued events to be stored.
 const EVENTS_GRACE: Duration = Duration::from_secs(10);
-
-/// A request, its endpoint, and whether it came on a namespaced subject
-/// (`<group>.<endpoint>.<namespace>`, the namespace being the subject's last token).
-type Requests = SelectAll<futures::stream::BoxStream<'static, (Endpoint, bool, Request)>>;
 
 /// A started registry, ready to serve.
 pub struct Registry {
@@ -43,14 +40,9 @@ pub struct Registry {
     requests: Requests,
     intake: PullConsumer,
     pauses: PullConsumer,
-    store: TaskStore,
-    dlq: DlqApi,
-    breakers: BreakerApi,
-    runs: async_nats::jetstream::kv::Store,
-    history: EventHistory,
+    handlers: Handlers,
     event_pump: EventPump,
     names: Names,
-    limits: Limits,
     metrics: Metrics,
     admin: AdminServer,
     concurrency: usize,
@@ -103,115 +95,10 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         .metadata([("instance".to_string(), instance.clone())].into())
         .start(names.service_name(), env!("CARGO_PKG_VERSION"))
         .await
-        .map_err(|e| anyhow::anyhow!("start micro service {}: {e}", names.service_name()))?;
-    let group = service.group(names.task_api_group());
-    let mut requests: Requests = SelectAll::new();
-    // Every endpoint twice: `<endpoint>` for administrators and `<endpoint>.<namespace>`
-    // (named `<name>-ns`) for teams confined to one namespace by NATS permissions.
-    let namespaced = |namespaced: bool| -> std::collections::HashMap<String, String> {
-        [("namespaced".to_string(), namespaced.to_string())].into()
-    };
-    for endpoint in Endpoint::TASK {
-        for scoped in [false, true] {
-            let (name, subject) = endpoint_names(endpoint.name(), endpoint.name(), scoped);
-            let stream = group
-                .endpoint_builder()
-                .name(&name)
-                .metadata(namespaced(scoped))
-                .add(&subject)
-                .await
-                .map_err(|e| anyhow::anyhow!("add endpoint {}.{subject}: {e}", names.task_api_group()))?;
-            requests.push(stream.map(move |r| (endpoint, scoped, r)).boxed());
-        }
-    }
-    let dlq_group = service.group(names.dlq_api_group());
-    for endpoint in DlqEndpoint::ALL {
-        for scoped in [false, true] {
-            let (name, subject) = endpoint_names(endpoint.label(), endpoint.name(), scoped);
-            let stream = dlq_group
-                .endpoint_builder()
-                .name(&name)
-                .metadata(namespaced(scoped))
-                .add(&subject)
-                .await
-                .map_err(|e| anyhow::anyhow!("add endpoint {}.{subject}: {e}", names.dlq_api_group()))?;
-            requests.push(stream.map(move |r| (Endpoint::Dlq(endpoint), scoped, r)).boxed());
-        }
-    }
-    // Breakers span namespaces: administrators only, no namespaced form.
-    let breaker_group = service.group(names.breaker_api_group());
-    for endpoint in BreakerEndpoint::ALL {
-        let stream = breaker_group
-            .endpoint_builder()
-            .name(endpoint.label())
-            .metadata(namespaced(false))
-            .add(endpoint.name())
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!("add endpoint {}: {e}", names.breaker_api_subject(endpoint.name()))
-            })?;
-        requests.push(stream.map(move |r| (Endpoint::Breaker(endpoint), false, r)).boxed());
-    }
-    // Run records only per namespace: administrators read the runs bucket directly.
-    let runs_get = service
-        .group(names.runs_api_group())
-        .endpoint_builder()
-        .name(Endpoint::RunsGet.name())
-        .metadata(namespaced(true))
-        .add("get.*")
-        .await
-        .map_err(|e| anyhow::anyhow!("add endpoint {}: {e}", names.runs_api_namespaced("get", "*")))?;
-    requests.push(runs_get.map(|r| (Endpoint::RunsGet, true, r)).boxed());
-    // Event history only per namespace too: administrators read the events stream directly.
-    let events_history = service
-        .group(names.events_api_group())
-        .endpoint_builder()
-        .name(Endpoint::EventsHistory.name())
-        .metadata(namespaced(true))
-        .add("history.*")
-        .await
-        .map_err(|e| anyhow::anyhow!("add endpoint {}: {e}", names.events_api_namespaced("history", "*")))?;
-    requests.push(events_history.map(|r| (Endpoint::EventsHistory, true, r)).boxed());
-    let unknown = service
-        .endpoint_builder()
-        .name("unknown")
-        // A queue group of its own: within one group NATS delivers a message to only one of
-        // the matching subscriptions, and the catch-all must not steal requests from endpoints.
-        .queue_group("unknown-endpoint")
-        .add(names.api_wildcard())
-        .await
-        .map_err(|e| anyhow::anyhow!("add catch-all endpoint {}: {e}", names.api_wildcard()))?;
-    // The catch-all sees every API request too: it answers only those no endpoint owns.
-    let known: Arc<Vec<String>> = Arc::new(
-        Endpoint::TASK
-            .iter()
-            .map(|e| names.task_api_subject(e.name()))
-            .chain(DlqEndpoint::ALL.iter().map(|e| names.dlq_api_subject(e.name())))
-            .chain(BreakerEndpoint::ALL.iter().map(|e| names.breaker_api_subject(e.name())))
-            .collect(),
-    );
-    let known_namespaced = Arc::new(
-        known
-            .iter()
-            .cloned()
-            .chain([
-                format!("{}.get", names.runs_api_group()),
-                format!("{}.history", names.events_api_group()),
-            ])
-            .collect::<Vec<_>>(),
-    );
-    requests.push(
-        unknown
-            .filter(move |r| {
-                let subject = r.message.subject.as_str();
-                let namespaced = subject
-                    .rsplit_once('.')
-                    .is_some_and(|(endpoint, _)| known_namespaced.iter().any(|k| k == endpoint));
-                std::future::ready(!namespaced && !known.iter().any(|k| k == subject))
-            })
-            .map(|r| (Endpoint::Unknown, false, r))
-            .boxed(),
-    );
+        .map_err(|e| {
+            anyhow::Error::from_boxed(e).context(format!("start micro service {}", names.service_name()))
+        })?;
+    let requests = endpoints::add(&service, &names).await?;
     readiness.set("api", true);
 
     let intake = intake::consumer(&js, &names).await?;
@@ -225,14 +112,16 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         requests,
         intake,
         pauses,
-        store,
-        dlq: DlqApi::new(js.clone(), names.clone()),
-        breakers,
-        runs: topology.runs,
-        history: EventHistory::new(js.clone(), names.clone()),
+        handlers: Handlers {
+            store,
+            dlq: DlqApi::new(js.clone(), names.clone()),
+            breakers,
+            runs: topology.runs,
+            history: EventHistory::new(js.clone(), names.clone()),
+            limits,
+        },
         event_pump,
         names,
-        limits,
         metrics,
         admin,
         concurrency: config.concurrency.max(1),
@@ -253,14 +142,9 @@ impl Registry {
             mut requests,
             intake,
             pauses,
-            store,
-            dlq,
-            breakers,
-            runs,
-            history,
+            handlers,
             event_pump,
             names,
-            limits,
             metrics,
             admin,
             concurrency,
@@ -268,6 +152,7 @@ impl Registry {
         let pump = tokio::spawn(event_pump.run());
         let tracker = TaskTracker::new();
         tracker.spawn(admin.serve(shutdown.clone()));
+        let (store, limits) = (handlers.store.clone(), handlers.limits);
         let intake_task = tokio::spawn(intake::run(
             intake,
             store.clone(),
@@ -276,48 +161,39 @@ impl Registry {
             metrics.clone(),
             shutdown.clone(),
         ));
-        let pause_task =
-            tokio::spawn(pause::run(pauses, store.clone(), names, metrics.clone(), shutdown.clone()));
+        let pause_task = tokio::spawn(pause::run(pauses, store, names, metrics.clone(), shutdown.clone()));
         let permits = Arc::new(Semaphore::new(concurrency));
         // Shared by every request's task: cloning the stores themselves (each holds its
         // stream's info) cost an allocation per string and made every task kilobytes larger.
-        let state = Arc::new(Handlers { store, dlq, breakers, runs, history });
+        let handlers = Arc::new(handlers);
         loop {
-            let permit = tokio::select! {
+            let event = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => break,
-                permit = permits.clone().acquire_owned() => permit.expect("semaphore never closed"),
+                _ = shutdown.cancelled() => Event::Shutdown,
+                event = next_request(&permits, &mut requests) => event,
             };
-            let next = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                next = requests.next() => next,
-            };
-            let Some((endpoint, scoped, request)) = next else { anyhow::bail!("API subscriptions ended") };
-            let (state, metrics) = (state.clone(), metrics.clone());
-            tracker.spawn(async move {
-                let _permit = permit;
-                serve(&state, limits, &metrics, endpoint, scoped, request).await;
-            });
+            match event {
+                Event::Shutdown => break,
+                Event::Ended => anyhow::bail!("API subscriptions ended"),
+                Event::Request(permit, routed) => {
+                    let (handlers, metrics) = (handlers.clone(), metrics.clone());
+                    tracker.spawn(async move {
+                        let _permit = permit;
+                        endpoints::serve(handlers, &metrics, routed).await;
+                    });
+                }
+            }
         }
         tracker.close();
         tracker.wait().await;
         if let Err(error) = service.stop().await {
             tracing::warn!(%error, "stopping the micro service");
         }
-        match intake_task.await {
-            Ok(Err(error)) => tracing::warn!(error = format!("{error:#}"), "intake consumer stopped"),
-            Err(error) => tracing::warn!(%error, "intake consumer panicked"),
-            Ok(Ok(())) => {}
-        }
-        match pause_task.await {
-            Ok(Err(error)) => tracing::warn!(error = format!("{error:#}"), "pause consumer stopped"),
-            Err(error) => tracing::warn!(%error, "pause consumer panicked"),
-            Ok(Ok(())) => {}
-        }
+        stopped("intake", intake_task).await;
+        stopped("pause", pause_task).await;
         // The last sink goes with the store: the pump then stores what is queued and ends.
         // Bounded: the pump retries an event for up to a minute while JetStream cannot store it.
-        drop(state);
+        drop(handlers);
         match tokio::time::timeout(EVENTS_GRACE, pump).await {
             Err(_) => tracing::warn!("events not all published before shutdown"),
             Ok(Err(error)) => tracing::warn!(%error, "event pump panicked"),
@@ -329,78 +205,34 @@ impl Registry {
     }
 }
 
-/// What the endpoints read and write.
-struct Handlers {
-    store: TaskStore,
-    dlq: DlqApi,
-    breakers: BreakerApi,
-    runs: async_nats::jetstream::kv::Store,
-    history: EventHistory,
+/// What the request loop waits for.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "held for one turn of the loop; boxed, a request would cost an allocation"
+)]
+enum Event {
+    Shutdown,
+    /// A request, with the permit to handle it.
+    Request(OwnedSemaphorePermit, Routed),
+    /// Every endpoint's subscription ended.
+    Ended,
 }
 
-/// The micro-service endpoint name and subject (within its group) of an endpoint, plain or
-/// namespaced.
-fn endpoint_names(name: &str, subject: &str, namespaced: bool) -> (String, String) {
-    if namespaced { (format!("{name}-ns"), format!("{subject}.*")) } else { (name.into(), subject.into()) }
+/// The next request, taken only once a permit to handle it is: at most `--concurrency`
+/// requests are in flight.
+async fn next_request(permits: &Arc<Semaphore>, requests: &mut Requests) -> Event {
+    let permit = permits.clone().acquire_owned().await.expect("semaphore never closed");
+    match requests.next().await {
+        Some(routed) => Event::Request(permit, routed),
+        None => Event::Ended,
+    }
 }
 
-async fn serve(
-    handlers: &Handlers,
-    limits: Limits,
-    metrics: &Metrics,
-    endpoint: Endpoint,
-    scoped: bool,
-    request: Request,
-) {
-    let Handlers { store, dlq, breakers, runs, history } = handlers;
-    let started = Instant::now();
-    let subject = request.message.subject.clone();
-    let scope = scoped.then(|| subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
-    let span = spans::request(endpoint, &subject, request.message.headers.as_ref());
-    // Each endpoint's future is boxed at its own size: inline, the largest (kilobytes) would
-    // be part of the task spawned for every request, whatever its endpoint.
-    let handling = async {
-        match (endpoint, scope) {
-            (Endpoint::Dlq(endpoint), scope) => {
-                Box::pin(dlq.handle_in(endpoint, scope, &request.message.payload)).await.map_err(Into::into)
-            }
-            (Endpoint::Breaker(endpoint), _) => {
-                Box::pin(breakers.handle(endpoint, &request.message.payload)).await.map_err(Into::into)
-            }
-            (Endpoint::RunsGet, scope) => {
-                Box::pin(runs::get(runs, scope.unwrap_or_default(), &request.message.payload))
-                    .await
-                    .map_err(Into::into)
-            }
-            (Endpoint::EventsHistory, scope) => {
-                Box::pin(history.handle(scope.unwrap_or_default(), &request.message.payload))
-                    .await
-                    .map_err(Into::into)
-            }
-            (_, Some(namespace)) => {
-                Box::pin(scope::handle(store, limits, endpoint, namespace, &request)).await
-            }
-            (_, None) => Box::pin(api::handle(store, limits, endpoint, &request)).await,
-        }
-    };
-    let result = span.around(handling).await;
-    let outcome = match &result {
-        Ok(_) => "ok",
-        Err(errors) => errors.first().code.as_str(),
-    };
-    metrics.requests.with_label_values(&[endpoint.name(), outcome]).inc();
-    metrics.request_seconds.with_label_values(&[endpoint.name()]).observe(started.elapsed().as_secs_f64());
-    let sent = match result {
-        Ok(body) => request.respond(Ok(body.into())).await,
-        Err(error) => {
-            if error.first().code == jetsched_shared::error::ErrorCode::Internal {
-                tracing::error!(endpoint = endpoint.name(), error = %error, "request failed");
-            }
-            let (body, headers) = api::error_reply(&error);
-            request.respond_with_headers(Ok(body.into()), headers).await
-        }
-    };
-    if let Err(error) = sent {
-        tracing::debug!(%error, endpoint = endpoint.name(), "reply not sent (requester gone?)");
+/// Waits for a consumer's task to end and logs how it did not end well.
+async fn stopped(consumer: &str, task: JoinHandle<anyhow::Result<()>>) {
+    match task.await {
+        Ok(Err(error)) => tracing::warn!(error = format!("{error:#}"), "{consumer} consumer stopped"),
+        Err(error) => tracing::warn!(%error, "{consumer} consumer panicked"),
+        Ok(Ok(())) => {}
     }
 }

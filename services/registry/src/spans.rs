@@ -8,20 +8,16 @@ use async_nats::HeaderMap;
 use jetsched_shared::trace::{self, Context};
 use tracing::Instrument as _;
 
-use crate::api::Endpoint;
-use crate::dlq::DlqEndpoint;
-
-/// Whether requests to `endpoint` get a span (the ones that change something).
-fn traced(endpoint: Endpoint) -> bool {
-    matches!(
-        endpoint,
-        Endpoint::Put
-            | Endpoint::Delete
-            | Endpoint::Pause
-            | Endpoint::Resume
-            | Endpoint::Trigger
-            | Endpoint::Dlq(DlqEndpoint::Replay)
-    )
+/// How requests to an endpoint are traced (a column of the endpoint table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tracing {
+    /// A read: no span.
+    None,
+    /// A change: a server span of this name while spans are exported.
+    Span(&'static str),
+    /// A change that dispatches a run: its span, or with spans off the caller's trace context
+    /// carried on to the dispatch.
+    Dispatch(&'static str),
 }
 
 /// How a request is traced while it is handled.
@@ -45,57 +41,51 @@ impl RequestTrace {
     }
 }
 
-/// The trace of a request to `endpoint` on `subject`: its server span while spans are
-/// exported, otherwise the trace context its headers carry for the dispatch of a trigger or a
-/// replay.
-pub(crate) fn request(endpoint: Endpoint, subject: &str, headers: Option<&HeaderMap>) -> RequestTrace {
+/// A span of a message received on `$subject`, of its own trace unless the message's headers
+/// carry one (see [`continuing`]).
+macro_rules! messaging_span {
+    ($span:literal, $name:expr, $kind:literal, $subject:expr) => {
+        tracing::info_span!(
+            parent: None,
+            $span,
+            otel.name = $name,
+            otel.kind = $kind,
+            messaging.system = "nats",
+            messaging.destination.name = $subject,
+            messaging.operation.type = "process",
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty,
+        )
+    };
+}
+
+/// `span`, continuing the `traceparent` the headers carry.
+fn continuing(span: tracing::Span, headers: Option<&HeaderMap>) -> tracing::Span {
+    trace::start_child(&span, headers);
+    span
+}
+
+/// The trace of a request on `subject` to an endpoint traced so: its server span while spans
+/// are exported, otherwise the trace context its headers carry for the dispatch of a trigger
+/// or a replay.
+pub(crate) fn request(tracing: Tracing, subject: &str, headers: Option<&HeaderMap>) -> RequestTrace {
     if !trace::enabled() {
-        let dispatches = matches!(endpoint, Endpoint::Trigger | Endpoint::Dlq(DlqEndpoint::Replay));
-        return match trace::caller(headers).filter(|_| dispatches) {
-            Some(cx) => RequestTrace::Caller(cx),
-            None => RequestTrace::None,
+        return match (tracing, trace::caller(headers)) {
+            (Tracing::Dispatch(_), Some(cx)) => RequestTrace::Caller(cx),
+            _ => RequestTrace::None,
         };
     }
-    if !traced(endpoint) {
-        return RequestTrace::None;
-    }
-    let name = match endpoint {
-        Endpoint::Dlq(_) => "dlq replay",
-        other => other.name(),
+    let name = match tracing {
+        Tracing::None => return RequestTrace::None,
+        Tracing::Span(name) | Tracing::Dispatch(name) => name,
     };
-    let span = tracing::info_span!(
-        parent: None,
-        "request",
-        otel.name = name,
-        otel.kind = "server",
-        messaging.system = "nats",
-        messaging.destination.name = subject,
-        messaging.operation.type = "process",
-        trace_id = tracing::field::Empty,
-        span_id = tracing::field::Empty,
-    );
-    trace::start_child(&span, headers);
-    RequestTrace::Span(span)
+    RequestTrace::Span(continuing(messaging_span!("request", name, "server", subject), headers))
 }
 
 /// The consumer span of an intake submission on `subject`; `None` when spans are off.
 pub(crate) fn submission(subject: &str, headers: Option<&HeaderMap>) -> Option<tracing::Span> {
-    if !trace::enabled() {
-        return None;
-    }
-    let span = tracing::info_span!(
-        parent: None,
-        "submission",
-        otel.name = "intake submit",
-        otel.kind = "consumer",
-        messaging.system = "nats",
-        messaging.destination.name = subject,
-        messaging.operation.type = "process",
-        trace_id = tracing::field::Empty,
-        span_id = tracing::field::Empty,
-    );
-    trace::start_child(&span, headers);
-    Some(span)
+    trace::enabled()
+        .then(|| continuing(messaging_span!("submission", "intake submit", "consumer", subject), headers))
 }
 
 /// Names the task on the current request span.

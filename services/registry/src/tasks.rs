@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::quota::Quotas;
+use anyhow::Context as _;
 use async_nats::jetstream::{self, kv};
 use chrono::Utc;
 use jetsched_shared::cas::{self, is_already_exists, is_revision_mismatch, keys_once};
@@ -15,6 +15,9 @@ use jetsched_shared::spec::{Priority, TaskSpec};
 use jetsched_shared::wire::{
     BreakerRecord, DeleteReply, Event, EventKind, ListReply, ListRequest, TaskReply, Trigger, TriggerReply,
 };
+
+use crate::failure::Failure;
+use crate::quota::Quotas;
 
 /// What a `put` requires of the stored revision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,18 +81,18 @@ pub struct TaskStore {
     quotas: Quotas,
 }
 
-fn unavailable(what: &str, error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(ErrorCode::Unavailable, format!("{what}: {error}"))
+/// A task written by someone else meanwhile, every attempt.
+fn concurrently(key: &str) -> Failure {
+    ApiError::new(ErrorCode::Unavailable, format!("task {key} is being changed concurrently; retry")).into()
 }
 
 fn not_found(namespace: &str, id: &str) -> ApiError {
     ApiError::new(ErrorCode::NotFound, format!("task {namespace}/{id} does not exist"))
 }
 
-fn decode(entry: &Latest) -> Result<TaskSpec, ApiError> {
-    TaskSpec::parse(&entry.value).map_err(|e| {
-        ApiError::new(ErrorCode::Internal, format!("stored spec {} is not valid: {e}", entry.key))
-    })
+fn decode(entry: &Latest) -> Result<TaskSpec, Failure> {
+    TaskSpec::parse(&entry.value)
+        .map_err(|e| Failure::internal(format!("stored spec {} is not valid", entry.key), e))
 }
 
 impl TaskStore {
@@ -106,7 +109,7 @@ impl TaskStore {
         let tasks_stream = js
             .get_stream_no_info(Names::kv_stream(&tasks_bucket))
             .await
-            .map_err(|e| anyhow::anyhow!("open the stream of bucket {tasks_bucket}: {e}"))?;
+            .with_context(|| format!("open the stream of bucket {tasks_bucket}"))?;
         Ok(TaskStore {
             js,
             tasks,
@@ -129,16 +132,16 @@ impl TaskStore {
     /// The latest live value of a key. Read from the stream leader, not with a direct get: on
     /// a replicated bucket a direct get may be served by a replica that has not yet applied
     /// the write a client just made.
-    async fn entry(&self, key: &str) -> Result<Option<Latest>, ApiError> {
+    async fn entry(&self, key: &str) -> Result<Option<Latest>, Failure> {
         Ok(self.read_leader(key).await?.and_then(|(latest, live)| live.then_some(latest)))
     }
 
     /// The latest message of a key from the stream leader, and whether it is a live value
     /// (not a delete or purge marker).
-    async fn read_leader(&self, key: &str) -> Result<Option<(Latest, bool)>, ApiError> {
+    async fn read_leader(&self, key: &str) -> Result<Option<(Latest, bool)>, Failure> {
         let latest = cas::read_leader(&self.tasks_stream, &self.tasks_bucket, key)
             .await
-            .map_err(|e| unavailable("read tasks bucket", e))?;
+            .map_err(|e| Failure::unavailable("read tasks bucket", e))?;
         Ok(latest.map(|message| {
             let live = !message.is_kv_marker();
             (Latest { key: key.to_string(), value: message.payload, revision: message.sequence }, live)
@@ -191,7 +194,7 @@ impl TaskStore {
     }
 
     /// Stores an admitted spec; returns the stored task and whether it was new or changed.
-    pub async fn put(&self, spec: TaskSpec, precondition: Precondition) -> Result<Stored, ApiError> {
+    pub async fn put(&self, spec: TaskSpec, precondition: Precondition) -> Result<Stored, Failure> {
         crate::spans::task(&spec.namespace, &spec.id);
         // A `nats` executor never reaches into the server's or jetsched's own subjects.
         spec.executor.check_confined(&self.names)?;
@@ -213,7 +216,7 @@ impl TaskStore {
             let count =
                 cas::count_live_keys(&self.tasks_stream, &client, &self.tasks_bucket, &spec.namespace)
                     .await
-                    .map_err(|e| unavailable("count the namespace's tasks", format!("{e:#}")))?;
+                    .map_err(|e| Failure::unavailable("count the namespace's tasks", e))?;
             self.quotas.check_tasks(&spec.namespace, count)?;
         }
         let (revision, kind) = match precondition {
@@ -222,15 +225,17 @@ impl TaskStore {
                     Ok(revision) => (revision, EventKind::TaskRegistered),
                     Err(e) if is_already_exists(&e) => {
                         let expected = (precondition == Precondition::Revision(0)).then_some(0);
-                        return Err(self.conflict(&key, expected).await);
+                        return Err(self.conflict(&key, expected).await.into());
                     }
-                    Err(e) => return Err(unavailable("write tasks bucket", e)),
+                    Err(e) => return Err(Failure::unavailable("write tasks bucket", e)),
                 }
             }
             Precondition::Revision(expected) => match self.tasks.update(&key, body.clone(), expected).await {
                 Ok(revision) => (revision, EventKind::TaskUpdated),
-                Err(e) if is_revision_mismatch(&e) => return Err(self.conflict(&key, Some(expected)).await),
-                Err(e) => return Err(unavailable("write tasks bucket", e)),
+                Err(e) if is_revision_mismatch(&e) => {
+                    return Err(self.conflict(&key, Some(expected)).await.into());
+                }
+                Err(e) => return Err(Failure::unavailable("write tasks bucket", e)),
             },
             Precondition::None => self.put_unconditional(&key, body.clone()).await?,
         };
@@ -239,7 +244,7 @@ impl TaskStore {
         Ok(Stored { body, revision, kind })
     }
 
-    async fn put_unconditional(&self, key: &str, body: bytes::Bytes) -> Result<(u64, EventKind), ApiError> {
+    async fn put_unconditional(&self, key: &str, body: bytes::Bytes) -> Result<(u64, EventKind), Failure> {
         // Registering a new task is the common case: one write when the key was never used.
         // (`kv::Store::create` would read the key back after any failure; we read once.)
         // `expected` is the revision to write over and whether it holds a live spec.
@@ -251,7 +256,7 @@ impl TaskStore {
                     return Ok((revision, kind));
                 }
                 Err(e) if is_revision_mismatch(&e) => {}
-                Err(e) => return Err(unavailable("write tasks bucket", e)),
+                Err(e) => return Err(Failure::unavailable("write tasks bucket", e)),
             }
             // Someone wrote the key: learn its revision. A direct get is cheap but may lag on a
             // replicated bucket; after a first miss, ask the stream leader.
@@ -259,26 +264,27 @@ impl TaskStore {
                 self.tasks
                     .entry(key)
                     .await
-                    .map_err(|e| unavailable("read tasks bucket", e))?
+                    .map_err(|e| Failure::unavailable("read tasks bucket", e))?
                     .map(|e| (e.revision, e.operation == kv::Operation::Put))
             } else {
                 self.read_leader(key).await?.map(|(latest, live)| (latest.revision, live))
             }
             .unwrap_or((0, false));
         }
-        Err(ApiError::new(ErrorCode::Unavailable, format!("task {key} is being changed concurrently; retry")))
+        Err(concurrently(key))
     }
 
-    pub async fn get(&self, namespace: &str, id: &str) -> Result<TaskReply, ApiError> {
+    pub async fn get(&self, namespace: &str, id: &str) -> Result<TaskReply, Failure> {
         let entry = self.entry(&task_key(namespace, id)).await?.ok_or_else(|| not_found(namespace, id))?;
         Ok(TaskReply { task: decode(&entry)?, revision: entry.revision })
     }
 
     /// Lists tasks in key order, filtered by namespace and labels, one page at a time.
-    pub async fn list(&self, request: &ListRequest) -> Result<ListReply, ApiError> {
+    pub async fn list(&self, request: &ListRequest) -> Result<ListReply, Failure> {
         let limit = request.limit.unwrap_or(100).clamp(1, 1000);
         let prefix = request.namespace.as_ref().map(|ns| format!("{ns}."));
-        let mut keys = keys_once(&self.tasks).await.map_err(|e| unavailable("list tasks bucket", e))?;
+        let mut keys =
+            keys_once(&self.tasks).await.map_err(|e| Failure::unavailable("list tasks bucket", e))?;
         keys.retain(|k| prefix.as_deref().is_none_or(|p| k.starts_with(p)));
         keys.retain(|k| request.cursor.as_deref().is_none_or(|c| k.as_str() > c));
         let mut tasks = Vec::new();
@@ -297,16 +303,16 @@ impl TaskStore {
         Ok(ListReply { tasks, next_cursor })
     }
 
-    pub async fn delete(&self, namespace: &str, id: &str) -> Result<DeleteReply, ApiError> {
+    pub async fn delete(&self, namespace: &str, id: &str) -> Result<DeleteReply, Failure> {
         crate::spans::task(namespace, id);
         let key = task_key(namespace, id);
         let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
         match self.tasks.delete_expect_revision(&key, Some(entry.revision)).await {
             Ok(()) => {}
             Err(e) if e.to_string().contains("wrong last sequence") || e.to_string().contains("10071") => {
-                return Err(self.conflict(&key, Some(entry.revision)).await);
+                return Err(self.conflict(&key, Some(entry.revision)).await.into());
             }
-            Err(e) => return Err(unavailable("delete from tasks bucket", e)),
+            Err(e) => return Err(Failure::unavailable("delete from tasks bucket", e)),
         }
         // Fire state of a deleted task must not make a re-created task catch up on old fires.
         if let Err(error) = self.state.purge(&key).await {
@@ -323,18 +329,13 @@ impl TaskStore {
     /// Pauses a task with compare-and-set, recording `reason` (`paused_reason`) and giving it to
     /// the `task.paused` event; a task already paused is returned unchanged (its reason kept),
     /// without a new revision or event.
-    pub async fn pause(
-        &self,
-        namespace: &str,
-        id: &str,
-        reason: Option<&str>,
-    ) -> Result<TaskReply, ApiError> {
+    pub async fn pause(&self, namespace: &str, id: &str, reason: Option<&str>) -> Result<TaskReply, Failure> {
         self.set_paused(namespace, id, true, reason).await
     }
 
     /// Resumes a task with compare-and-set and clears its `paused_reason`; a running task is
     /// returned unchanged, without a new revision or event.
-    pub async fn resume(&self, namespace: &str, id: &str) -> Result<TaskReply, ApiError> {
+    pub async fn resume(&self, namespace: &str, id: &str) -> Result<TaskReply, Failure> {
         self.set_paused(namespace, id, false, None).await
     }
 
@@ -344,7 +345,7 @@ impl TaskStore {
         id: &str,
         paused: bool,
         reason: Option<&str>,
-    ) -> Result<TaskReply, ApiError> {
+    ) -> Result<TaskReply, Failure> {
         crate::spans::task(namespace, id);
         let key = task_key(namespace, id);
         for _ in 0..CAS_ATTEMPTS {
@@ -371,10 +372,10 @@ impl TaskStore {
                     return Ok(TaskReply { task, revision });
                 }
                 Err(e) if is_revision_mismatch(&e) => continue,
-                Err(e) => return Err(unavailable("write tasks bucket", e)),
+                Err(e) => return Err(Failure::unavailable("write tasks bucket", e)),
             }
         }
-        Err(ApiError::new(ErrorCode::Unavailable, format!("task {key} is being changed concurrently; retry")))
+        Err(concurrently(&key))
     }
 
     /// Starts a resumed task's consecutive-failure count over (in its own breaker record), so
@@ -415,7 +416,7 @@ impl TaskStore {
         namespace: &str,
         id: &str,
         priority: Option<Priority>,
-    ) -> Result<TriggerReply, ApiError> {
+    ) -> Result<TriggerReply, Failure> {
         crate::spans::task(namespace, id);
         let key = task_key(namespace, id);
         let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
@@ -431,14 +432,14 @@ impl TaskStore {
             SpecBody::Json(&entry.value),
             parent.as_ref(),
         )
-        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("encode dispatch: {e}")))?;
+        .map_err(|e| Failure::internal("encode dispatch", e))?;
         let ack = self
             .js
             .send_publish(subject, message)
             .await
-            .map_err(|e| unavailable("publish dispatch", e))?
+            .map_err(|e| Failure::unavailable("publish dispatch", e))?
             .await
-            .map_err(|e| unavailable("store dispatch", e))?;
+            .map_err(|e| Failure::unavailable("store dispatch", e))?;
         self.emit(Event {
             execution_id: Some(execution_id.clone()),
             nominal_time: Some(now),

@@ -5,7 +5,7 @@
 use arbitrary::Arbitrary;
 use async_nats::HeaderMap;
 use chrono::DateTime;
-use jetsched_registry::api::{Endpoint, Limits, decode_request};
+use jetsched_registry::codec::{Limits, TaskEndpoint, decode_request};
 use jetsched_shared::wire::{HDR_CREATE_ONLY, HDR_EXPECTED_REVISION};
 use libfuzzer_sys::fuzz_target;
 
@@ -18,7 +18,7 @@ struct Input {
 }
 
 fuzz_target!(|input: Input| {
-    let endpoint = Endpoint::TASK[input.endpoint as usize % Endpoint::TASK.len()];
+    let endpoint = TaskEndpoint::ALL[input.endpoint as usize % TaskEndpoint::ALL.len()];
     let mut headers = HeaderMap::new();
     // Header values cannot hold line breaks on the wire; skip those inputs.
     for (name, value) in
@@ -33,11 +33,9 @@ fuzz_target!(|input: Input| {
     }
     let now = DateTime::from_timestamp_millis(1_790_000_000_000).expect("fixed instant");
     let limits = Limits { max_spec_bytes: 64 * 1024 };
-    if let Err(errors) =
-        decode_request(endpoint, "jetsched.api.task.x", &input.payload, Some(&headers), limits, now)
-    {
+    if let Err(failure) = decode_request(endpoint, &input.payload, Some(&headers), limits, now) {
         assert!(
-            errors.as_slice().iter().all(|e| !e.message.is_empty()),
+            failure.wire().as_slice().iter().all(|e| !e.message.is_empty()),
             "an error always says what is wrong"
         );
     }
