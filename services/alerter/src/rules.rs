@@ -91,6 +91,26 @@ impl Rule {
             Rule::NoLeader | Rule::JetstreamUnavailable => Severity::Fatal,
         }
     }
+
+    /// The event kinds the rule reads from the events stream; none for the rules fed by the
+    /// checks or the lease. The alerter's event consumers are derived from these, so a rule
+    /// never reads a kind nobody consumes.
+    pub fn reads(self) -> &'static [EventKind] {
+        match self {
+            Rule::RunFailed => &[EventKind::RunFailed],
+            Rule::RunDead => &[EventKind::RunDead],
+            Rule::FireLag => &[EventKind::FireDispatched],
+            Rule::LeaderChanged | Rule::LeaderFlapping => &[EventKind::LeaderAcquired],
+            // A breaker's episode ends when it closes.
+            Rule::BreakerOpen => &[EventKind::BreakerOpened, EventKind::BreakerClosed],
+            Rule::ClockSkew => &[EventKind::SchedulerClockSkew],
+            Rule::QueueBacklog
+            | Rule::NoLeader
+            | Rule::DlqGrowing
+            | Rule::DlqFull
+            | Rule::JetstreamUnavailable => &[],
+        }
+    }
 }
 
 /// What the subject of a system alert is called (the `task_id` of the alert).
@@ -534,6 +554,75 @@ mod tests {
 
     fn event(kind: EventKind, time: DateTime<Utc>) -> Event {
         Event { time, ..Event::new(kind, "billing", "report") }
+    }
+
+    /// Every event kind (the match stops compiling when a kind is added).
+    fn every_kind() -> Vec<EventKind> {
+        use EventKind::*;
+        let all = [
+            TaskRegistered,
+            TaskUpdated,
+            TaskDeleted,
+            TaskPaused,
+            TaskResumed,
+            TaskRejected,
+            FireDispatched,
+            FireSkipped,
+            FireMissed,
+            RunStarted,
+            RunSucceeded,
+            RunFailed,
+            RunRetrying,
+            RunDead,
+            RunSkipped,
+            BreakerOpened,
+            BreakerHalfOpened,
+            BreakerClosed,
+            LeaderAcquired,
+            LeaderLost,
+            SchedulerClockSkew,
+        ];
+        for kind in all {
+            match kind {
+                TaskRegistered | TaskUpdated | TaskDeleted | TaskPaused | TaskResumed | TaskRejected
+                | FireDispatched | FireSkipped | FireMissed | RunStarted | RunSucceeded | RunFailed
+                | RunRetrying | RunDead | RunSkipped | BreakerOpened | BreakerHalfOpened | BreakerClosed
+                | LeaderAcquired | LeaderLost | SchedulerClockSkew => {}
+            }
+        }
+        all.to_vec()
+    }
+
+    /// What [`Rule::reads`] declares is what the detector reacts to: every kind that raises a
+    /// rule's alert is one it reads (the consumers are derived from those), and every kind it
+    /// reads raises it, except a breaker's closing, which ends an episode.
+    #[test]
+    fn each_rule_raises_on_the_kinds_it_reads_and_no_other() {
+        for rule in Rule::ALL {
+            for kind in every_kind() {
+                let mut d = Detector::new(Thresholds {
+                    enabled: vec![rule],
+                    flap_changes: 1,
+                    fire_lag: Duration::from_secs(1),
+                    ..Thresholds::default()
+                });
+                let event = Event {
+                    nominal_time: Some(at(-60)),
+                    instance: Some("s1".into()),
+                    key: Some("task.billing.report".into()),
+                    ..event(kind, at(0))
+                };
+                let raised = (0..3).flat_map(|_| d.on_event(&event)).any(|c| c.rule == rule);
+                let reads = rule.reads().contains(&kind);
+                assert!(!raised || reads, "{} raises on {} but does not read it", rule.name(), kind.as_str());
+                assert!(
+                    raised || !reads || kind == EventKind::BreakerClosed,
+                    "{} reads {} but never raises on it",
+                    rule.name(),
+                    kind.as_str()
+                );
+            }
+        }
     }
 
     #[test]

@@ -201,7 +201,7 @@ async fn leader_events(
     .context("leader events start time")?;
     let consumer = stream
         .create_consumer(pull::OrderedConfig {
-            filter_subject: names.event_subject(EventKind::LeaderAcquired.as_str(), "*", "*"),
+            filter_subject: names.event_subject(LEADER_KIND.as_str(), "*", "*"),
             deliver_policy: DeliverPolicy::ByStartTime { start_time },
             ..Default::default()
         })
@@ -219,12 +219,7 @@ async fn events_consumers(
     names: &Names,
     rules: &[Rule],
 ) -> anyhow::Result<Vec<PullConsumer>> {
-    // Run failures are few and always read; leader events go to every replica through their
-    // own ordered consumer.
-    let mut kinds = vec![EventKind::RunFailed, EventKind::RunDead];
-    if rules.contains(&Rule::FireLag) {
-        kinds.push(EventKind::FireDispatched);
-    }
+    let kinds = shared_kinds(rules);
     let name = names.events_stream();
     let stream = js.get_stream(&name).await.with_context(|| format!("look up stream {name}"))?;
     let combined = names.alerter_combined_consumer();
@@ -251,6 +246,20 @@ async fn events_consumers(
         consumers.push(consumer);
     }
     Ok(consumers)
+}
+
+/// Leader changes go to every replica through its own ordered consumer ([`leader_events`]).
+const LEADER_KIND: EventKind = EventKind::LeaderAcquired;
+
+/// The kinds read through the shared consumers when `rules` are on, one consumer each.
+fn shared_kinds(rules: &[Rule]) -> Vec<EventKind> {
+    let mut kinds: Vec<EventKind> = Vec::new();
+    for &kind in rules.iter().flat_map(|rule| rule.reads()) {
+        if kind != LEADER_KIND && !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    kinds
 }
 
 fn entry_time(entry: &kv::Entry) -> DateTime<Utc> {
@@ -562,5 +571,65 @@ impl Alerter {
                 self.throttle.record_sent(now, candidate, repeats, until);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `subject` matches the NATS subject `filter` (`*` one token, `>` the rest).
+    fn matches(filter: &str, subject: &str) -> bool {
+        let (mut f, mut s) = (filter.split('.'), subject.split('.'));
+        loop {
+            match (f.next(), s.next()) {
+                (Some(">"), Some(_)) => return true,
+                (Some(a), Some(b)) if a == "*" || a == b => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
+
+    /// Every kind a rule reads reaches the alerter: a shared consumer's filter or the leader
+    /// events' takes its events.
+    #[test]
+    fn every_kind_a_rule_reads_is_consumed() {
+        let names = Names::default();
+        for rule in Rule::ALL {
+            let mut filters: Vec<String> = shared_kinds(&[rule])
+                .into_iter()
+                .map(|kind| names.event_subject(kind.as_str(), "*", "*"))
+                .collect();
+            filters.push(names.event_subject(LEADER_KIND.as_str(), "*", "*"));
+            for kind in rule.reads() {
+                let subject = names.event_subject(kind.as_str(), "billing", "report");
+                assert!(
+                    filters.iter().any(|f| matches(f, &subject)),
+                    "{} reads {}, which no consumer takes ({filters:?})",
+                    rule.name(),
+                    kind.as_str()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_what_enabled_rules_read_is_consumed_once() {
+        let kinds =
+            |rules: &[Rule]| -> Vec<&str> { shared_kinds(rules).iter().map(|k| k.as_str()).collect() };
+        assert_eq!(kinds(&[Rule::RunDead, Rule::NoLeader]), ["run.dead"]);
+        assert_eq!(kinds(&[Rule::LeaderChanged, Rule::LeaderFlapping]), Vec::<&str>::new());
+        assert_eq!(
+            kinds(&Rule::ALL),
+            [
+                "run.failed",
+                "run.dead",
+                "fire.dispatched",
+                "breaker.opened",
+                "breaker.closed",
+                "scheduler.clock_skew"
+            ]
+        );
     }
 }
