@@ -248,8 +248,8 @@ async fn dlq_full_from_a_nearly_full_dead_letter_stream() {
     alerter.stop().await;
 }
 
-/// The server goes away for a few seconds: JetStream does not answer the alerter's checks. The
-/// alert is stored once the server is back (the NATS channel retries its publish).
+/// The server goes away: JetStream does not answer the alerter's checks. The alert is stored
+/// once the server is back (the NATS channel retries its publish).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_unavailable_from_a_server_that_went_away() {
     let (mut server, _client, js, _names) = start().await;
@@ -259,7 +259,12 @@ async fn jetstream_unavailable_from_a_server_that_went_away() {
     })
     .await;
     server.kill();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Back once a check has found it gone (a check may wait behind the reopening of the
+    // lease watch and the leader events, each waiting out its request's timeout).
+    eventually(WAIT, "the alerter raised jetstream_unavailable", || async {
+        alerter.metric("jetsched_alerts_raised_total{rule=\"jetstream_unavailable\"}").await == Some(1.0)
+    })
+    .await;
     server.restart().await;
 
     let message = stored(&js, "jetstream_unavailable").await;
