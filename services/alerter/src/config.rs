@@ -201,25 +201,32 @@ impl Config {
     /// A configuration for a server at `url` with defaults, an ephemeral admin port, no
     /// webhook (tests).
     pub fn for_tests(url: &str) -> Config {
+        // The rules' and the throttle's own defaults (those of the flags).
+        let rule_defaults = Thresholds::default();
+        let Thresholds { enabled: rules, backlog_threshold, backlog_for, no_leader_after, .. } =
+            rule_defaults;
+        let Thresholds { fire_lag, flap_changes, flap_window, dlq_full_ratio, .. } = rule_defaults;
+        let ThrottleConfig { dedup_window, rate_per_minute, group_wait, summary_interval, .. } =
+            ThrottleConfig::default();
         Config {
             nats: NatsArgs::plain(url),
             common: CommonArgs::for_tests("alerter-test"),
             topology: TopologyArgs::default(),
             config: None,
-            rules: Rule::ALL.to_vec(),
-            backlog_threshold: 1000,
-            backlog_for: Duration::from_secs(60),
-            no_leader_after: Duration::from_secs(30),
-            fire_lag: Duration::from_secs(5),
-            flap_changes: 3,
-            flap_window: Duration::from_secs(600),
-            dlq_full_ratio: 0.9,
+            rules,
+            backlog_threshold,
+            backlog_for,
+            no_leader_after,
+            fire_lag,
+            flap_changes,
+            flap_window,
+            dlq_full_ratio,
             check_interval: Duration::from_secs(10),
-            dedup_window: Duration::from_secs(300),
-            rate_limit: 10,
+            dedup_window,
+            rate_limit: rate_per_minute,
             rate_burst: None,
-            summary_interval: Duration::from_secs(60),
-            group_wait: Duration::from_secs(2),
+            summary_interval,
+            group_wait,
             log_alerts: true,
             nats_alerts: true,
             webhook_urls: Vec::new(),
@@ -333,6 +340,16 @@ mod tests {
         assert_eq!(config.group_wait, Duration::ZERO);
         config.validate().unwrap();
         Config::for_tests("nats://127.0.0.1:4222").validate().unwrap();
+    }
+
+    /// Tests run on the rules' and the throttle's defaults, which are the flags' defaults.
+    #[test]
+    fn test_defaults_are_the_flags_defaults() {
+        let flags = Config::try_parse_from(["jetsched-alerter"]).unwrap();
+        let tests = Config::for_tests("nats://127.0.0.1:4222");
+        assert_eq!(format!("{:?}", flags.thresholds()), format!("{:?}", tests.thresholds()));
+        assert_eq!(format!("{:?}", flags.throttle()), format!("{:?}", tests.throttle()));
+        assert_eq!(flags.check_interval, tests.check_interval);
     }
 
     fn settings_file(name: &str, json: &str) -> PathBuf {

@@ -7,6 +7,7 @@
 //! a webhook receiver, an alert subscriber, event builders and metric readers.
 
 mod delivery;
+mod every_rule;
 mod full_stack;
 mod restarts;
 mod rules;

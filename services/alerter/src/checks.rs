@@ -1,0 +1,115 @@
+//! The periodic checks and when the next is due: whether JetStream answers, the pending
+//! dispatches of each queue's lanes and the dead-letter stream's depth and limit. Each check
+//! updates the gauges and says what it saw; the rules decide.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream;
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use jetsched_shared::names::Names;
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::rules::DlqState;
+
+/// How long JetStream has to answer a check.
+const ANSWER_WITHIN: Duration = Duration::from_secs(2);
+
+/// What one check saw; a probe that could not be read is `None` (counted and logged).
+pub(crate) struct Seen {
+    pub(crate) at: DateTime<Utc>,
+    /// Why JetStream did not answer; the other probes are skipped then.
+    pub(crate) unavailable: Option<String>,
+    pub(crate) depths: Option<Vec<(String, u64)>>,
+    pub(crate) dlq: Option<DlqState>,
+}
+
+pub(crate) struct Checks {
+    interval: Duration,
+    next_at: Instant,
+    metrics: Metrics,
+}
+
+impl Checks {
+    /// Checks every `interval`, the first at once.
+    pub(crate) fn new(interval: Duration, metrics: Metrics) -> Checks {
+        Checks { interval, next_at: Instant::now(), metrics }
+    }
+
+    /// When the next check is due.
+    pub(crate) fn next_at(&self) -> Instant {
+        self.next_at
+    }
+
+    /// Runs a check; the next is due an interval after this one started.
+    pub(crate) async fn run(&mut self, js: &jetstream::Context, names: &Names) -> Seen {
+        self.next_at = Instant::now() + self.interval;
+        let at = Utc::now();
+        let unavailable = match tokio::time::timeout(ANSWER_WITHIN, js.query_account()).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some(format!("no answer within {ANSWER_WITHIN:?}")),
+        };
+        if unavailable.is_some() {
+            // Every probe below would only wait out its timeout.
+            return Seen { at, unavailable, depths: None, dlq: None };
+        }
+        let depths = match queue_depths(js, names).await {
+            Ok(depths) => {
+                for (queue, depth) in &depths {
+                    self.metrics.queue_depth.with_label_values(&[queue]).set(gauge(*depth));
+                }
+                Some(depths)
+            }
+            Err(error) => {
+                self.metrics.errors.with_label_values(&["queue_depth"]).inc();
+                tracing::warn!(error = format!("{error:#}"), "cannot read queue depths");
+                None
+            }
+        };
+        let dlq = match dlq_state(js, names).await {
+            Ok(dlq) => {
+                self.metrics.dlq_depth.set(gauge(dlq.messages));
+                self.metrics.dlq_bytes.set(gauge(dlq.bytes));
+                self.metrics.dlq_max_bytes.set(dlq.max_bytes);
+                Some(dlq)
+            }
+            Err(error) => {
+                self.metrics.errors.with_label_values(&["dlq_depth"]).inc();
+                tracing::warn!(error = format!("{error:#}"), "cannot read the dead-letter stream");
+                None
+            }
+        };
+        Seen { at, unavailable, depths, dlq }
+    }
+}
+
+fn gauge(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// `(queue, pending)` for every queue with worker consumers on the dispatch stream, pending
+/// summed over its lanes (one consumer per priority).
+async fn queue_depths(js: &jetstream::Context, names: &Names) -> anyhow::Result<Vec<(String, u64)>> {
+    let name = names.dispatch_stream();
+    let stream = js.get_stream(&name).await.with_context(|| format!("look up {name}"))?;
+    let infos: Vec<_> =
+        stream.consumers().try_collect().await.with_context(|| format!("list consumers of {name}"))?;
+    let mut depths = std::collections::BTreeMap::<String, u64>::new();
+    for info in infos {
+        if let Some((queue, _)) = names.lane_of_worker_consumer(&info.name) {
+            *depths.entry(queue.to_string()).or_default() += info.num_pending;
+        }
+    }
+    Ok(depths.into_iter().collect())
+}
+
+/// Messages and bytes in the dead-letter stream, and its byte limit.
+async fn dlq_state(js: &jetstream::Context, names: &Names) -> anyhow::Result<DlqState> {
+    let name = names.dlq_stream();
+    let mut stream = js.get_stream(&name).await.with_context(|| format!("look up {name}"))?;
+    let info = stream.info().await.with_context(|| format!("read {name} info"))?;
+    Ok(DlqState { messages: info.state.messages, bytes: info.state.bytes, max_bytes: info.config.max_bytes })
+}
