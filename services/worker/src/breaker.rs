@@ -12,8 +12,7 @@
 //! `breaker.*` event, so each is told once. The rules themselves are pure ([`machine`]).
 
 mod machine;
-pub(crate) mod pause;
-pub(crate) mod shortcut;
+mod pause;
 mod store;
 mod sync;
 
