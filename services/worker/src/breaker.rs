@@ -94,8 +94,7 @@ impl Breakers {
                 (admission, record)
             }
             Err(error) => {
-                self.metrics.errors.with_label_values(&["breaker"]).inc();
-                tracing::warn!(error = format!("{error:#}"), key, "cannot ask the breaker for a probe");
+                self.failed(&key, &error, "cannot ask the breaker for a probe");
                 (Admission::ShortCircuit, record)
             }
         };
@@ -136,12 +135,7 @@ impl Breakers {
                         self.remember(&gate.key, stored);
                     }
                     Err(error) => {
-                        self.metrics.errors.with_label_values(&["breaker"]).inc();
-                        tracing::warn!(
-                            error = format!("{error:#}"),
-                            key = gate.key,
-                            "cannot record a probe's verdict; its grant lapses"
-                        );
+                        self.failed(&gate.key, &error, "cannot record a probe's verdict; its grant lapses");
                     }
                 }
             }

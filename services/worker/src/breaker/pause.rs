@@ -49,12 +49,7 @@ impl Breakers {
                 count
             }
             Err(error) => {
-                self.metrics.errors.with_label_values(&["breaker"]).inc();
-                tracing::warn!(
-                    error = format!("{error:#}"),
-                    key,
-                    "cannot count the run's ending for auto-pause"
-                );
+                self.failed(&key, &error, "cannot count the run's ending for auto-pause");
                 return;
             }
         };

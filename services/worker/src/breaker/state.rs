@@ -94,6 +94,12 @@ impl Breakers {
         self.metrics.breaker_state.with_label_values(&[key]).set(0);
     }
 
+    /// Counts and logs a bucket operation on `key` that failed (`what` says which).
+    pub(super) fn failed(&self, key: &str, error: &anyhow::Error, what: &str) {
+        self.metrics.errors.with_label_values(&["breaker"]).inc();
+        tracing::warn!(error = format!("{error:#}"), key, "{what}");
+    }
+
     /// Tells the `breaker.*` event of a transition this worker's write made (in the
     /// background, with a message id so a retried publish is stored once).
     pub(super) fn tell(&self, key: &str, transition: Transition, stored: &Versioned) {

@@ -136,12 +136,7 @@ impl Breakers {
                     self.remember(&key, stored);
                 }
                 Err(error) => {
-                    self.metrics.errors.with_label_values(&["breaker"]).inc();
-                    tracing::warn!(
-                        error = format!("{error:#}"),
-                        key,
-                        "cannot merge breaker counts; keeping them"
-                    );
+                    self.failed(&key, &error, "cannot merge breaker counts; keeping them");
                     let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
                     let entry = pending
                         .entry(key)
