@@ -278,11 +278,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), InvalidConfig> {
         let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
         problems.check(!self.queues.is_empty(), "queue", "(none)", "give at least one queue");
-        for queue in &self.queues {
-            let ok = (1..=64).contains(&queue.len())
-                && queue.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-            problems.check(ok, "queue", format!("{queue:?}"), "must match [A-Za-z0-9_-]{1,64}");
-        }
+        check_names(&mut problems, "queue", &self.queues);
         problems.at_least("concurrency", self.concurrency, 1);
         problems.positive("ack-wait", self.ack_wait);
         if let Some(interval) = self.progress_interval {
@@ -295,38 +291,23 @@ impl Config {
         problems.at_least_duration("pull-expires", self.pull_expires, Duration::from_millis(100));
         problems.positive("dlq-retry-delay", self.dlq_retry_delay);
         problems.positive("running-after", self.running_after);
-        for key in &self.shared_breakers {
-            let ok = (1..=64).contains(&key.len())
-                && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-            problems.check(ok, "shared-breakers", format!("{key:?}"), "must match [A-Za-z0-9_-]{1,64}");
+        check_names(&mut problems, "shared-breakers", &self.shared_breakers);
+        if let Some(weights) =
+            per_priority(&mut problems, "priority-weights", DEFAULT_WEIGHTS, &self.priority_weights)
+        {
+            let ok = weights.0.iter().all(|w| *w >= 1);
+            problems.check(ok, "priority-weights", &self.priority_weights, "every weight is at least 1");
         }
-        match PerPriority::parse_over(DEFAULT_WEIGHTS, &self.priority_weights) {
-            Ok(weights) => {
-                let ok = weights.0.iter().all(|w| *w >= 1);
-                problems.check(ok, "priority-weights", &self.priority_weights, "every weight is at least 1");
-            }
-            Err(errors) => {
-                for error in errors {
-                    problems.push("priority-weights", &self.priority_weights, error);
-                }
-            }
-        }
-        match PerPriority::parse_over(PerPriority::default(), &self.reserve) {
-            Ok(reserve) => problems.check(
-                reserve.total() == 0 || reserve.total() < self.concurrency,
+        if let Some(reserve) = per_priority(&mut problems, "reserve", PerPriority::default(), &self.reserve) {
+            let (reserved, concurrency) = (reserve.total(), self.concurrency);
+            problems.check(
+                reserved == 0 || reserved < concurrency,
                 "reserve",
                 &self.reserve,
                 format!(
-                    "reserved permits ({}) must leave one of --concurrency ({}) unreserved",
-                    reserve.total(),
-                    self.concurrency
+                    "reserved permits ({reserved}) must leave one of --concurrency ({concurrency}) unreserved"
                 ),
-            ),
-            Err(errors) => {
-                for error in errors {
-                    problems.push("reserve", &self.reserve, error);
-                }
-            }
+            );
         }
         parse_shell_allow(&self.shell_allow, &mut problems);
         parse_http_allow(&self.http_allow, &mut problems);
@@ -340,6 +321,34 @@ impl Config {
             }
         }
         problems.finish::<Config>()
+    }
+}
+
+/// Checks each of `names` given to `flag` against `[A-Za-z0-9_-]{1,64}`.
+fn check_names(problems: &mut Problems, flag: &str, names: &[String]) {
+    for name in names {
+        let ok = (1..=64).contains(&name.len())
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        problems.check(ok, flag, format!("{name:?}"), "must match [A-Za-z0-9_-]{1,64}");
+    }
+}
+
+/// `text` (`--priority-weights`, `--reserve`) parsed over `default`; `None` with its problems
+/// recorded under `flag`.
+fn per_priority(
+    problems: &mut Problems,
+    flag: &str,
+    default: PerPriority,
+    text: &str,
+) -> Option<PerPriority> {
+    match PerPriority::parse_over(default, text) {
+        Ok(parsed) => Some(parsed),
+        Err(errors) => {
+            for error in errors {
+                problems.push(flag, text, error);
+            }
+            None
+        }
     }
 }
 

@@ -23,20 +23,29 @@ use crate::metrics::Metrics;
 use crate::runs::{AttemptOutcome, RunRecord, RunStatus, RunStore};
 pub use jetsched_shared::wire::{DeadLetter, DeadLetterSource};
 
-/// Publishes dead letters and reads the DLQ depth.
+/// Stores dead letters (counted by source) and keeps the DLQ depth gauge.
 #[derive(Clone)]
 pub(crate) struct DeadLetters {
     js: jetstream::Context,
     names: Names,
+    metrics: Metrics,
+    /// When a run whose dead letter the stream refused is delivered again (`--dlq-retry-delay`).
+    pub(crate) retry_delay: Duration,
 }
 
 impl DeadLetters {
-    pub(crate) fn new(js: jetstream::Context, names: Names) -> DeadLetters {
-        DeadLetters { js, names }
+    pub(crate) fn new(
+        js: jetstream::Context,
+        names: Names,
+        metrics: Metrics,
+        retry_delay: Duration,
+    ) -> DeadLetters {
+        DeadLetters { js, names, metrics, retry_delay }
     }
 
-    /// Stores `entry` and waits for the stream's ack. An error means it is not stored (the
-    /// stream is full and discards new entries, or NATS failed): the caller must not `Term`.
+    /// Stores `entry`, waits for the stream's ack and counts it by source. An error means it
+    /// is not stored (the stream is full and discards new entries, or NATS failed): the caller
+    /// must not `Term`.
     pub(crate) async fn publish(&self, entry: &DeadLetter) -> anyhow::Result<()> {
         let subject = self.names.dlq_subject(&entry.queue, &entry.namespace, &entry.task_id);
         let body = serde_json::to_vec(entry).context("encode dead letter")?;
@@ -52,14 +61,37 @@ impl DeadLetters {
             .with_context(|| format!("publish dead letter to {subject}"))?
             .await
             .with_context(|| format!("store dead letter on {subject}"))?;
+        self.metrics.dead_letters.with_label_values(&[entry.source.as_str()]).inc();
         Ok(())
     }
 
+    /// [`DeadLetters::publish`] for a delivery: a refusal is counted and logged here, and
+    /// returned (then the caller must not `Term`).
+    pub(crate) async fn store(&self, entry: &DeadLetter) -> anyhow::Result<()> {
+        let stored = self.publish(entry).await;
+        if let Err(error) = &stored {
+            self.metrics.dlq_rejected.inc();
+            tracing::error!(
+                error = format!("{error:#}"),
+                "the dead-letter stream refused the entry; retrying later"
+            );
+        }
+        stored
+    }
+
     /// Messages in the dead-letter stream.
-    pub(crate) async fn depth(&self) -> anyhow::Result<u64> {
+    async fn depth(&self) -> anyhow::Result<u64> {
         let name = self.names.dlq_stream();
         let mut stream = self.js.get_stream(&name).await.with_context(|| format!("look up {name}"))?;
         Ok(stream.info().await.with_context(|| format!("read {name} info"))?.state.messages)
+    }
+
+    /// Sets `jetsched_dlq_depth` from the stream (a failed read is logged at debug level).
+    pub(crate) async fn measure(&self) {
+        match self.depth().await {
+            Ok(depth) => self.metrics.dlq_depth.set(i64::try_from(depth).unwrap_or(i64::MAX)),
+            Err(error) => tracing::debug!(error = format!("{error:#}"), "read DLQ depth"),
+        }
     }
 }
 
@@ -173,33 +205,37 @@ impl Mover {
             "no verdict after {} deliveries (consumer {} max_deliver): the run keeps crashing or stalling its worker",
             advisory.deliveries, advisory.consumer
         );
-        let mut dispatch: Dispatch = match serde_json::from_slice(&raw.payload) {
-            Ok(dispatch) => dispatch,
+        // A body that does not decode, or names another run than its subject, is never
+        // dead-lettered as the run it names (whose record it would close).
+        let (refused, decoded) = match serde_json::from_slice::<Dispatch>(&raw.payload) {
             Err(error) => {
                 let entry =
                     undecodable(&self.names, &raw.subject, &raw.payload, &error, &self.worker, raw.sequence);
-                self.dlq.publish(&entry).await?;
-                self.metrics.dead_letters.with_label_values(&[DeadLetterSource::Undecodable.as_str()]).inc();
-                stream.delete_message(raw.sequence).await.context("delete the dispatch message")?;
-                return Ok(());
+                (Some(entry), None)
             }
+            Ok(dispatch) => match disagreement(&self.names, &raw.subject, &dispatch) {
+                Some(reason) => {
+                    let entry = mismatched(
+                        &self.names,
+                        &raw.subject,
+                        &raw.payload,
+                        &dispatch,
+                        reason,
+                        &self.worker,
+                        raw.sequence,
+                    );
+                    (Some(entry), None)
+                }
+                None => (None, Some(dispatch)),
+            },
         };
-        if let Some(reason) = disagreement(&self.names, &raw.subject, &dispatch) {
-            // Never dead-lettered as the run its body names (whose record it would close).
-            let entry = mismatched(
-                &self.names,
-                &raw.subject,
-                &raw.payload,
-                &dispatch,
-                reason,
-                &self.worker,
-                raw.sequence,
-            );
-            self.dlq.publish(&entry).await?;
-            self.metrics.dead_letters.with_label_values(&[DeadLetterSource::Mismatched.as_str()]).inc();
+        let Some(mut dispatch) = decoded else {
+            if let Some(entry) = refused {
+                self.dlq.publish(&entry).await?;
+            }
             stream.delete_message(raw.sequence).await.context("delete the dispatch message")?;
             return Ok(());
-        }
+        };
         dispatch.trace_id = jetsched_shared::trace::trace_id_in(Some(&raw.headers));
         let record = self.runs.get(&dispatch.execution_id).await?;
         if let Some((record, _)) = &record
@@ -238,7 +274,6 @@ impl Mover {
             raw.sequence,
         );
         self.dlq.publish(&entry).await?;
-        self.metrics.dead_letters.with_label_values(&[DeadLetterSource::MaxDeliveries.as_str()]).inc();
         if let Some((mut record, revision)) = saved {
             record.status = RunStatus::Dead;
             self.runs.save(record, revision, |r| r.status = RunStatus::Dead).await?;
@@ -258,9 +293,7 @@ impl Mover {
         if let Err(error) = self.events.publish(&event).await {
             self.events.give_up(&event, &error);
         }
-        if let Ok(depth) = self.dlq.depth().await {
-            self.metrics.dlq_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
-        }
+        self.dlq.measure().await;
         tracing::warn!(
             namespace = %dispatch.namespace, task = %dispatch.task_id, execution = %dispatch.execution_id,
             deliveries = advisory.deliveries, "crash-looping run moved to the dead-letter stream"
@@ -321,27 +354,9 @@ pub(crate) fn undecodable(
     worker: &str,
     sequence: u64,
 ) -> DeadLetter {
-    let (queue, priority, namespace, task_id) = subject_address(names, subject);
-    DeadLetter {
-        execution_id: format!("undecodable-{sequence}"),
-        namespace,
-        task_id,
-        queue,
-        nominal_time: Utc::now(),
-        trigger: Trigger::Schedule,
-        term: 0,
-        revision: 0,
-        spec: None,
-        raw_dispatch: Some(String::from_utf8_lossy(payload).into_owned()),
-        reason: format!("the dispatch message does not decode: {error}"),
-        source: DeadLetterSource::Undecodable,
-        dead_at: Utc::now(),
-        worker: worker.to_string(),
-        attempts: Vec::new(),
-        dispatch_sequence: sequence,
-        trace_id: None,
-        priority,
-    }
+    let reason = format!("the dispatch message does not decode: {error}");
+    let message = Unrun { subject, payload, sequence, dispatch: None };
+    message.dead_letter(names, DeadLetterSource::Undecodable, reason, worker)
 }
 
 /// A dead letter for a dispatch whose subject and body disagree ([`disagreement`]'s
@@ -358,26 +373,50 @@ pub(crate) fn mismatched(
     worker: &str,
     sequence: u64,
 ) -> DeadLetter {
-    let (queue, priority, namespace, task_id) = subject_address(names, subject);
-    DeadLetter {
-        execution_id: format!("mismatched-{sequence}"),
-        namespace,
-        task_id,
-        queue,
-        nominal_time: dispatch.nominal_time,
-        trigger: dispatch.trigger,
-        term: dispatch.term,
-        revision: dispatch.revision,
-        spec: None,
-        raw_dispatch: Some(String::from_utf8_lossy(payload).into_owned()),
-        reason,
-        source: DeadLetterSource::Mismatched,
-        dead_at: Utc::now(),
-        worker: worker.to_string(),
-        attempts: Vec::new(),
-        dispatch_sequence: sequence,
-        trace_id: None,
-        priority,
+    let message = Unrun { subject, payload, sequence, dispatch: Some(dispatch) };
+    message.dead_letter(names, DeadLetterSource::Mismatched, reason, worker)
+}
+
+/// A dispatch message that is dead-lettered without being run: its subject, body as it came,
+/// stream sequence and, when the body decoded, what it says.
+struct Unrun<'a> {
+    subject: &'a str,
+    payload: &'a [u8],
+    sequence: u64,
+    dispatch: Option<&'a Dispatch>,
+}
+
+impl Unrun<'_> {
+    /// Its dead letter, addressed by the subject, identified as `<source>-<sequence>`.
+    fn dead_letter(
+        &self,
+        names: &Names,
+        source: DeadLetterSource,
+        reason: String,
+        worker: &str,
+    ) -> DeadLetter {
+        let (queue, priority, namespace, task_id) = subject_address(names, self.subject);
+        let dispatch = self.dispatch;
+        DeadLetter {
+            execution_id: format!("{}-{}", source.as_str(), self.sequence),
+            namespace,
+            task_id,
+            queue,
+            nominal_time: dispatch.map_or_else(Utc::now, |d| d.nominal_time),
+            trigger: dispatch.map_or(Trigger::Schedule, |d| d.trigger),
+            term: dispatch.map_or(0, |d| d.term),
+            revision: dispatch.map_or(0, |d| d.revision),
+            spec: None,
+            raw_dispatch: Some(String::from_utf8_lossy(self.payload).into_owned()),
+            reason,
+            source,
+            dead_at: Utc::now(),
+            worker: worker.to_string(),
+            attempts: Vec::new(),
+            dispatch_sequence: self.sequence,
+            trace_id: None,
+            priority,
+        }
     }
 }
 

@@ -27,8 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::policy::{Policy, Reserve};
-use crate::consumer::Shared;
-use crate::delivery::process;
+use crate::delivery::{Parts, process};
 
 /// The lanes of a queue and how permits are shared among them.
 pub(crate) struct LanePulls {
@@ -105,7 +104,7 @@ const PROBE_RETRY: Duration = Duration::from_millis(500);
 
 /// Pulls and starts the runs of every lane of one queue until `shutdown`.
 pub(crate) async fn run_lanes(
-    shared: Arc<Shared>,
+    parts: Arc<Parts>,
     pulls: LanePulls,
     permits: Arc<Semaphore>,
     frees: Frees,
@@ -128,7 +127,7 @@ pub(crate) async fn run_lanes(
         .collect();
     let mut probes: JoinSet<ProbeResult> = JoinSet::new();
     let mut freed = frees.subscribe();
-    let starter = Starter { shared: shared.clone(), queue: queue.clone(), tracker, frees: frees.clone() };
+    let starter = Starter { parts: parts.clone(), queue: queue.clone(), tracker, frees: frees.clone() };
     loop {
         for (index, lane) in lanes.iter_mut().enumerate() {
             if !lane.has_work() && !lane.probing {
@@ -169,7 +168,7 @@ pub(crate) async fn run_lanes(
                     }
                     Ok(None) => starter.empty(lane.priority),
                     Err(error) => {
-                        shared.metrics.errors.with_label_values(&["pull"]).inc();
+                        parts.metrics.errors.with_label_values(&["pull"]).inc();
                         tracing::warn!(%error, queue = %queue, priority = %lane.priority, "lane pull failed");
                         lane.probing = true;
                         let wait = lane.known.then_some(expires);
@@ -288,7 +287,7 @@ async fn hand_back(message: Message) {
 
 /// Starts runs on the tracker and keeps the lane metrics.
 struct Starter {
-    shared: Arc<Shared>,
+    parts: Arc<Parts>,
     queue: Arc<str>,
     tracker: TaskTracker,
     frees: Frees,
@@ -312,7 +311,7 @@ impl Starter {
         let batch = match lane.consumer.fetch().max_messages(asked).messages().await {
             Ok(batch) => batch,
             Err(error) => {
-                self.shared.metrics.errors.with_label_values(&["pull"]).inc();
+                self.parts.metrics.errors.with_label_values(&["pull"]).inc();
                 tracing::warn!(%error, queue = %self.queue, priority = %lane.priority, "lane pull failed");
                 lane.hot = false;
                 return;
@@ -337,7 +336,7 @@ impl Starter {
                     }
                 }
                 Err(error) => {
-                    self.shared.metrics.errors.with_label_values(&["pull"]).inc();
+                    self.parts.metrics.errors.with_label_values(&["pull"]).inc();
                     tracing::warn!(%error, queue = %self.queue, priority = %lane.priority, "lane pull stream error");
                 }
             }
@@ -354,17 +353,17 @@ impl Starter {
         let priority = lane.priority.as_str();
         if let Ok(info) = message.info() {
             let waited = (async_nats::datetime::now() - info.published).as_seconds_f64().max(0.0);
-            self.shared.metrics.wait.with_label_values(&[&self.queue, priority]).observe(waited);
+            self.parts.metrics.wait.with_label_values(&[&self.queue, priority]).observe(waited);
         }
         lane.running.fetch_add(1, Ordering::AcqRel);
         let slot = Slot { permit: Some(permit), running: lane.running.clone(), frees: self.frees.clone() };
-        let shared = self.shared.clone();
+        let parts = self.parts.clone();
         let queue = self.queue.clone();
         self.tracker.spawn(async move {
             let _slot = slot;
             // Boxed: a delivery's state machine is kilobytes, and an unboxed one was
             // copied several times per spawn (half of the 11% of a worker's CPU spent in memmove).
-            Box::pin(process(&shared, &queue, message)).await;
+            Box::pin(process(&parts, &queue, message)).await;
         });
     }
 
@@ -372,14 +371,14 @@ impl Starter {
     fn depth(&self, priority: Priority, message: &Message) {
         if let Ok(info) = message.info() {
             let pending = i64::try_from(info.pending).unwrap_or(i64::MAX);
-            self.shared.metrics.lane_depth.with_label_values(&[&self.queue, priority.as_str()]).set(pending);
+            self.parts.metrics.lane_depth.with_label_values(&[&self.queue, priority.as_str()]).set(pending);
             self.queue_depth();
         }
     }
 
     /// A lane found empty.
     fn empty(&self, priority: Priority) {
-        self.shared.metrics.lane_depth.with_label_values(&[&self.queue, priority.as_str()]).set(0);
+        self.parts.metrics.lane_depth.with_label_values(&[&self.queue, priority.as_str()]).set(0);
         self.queue_depth();
     }
 
@@ -387,8 +386,8 @@ impl Starter {
     fn queue_depth(&self) {
         let total: i64 = Priority::ALL
             .iter()
-            .map(|p| self.shared.metrics.lane_depth.with_label_values(&[&self.queue, p.as_str()]).get())
+            .map(|p| self.parts.metrics.lane_depth.with_label_values(&[&self.queue, p.as_str()]).get())
             .sum();
-        self.shared.metrics.queue_depth.with_label_values(&[&self.queue]).set(total);
+        self.parts.metrics.queue_depth.with_label_values(&[&self.queue]).set(total);
     }
 }

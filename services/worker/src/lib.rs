@@ -18,18 +18,18 @@
 
 mod breaker;
 mod config;
-mod consumer;
 mod delivery;
 pub mod dlq;
-mod ending;
 mod executor;
 mod lanes;
+mod message;
 mod metrics;
-mod retry;
 pub mod runs;
 mod service;
 mod spans;
+mod verdict;
 
 pub use config::{Config, DEFAULT_ADMIN_ADDR, DEFAULT_WEIGHTS, PolicyKind, RunEvents, RunRecords};
-pub use executor::{Handler, Handlers, Outcome, RunContext};
+pub use executor::{Handler, Handlers, RunContext};
 pub use service::{Worker, build, ensure_lane_consumer, ensure_queue_consumer};
+pub use verdict::Outcome;

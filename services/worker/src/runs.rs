@@ -10,13 +10,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::kv;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use jetsched_shared::backoff::Backoff;
 use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, live, read_leader};
+use jetsched_shared::spec::OverlapPolicy;
 use jetsched_shared::wire::Dispatch;
 pub use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, RunRecord, RunStatus};
 
 use self::reads::Reads;
+use crate::config::RunRecords;
 
 mod reads;
 
@@ -42,6 +44,59 @@ pub(crate) enum Begin {
     AlreadyDead,
     /// A final failure whose dead-letter entry is not stored yet: store it, do not run again.
     DeadLetterPending { record: Box<RunRecord>, revision: u64 },
+}
+
+/// A run record as last stored, and its revision (0: not stored yet, see lazy records).
+pub(crate) struct Stored {
+    pub(crate) record: RunRecord,
+    pub(crate) revision: u64,
+}
+
+/// The close of an attempt in its run record, applied again on a record re-read after a
+/// concurrent write.
+pub(crate) struct Closing<'a> {
+    pub(crate) attempt: u32,
+    pub(crate) outcome: AttemptOutcome,
+    pub(crate) status: RunStatus,
+    pub(crate) error: Option<&'a str>,
+    pub(crate) detail: Option<String>,
+    pub(crate) now: DateTime<Utc>,
+}
+
+impl Closing<'_> {
+    pub(crate) fn apply(&self, record: &mut RunRecord) {
+        let error = self.error.map(str::to_string);
+        record.end_attempt(self.attempt, self.outcome, error, self.detail.clone(), self.status, self.now);
+    }
+}
+
+/// When a delivery's run record is first written (`--run-records`, `--running-after`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Recording {
+    pub(crate) mode: RunRecords,
+    /// Under deferred records, how long an attempt runs before its record is written.
+    pub(crate) running_after: Duration,
+}
+
+impl Recording {
+    /// Whether delivery `attempt` of `dispatch` is recorded before its attempt runs: always
+    /// under eager records; for a task whose overlap policy the scheduler checks against
+    /// running records; and under deferred records, a redelivery (its run is known to have
+    /// been tried: a crash loop is recorded attempt by attempt from the second on).
+    pub(crate) fn before_attempt(&self, dispatch: &Dispatch, attempt: u32) -> bool {
+        let by_mode = match self.mode {
+            RunRecords::Eager => true,
+            RunRecords::Deferred => attempt > 1,
+            RunRecords::Lazy => false,
+        };
+        by_mode || dispatch.spec.overlap != OverlapPolicy::Allow
+    }
+
+    /// How long the attempt runs before a record not stored yet is stored (and the start
+    /// told), under deferred records; `None`: at the verdict, or stored already.
+    pub(crate) fn while_running(&self, stored: &Stored) -> Option<Duration> {
+        (self.mode == RunRecords::Deferred && stored.revision == 0).then_some(self.running_after)
+    }
 }
 
 /// The runs bucket.
@@ -334,13 +389,24 @@ mod tests {
         }
     }
 
+    /// Closes `attempt` of `r` now, as a verdict does.
+    fn close(
+        r: &mut RunRecord,
+        attempt: u32,
+        outcome: AttemptOutcome,
+        error: Option<&str>,
+        status: RunStatus,
+    ) {
+        Closing { attempt, outcome, status, error, detail: None, now: Utc::now() }.apply(r);
+    }
+
     #[test]
     fn an_open_attempt_is_abandoned_by_the_next_delivery() {
         let mut r = record();
         assert!(r.start_attempt(2, "w2", Utc::now()));
         assert_eq!(r.attempts[0].outcome, Some(AttemptOutcome::Abandoned));
         assert_eq!(r.reruns, 1);
-        r.end_attempt(2, AttemptOutcome::Failed, Some("boom".into()), None, RunStatus::Retrying, Utc::now());
+        close(&mut r, 2, AttemptOutcome::Failed, Some("boom"), RunStatus::Retrying);
         assert!(!r.start_attempt(3, "w2", Utc::now()));
         assert_eq!(r.attempts.len(), 3);
         assert_eq!(r.error.as_deref(), Some("boom"));
@@ -355,10 +421,10 @@ mod tests {
         r.start_attempt(2, "w2", Utc::now());
         r.start_attempt(3, "w1", Utc::now());
         assert_eq!(r.failures, 0);
-        r.end_attempt(3, AttemptOutcome::Failed, Some("boom".into()), None, RunStatus::Retrying, Utc::now());
+        close(&mut r, 3, AttemptOutcome::Failed, Some("boom"), RunStatus::Retrying);
         assert_eq!(r.failures, 1);
         r.start_attempt(4, "w1", Utc::now());
-        r.end_attempt(4, AttemptOutcome::Succeeded, None, None, RunStatus::Succeeded, Utc::now());
+        close(&mut r, 4, AttemptOutcome::Succeeded, None, RunStatus::Succeeded);
         assert_eq!(r.failures, 1, "a success is no failure");
     }
 
@@ -370,12 +436,12 @@ mod tests {
         // retry would then find no message: the run left `retrying` for good).
         let mut r = record();
         r.start_attempt(2, "w2", Utc::now());
-        r.end_attempt(1, AttemptOutcome::Succeeded, None, None, RunStatus::Succeeded, Utc::now());
+        close(&mut r, 1, AttemptOutcome::Succeeded, None, RunStatus::Succeeded);
         assert_eq!(r.status, RunStatus::Running);
         assert!(r.superseded(1), "attempt 1 is superseded by attempt 2");
         assert!(!r.superseded(2));
         // Once attempt 2 ends the run for good, a late verdict is no longer held off.
-        r.end_attempt(2, AttemptOutcome::Succeeded, None, None, RunStatus::Succeeded, Utc::now());
+        close(&mut r, 2, AttemptOutcome::Succeeded, None, RunStatus::Succeeded);
         assert!(!r.superseded(1));
     }
 
@@ -384,30 +450,16 @@ mod tests {
         // Attempt 1's worker was cut off past ack_wait; attempt 2 ran elsewhere and succeeded.
         let mut r = record();
         r.start_attempt(2, "w2", Utc::now());
-        r.end_attempt(2, AttemptOutcome::Succeeded, None, None, RunStatus::Succeeded, Utc::now());
+        close(&mut r, 2, AttemptOutcome::Succeeded, None, RunStatus::Succeeded);
         // The cut-off worker comes back and closes attempt 1 as a retryable failure.
-        r.end_attempt(
-            1,
-            AttemptOutcome::Failed,
-            Some("no reply".into()),
-            None,
-            RunStatus::Retrying,
-            Utc::now(),
-        );
+        close(&mut r, 1, AttemptOutcome::Failed, Some("no reply"), RunStatus::Retrying);
         assert_eq!(r.status, RunStatus::Succeeded);
         assert_eq!(r.attempt, 2);
         assert!(r.error.is_none());
         // Nor the status of a later attempt still running.
         let mut r = record();
         r.start_attempt(2, "w2", Utc::now());
-        r.end_attempt(
-            1,
-            AttemptOutcome::Failed,
-            Some("no reply".into()),
-            None,
-            RunStatus::Retrying,
-            Utc::now(),
-        );
+        close(&mut r, 1, AttemptOutcome::Failed, Some("no reply"), RunStatus::Retrying);
         assert_eq!(r.status, RunStatus::Running);
     }
 

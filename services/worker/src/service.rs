@@ -23,21 +23,22 @@ use tokio_util::task::TaskTracker;
 use crate::breaker::Breakers;
 use crate::config::PolicyKind;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
-use crate::consumer::Shared;
+use crate::delivery::Parts;
 use crate::dlq::{DeadLetters, Mover, advisory_consumer};
 use crate::executor::nats::{self, NatsExecutor};
 use crate::executor::{Executors, Handlers, http::HttpExecutor, shell::ShellExecutor};
 use crate::lanes::policy::{Policy, Reserve};
 use crate::lanes::{LanePulls, run_lanes};
+use crate::message::Answers;
 use crate::metrics::Metrics;
-use crate::runs::RunStore;
+use crate::runs::{Recording, RunStore};
 
 /// A started worker, ready to run.
 pub struct Worker {
     client: async_nats::Client,
     /// Presence (`jetsched-worker` micro service): `jetsched status` counts live replicas.
     presence: async_nats::service::Service,
-    shared: Arc<Shared>,
+    parts: Arc<Parts>,
     /// The breakers watch, loaded in `build`.
     breakers_watch: async_nats::jetstream::kv::Watch,
     /// Each queue with its lanes' consumers, most urgent first.
@@ -45,9 +46,14 @@ pub struct Worker {
     advisories: PullConsumer,
     mover: Mover,
     admin: AdminServer,
-    concurrency: usize,
-    pull_expires: Duration,
+    pulling: Pulling,
     grace: Duration,
+}
+
+/// How the lanes of every queue pull and share the permits.
+struct Pulling {
+    concurrency: usize,
+    expires: Duration,
     policy: PolicyKind,
     weights: PerPriority,
     reserve: PerPriority,
@@ -131,10 +137,8 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
     .await?;
 
     let runs = RunStore::batched(topology.runs, client.clone(), &names.runs_bucket()).await?;
-    let dlq = DeadLetters::new(js.clone(), names.clone());
-    if let Ok(depth) = dlq.depth().await {
-        metrics.dlq_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
-    }
+    let dlq = DeadLetters::new(js.clone(), names.clone(), metrics.clone(), config.dlq_retry_delay);
+    dlq.measure().await;
     let events = EventPublisher::with_metrics(js.clone(), names.clone(), &registry)?
         .with_batches(client.clone())
         .await?;
@@ -175,46 +179,38 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         config.shared_breakers.iter().cloned().collect(),
     ));
     let breakers_watch = breakers.load().await?;
-    let shared = Arc::new(Shared {
+    let answers = Answers::new(config.progress_interval(), metrics.errors.with_label_values(&["ack"]));
+    let parts = Arc::new(Parts {
+        worker: instance.clone(),
         names,
         js: js.clone(),
-        breakers,
-        worker: instance.clone(),
+        dispatches: DispatchDecoder::default(),
+        answers,
         runs,
+        recording: Recording { mode: config.run_records, running_after: config.running_after },
+        breakers,
+        executors,
         dlq,
         events,
-        executors,
-        dispatches: DispatchDecoder::default(),
-        metrics,
-        progress_interval: config.progress_interval(),
-        dlq_retry_delay: config.dlq_retry_delay,
         run_events: config.run_events,
-        run_records: config.run_records,
-        running_after: config.running_after,
+        metrics,
         hard_stop: CancellationToken::new(),
     });
     tracing::info!(
         admin = %admin.local_addr(), instance = %instance, queues = ?config.queues,
         concurrency = config.concurrency, shell = !config.shell_allow().is_empty(),
         executor_credentials = ?config.executor_credentials().keys().collect::<Vec<_>>(),
-        handlers = ?shared.executors.handlers.names(), "worker ready"
+        handlers = ?parts.executors.handlers.names(), "worker ready"
     );
-    Ok(Worker {
-        client,
-        presence,
-        shared,
-        breakers_watch,
-        queues,
-        advisories,
-        mover,
-        admin,
+    let pulling = Pulling {
         concurrency: config.concurrency,
-        pull_expires: config.pull_expires,
-        grace: config.shutdown_grace,
+        expires: config.pull_expires,
         policy: config.priority_policy,
         weights: config.weights(),
         reserve: config.reserve(),
-    })
+    };
+    let grace = config.shutdown_grace;
+    Ok(Worker { client, presence, parts, breakers_watch, queues, advisories, mover, admin, pulling, grace })
 }
 
 impl Worker {
@@ -228,27 +224,24 @@ impl Worker {
         let Worker {
             client,
             presence,
-            shared,
+            parts,
             breakers_watch,
             queues,
             advisories,
             mover,
             admin,
-            concurrency,
-            pull_expires,
+            pulling,
             grace,
-            policy,
-            weights,
-            reserve,
         } = self;
+        let Pulling { concurrency, expires, policy, weights, reserve } = pulling;
         let background = TaskTracker::new();
         let admin_stop = CancellationToken::new();
         background.spawn(admin.serve(admin_stop.clone()));
         background.spawn(mover.run(advisories, shutdown.clone()));
         // The breakers follow the bucket and merge counts until the last run has ended.
         let breakers_stop = CancellationToken::new();
-        background.spawn(shared.breakers.clone().follow(breakers_watch, breakers_stop.clone()));
-        background.spawn(shared.breakers.clone().merge_loop(breakers_stop.clone()));
+        background.spawn(parts.breakers.clone().follow(breakers_watch, breakers_stop.clone()));
+        background.spawn(parts.breakers.clone().merge_loop(breakers_stop.clone()));
 
         let runs = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(concurrency));
@@ -261,16 +254,16 @@ impl Worker {
                 queue,
                 consumers,
                 max_batch,
-                expires: pull_expires,
+                expires,
                 policy: Policy::new(policy, weights),
                 reserve: Reserve(reserve),
-                progress_interval: shared.progress_interval,
+                progress_interval: parts.answers.progress_interval(),
             };
             let (permits, frees, runs) = (permits.clone(), frees.clone(), runs.clone());
-            loops.spawn(run_lanes(shared.clone(), pulls, permits, frees, runs, shutdown.clone()));
+            loops.spawn(run_lanes(parts.clone(), pulls, permits, frees, runs, shutdown.clone()));
         }
         shutdown.cancelled().await;
-        tracing::info!(in_flight = shared.metrics.in_flight.get(), "shutting down: no more pulls");
+        tracing::info!(in_flight = parts.metrics.in_flight.get(), "shutting down: no more pulls");
         while let Some(result) = loops.join_next().await {
             if let Err(error) = result {
                 tracing::error!(%error, "a pull loop panicked");
@@ -280,10 +273,10 @@ impl Worker {
         if tokio::time::timeout(grace, runs.wait()).await.is_err() {
             tracing::warn!(
                 ?grace,
-                in_flight = shared.metrics.in_flight.get(),
+                in_flight = parts.metrics.in_flight.get(),
                 "grace period over: handing runs back"
             );
-            shared.hard_stop.cancel();
+            parts.hard_stop.cancel();
             runs.wait().await;
         }
         breakers_stop.cancel();
@@ -293,7 +286,7 @@ impl Worker {
         admin_stop.cancel();
         background.close();
         background.wait().await;
-        shared.executors.nats.drain().await;
+        parts.executors.nats.drain().await;
         client.drain().await.context("drain NATS connection")?;
         tracing::info!("worker stopped");
         Ok(())

@@ -4,10 +4,12 @@
 //! handler) whose context the executor passes on. Otherwise the `run` span is one only the logs
 //! see, and the dispatch's own `traceparent` is passed on unchanged.
 
-use async_nats::{HeaderMap, HeaderName};
 use jetsched_shared::spec::Executor;
 use jetsched_shared::trace;
 use jetsched_shared::wire::Dispatch;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::message::TraceContext;
 
 /// Trace context handed to the downstream of an attempt.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -18,12 +20,8 @@ pub(crate) struct Propagated {
 
 impl Propagated {
     /// The dispatch's own trace context, passed on as it came.
-    pub(crate) fn from_headers(headers: Option<&HeaderMap>) -> Propagated {
-        let get = |name: HeaderName| headers.and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
-        Propagated {
-            traceparent: get(trace::TRACEPARENT_HEADER),
-            tracestate: get(trace::TRACESTATE_HEADER).filter(|s| !s.is_empty()),
-        }
+    pub(crate) fn of_dispatch(context: &TraceContext) -> Propagated {
+        Propagated { traceparent: context.traceparent.clone(), tracestate: context.tracestate.clone() }
     }
 
     /// The context of `span` (an executor span).
@@ -43,50 +41,43 @@ impl Propagated {
     }
 }
 
+/// The `run` span of a delivery under `target`, with the fields both kinds carry and `extra`.
+macro_rules! run_span {
+    ($target:expr, $dispatch:expr, $attempt:expr, $($extra:tt)*) => {
+        tracing::info_span!(
+            target: $target,
+            "run",
+            namespace = %$dispatch.namespace,
+            task = %$dispatch.task_id,
+            execution = %$dispatch.execution_id,
+            attempt = $attempt,
+            $($extra)*
+        )
+    };
+}
+
 /// The `run` span of a delivery. Built for export (attributes, the dispatch's trace context as
 /// its parent) only when spans are exported and its trace is sampled; otherwise a span under an
 /// untraced target that only the logs see, carrying the dispatch's trace id for them.
-pub(crate) fn run(
-    dispatch: &Dispatch,
-    attempt: u32,
-    subject: &str,
-    headers: Option<&HeaderMap>,
-) -> tracing::Span {
-    if !trace::records_child(headers) {
-        let span = tracing::info_span!(
-            target: "jetsched_worker::delivery::untraced",
-            "run",
-            namespace = %dispatch.namespace,
-            task = %dispatch.task_id,
-            execution = %dispatch.execution_id,
-            attempt,
-            trace_id = dispatch.trace_id.as_deref(),
-        );
-        return span;
+pub(crate) fn run(dispatch: &Dispatch, attempt: u32, subject: &str, context: &TraceContext) -> tracing::Span {
+    if !context.records_child() {
+        let trace_id = dispatch.trace_id.as_deref();
+        return run_span!("jetsched_worker::delivery::untraced", dispatch, attempt, trace_id);
     }
-    let span = tracing::info_span!(
-        target: "jetsched_worker::delivery",
-        "run",
-        namespace = %dispatch.namespace,
-        task = %dispatch.task_id,
-        execution = %dispatch.execution_id,
+    let span = run_span!(
+        "jetsched_worker::delivery",
+        dispatch,
         attempt,
         otel.kind = "consumer",
         trace_id = tracing::field::Empty,
         span_id = tracing::field::Empty,
     );
-    start_run(&span, dispatch, attempt, subject, headers);
+    start_run(&span, dispatch, attempt, subject, context);
     span
 }
 
-/// The `run` span's attributes, then its parent from the dispatch headers.
-fn start_run(
-    span: &tracing::Span,
-    dispatch: &Dispatch,
-    attempt: u32,
-    subject: &str,
-    headers: Option<&HeaderMap>,
-) {
+/// The `run` span's attributes, then its parent, the dispatch's trace context.
+fn start_run(span: &tracing::Span, dispatch: &Dispatch, attempt: u32, subject: &str, context: &TraceContext) {
     trace::set_attribute(span, trace::ATTR_TASK, format!("{}/{}", dispatch.namespace, dispatch.task_id));
     trace::set_attribute(span, trace::ATTR_EXECUTION_ID, dispatch.execution_id.clone());
     trace::set_attribute(span, trace::ATTR_ATTEMPT, i64::from(attempt));
@@ -95,7 +86,10 @@ fn start_run(
     trace::set_attribute(span, "messaging.system", "nats");
     trace::set_attribute(span, "messaging.operation.type", "process");
     trace::set_attribute(span, "messaging.destination.name", subject.to_string());
-    trace::start_child(span, headers);
+    if context.trace_id.is_some() {
+        let _ = span.set_parent(context.parent.clone());
+    }
+    trace::record_ids(span, &span.context());
 }
 
 /// Records how the attempt ended on the current (`run`) span.

@@ -13,7 +13,7 @@ use jetsched_shared::backoff::Backoff;
 use jetsched_shared::names::{self, breaker_reason};
 use jetsched_shared::wire::{Dispatch, PauseRequest};
 
-use super::Breakers;
+use super::state::Breakers;
 
 /// How long a pause request is published again before it is given up (logged and counted).
 const PAUSE_RETRY_FOR: Duration = Duration::from_secs(15);
@@ -49,12 +49,7 @@ impl Breakers {
                 count
             }
             Err(error) => {
-                self.metrics.errors.with_label_values(&["breaker"]).inc();
-                tracing::warn!(
-                    error = format!("{error:#}"),
-                    key,
-                    "cannot count the run's ending for auto-pause"
-                );
+                self.failed(&key, &error, "cannot count the run's ending for auto-pause");
                 return;
             }
         };

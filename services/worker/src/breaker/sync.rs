@@ -13,8 +13,14 @@ use futures::StreamExt;
 use jetsched_shared::backoff::Backoff;
 use tokio_util::sync::CancellationToken;
 
+use super::machine;
+use super::state::{Breakers, Pending};
 use super::store::{Versioned, decode};
-use super::{Breakers, MERGE_EVERY, Pending, machine};
+
+/// How often a worker merges its counts into the records (at most this long of counts is lost
+/// with a killed worker; a state change reaches every worker within this plus the watch's
+/// latency).
+const MERGE_EVERY: Duration = Duration::from_millis(250);
 
 impl Breakers {
     /// Opens the watch of the bucket and loads every record (the watch delivers the last value
@@ -130,12 +136,7 @@ impl Breakers {
                     self.remember(&key, stored);
                 }
                 Err(error) => {
-                    self.metrics.errors.with_label_values(&["breaker"]).inc();
-                    tracing::warn!(
-                        error = format!("{error:#}"),
-                        key,
-                        "cannot merge breaker counts; keeping them"
-                    );
+                    self.failed(&key, &error, "cannot merge breaker counts; keeping them");
                     let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
                     let entry = pending
                         .entry(key)

@@ -11,7 +11,8 @@ use futures::future::BoxFuture;
 use jetsched_shared::wire::Trigger;
 use tokio_util::sync::CancellationToken;
 
-use super::{Attempt, Outcome};
+use super::attempt::Attempt;
+use crate::verdict::Outcome;
 
 /// What a handler gets for one attempt.
 #[derive(Debug, Clone)]

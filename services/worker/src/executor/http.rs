@@ -20,7 +20,8 @@ use anyhow::Context;
 use reqwest::{Method, StatusCode, Url};
 
 use self::destination::{GuardedResolver, HttpAllow, Networks, Refused, literal_refusal, refusal};
-use super::{Attempt, Outcome, head};
+use super::attempt::{Attempt, head};
+use crate::verdict::Outcome;
 
 /// Redirects followed per request (reqwest's default).
 const MAX_REDIRECTS: usize = 10;

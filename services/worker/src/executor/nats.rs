@@ -33,7 +33,8 @@ use jetsched_shared::names::Names;
 use jetsched_shared::spec::confined_subject;
 use jetsched_shared::wire::HDR_STATUS;
 
-use super::{Attempt, Outcome, head};
+use super::attempt::{Attempt, head};
+use crate::verdict::Outcome;
 
 const SERVICE_ERROR_CODE: &str = "Nats-Service-Error-Code";
 const SERVICE_ERROR: &str = "Nats-Service-Error";

@@ -21,7 +21,8 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use super::{Attempt, Outcome, Scope, tail};
+use super::attempt::{Attempt, Scope, tail};
+use crate::verdict::Outcome;
 
 /// `PATH` of the started process unless the spec's `env` sets one.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

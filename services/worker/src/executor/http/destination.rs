@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-use crate::executor::Scope;
+use crate::executor::attempt::Scope;
 
 /// The internal range `ip` lies in (`"loopback 127.0.0.0/8"`, ...), `None` for a public
 /// address. An IPv6 address that embeds an IPv4 one (mapped, compatible, NAT64, 6to4,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::AckKind;
-use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use async_nats::{HeaderMap, HeaderValue};
 use chrono::Utc;
 use jetsched_shared::names::breaker_reason;
 use jetsched_shared::spec::OnOpen;
@@ -21,26 +21,17 @@ use jetsched_shared::wire::{
     EventKind, HDR_ATTEMPTS_SPENT, HDR_DELAYS, HDR_SCHEDULE, HDR_SCHEDULE_TARGET, format_time,
 };
 
-use super::Gate;
-use crate::delivery::{Delivery, acknowledge};
+use super::state::Delivery;
+use crate::breaker::Gate;
+use crate::spans;
 
 /// When a delivery whose skip or delay could not be stored is delivered again.
 const RETRY_DELAY: Duration = Duration::from_secs(1);
 
-/// [`HDR_ATTEMPTS_SPENT`] and [`HDR_DELAYS`] as header names (read on every delivery: a lookup
-/// by `&str` allocates the name each time).
-pub(crate) const ATTEMPTS_SPENT: HeaderName = HeaderName::from_static(HDR_ATTEMPTS_SPENT);
-const DELAYS: HeaderName = HeaderName::from_static(HDR_DELAYS);
-
-/// The number in a header (0 when absent or not a number).
-pub(crate) fn header_count(headers: Option<&HeaderMap>, name: HeaderName) -> u32 {
-    headers.and_then(|h| h.get(name)).and_then(|v| v.as_str().parse().ok()).unwrap_or(0)
-}
-
 impl Delivery<'_> {
     /// Ends a delivery its breaker short-circuited, as the task's `on_open` says.
-    pub(crate) async fn short_circuit(&mut self, gate: &Gate) {
-        crate::spans::outcome("short_circuited");
+    pub(super) async fn short_circuit(&mut self, gate: &Gate) {
+        spans::outcome("short_circuited");
         match gate.spec.on_open {
             OnOpen::Skip => self.skip(gate).await,
             OnOpen::Delay => self.delay(gate).await,
@@ -48,45 +39,45 @@ impl Delivery<'_> {
     }
 
     async fn skip(&mut self, gate: &Gate) {
-        let shared = self.shared;
-        match shared.runs.skip(self.dispatch, self.attempt, &shared.worker).await {
+        let parts = self.parts;
+        match parts.runs.skip(self.dispatch, self.attempt, &parts.worker).await {
             Ok(skipped) => {
                 if skipped {
-                    shared.metrics.short_circuited.with_label_values(&[&gate.key, "skip"]).inc();
+                    parts.metrics.short_circuited.with_label_values(&[&gate.key, "skip"]).inc();
                     let priority = self.dispatch.priority.as_str();
-                    shared.metrics.runs.with_label_values(&[self.queue, "skipped", priority]).inc();
+                    parts.metrics.runs.with_label_values(&[self.queue, "skipped", priority]).inc();
                     tracing::info!(key = gate.key, "breaker open: run skipped");
                     let mut event = self.event(EventKind::RunSkipped, self.attempt);
                     event.reason = Some(breaker_reason::BREAKER_OPEN.to_string());
                     event.key = Some(gate.key.clone());
                     self.tell(event).await;
                 }
-                acknowledge(shared, self.message, AckKind::Ack).await;
+                parts.answers.send(&self.received.message, AckKind::Ack).await;
             }
             Err(error) => {
-                shared.metrics.errors.with_label_values(&["run_record"]).inc();
+                parts.metrics.errors.with_label_values(&["run_record"]).inc();
                 tracing::warn!(
                     error = format!("{error:#}"),
                     "cannot record the skipped run; handing it back"
                 );
-                acknowledge(shared, self.message, AckKind::Nak(Some(RETRY_DELAY))).await;
+                parts.answers.send(&self.received.message, AckKind::Nak(Some(RETRY_DELAY))).await;
             }
         }
     }
 
     async fn delay(&mut self, gate: &Gate) {
-        let shared = self.shared;
+        let parts = self.parts;
         let at = gate.comeback(Utc::now(), rand::random::<f64>());
         match self.republish(at).await {
             Ok(()) => {
-                shared.metrics.short_circuited.with_label_values(&[&gate.key, "delay"]).inc();
+                parts.metrics.short_circuited.with_label_values(&[&gate.key, "delay"]).inc();
                 tracing::info!(key = gate.key, until = %format_time(at), "breaker open: run delayed");
-                acknowledge(shared, self.message, AckKind::Ack).await;
+                parts.answers.send(&self.received.message, AckKind::Ack).await;
             }
             Err(error) => {
-                shared.metrics.errors.with_label_values(&["delay"]).inc();
+                parts.metrics.errors.with_label_values(&["delay"]).inc();
                 tracing::warn!(error = format!("{error:#}"), "cannot delay the run; handing it back");
-                acknowledge(shared, self.message, AckKind::Nak(Some(RETRY_DELAY))).await;
+                parts.answers.send(&self.received.message, AckKind::Nak(Some(RETRY_DELAY))).await;
             }
         }
     }
@@ -94,8 +85,8 @@ impl Delivery<'_> {
     /// Publishes the dispatch again as a message the server holds until `at`, on the queue's
     /// delayed subject, aimed at the original dispatch subject; awaits the stream's ack.
     async fn republish(&self, at: chrono::DateTime<Utc>) -> anyhow::Result<()> {
-        let message = self.message;
-        let delays = header_count(message.headers.as_ref(), DELAYS) + 1;
+        let message = &self.received.message;
+        let delays = self.received.delays() + 1;
         let mut headers = HeaderMap::new();
         if let Some(original) = message.headers.as_ref() {
             for (name, values) in original.iter() {
@@ -115,8 +106,8 @@ impl Delivery<'_> {
         headers.insert(HDR_DELAYS, HeaderValue::from(delays.to_string()));
         headers.insert(HDR_SCHEDULE, HeaderValue::from(format!("@at {}", format_time(at))));
         headers.insert(HDR_SCHEDULE_TARGET, HeaderValue::from(message.subject.to_string()));
-        let subject = self.shared.names.delayed_subject(self.queue, &self.dispatch.execution_id);
-        let js = &self.shared.js;
+        let subject = self.parts.names.delayed_subject(self.queue, &self.dispatch.execution_id);
+        let js = &self.parts.js;
         let ack = js
             .publish_with_headers(subject.clone(), headers, message.payload.clone())
             .await
