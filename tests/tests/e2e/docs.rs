@@ -368,18 +368,18 @@ fn sources(dirs: &[&str]) -> String {
 }
 
 #[test]
-fn every_variable_of_the_readmes_test_table_is_read() {
-    let readme = read(&repo().join("README.md"));
+fn every_variable_of_the_test_guides_table_is_read() {
+    let guide = read(&repo().join("docs/TESTING.md"));
     let sources = sources(&["tests", "tools/bench/src", "services"]);
-    let variables: Vec<&str> = readme
+    let variables: Vec<&str> = guide
         .lines()
         .filter_map(|l| l.strip_prefix("| `JETSCHED_"))
         .filter_map(|l| l.split(['=', '`']).next())
         .collect();
-    assert!(variables.len() >= 4, "the README's table of test variables: {variables:?}");
+    assert!(variables.len() >= 4, "the table of test variables in docs/TESTING.md: {variables:?}");
     let unread: Vec<_> =
         variables.iter().filter(|v| !sources.contains(&format!("\"JETSCHED_{v}\""))).collect();
-    assert!(unread.is_empty(), "variables the README names that nothing reads: {unread:?}");
+    assert!(unread.is_empty(), "variables docs/TESTING.md names that nothing reads: {unread:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
