@@ -2,7 +2,7 @@
 //! followed through an ordered consumer that starts an hour back; new events are broadcast to
 //! the live pages.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -68,11 +68,11 @@ impl Activity {
     /// Fires and finished runs per second over the minute before `now`.
     pub(crate) fn rates(&self, now: DateTime<Utc>) -> (f64, f64) {
         let since = now - chrono::Duration::seconds(60);
-        let (mut fires, mut runs) = (0u32, 0u32);
+        let (mut fires, mut runs, mut ends) = (0u32, 0u32, RunEnds::default());
         for event in self.events().take_while(|e| e.time >= since) {
             match event.kind {
                 EventKind::FireDispatched => fires += 1,
-                kind if is_run_end(kind) => runs += 1,
+                _ if ends.ended(event).is_some() => runs += 1,
                 _ => {}
             }
         }
@@ -83,6 +83,7 @@ impl Activity {
     pub(crate) fn per_minute(&self, now: DateTime<Utc>, minutes: usize) -> Vec<Minute> {
         let mut out = vec![Minute::default(); minutes];
         let end = now.timestamp() / 60;
+        let mut ends = RunEnds::default();
         for event in self.events() {
             let age = end - event.time.timestamp() / 60;
             if age < 0 {
@@ -93,23 +94,59 @@ impl Activity {
                 break;
             }
             let slot = &mut out[minutes - 1 - age];
-            match event.kind {
-                EventKind::FireDispatched => slot.fires += 1,
-                EventKind::RunFailed | EventKind::RunDead => {
-                    slot.runs += 1;
-                    slot.failures += 1;
-                }
-                kind if is_run_end(kind) => slot.runs += 1,
-                _ => {}
+            if event.kind == EventKind::FireDispatched {
+                slot.fires += 1;
+            }
+            if let Some(failed) = ends.ended(event) {
+                slot.runs += 1;
+                slot.failures += u32::from(failed);
             }
         }
         out
     }
 }
 
-/// A run's end: succeeded, failed for good, or retrying after a failed attempt.
-fn is_run_end(kind: EventKind) -> bool {
-    matches!(kind, EventKind::RunSucceeded | EventKind::RunFailed | EventKind::RunDead)
+/// Counts each run's end once: a run that fails for good says so twice (`run.failed`, then
+/// `run.dead`), and a `run.failed` repeats while its dead letter cannot be stored.
+#[derive(Default)]
+struct RunEnds<'a> {
+    failed: HashSet<&'a str>,
+}
+
+impl<'a> RunEnds<'a> {
+    /// `Some(failed)` when `event` ends a run not counted yet, `None` otherwise.
+    fn ended(&mut self, event: &'a Event) -> Option<bool> {
+        match event.kind {
+            EventKind::RunSucceeded => Some(false),
+            EventKind::RunFailed | EventKind::RunDead => match event.execution_id.as_deref() {
+                Some(run) => self.failed.insert(run).then_some(true),
+                None => Some(true),
+            },
+            _ => None,
+        }
+    }
+}
+
+/// Runs that failed for good among `events` (newest first), one event each: the `run.dead`
+/// of a dead-lettered run, else its `run.failed`.
+pub(crate) fn failed_runs<'a>(events: impl Iterator<Item = &'a Event>) -> impl Iterator<Item = &'a Event> {
+    let mut seen: HashMap<&'a str, usize> = HashMap::new();
+    let mut out: Vec<&'a Event> = Vec::new();
+    for event in events.filter(|e| matches!(e.kind, EventKind::RunFailed | EventKind::RunDead)) {
+        let Some(run) = event.execution_id.as_deref() else {
+            out.push(event);
+            continue;
+        };
+        match seen.get(run) {
+            Some(&at) if event.kind == EventKind::RunDead => out[at] = event,
+            Some(_) => {}
+            None => {
+                seen.insert(run, out.len());
+                out.push(event);
+            }
+        }
+    }
+    out.into_iter()
 }
 
 pub(crate) type SharedActivity = Arc<RwLock<Activity>>;
@@ -239,5 +276,32 @@ mod tests {
         }
         let ids: Vec<_> = activity.events().map(|e| e.task_id.clone()).collect();
         assert_eq!(ids, ["t4", "t3", "t2"]);
+    }
+
+    #[test]
+    fn a_dead_run_counts_and_lists_once() {
+        let now = DateTime::parse_from_rfc3339("2026-03-01T10:00:30Z").unwrap().to_utc();
+        let mut activity = Activity::new(100);
+        let run = |kind, execution: &str| Event {
+            execution_id: Some(execution.into()),
+            ..at(kind, now - chrono::Duration::seconds(5))
+        };
+        for event in [
+            run(EventKind::RunFailed, "a"),
+            run(EventKind::RunDead, "a"),
+            run(EventKind::RunDead, "b"),
+            run(EventKind::RunFailed, "b"),
+            run(EventKind::RunFailed, "c"),
+        ] {
+            activity.push_event(event);
+        }
+        assert_eq!(activity.per_minute(now, 1), vec![Minute { fires: 0, runs: 3, failures: 3 }]);
+        assert_eq!(activity.rates(now).1 * 60.0, 3.0);
+        let listed: Vec<(&str, EventKind)> =
+            failed_runs(activity.events()).map(|e| (e.execution_id.as_deref().unwrap(), e.kind)).collect();
+        assert_eq!(
+            listed,
+            [("c", EventKind::RunFailed), ("b", EventKind::RunDead), ("a", EventKind::RunDead)]
+        );
     }
 }

@@ -35,7 +35,9 @@ pub(crate) fn runs_from_events<'a>(
 ) -> Vec<RunRow> {
     let mut runs: HashMap<&str, RunRow> = HashMap::new();
     let mut ordered: Vec<&'a Event> = events.filter(|e| e.execution_id.is_some()).collect();
-    ordered.sort_by_key(|e| e.time);
+    // Events of one run stored in the same millisecond (a last attempt's `run.failed` and the
+    // `run.dead` right after it) count in the order of the run's life, not of their arrival.
+    ordered.sort_by_key(|e| (e.time, stage(e.kind)));
     for event in ordered {
         let execution = event.execution_id.as_deref().expect("filtered");
         let run = runs.entry(execution).or_insert_with(|| RunRow {
@@ -83,6 +85,18 @@ pub(crate) fn runs_from_events<'a>(
     rows
 }
 
+/// Where an event stands in a run's life: later stages win a tie in time.
+fn stage(kind: EventKind) -> u8 {
+    match kind {
+        EventKind::FireDispatched => 0,
+        EventKind::RunStarted => 1,
+        EventKind::RunRetrying => 2,
+        EventKind::RunFailed => 3,
+        EventKind::RunSucceeded | EventKind::RunDead | EventKind::FireSkipped => 4,
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +132,16 @@ mod tests {
         assert_eq!(a.trace_id, "t");
         let failed = runs_from_events(events.iter(), |row| row.outcome == "succeeded");
         assert_eq!(failed.len(), 1);
+    }
+
+    #[test]
+    fn a_dead_run_is_dead_lettered_whichever_of_its_last_two_events_arrived_first() {
+        for order in [[EventKind::RunDead, EventKind::RunFailed], [EventKind::RunFailed, EventKind::RunDead]]
+        {
+            let events =
+                [event(EventKind::FireDispatched, "a", 0), event(order[0], "a", 5), event(order[1], "a", 5)];
+            let rows = runs_from_events(events.iter(), |row| row.outcome == "dead-lettered");
+            assert_eq!(rows.len(), 1, "{order:?}");
+        }
     }
 }

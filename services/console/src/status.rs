@@ -66,12 +66,7 @@ pub(crate) async fn overview(
     let activity = activity.read().expect("activity lock");
     (overview.fires_per_second, overview.runs_per_second) = activity.rates(now);
     overview.minutes = activity.per_minute(now, 60);
-    overview.failures = activity
-        .events()
-        .filter(|e| matches!(e.kind, EventKind::RunFailed | EventKind::RunDead))
-        .take(FAILURES)
-        .cloned()
-        .collect();
+    overview.failures = crate::activity::failed_runs(activity.events()).take(FAILURES).cloned().collect();
     overview.alerts = activity.alerts_since(now - chrono::Duration::from_std(HORIZON).expect("an hour"));
     overview
 }

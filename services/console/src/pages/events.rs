@@ -1,6 +1,7 @@
 //! `/events`: recent events with filters by kind and task, and the live tail (Server-Sent
 //! Events carrying rendered rows; without JavaScript the page still lists the recent ones).
 
+use jetsched_shared::names::SYSTEM_NAMESPACE;
 use jetsched_shared::wire::{Event, EventKind};
 use maud::{Markup, html};
 use serde::Deserialize;
@@ -8,7 +9,7 @@ use serde::Deserialize;
 use super::{layout, task_href, time};
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 16] = [
+pub(crate) const KINDS: [EventKind; 21] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -23,8 +24,13 @@ pub(crate) const KINDS: [EventKind; 16] = [
     EventKind::RunFailed,
     EventKind::RunRetrying,
     EventKind::RunDead,
+    EventKind::RunSkipped,
+    EventKind::BreakerOpened,
+    EventKind::BreakerHalfOpened,
+    EventKind::BreakerClosed,
     EventKind::LeaderAcquired,
     EventKind::LeaderLost,
+    EventKind::SchedulerClockSkew,
 ];
 
 /// The filters of the events page and its stream.
@@ -79,13 +85,23 @@ fn encode(value: &str) -> String {
         .collect()
 }
 
+/// Whether an event is about a task, which has a page: not the scheduler's own events (leader,
+/// clock skew, in the system namespace), nor a breaker's other than a task's own.
+fn names_a_task(event: &Event) -> bool {
+    let breaker_of_a_task = event.key.as_deref().is_none_or(|key| key.starts_with("task."));
+    event.namespace != SYSTEM_NAMESPACE && breaker_of_a_task
+}
+
 /// One event as a table row (also what the live stream sends).
 pub(crate) fn row(event: &Event) -> Markup {
     html! {
         tr class="event" {
             td { (time(event.time)) }
             td { span class={"badge " (event.kind.as_str().replace('.', "-"))} { (event.kind.as_str()) } }
-            td { a href=(task_href(&event.namespace, &event.task_id)) { (event.namespace) "/" (event.task_id) } }
+            td {
+                @if names_a_task(event) { a href=(task_href(&event.namespace, &event.task_id)) { (event.namespace) "/" (event.task_id) } }
+                @else { (event.namespace) "/" (event.task_id) }
+            }
             td { @if let Some(execution) = &event.execution_id { a href={"/runs/" (execution)} { code { (execution) } } } }
             td { @if let Some(attempt) = event.attempt { (attempt) } }
             td.error-text {
@@ -159,5 +175,56 @@ mod tests {
         };
         let html = row(&event).into_string();
         assert!(html.contains("&lt;svg onload=alert(1)&gt;") && !html.contains("<svg"), "{html}");
+    }
+
+    #[test]
+    fn the_filter_offers_every_kind() {
+        // A kind added to the enum fails to compile here until it is given a place in KINDS.
+        fn place(kind: EventKind) -> usize {
+            use EventKind::*;
+            match kind {
+                TaskRegistered => 0,
+                TaskUpdated => 1,
+                TaskDeleted => 2,
+                TaskPaused => 3,
+                TaskResumed => 4,
+                TaskRejected => 5,
+                FireDispatched => 6,
+                FireSkipped => 7,
+                FireMissed => 8,
+                RunStarted => 9,
+                RunSucceeded => 10,
+                RunFailed => 11,
+                RunRetrying => 12,
+                RunDead => 13,
+                RunSkipped => 14,
+                BreakerOpened => 15,
+                BreakerHalfOpened => 16,
+                BreakerClosed => 17,
+                LeaderAcquired => 18,
+                LeaderLost => 19,
+                SchedulerClockSkew => 20,
+            }
+        }
+        for (i, kind) in KINDS.iter().enumerate() {
+            assert_eq!(place(*kind), i, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn only_events_about_a_task_link_to_a_task_page() {
+        let leader = Event::new(EventKind::LeaderAcquired, SYSTEM_NAMESPACE, "scheduler");
+        let own = Event {
+            key: Some("task.billing.nightly".into()),
+            ..Event::new(EventKind::BreakerOpened, "billing", "nightly")
+        };
+        let named = Event {
+            key: Some("key.billing.payments".into()),
+            ..Event::new(EventKind::BreakerOpened, "billing", "payments")
+        };
+        let run = Event::new(EventKind::RunFailed, "billing", "nightly");
+        let links: Vec<bool> =
+            [&leader, &own, &named, &run].map(|e| row(e).into_string().contains("href=\"/tasks/")).to_vec();
+        assert_eq!(links, [false, true, false, true]);
     }
 }
