@@ -216,28 +216,8 @@ impl NatsCluster {
             bail!("the meta leader sees {current} current peers of {}", running - 1);
         }
         if running == CLUSTER_SIZE {
-            self.probe_placement(leader).await?;
+            probe_placement(&self.url(leader)).await?;
         }
-        Ok(())
-    }
-
-    /// The proof that R3 streams can be created now: place one (in memory) and remove it.
-    /// The monitoring endpoints can call a peer current a moment before placement agrees
-    /// ("no suitable peers for placement, peer offline").
-    async fn probe_placement(&self, node: usize) -> anyhow::Result<()> {
-        let client = async_nats::connect(self.url(node)).await.context("connect for the placement probe")?;
-        let js = async_nats::jetstream::new(client);
-        let name = "HARNESS_PLACEMENT_PROBE";
-        js.create_stream(async_nats::jetstream::stream::Config {
-            name: name.to_string(),
-            subjects: vec!["harness.placement.probe".to_string()],
-            num_replicas: CLUSTER_SIZE,
-            storage: async_nats::jetstream::stream::StorageType::Memory,
-            ..Default::default()
-        })
-        .await
-        .context("place an R3 probe stream")?;
-        js.delete_stream(name).await.context("remove the R3 probe stream")?;
         Ok(())
     }
 
@@ -289,4 +269,24 @@ fn configure(dir: &TempDir) -> Vec<Node> {
             }
         })
         .collect()
+}
+
+/// The proof that R3 streams can be created now on the cluster `url` belongs to: place one (in
+/// memory) and remove it. The monitoring endpoints can call a peer current a moment before
+/// placement agrees ("no suitable peers for placement, peer offline").
+pub(crate) async fn probe_placement(url: &str) -> anyhow::Result<()> {
+    let client = async_nats::connect(url).await.context("connect for the placement probe")?;
+    let js = async_nats::jetstream::new(client);
+    let name = "HARNESS_PLACEMENT_PROBE";
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: name.to_owned(),
+        subjects: vec!["harness.placement.probe".to_owned()],
+        num_replicas: CLUSTER_SIZE,
+        storage: async_nats::jetstream::stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .context("place an R3 probe stream")?;
+    js.delete_stream(name).await.context("remove the R3 probe stream")?;
+    Ok(())
 }
