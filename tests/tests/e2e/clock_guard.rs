@@ -21,11 +21,14 @@ use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, kv::Operation};
 use futures::StreamExt;
-use jetsched_shared::names::{Names, task_key};
-use jetsched_shared::topology::{self, Topology, TopologyArgs};
+use jetsched_shared::names::Names;
+use jetsched_shared::topology::Topology;
 use jetsched_shared::wire::{Event, LeaderRecord, Trigger};
-use jetsched_tests::{ChildProcess, NatsServer, eventually, init_test_logging, read_stream, workspace_bin};
-use serde_json::json;
+use jetsched_tests::fixtures::write_spread_tasks;
+use jetsched_tests::{
+    ChildProcess, WithTopology, eventually, init_test_logging, read_stream, server_with_topology, with_lease,
+    workspace_bin,
+};
 
 use crate::scheduler::{Seen, read_dispatches, spawn_scheduler, tasks_loaded};
 
@@ -60,21 +63,11 @@ fn spawn_skewed(url: &str, instance: &str, offset: &str) -> ChildProcess {
     ChildProcess::spawn_command(instance, command)
 }
 
-async fn setup(server: &NatsServer) -> (jetstream::Context, Topology) {
-    let js = jetstream::new(server.client().await);
-    let args = TopologyArgs { lease: LEASE, ..TopologyArgs::default() };
-    let topology = topology::ensure(&js, &Names::default(), &args).await.expect("topology");
-    // Every second, phases spread over the second (a fire due every 50 ms).
-    for i in 0..20 {
-        let id = format!("tick-{i:02}");
-        let anchor = format!("1970-01-01T00:00:00.{:03}Z", i * 50);
-        let spec = json!({
-            "id": id, "namespace": NS, "schedule": {"every": "1s", "anchor": anchor},
-            "executor": {"kind": "nats", "subject": "jobs.run"}, "misfire": "fire_all",
-        });
-        topology.tasks.put(task_key(NS, &id), spec.to_string().into()).await.expect("put task");
-    }
-    (js, topology)
+/// A server with the topology (lease [`LEASE`]) and twenty tasks spread over the second.
+async fn setup() -> WithTopology {
+    let setup = server_with_topology(with_lease(LEASE)).await;
+    write_spread_tasks(&setup.topology.tasks, NS, "tick").await;
+    setup
 }
 
 /// Every instance that ever held the lease, from a watch of the lease key.
@@ -121,8 +114,7 @@ async fn a_scheduler_five_seconds_ahead_never_leads_while_a_correct_one_runs() {
     if !faketime_available() {
         return;
     }
-    let server = NatsServer::start().await;
-    let (js, topology) = setup(&server).await;
+    let WithTopology { server, js, topology, .. } = setup().await;
     let holders = record_holders(&topology);
     let url = server.url();
     let mut skewed = spawn_skewed(&url, "ahead", "+5s");
@@ -215,8 +207,7 @@ async fn with_only_skewed_replicas_fires_follow_the_servers_clock() {
         return;
     }
     let (stop, stalls) = measure_stalls();
-    let server = NatsServer::start().await;
-    let (js, topology) = setup(&server).await;
+    let WithTopology { server, js, topology, .. } = setup().await;
     let url = server.url();
     let mut procs: BTreeMap<String, ChildProcess> = BTreeMap::new();
     procs.insert("ahead".into(), spawn_skewed(&url, "ahead", "+5s"));

@@ -16,33 +16,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fantoccini::Locator;
-use jetsched_shared::names::Names;
-use jetsched_tests::{App, NatsServer, SpecBuilder, eventually, init_test_logging, spec};
+use jetsched_tests::{Api, App, NatsServer, eventually, init_test_logging, spec};
 use jetsched_worker::{Handlers, Outcome, RunContext};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use browser::{Browser, csrf_of, request};
 
 const WAIT: Duration = Duration::from_secs(20);
 const TOKEN: &str = "console-test-token";
-
-/// A registry's API call; the reply as JSON.
-async fn call(client: &async_nats::Client, subject: String, body: Vec<u8>) -> Value {
-    let reply = client.request(subject, body.into()).await.expect("the registry answers");
-    serde_json::from_slice(&reply.payload).expect("a JSON reply")
-}
-
-async fn put(client: &async_nats::Client, spec: SpecBuilder) {
-    let value = spec.json();
-    let namespace = value["namespace"].as_str().unwrap().to_string();
-    let reply = call(client, Names::default().task_api_namespaced("put", &namespace), spec.bytes()).await;
-    assert!(reply.get("error").is_none(), "put {value}: {reply}");
-}
-
-async fn task_call(client: &async_nats::Client, endpoint: &str, namespace: &str, id: &str) -> Value {
-    let body = serde_json::to_vec(&json!({"namespace": namespace, "id": id})).unwrap();
-    call(client, Names::default().task_api_namespaced(endpoint, namespace), body).await
-}
 
 /// A console on the server, in-process; its pages' address.
 async fn console(server: &NatsServer, token: Option<&str>, allow_actions: bool) -> (App, SocketAddr) {
@@ -60,7 +41,7 @@ async fn console(server: &NatsServer, token: Option<&str>, allow_actions: bool) 
 /// calls), plus the specs the tests look at.
 struct System {
     server: NatsServer,
-    client: async_nats::Client,
+    api: Api,
     rejected: Arc<AtomicUsize>,
     _apps: Vec<App>,
 }
@@ -78,40 +59,44 @@ async fn system() -> System {
         })
         .register("ok", |_run: RunContext| async { Outcome::ok() });
     let worker = App::worker(jetsched_worker::Config::for_tests(&server.url(), "w-console"), handlers).await;
-    let client = server.client().await;
+    let api = Api::new(&server.client().await);
     eventually(WAIT, "the registry is ready", || registry.ready()).await;
-    put(
-        &client,
-        spec("billing", "monthly-close")
+    api.store(
+        &spec("billing", "monthly-close")
             .schedule(json!({"cron": "0 0 12 1 * *", "timezone": "Europe/Berlin"}))
             .handler("ok")
-            .field("labels", json!({"team": "billing", "tier": "gold"})),
+            .field("labels", json!({"team": "billing", "tier": "gold"}))
+            .json(),
     )
     .await;
-    put(
-        &client,
-        spec("billing", "nightly-report")
+    api.store(
+        &spec("billing", "nightly-report")
             .cron("0 30 2 * * *")
             .handler("ok")
-            .field("labels", json!({"team": "billing"})),
+            .field("labels", json!({"team": "billing"}))
+            .json(),
     )
     .await;
-    put(
-        &client,
-        spec("ops", "cleanup")
+    api.store(
+        &spec("ops", "cleanup")
             .every("10m")
             .handler("ok")
-            .field("labels", json!({"team": "ops", "note": "<script>alert(1)</script>"})),
+            .field("labels", json!({"team": "ops", "note": "<script>alert(1)</script>"}))
+            .json(),
     )
     .await;
     // Runs only when triggered (the test counts its calls): once a year, at New Year in UTC, an
     // hourly schedule would have fired too when the test crossed the hour.
-    put(
-        &client,
-        spec("ops", "flaky-export").cron("0 0 0 1 1 *").handler("rejects").fast_retry(1).timeout("5s"),
+    api.store(
+        &spec("ops", "flaky-export")
+            .cron("0 0 0 1 1 *")
+            .handler("rejects")
+            .fast_retry(1)
+            .timeout("5s")
+            .json(),
     )
     .await;
-    System { server, client, rejected, _apps: vec![registry, scheduler, worker] }
+    System { server, api, rejected, _apps: vec![registry, scheduler, worker] }
 }
 
 fn screenshots() -> Option<PathBuf> {
@@ -191,12 +176,12 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
         browser.text("#task-state").await == "paused"
     })
     .await;
-    let stored = task_call(&system.client, "get", "billing", "monthly-close").await;
+    let stored = system.api.on("get", "billing", "monthly-close").await;
     assert_eq!(stored["task"]["paused"], true, "{stored}");
 
     // A run that fails for good lands in the dead letters; replay from its page dispatches it
     // again (the handler runs a second time).
-    let triggered = task_call(&system.client, "trigger", "ops", "flaky-export").await;
+    let triggered = system.api.on("trigger", "ops", "flaky-export").await;
     assert!(triggered.get("execution_id").is_some(), "{triggered}");
     page.goto(&format!("{base}/dlq")).await.unwrap();
     eventually(WAIT, "the dead letter is listed", || async {
@@ -239,7 +224,7 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     .await;
     let before = browser.text("#event-rows").await;
     assert!(!before.contains("task.resumed"), "{before}");
-    let resumed = task_call(&system.client, "resume", "billing", "monthly-close").await;
+    let resumed = system.api.on("resume", "billing", "monthly-close").await;
     assert!(resumed.get("error").is_none(), "{resumed}");
     eventually(WAIT, "the resume event appears live", || async {
         browser.text("#event-rows tr.fresh").await.contains("task.resumed")
@@ -304,14 +289,14 @@ async fn console_refuses_without_token_csrf_or_allowed_actions() {
     assert_eq!(request(guarded, "POST", pause, &[&bearer], "").await.status, 403);
     assert_eq!(request(guarded, "POST", pause, &[&cookie], "csrf=forged").await.status, 403);
     assert_eq!(request(guarded, "POST", pause, &[], &format!("csrf={csrf}")).await.status, 401);
-    assert_eq!(task_call(&system.client, "get", "ops", "cleanup").await["task"]["paused"], false);
+    assert_eq!(system.api.on("get", "ops", "cleanup").await["task"]["paused"], false);
     let done = request(guarded, "POST", pause, &[&cookie], &format!("csrf={csrf}")).await;
     assert_eq!((done.status, done.header("location")), (303, Some("/tasks/ops/cleanup")));
-    assert_eq!(task_call(&system.client, "get", "ops", "cleanup").await["task"]["paused"], true);
+    assert_eq!(system.api.on("get", "ops", "cleanup").await["task"]["paused"], true);
     // Delete needs its confirmation box.
     let delete = "/tasks/ops/cleanup/delete";
     assert_eq!(request(guarded, "POST", delete, &[&cookie], &format!("csrf={csrf}")).await.status, 400);
-    assert!(task_call(&system.client, "get", "ops", "cleanup").await.get("task").is_some());
+    assert!(system.api.on("get", "ops", "cleanup").await.get("task").is_some());
 
     // Without --allow-actions every action is refused, even with the right CSRF token, and the
     // buttons are disabled.
@@ -329,7 +314,7 @@ async fn console_refuses_without_token_csrf_or_allowed_actions() {
         assert_eq!(refused.status, 403, "{path}");
         assert!(refused.body.contains("--allow-actions"), "{}", refused.body);
     }
-    assert_eq!(task_call(&system.client, "get", "ops", "cleanup").await["task"]["paused"], true);
+    assert_eq!(system.api.on("get", "ops", "cleanup").await["task"]["paused"], true);
 }
 
 #[tokio::test]
@@ -340,8 +325,8 @@ async fn console_user_of_the_secured_config_reads_every_page_without_a_violation
     registry_config.nats = server.nats_args("registry");
     let registry = App::registry(registry_config).await;
     eventually(WAIT, "the registry is ready", || registry.ready()).await;
-    let client = server.connect("client").await.client;
-    put(&client, spec("ops", "secured").every("1h").field("labels", json!({"team": "ops"}))).await;
+    let api = Api::new(&server.connect("client").await.client);
+    api.store(&spec("ops", "secured").every("1h").field("labels", json!({"team": "ops"})).json()).await;
 
     let mut config = jetsched_console::Config::for_tests(&server.url);
     config.nats = server.nats_args("console");

@@ -13,7 +13,7 @@ use jetsched_shared::events::ingest::Ingest;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_shared::wire::{Event, EventKind};
-use jetsched_tests::{NatsServer, init_test_logging, read_stream};
+use jetsched_tests::{NatsServer, WithTopology, init_test_logging, read_stream, server_with_topology};
 use tokio_util::sync::CancellationToken;
 
 /// Units of work (deliveries), each telling one event and flushing it, all at once.
@@ -72,12 +72,8 @@ async fn tell_all(publisher: &EventPublisher, namespace: &str) -> u64 {
 
 #[tokio::test]
 async fn the_events_of_many_deliveries_share_batches_and_each_is_stored_once() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
+    let WithTopology { server, client, js, .. } = server_with_topology(TopologyArgs::default()).await;
     let names = Names::default();
-    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
     let publisher = batched_publisher(&js, &names, &client).await;
 
     let before = server_out_msgs(&server).await;

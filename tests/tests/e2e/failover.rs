@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv::Operation};
 use futures::StreamExt;
-use jetsched_shared::names::{Names, task_key};
-use jetsched_shared::topology::{self, Topology, TopologyArgs};
+use jetsched_shared::names::Names;
+use jetsched_shared::topology::{Topology, TopologyArgs};
 use jetsched_shared::wire::{HDR_LEADER_TERM, LeaderRecord};
-use jetsched_tests::{ChildProcess, NatsCluster, NatsServer, eventually, init_test_logging};
-use serde_json::json;
+use jetsched_tests::fixtures::write_spread_tasks;
+use jetsched_tests::{ChildProcess, NatsCluster, NatsServer, ensure_topology, eventually, init_test_logging};
 use tokio::sync::mpsc;
 
 use crate::scheduler::{assert_contiguous, per_task, read_dispatches, spawn_scheduler, tasks_loaded};
@@ -78,20 +78,11 @@ impl Dispatches {
     }
 }
 
+/// The topology with `lease` and `replicas`, and twenty tasks spread over the second.
 async fn setup(client: async_nats::Client, lease: Duration, replicas: usize) -> Topology {
-    let js = jetstream::new(client);
-    let args = TopologyArgs { lease, replicas, ..TopologyArgs::default() };
-    let topology = topology::ensure(&js, &Names::default(), &args).await.expect("topology");
-    // Every second, phases spread over the second: some fire is due every 50 ms.
-    for i in 0..20 {
-        let id = format!("spread-{i:02}");
-        let anchor = format!("1970-01-01T00:00:00.{:03}Z", i * 50);
-        let spec = json!({
-            "id": id, "namespace": NS, "schedule": {"every": "1s", "anchor": anchor},
-            "executor": {"kind": "nats", "subject": "jobs.run"}, "misfire": "fire_all",
-        });
-        topology.tasks.put(task_key(NS, &id), spec.to_string().into()).await.expect("put task");
-    }
+    let (_, topology) =
+        ensure_topology(&client, &TopologyArgs { lease, replicas, ..TopologyArgs::default() }).await;
+    write_spread_tasks(&topology.tasks, NS, "spread").await;
     topology
 }
 

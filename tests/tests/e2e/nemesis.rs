@@ -392,14 +392,12 @@ async fn put_probe(client: &async_nats::Client, id: &str) -> Result<(), String> 
         .nats("chaos.ok")
         .field("paused", true)
         .bytes();
-    let reply = tokio::time::timeout(
-        Duration::from_secs(5),
-        client.request(Names::default().task_api_subject("put"), body.into()),
-    )
-    .await
-    .map_err(|_| "no answer".to_owned())?
-    .map_err(|e| e.to_string())?;
-    let reply: serde_json::Value = serde_json::from_slice(&reply.payload).map_err(|e| e.to_string())?;
+    let api = jetsched_tests::Api::new(client);
+    let put = api.reply(api.names().task_api_subject("put"), async_nats::HeaderMap::new(), body);
+    let reply = tokio::time::timeout(Duration::from_secs(5), put)
+        .await
+        .map_err(|_| "no answer".to_owned())?
+        .map_err(|e| format!("{e:#}"))?;
     match reply.pointer("/error/code").and_then(|c| c.as_str()) {
         None => Ok(()),
         Some(code) => Err(code.to_owned()),

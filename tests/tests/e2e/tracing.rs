@@ -15,7 +15,9 @@ use jetsched_tests::fixtures::wait_run_status;
 use jetsched_tests::otlp::{
     Downstream, KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, OtlpReceiver, ReceivedSpan,
 };
-use jetsched_tests::{App, ChildProcess, NatsServer, admin_get, eventually, free_addr, metric_value, spec};
+use jetsched_tests::{
+    Api, App, ChildProcess, NatsServer, admin_get, eventually, free_addr, metric_value, spec,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -69,7 +71,7 @@ async fn put_one_shot(
     let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
     let at = chrono::DateTime::from_timestamp_millis(at_ms).expect("valid time").to_rfc3339();
     let spec = builder.schedule(json!({"at": at})).json();
-    let reply = request(&server.client().await, "put", &spec, HeaderMap::new()).await;
+    let reply = Api::new(&server.client().await).put(&spec).await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
     let execution_id = scheduled_execution_id(
         spec["namespace"].as_str().expect("namespace"),
@@ -77,16 +79,6 @@ async fn put_one_shot(
         at_ms,
     );
     (registry, execution_id)
-}
-
-async fn request(client: &async_nats::Client, endpoint: &str, body: &Value, headers: HeaderMap) -> Value {
-    let subject = Names::default().task_api_subject(endpoint);
-    let payload = serde_json::to_vec(body).expect("JSON").into();
-    let reply = tokio::time::timeout(WAIT, client.request_with_headers(subject, headers, payload))
-        .await
-        .expect("reply in time")
-        .expect("request succeeds");
-    serde_json::from_slice(&reply.payload).expect("reply is JSON")
 }
 
 /// A whole-second instant a few seconds ahead, in Unix milliseconds.
@@ -309,7 +301,7 @@ async fn a_collector_that_is_down_costs_dropped_spans_and_export_resumes_when_it
         .every("1s")
         .executor(json!({"kind": "http", "method": "POST", "url": downstream.url()}))
         .json();
-    let reply = request(&server.client().await, "put", &every, HeaderMap::new()).await;
+    let reply = Api::new(&server.client().await).put(&every).await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
 
     eventually(WAIT, "the worker counts dropped spans", || async {
@@ -344,13 +336,12 @@ async fn a_registry_request_with_a_traceparent_continues_the_callers_trace() {
     let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let caller_span = "00f067aa0ba902b7";
     let put_spec = spec("traced", "put").json();
+    let api = Api::new(&client);
     let reply = eventually(WAIT, "the registry answers", || async {
         let mut headers = HeaderMap::new();
         headers.insert("traceparent", format!("00-{caller_trace}-{caller_span}-01").as_str());
-        let subject = Names::default().task_api_subject("put");
-        let payload = serde_json::to_vec(&put_spec).expect("JSON").into();
-        let reply = client.request_with_headers(subject, headers, payload).await.ok()?;
-        serde_json::from_slice::<Value>(&reply.payload).ok()
+        let body = serde_json::to_vec(&put_spec).expect("JSON");
+        api.reply(api.names().task_api_subject("put"), headers, body).await
     })
     .await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
@@ -421,14 +412,15 @@ async fn trigger_and_replay_dispatches_carry_the_callers_trace_context_without_e
     // In-process registry: this test process exports nothing.
     let _registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
     let client = server.client().await;
+    let api = Api::new(&client);
     let js = async_nats::jetstream::new(client.clone());
     let task = spec("carried", "manual").every("1h");
-    let reply = request(&client, "put", &task.json(), HeaderMap::new()).await;
+    let reply = api.put(&task.json()).await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
 
     // A trigger with the caller's context: the dispatch carries it as it came.
     let body = json!({"namespace": "carried", "id": "manual"});
-    let reply = request(&client, "trigger", &body, caller_headers()).await;
+    let reply = api.task_with("trigger", caller_headers(), body.clone()).await;
     assert!(reply.get("error").is_none(), "triggered: {reply}");
     let expected = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
     let (traceparent, tracestate) = dispatch_trace_headers(&js, "carried", "manual").await;
@@ -436,7 +428,7 @@ async fn trigger_and_replay_dispatches_carry_the_callers_trace_context_without_e
     assert_eq!(tracestate.as_deref(), Some(CALLER_STATE), "the caller's tracestate");
 
     // Without one: a traceparent derived from the new execution id.
-    let reply = request(&client, "trigger", &body, HeaderMap::new()).await;
+    let reply = api.task("trigger", body.clone()).await;
     let execution_id = reply["execution_id"].as_str().unwrap_or_else(|| panic!("{reply}")).to_string();
     let (traceparent, tracestate) = dispatch_trace_headers(&js, "carried", "manual").await;
     let traceparent = traceparent.expect("a derived traceparent");
@@ -462,11 +454,9 @@ async fn trigger_and_replay_dispatches_carry_the_callers_trace_context_without_e
         .expect("publish the dead letter")
         .await
         .expect("dead letter stored");
-    let subject = names.dlq_api_subject("replay");
-    let payload = serde_json::to_vec(&json!({"sequence": ack.sequence})).unwrap().into();
-    let reply =
-        client.request_with_headers(subject, caller_headers(), payload).await.expect("replay answered");
-    let reply: Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    let reply = api
+        .call_with(names.dlq_api_subject("replay"), caller_headers(), json!({"sequence": ack.sequence}))
+        .await;
     assert!(reply.get("error").is_none(), "replayed: {reply}");
     let (traceparent, tracestate) = dispatch_trace_headers(&js, "carried", "replayed").await;
     assert_eq!(traceparent.as_deref(), Some(expected.as_str()), "the caller's traceparent");
@@ -493,6 +483,7 @@ async fn worker_runs_exported_with_root_ratio(ratio: &str, count: usize) -> usiz
     );
     let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
     let client = server.client().await;
+    let api = Api::new(&client);
     let js = async_nats::jetstream::new(client.clone());
     let at_ms = soon_ms(3);
     let at = chrono::DateTime::from_timestamp_millis(at_ms).expect("valid time").to_rfc3339();
@@ -501,7 +492,7 @@ async fn worker_runs_exported_with_root_ratio(ratio: &str, count: usize) -> usiz
     for n in 0..count {
         let id = format!("root-{n}");
         let task = spec("sampled", &id).executor(executor.clone()).schedule(json!({"at": at}));
-        let reply = request(&client, "put", &task.json(), HeaderMap::new()).await;
+        let reply = api.put(&task.json()).await;
         assert!(reply.get("error").is_none(), "stored: {reply}");
         executions.push(scheduled_execution_id("sampled", &id, at_ms));
     }
@@ -515,10 +506,10 @@ async fn worker_runs_exported_with_root_ratio(ratio: &str, count: usize) -> usiz
     }
 
     let control = spec("sampled", "control").executor(executor).every("1h");
-    let reply = request(&client, "put", &control.json(), HeaderMap::new()).await;
+    let reply = api.put(&control.json()).await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
     let body = json!({"namespace": "sampled", "id": "control"});
-    let reply = request(&client, "trigger", &body, caller_headers()).await;
+    let reply = api.task_with("trigger", caller_headers(), body.clone()).await;
     assert!(reply.get("error").is_none(), "triggered: {reply}");
     eventually(WAIT, "the control run's span exported", || async {
         receiver.trace(CALLER_TRACE).iter().any(|s| s.kind == KIND_CONSUMER).then_some(())
@@ -575,7 +566,7 @@ async fn a_fire_skipped_for_overlap_is_a_short_span_with_its_reason() {
     let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
     let task =
         spec("traced", "slow").every("1s").nats("traced.slow").timeout("10s").field("overlap", "skip").json();
-    let reply = request(&server.client().await, "put", &task, HeaderMap::new()).await;
+    let reply = Api::new(&server.client().await).put(&task).await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
 
     let skipped = eventually(WAIT, "a skipped fire's span exported", || async {
@@ -616,17 +607,20 @@ async fn trigger_and_replay_spans_join_the_callers_trace_with_the_runs_they_disp
     let client = server.client().await;
     let executor = json!({"kind": "http", "method": "POST", "url": downstream.url()});
     let task = spec("traced", "manual").every("1h").executor(executor.clone()).json();
+    let api = Api::new(&client);
     let reply = eventually(WAIT, "the registry answers", || async {
-        let subject = Names::default().task_api_subject("put");
-        let payload = serde_json::to_vec(&task).expect("JSON").into();
-        let reply = client.request(subject, payload).await.ok()?;
-        serde_json::from_slice::<Value>(&reply.payload).ok()
+        api.reply(
+            api.names().task_api_subject("put"),
+            HeaderMap::new(),
+            serde_json::to_vec(&task).expect("JSON"),
+        )
+        .await
     })
     .await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
 
     let reply =
-        request(&client, "trigger", &json!({"namespace": "traced", "id": "manual"}), caller_headers()).await;
+        api.task_with("trigger", caller_headers(), json!({"namespace": "traced", "id": "manual"})).await;
     assert!(reply.get("error").is_none(), "triggered: {reply}");
     let spans = caller_trace_with_runs(&receiver, 1).await;
     let trigger = one(&spans, "trigger", |s| s.kind == KIND_SERVER);
@@ -663,12 +657,8 @@ async fn trigger_and_replay_spans_join_the_callers_trace_with_the_runs_they_disp
         .expect("dead letter stored");
     let mut headers = HeaderMap::new();
     headers.insert("traceparent", format!("00-{CALLER_TRACE}-{replayer_span}-01").as_str());
-    let payload = serde_json::to_vec(&json!({"sequence": ack.sequence})).unwrap().into();
-    let reply = client
-        .request_with_headers(names.dlq_api_subject("replay"), headers, payload)
-        .await
-        .expect("replay answered");
-    let reply: Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    let reply =
+        api.call_with(names.dlq_api_subject("replay"), headers, json!({"sequence": ack.sequence})).await;
     assert!(reply.get("error").is_none(), "replayed: {reply}");
     let spans = caller_trace_with_runs(&receiver, 2).await;
     let replay = one(&spans, "replay", |s| s.kind == KIND_SERVER && s.parent_span_id == replayer_span);

@@ -9,15 +9,15 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_tests::fixtures::{dead_letter_of, dispatch, wait_run_status};
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging, spec};
+use jetsched_tests::{
+    App, NatsServer, WithTopology, eventually, init_test_logging, server_with_topology, spec,
+};
 use jetsched_worker::dlq::DeadLetterSource;
 use jetsched_worker::runs::{AttemptOutcome, RunStatus};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::Value;
 
-use crate::worker_support::{
-    WAIT, config, dispatch_pending, outcomes_of, server_with_topology, worker_process,
-};
+use crate::worker_support::{WAIT, config, dispatch_pending, outcomes_of, worker_process};
 
 #[tokio::test]
 async fn worker_dead_letters_exhausted_and_permanent_failures_with_their_history() {
@@ -92,7 +92,7 @@ async fn worker_dead_letters_exhausted_and_permanent_failures_with_their_history
 
 #[tokio::test]
 async fn crash_looping_run_reaches_the_dlq_through_the_max_deliveries_advisory() {
-    let (server, client, js) = server_with_topology().await;
+    let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
     let mut sub = client.subscribe("jobs.crash").await.expect("subscribe");
     let names = Names::default();
     // Eager records: each attempt is recorded before it runs, so the entry lists both (under

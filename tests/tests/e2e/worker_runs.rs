@@ -10,18 +10,20 @@ use async_nats::jetstream;
 use jetsched_shared::names::Names;
 use jetsched_shared::wire::{Event, EventKind};
 use jetsched_tests::fixtures::{dispatch, execution_of, publish_dispatch, run_record, wait_run_status};
-use jetsched_tests::{App, ChildProcess, NatsServer, eventually, init_test_logging, read_stream, spec};
+use jetsched_tests::{
+    App, ChildProcess, NatsServer, WithTopology, eventually, init_test_logging, read_stream,
+    server_with_topology, spec,
+};
 use jetsched_worker::runs::RunStatus;
 use jetsched_worker::{Handlers, Outcome, RunContext, RunRecords};
 
 use crate::worker_support::{
-    WAIT, config, counting_responder, dispatch_pending, server_with_topology, wait_for_workers,
-    worker_process,
+    WAIT, config, counting_responder, dispatch_pending, wait_for_workers, worker_process,
 };
 
 #[tokio::test]
 async fn three_worker_processes_share_3000_runs_each_executed_once() {
-    let (server, client, js) = server_with_topology().await;
+    let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
     let sub = client.subscribe("jobs.count").await.expect("subscribe");
     let counts = counting_responder(client.clone(), sub, Duration::from_millis(2));
     let names = Names::default();

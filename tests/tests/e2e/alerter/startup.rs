@@ -98,14 +98,14 @@ async fn invalid_configuration_is_a_clear_start_up_error() {
 async fn each_event_kind_is_read_through_a_single_filter_consumer_and_the_combined_one_is_removed() {
     use async_nats::jetstream::consumer::pull;
     use futures::StreamExt;
-    use jetsched_shared::topology::{self, TopologyArgs};
+    use jetsched_shared::topology::TopologyArgs;
     use jetsched_shared::wire::EventKind;
-    use jetsched_tests::App;
+    use jetsched_tests::{App, WithTopology, server_with_topology};
 
     use super::{Subscriber, publish_event, run_event};
 
-    let (server, client, js, names) = start().await;
-    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+    let WithTopology { server, client, js, .. } = server_with_topology(TopologyArgs::default()).await;
+    let names = jetsched_shared::names::Names::default();
     let events = js.get_stream(names.events_stream()).await.unwrap();
     let kinds = [EventKind::RunFailed, EventKind::RunDead, EventKind::FireDispatched];
     events
