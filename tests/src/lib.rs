@@ -1,5 +1,6 @@
 //! Test harness: a real `nats-server` per test (single node or 3-node cluster), workspace
-//! binaries as child processes, `eventually` polling, and opt-in test logs.
+//! binaries as child processes, `eventually` polling (and `always` for what must not happen),
+//! and opt-in test logs.
 //!
 //! Every server runs on loopback ports of its own with its store in a temp dir, so tests run
 //! in parallel; everything is killed on Drop. The `nats-server` binary comes from PATH or
@@ -85,6 +86,28 @@ where
                 "eventually: `{what}` still not true after {:?} ({attempts} attempts); last: {last}",
                 start.elapsed()
             );
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// Runs `check` every ~20 ms for `period` and panics with `what` and the failure the first
+/// time it fails: for a test whose point is that something does *not* happen while time
+/// passes (a second alert, a run, a finished wait). The check is watched throughout the
+/// period, not once at its end. `check` returns what [`eventually`] takes.
+pub async fn always<F, Fut>(period: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future,
+    Fut::Output: Check,
+{
+    let start = tokio::time::Instant::now();
+    loop {
+        if let Err(failure) = check().await.check() {
+            panic!("always: `{what}` broke after {:?}: {failure}", start.elapsed());
+        }
+        if start.elapsed() >= period {
+            return;
         }
         tokio::time::sleep(POLL_INTERVAL).await;
     }

@@ -7,7 +7,8 @@ use jetsched_shared::topology::{self, Topology, TopologyArgs};
 
 use crate::{NatsServer, init_test_logging};
 
-/// A single-node server with the topology of `args`, and a connection to it.
+/// A single-node server with the topology of `args`, and a connection to it. The server stops
+/// when dropped: a test that takes the parts binds `server` too (`server: _server` at least).
 pub struct WithTopology {
     pub server: NatsServer,
     pub client: async_nats::Client,

@@ -169,6 +169,25 @@ fn times(rules: &[String], rule: &str) -> usize {
     rules.iter().filter(|r| *r == rule).count()
 }
 
+/// How long a test watches that no late duplicate of an alert arrives.
+const QUIET: Duration = Duration::from_millis(500);
+
+/// Watches for [`QUIET`] that each rule of `expected` was alerted exactly that many times
+/// among the rules `alerted` reports: a late duplicate fails the test.
+async fn alerted_exactly(alerted: impl Fn() -> Vec<String>, expected: &[(&str, usize)]) {
+    jetsched_tests::always(QUIET, "each alert sent the expected number of times", || async {
+        let rules = alerted();
+        let wrong = expected.iter().any(|(rule, n)| times(&rules, rule) != *n);
+        if wrong { Err(format!("expected {expected:?}, got {rules:?}")) } else { Ok(()) }
+    })
+    .await;
+}
+
+/// The rules of a webhook's messages.
+fn rules_of(messages: Vec<AlertMessage>) -> Vec<String> {
+    messages.into_iter().map(|m| m.rule).collect()
+}
+
 /// `jetsched_alerts_suppressed_total` for `rule` and `reason` in a metrics text.
 fn suppressed_total(metrics: &str, reason: &str, rule: &str) -> Option<f64> {
     metric_value(metrics, &format!("jetsched_alerts_suppressed_total{{reason=\"{reason}\",rule=\"{rule}\"}}"))

@@ -293,7 +293,7 @@ async fn pause_after_failures_counts_the_same_with_only_failure_events() {
 
 #[tokio::test]
 async fn bad_breaker_specs_are_refused_with_every_field_path() {
-    let Served { api, .. } = served(|_| {}).await;
+    let Served { server: _server, registry: _registry, api, .. } = served(|_| {}).await;
     let bad = spec("ap", "bad")
         .field(
             "breaker",

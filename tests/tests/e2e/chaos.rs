@@ -349,6 +349,8 @@ async fn chaos(mut nats: Nats, plan: Plan, workers: usize) {
     }
 
     // Calm: a live leader, every worker up; then stop dispatching and let the workers drain.
+    // The calm lasting is the point: what is checked ends 1.5 s into it, the rest lets the
+    // runs of the last fires finish.
     live_leader(&topology, &services).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let end = now_ms() - 2500;

@@ -20,7 +20,7 @@ use async_nats::jetstream::consumer::PullConsumer;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_tests::{
-    Api, App, ChildProcess, SpecBuilder, eventually, init_test_logging, spec, workspace_bin,
+    Api, App, ChildProcess, SpecBuilder, eventually, init_test_logging, metric_value, spec, workspace_bin,
 };
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
@@ -373,8 +373,13 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     })
     .await;
     assert_eq!(paused["task"]["paused_reason"], "consecutive_failures", "{paused}");
-    // Give the alerter's periodic checks (queue and DLQ depth) a round under its permissions.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The alerter's periodic checks (queue and DLQ depth) ran a round under its permissions
+    // since the dead letter was stored.
+    eventually(WAIT, "the alerter's checks counted the dead letter", || async {
+        let metrics = alerter.metrics().await;
+        metric_value(&metrics, "jetsched_dlq_depth").is_some_and(|depth| depth >= 1.0)
+    })
+    .await;
 
     // The CLI: API commands as `client`, inspection (JetStream reads) as `operator`.
     for (user, args) in [

@@ -12,7 +12,7 @@ use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_shared::wire::{Event, EventKind, scheduled_execution_id};
-use jetsched_tests::{App, WithTopology, eventually, read_stream, server_with_topology};
+use jetsched_tests::{App, WithTopology, always, eventually, read_stream, server_with_topology};
 
 async fn stored(js: &jetstream::Context, names: &Names) -> u64 {
     let mut stream = js.get_stream(names.events_stream()).await.expect("events stream");
@@ -21,7 +21,7 @@ async fn stored(js: &jetstream::Context, names: &Names) -> u64 {
 
 #[tokio::test]
 async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
-    let WithTopology { js, .. } = server_with_topology(TopologyArgs::default()).await;
+    let WithTopology { server: _server, js, .. } = server_with_topology(TopologyArgs::default()).await;
     let names = Names::default();
     let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
         .expect("event metrics");
@@ -57,7 +57,7 @@ async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
 /// them waits for that. An outage longer than the pump's retry budget is counted, not hidden.
 #[tokio::test]
 async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
-    let WithTopology { js, .. } = server_with_topology(TopologyArgs::default()).await;
+    let WithTopology { server: _server, js, .. } = server_with_topology(TopologyArgs::default()).await;
     let names = Names::default();
     let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
         .expect("event metrics");
@@ -72,8 +72,10 @@ async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
         assert!(sink.try_emit(Event::new(EventKind::FireSkipped, "outage", format!("t{i}"))));
     }
     let barrier = tokio::spawn(sink.barrier().wait());
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(!barrier.is_finished(), "the barrier waits while the events cannot be stored");
+    always(Duration::from_secs(3), "the barrier waits while the events cannot be stored", || async {
+        !barrier.is_finished()
+    })
+    .await;
     topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("events stream back");
     tokio::time::timeout(Duration::from_secs(20), barrier).await.expect("barrier resolves").unwrap();
     assert_eq!(stored(&js, &names).await, 50, "every event queued during the outage is stored once");

@@ -174,7 +174,8 @@ async fn a_leader_frozen_for_less_than_its_lease_keeps_it() {
     let (leader, term) = dispatching_holder(&topology, &procs, &mut seen).await;
     let frozen = procs.get_mut(&leader).expect("ours");
     frozen.sigstop();
-    // Every probe of the followers times out meanwhile: no evidence, no takeover.
+    // Frozen for 2 s, less than the lease: the passing of time is the point. Every probe of the
+    // followers times out meanwhile: no evidence, no takeover.
     tokio::time::sleep(Duration::from_secs(2)).await;
     frozen.sigcont();
     let after = seen.terms_for(Duration::from_secs(3)).await;

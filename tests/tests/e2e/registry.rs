@@ -13,7 +13,7 @@ use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Storage, TopologyArgs, TopologyError};
 use jetsched_shared::wire::HDR_EXPECTED_REVISION;
 use jetsched_tests::{
-    Api, App, NatsCluster, NatsServer, ServerOpts, WithTopology, eventually, init_test_logging,
+    Api, App, NatsCluster, NatsServer, ServerOpts, WithTopology, always, eventually, init_test_logging,
     server_with_topology, spec,
 };
 use serde_json::{Value, json};
@@ -37,7 +37,8 @@ fn nightly(namespace: &str, id: &str) -> Value {
         .json()
 }
 
-/// A server with a registry of `config` (changed by `adjust`), and a connection to both.
+/// A server with a registry of `config` (changed by `adjust`), and a connection to both. The
+/// server and the registry stop when dropped: a test binds both (`server: _server` at least).
 pub(crate) struct Served {
     pub(crate) server: NatsServer,
     pub(crate) registry: App,
@@ -238,7 +239,7 @@ async fn cas_suite(client: async_nats::Client) {
 
 #[tokio::test]
 async fn registry_api_on_a_single_node() {
-    let Served { registry, client, .. } = served(|_| {}).await;
+    let Served { server: _server, registry, client, .. } = served(|_| {}).await;
     api_suite(client.clone()).await;
     cas_suite(client).await;
     registry.stop().await;
@@ -268,7 +269,8 @@ async fn registry_api_on_a_three_node_cluster_with_r3() {
 
 #[tokio::test]
 async fn bad_requests_get_structured_errors_and_store_nothing() {
-    let Served { registry, api, js, .. } = served(|config| config.max_spec_bytes = 4096).await;
+    let Served { server: _server, registry, api, js, .. } =
+        served(|config| config.max_spec_bytes = 4096).await;
     let names = Names::default();
 
     let raw = |body: &str| body.as_bytes().to_vec();
@@ -327,7 +329,7 @@ async fn bad_requests_get_structured_errors_and_store_nothing() {
 
 #[tokio::test]
 async fn the_registry_is_a_discoverable_micro_service() {
-    let Served { registry, client, api, .. } = served(|_| {}).await;
+    let Served { server: _server, registry, client, api, .. } = served(|_| {}).await;
     let names = Names::default();
     let info =
         client.request(format!("$SRV.INFO.{}", names.service_name()), "".into()).await.expect("service info");
@@ -527,8 +529,7 @@ async fn topology_waits_for_a_cluster_without_quorum_and_gives_up_with_a_clear_e
         let js = js.clone();
         async move { topology::ensure(&js, &Names::default(), &args).await }
     });
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(!waiting.is_finished(), "ensure must still be waiting for the quorum");
+    always(Duration::from_secs(2), "ensure waits for the quorum", || async { !waiting.is_finished() }).await;
     cluster.restart_node(1).await;
     cluster.restart_node(2).await;
     let topology = tokio::time::timeout(Duration::from_secs(60), waiting)
@@ -604,7 +605,7 @@ async fn several_registry_replicas_share_the_api_and_the_intake() {
 /// micro-service error headers, and nothing is stored.
 #[tokio::test]
 async fn a_spec_with_three_problems_is_refused_with_all_three() {
-    let Served { registry, client, api, js, .. } = served(|_| {}).await;
+    let Served { server: _server, registry, client, api, js, .. } = served(|_| {}).await;
     let names = Names::default();
     let broken = |id: &str| {
         json!({

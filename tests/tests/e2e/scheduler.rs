@@ -415,7 +415,7 @@ pub(crate) async fn tasks_loaded(process: &ChildProcess) {
 }
 
 /// Waits until a dispatch was stored after `time` (some leader is dispatching past it).
-async fn dispatched_past(js: &jetstream::Context, time: SystemTime) {
+pub(crate) async fn dispatched_past(js: &jetstream::Context, time: SystemTime) {
     eventually(WAIT, "a dispatch past the time", || async {
         read_dispatches(js).await.iter().any(|s| s.published > time)
     })
@@ -626,8 +626,8 @@ async fn a_server_outage_and_restart_during_steady_firing_loses_and_doubles_noth
         tasks.len() == ids.len() && tasks.values().all(|n| n.len() >= 2)
     })
     .await;
-    // Down for longer than the lease (real time: the server's): the leader steps down, then
-    // resumes from the fire state.
+    // Down for longer than the lease (real time: the server's), the passing of time is the
+    // point: the leader steps down, then resumes from the fire state.
     server.kill();
     tokio::time::sleep(lease + Duration::from_millis(1000)).await;
     server.restart().await;

@@ -16,7 +16,7 @@ use jetsched_tests::otlp::{
     Downstream, KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, OtlpReceiver, ReceivedSpan,
 };
 use jetsched_tests::{
-    Api, App, ChildProcess, NatsServer, admin_get, eventually, free_addr, metric_value, spec,
+    Api, App, ChildProcess, NatsServer, admin_get, always, eventually, free_addr, metric_value, spec,
 };
 use serde_json::{Value, json};
 
@@ -285,8 +285,11 @@ async fn with_sampling_off_nothing_is_exported_but_the_context_still_travels() {
     let js = async_nats::jetstream::new(server.client().await);
     wait_run_status(&js, &Names::default(), &execution_id, RunStatus::Succeeded, WAIT).await;
     // Several export periods (100 ms each) pass: still nothing.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(receiver.spans().len(), 0, "{:#?}", receiver.spans());
+    always(Duration::from_millis(1500), "no span exported", || async {
+        let spans = receiver.spans();
+        if spans.is_empty() { Ok(()) } else { Err(format!("{spans:#?}")) }
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -3,10 +3,11 @@
 //! events stream is gone are stored once it is back, and deferred run records: a long run is
 //! recorded as running while it runs, a short one written once, at its verdict.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
+use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::wire::{Event, EventKind};
 use jetsched_tests::fixtures::{dispatch, execution_of, publish_dispatch, run_record, wait_run_status};
@@ -74,8 +75,12 @@ async fn run_events_published_while_the_events_stream_is_gone_are_stored_once_it
     let mut config = config(&server, "w-events");
     config.run_records = RunRecords::Eager;
     let worker = App::worker(config, handlers).await;
-    let js = jetstream::new(server.client().await);
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
     let names = Names::default();
+    // Every event published, stored or not, as the server passes it on.
+    let mut on_the_wire = client.subscribe(names.events_wildcard()).await.expect("subscribe to events");
+    client.flush().await.expect("flush the subscription");
     // As when a replicated events stream elects a new leader after a node died.
     js.delete_stream(names.events_stream()).await.expect("delete the events stream");
     let task = spec("wk", "outage").handler("noop").fast_retry(3).timeout("5s").task();
@@ -86,7 +91,21 @@ async fn run_events_published_while_the_events_stream_is_gone_are_stored_once_it
     for id in &ids {
         wait_run_status(&js, &names, id, RunStatus::Succeeded, WAIT).await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The outcome of each run was published while the stream was gone, and refused.
+    let mut told = HashSet::new();
+    let outage = async {
+        while told.len() < ids.len() {
+            let message = on_the_wire.next().await.expect("the subscription lives");
+            if let Ok(event) = serde_json::from_slice::<Event>(&message.payload)
+                && event.kind == EventKind::RunSucceeded
+            {
+                told.extend(event.execution_id);
+            }
+        }
+    };
+    if tokio::time::timeout(WAIT, outage).await.is_err() {
+        panic!("the outcome of every run published during the outage; seen for {told:?} of {ids:?}");
+    }
     jetsched_shared::topology::ensure(&js, &names, &Default::default()).await.expect("events stream back");
     let events = eventually(WAIT, "every run's events stored", || async {
         let events: Vec<jetsched_shared::wire::Event> =

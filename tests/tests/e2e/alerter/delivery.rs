@@ -9,8 +9,8 @@ use jetsched_shared::wire::EventKind;
 use jetsched_tests::{App, eventually, metric_value};
 
 use super::{
-    Hook, HookMode, Subscriber, WAIT, config, count, hooked_config, publish_event, run_event, start,
-    suppressed_total, times,
+    Hook, HookMode, Subscriber, WAIT, alerted_exactly, config, count, hooked_config, publish_event, rules_of,
+    run_event, start, suppressed_total, times,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,8 +85,7 @@ async fn a_storm_is_rate_limited_with_a_summary_and_a_rule_is_grouped() {
     .await;
     assert_eq!(grouped.alerts.len(), 20, "{}", grouped.text);
     assert!(grouped.text.contains("20 alerts"), "{}", grouped.text);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(count(&hook.messages(), "run_failed"), 1);
+    alerted_exactly(|| rules_of(hook.messages()), &[("run_failed", 1)]).await;
     alerter.stop().await;
 }
 

@@ -8,7 +8,8 @@ use jetsched_shared::wire::EventKind;
 use jetsched_tests::{App, ChildProcess, NatsServer, admin_get, eventually, metric_value};
 
 use super::{
-    Subscriber, WAIT, config, leader_acquired, publish_event, run_event, start, suppressed_total, times,
+    Subscriber, WAIT, alerted_exactly, config, leader_acquired, publish_event, run_event, start,
+    suppressed_total, times,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,11 +48,7 @@ async fn a_restarted_alerter_does_not_resend() {
         both_deduped(&metrics)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let rules = subscriber.rules();
-    assert_eq!(times(&rules, "run_dead"), 1, "{rules:?}");
-    assert_eq!(times(&rules, "no_leader"), 1, "{rules:?}");
-    assert_eq!(times(&rules, "leader_changed"), 1, "{rules:?}");
+    alerted_exactly(|| subscriber.rules(), &[("run_dead", 1), ("no_leader", 1), ("leader_changed", 1)]).await;
     alerter.stop().await;
 }
 
@@ -90,14 +87,11 @@ async fn two_replicas_send_each_alert_once() {
         })
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    alerted_exactly(|| subscriber.rules(), &[("run_dead", 10), ("leader_changed", 1), ("no_leader", 1)])
+        .await;
     let messages = subscriber.messages();
     let senders: std::collections::BTreeSet<_> =
         messages.iter().filter(|(_, m)| m.rule == "run_dead").map(|(_, m)| m.instance.clone()).collect();
-    let rules = subscriber.rules();
-    assert_eq!(times(&rules, "run_dead"), 10, "{rules:?}");
-    assert_eq!(times(&rules, "leader_changed"), 1, "{rules:?}");
-    assert_eq!(times(&rules, "no_leader"), 1, "{rules:?}");
     assert!(!senders.is_empty());
     a.stop().await;
     b.stop().await;

@@ -9,7 +9,7 @@ use super::{Served, nightly, served};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_names_every_task_once_while_tasks_are_being_rewritten() {
-    let Served { registry, client, api, .. } = served(|_| {}).await;
+    let Served { server: _server, registry, client, api, .. } = served(|_| {}).await;
     for i in 0..20 {
         api.put(&nightly("busy", &format!("t{i:02}"))).await;
     }
