@@ -35,8 +35,9 @@ struct Node {
 
 impl NatsCluster {
     /// Starts the three nodes and waits until every node sees the same JetStream meta leader
-    /// and reports healthy, so R3 streams can be created right away.
+    /// and reports healthy, so R3 streams can be created right away (test logs on first).
     pub async fn start() -> Self {
+        crate::init_test_logging();
         let bin = nats_server_bin();
         let dir = tempfile::Builder::new().prefix("jetsched-cluster-").tempdir().expect("create temp dir");
         let mut cluster = Self { nodes: Vec::new(), dir };

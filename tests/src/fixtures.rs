@@ -330,6 +330,28 @@ pub async fn run_records(runs: &kv::Store) -> Result<HashMap<String, RunRecord>,
     Ok(records)
 }
 
+/// A dead letter of the task `spec` (JSON) as a worker stores it: execution `execution_id`
+/// of queue `default`, failed for good after no attempt.
+pub fn dead_letter_entry(spec: &Value, execution_id: &str) -> Value {
+    json!({
+        "execution_id": execution_id, "namespace": spec["namespace"], "task_id": spec["id"],
+        "queue": "default", "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule",
+        "term": 1, "revision": 1, "spec": spec,
+        "reason": "failed for good", "source": "verdict", "dead_at": "2026-01-01T00:00:01.000Z",
+        "worker": "w1", "attempts": [], "dispatch_sequence": 1,
+    })
+}
+
+/// Stores `entry` in the dead-letter stream on `subject` (a worker's, or any other); the
+/// stream's answer: the sequence, or why it refused.
+pub async fn store_dead_letter(
+    js: &jetstream::Context,
+    subject: String,
+    entry: &Value,
+) -> Result<u64, jetstream::context::PublishError> {
+    Ok(js.publish(subject, entry.to_string().into()).await?.await?.sequence)
+}
+
 /// Every entry of the dead-letter stream, oldest first.
 pub async fn dead_letters(js: &jetstream::Context, names: &Names) -> Vec<DeadLetter> {
     let mut stream = js.get_stream(names.dlq_stream()).await.expect("DLQ stream");

@@ -45,7 +45,7 @@ pub use nscluster::{NsCluster, NsService};
 pub use process::{ChildProcess, workspace_bin};
 pub use proxy::{Delay, Proxy};
 pub use server::{NatsServer, ServerOpts, free_addr, free_ports};
-pub use streams::read_stream;
+pub use streams::{last_message, read_stream, stream_info};
 pub use topology::{WithTopology, ensure_topology, server_with_topology, with_lease};
 
 /// How often [`eventually`] re-runs its check.

@@ -67,8 +67,9 @@ static NEXT_ADMIN_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::Atomic
 impl NsCluster {
     /// Starts the nodes, each store on a tmpfs of `disk_mb` MiB when given (with `limits` in
     /// its `jetstream` block), and waits until they agree on a meta leader and can place R3
-    /// streams.
+    /// streams (test logs on first).
     pub async fn start(disk_mb: Option<u64>, limits: &str) -> anyhow::Result<Self> {
+        crate::init_test_logging();
         let lab = NetLab::create(CLUSTER_SIZE)?;
         let dir = tempfile::Builder::new().prefix("jetsched-nscluster-").tempdir()?;
         let routes: Vec<String> =

@@ -5,7 +5,7 @@ use async_nats::jetstream;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
 
-use crate::{NatsServer, init_test_logging};
+use crate::NatsServer;
 
 /// A single-node server with the topology of `args`, and a connection to it. The server stops
 /// when dropped: a test that takes the parts binds `server` too (`server: _server` at least).
@@ -14,15 +14,16 @@ pub struct WithTopology {
     pub client: async_nats::Client,
     pub js: jetstream::Context,
     pub topology: Topology,
+    /// The default names the topology was made with.
+    pub names: Names,
 }
 
 /// Starts a server (test logging on) and ensures the topology of `args` with the default names.
 pub async fn server_with_topology(args: TopologyArgs) -> WithTopology {
-    init_test_logging();
     let server = NatsServer::start().await;
     let client = server.client().await;
     let (js, topology) = ensure_topology(&client, &args).await;
-    WithTopology { server, client, js, topology }
+    WithTopology { server, client, js, topology, names: Names::default() }
 }
 
 /// Ensures the topology of `args` with the default names over `client` (a server's or a

@@ -22,14 +22,13 @@ use jetsched_alerter::Config;
 use jetsched_shared::alert::AlertMessage;
 use jetsched_shared::names::{Names, SYSTEM_NAMESPACE};
 use jetsched_shared::wire::{Event, EventKind};
-use jetsched_tests::{NatsServer, init_test_logging, metric_value};
+use jetsched_tests::{NatsServer, metric_value};
 use tokio::task::JoinHandle;
 
 const WAIT: Duration = Duration::from_secs(15);
 
 /// A fresh nats-server with a client, its JetStream context and the default names.
 async fn start() -> (NatsServer, async_nats::Client, jetstream::Context, Names) {
-    init_test_logging();
     let server = NatsServer::start().await;
     let client = server.client().await;
     let js = jetstream::new(client.clone());

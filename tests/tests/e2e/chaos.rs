@@ -20,7 +20,7 @@ use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
 use jetsched_shared::wire::{self, AttemptOutcome, EventKind, HDR_STATUS, LeaderRecord, format_time};
-use jetsched_tests::{ChildProcess, NatsCluster, NatsServer, eventually, fixtures, init_test_logging};
+use jetsched_tests::{ChildProcess, NatsCluster, NatsServer, eventually, fixtures};
 use jetsched_worker::dlq::DeadLetter;
 use jetsched_worker::runs::{RunRecord, RunStatus};
 use serde_json::json;
@@ -734,7 +734,6 @@ pub(super) async fn check(
 
 #[tokio::test]
 async fn chaos_single_node_kills_restarts_and_freezes_lose_and_double_nothing() {
-    init_test_logging();
     let plan = if long() {
         Plan {
             leader_kills: 20,
@@ -762,7 +761,6 @@ async fn chaos_single_node_kills_restarts_and_freezes_lose_and_double_nothing() 
 
 #[tokio::test]
 async fn chaos_cluster_node_kills_with_r3_lose_and_double_nothing() {
-    init_test_logging();
     let plan = if long() {
         Plan {
             leader_kills: 20,

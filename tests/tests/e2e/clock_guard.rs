@@ -14,7 +14,6 @@
 //! every fire) and the tail gets a looser one; no fire may be early, which no stall causes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -26,11 +25,12 @@ use jetsched_shared::topology::Topology;
 use jetsched_shared::wire::{Event, LeaderRecord, Trigger};
 use jetsched_tests::fixtures::write_spread_tasks;
 use jetsched_tests::{
-    ChildProcess, WithTopology, always, eventually, init_test_logging, read_stream, server_with_topology,
-    with_lease, workspace_bin,
+    ChildProcess, WithTopology, always, eventually, read_stream, server_with_topology, with_lease,
 };
 
-use crate::scheduler::{Seen, dispatched_past, read_dispatches, spawn_scheduler, tasks_loaded};
+use crate::scheduler::{
+    Seen, dispatched_past, read_dispatches, scheduler_command, spawn_scheduler, tasks_loaded,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 const NS: &str = "clock";
@@ -50,16 +50,8 @@ fn faketime_available() -> bool {
 
 /// A scheduler process whose wall clock is `offset` off (`+5s`, `-5s`).
 fn spawn_skewed(url: &str, instance: &str, offset: &str) -> ChildProcess {
-    let mut command = Command::new(workspace_bin("jetsched-scheduler"));
-    command
-        .env("LD_PRELOAD", LIBFAKETIME)
-        .env("FAKETIME", offset)
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-        .env("NATS_URL", url)
-        .env("RUST_LOG", "info")
-        .args(["--instance-id", instance, "--admin-addr", "127.0.0.1:0", "--fire-events", "false"])
-        .args(["--lease", &format!("{}ms", LEASE.as_millis())])
-        .args(["--lease-margin", &format!("{}ms", LEASE.as_millis() / 4)]);
+    let mut command = scheduler_command(url, instance, LEASE);
+    command.env("LD_PRELOAD", LIBFAKETIME).env("FAKETIME", offset).env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
     ChildProcess::spawn_command(instance, command)
 }
 
@@ -110,7 +102,6 @@ async fn skew_events(js: &jetstream::Context) -> HashMap<String, Event> {
 
 #[tokio::test]
 async fn a_scheduler_five_seconds_ahead_never_leads_while_a_correct_one_runs() {
-    init_test_logging();
     if !faketime_available() {
         return;
     }
@@ -206,7 +197,6 @@ fn measure_stalls() -> (Arc<AtomicBool>, tokio::task::JoinHandle<Duration>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_only_skewed_replicas_fires_follow_the_servers_clock() {
-    init_test_logging();
     if !faketime_available() {
         return;
     }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fantoccini::Locator;
-use jetsched_tests::{Api, App, NatsServer, eventually, init_test_logging, spec};
+use jetsched_tests::{Api, App, NatsServer, eventually, spec};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
 
@@ -61,41 +61,23 @@ async fn system() -> System {
     let worker = App::worker(jetsched_worker::Config::for_tests(&server.url(), "w-console"), handlers).await;
     let api = Api::new(&server.client().await);
     eventually(WAIT, "the registry is ready", || registry.ready()).await;
-    api.store(
-        &spec("billing", "monthly-close")
-            .schedule(json!({"cron": "0 0 12 1 * *", "timezone": "Europe/Berlin"}))
+    let tasks = [
+        spec("billing", "monthly-close")
+            .cron_in("0 0 12 1 * *", "Europe/Berlin")
             .handler("ok")
-            .field("labels", json!({"team": "billing", "tier": "gold"}))
-            .json(),
-    )
-    .await;
-    api.store(
-        &spec("billing", "nightly-report")
-            .cron("0 30 2 * * *")
-            .handler("ok")
-            .field("labels", json!({"team": "billing"}))
-            .json(),
-    )
-    .await;
-    api.store(
-        &spec("ops", "cleanup")
+            .labels(&[("team", "billing"), ("tier", "gold")]),
+        spec("billing", "nightly-report").cron("0 30 2 * * *").handler("ok").labels(&[("team", "billing")]),
+        spec("ops", "cleanup")
             .every("10m")
             .handler("ok")
-            .field("labels", json!({"team": "ops", "note": "<script>alert(1)</script>"}))
-            .json(),
-    )
-    .await;
-    // Runs only when triggered (the test counts its calls): once a year, at New Year in UTC, an
-    // hourly schedule would have fired too when the test crossed the hour.
-    api.store(
-        &spec("ops", "flaky-export")
-            .cron("0 0 0 1 1 *")
-            .handler("rejects")
-            .fast_retry(1)
-            .timeout("5s")
-            .json(),
-    )
-    .await;
+            .labels(&[("team", "ops"), ("note", "<script>alert(1)</script>")]),
+        // Runs only when triggered (the test counts its calls): once a year, at New Year in
+        // UTC, an hourly schedule would have fired too when the test crossed the hour.
+        spec("ops", "flaky-export").cron("0 0 0 1 1 *").handler("rejects").fast_retry(1).timeout("5s"),
+    ];
+    for task in tasks {
+        api.store(&task.json()).await;
+    }
     System { server, api, rejected, _apps: vec![registry, scheduler, worker] }
 }
 
@@ -117,7 +99,6 @@ async fn task_rows(browser: &Browser) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
-    init_test_logging();
     let system = system().await;
     let (_console, addr) = console(&system.server, Some(TOKEN), true).await;
     let base = format!("http://{addr}");
@@ -257,7 +238,6 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
 
 #[tokio::test]
 async fn console_refuses_without_token_csrf_or_allowed_actions() {
-    init_test_logging();
     let system = system().await;
     let (_guarded, guarded) = console(&system.server, Some(TOKEN), true).await;
     let bearer = format!("Authorization: Bearer {TOKEN}");
@@ -319,7 +299,6 @@ async fn console_refuses_without_token_csrf_or_allowed_actions() {
 
 #[tokio::test]
 async fn console_user_of_the_secured_config_reads_every_page_without_a_violation() {
-    init_test_logging();
     let server = crate::deploy::SecureServer::start().await;
     let mut registry_config = jetsched_registry::Config::for_tests(&server.url);
     registry_config.nats = server.nats_args("registry");

@@ -74,6 +74,7 @@ pub(crate) struct SecureServer {
 
 impl SecureServer {
     pub(crate) async fn start() -> SecureServer {
+        init_test_logging();
         let dir = tempfile::Builder::new().prefix("jetsched-secure-").tempdir().expect("temp dir");
         let store = dir.path().join("store");
         let mut replaced = BTreeMap::from([("listen:", 0), ("http:", 0), ("store_dir:", 0)]);
@@ -125,6 +126,22 @@ impl SecureServer {
 
     /// A connection as `user` that records the server's error messages (permission
     /// violations arrive as `-ERR` lines, not as errors of the publish call).
+    /// Runs the CLI `jetsched args` as `user`, which must succeed; its standard output.
+    pub(crate) async fn cli(&self, user: &str, args: &[&str]) -> String {
+        let output = tokio::process::Command::new(workspace_bin("jetsched"))
+            .args(args)
+            .env("NATS_URL", &self.url)
+            .env("NATS_USER", user)
+            .env("NATS_PASSWORD", password(user))
+            .output()
+            .await
+            .expect("run jetsched");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "jetsched {} as {user}: {stdout}{stderr}", args.join(" "));
+        stdout
+    }
+
     pub(crate) async fn connect(&self, user: &str) -> Probe {
         self.connect_with(user, async_nats::ConnectOptions::new()).await
     }
@@ -214,7 +231,6 @@ async fn next_dispatch(consumer: &PullConsumer) -> jetstream::Message {
 /// consume dispatches but cannot write the tasks bucket nor serve the API.
 #[tokio::test]
 async fn secured_config_gives_each_user_exactly_its_subjects() {
-    init_test_logging();
     let server = SecureServer::start().await;
     let names = Names::default();
 
@@ -391,21 +407,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
         ("operator", vec!["events", "--last", "5"]),
         ("operator", vec!["runs", "secure/ticking"]),
     ] {
-        let output = tokio::process::Command::new(workspace_bin("jetsched"))
-            .args(&args)
-            .env("NATS_URL", &server.url)
-            .env("NATS_USER", user)
-            .env("NATS_PASSWORD", password(user))
-            .output()
-            .await
-            .expect("run jetsched");
-        assert!(
-            output.status.success(),
-            "jetsched {} as {user}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        server.cli(user, &args).await;
     }
 
     alerter.stop().await;
@@ -843,7 +845,6 @@ fn entrypoint() -> Command {
 
 #[tokio::test]
 async fn image_entrypoint_picks_the_binary_and_probes_the_admin_port() {
-    init_test_logging();
     for (role, binary) in
         COMPOSE_SERVICES.iter().copied().chain([("jetsched", "jetsched"), ("cli", "jetsched")])
     {

@@ -21,8 +21,7 @@ async fn stored(js: &jetstream::Context, names: &Names) -> u64 {
 
 #[tokio::test]
 async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
-    let WithTopology { server: _server, js, .. } = server_with_topology(TopologyArgs::default()).await;
-    let names = Names::default();
+    let WithTopology { server: _server, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
     let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
         .expect("event metrics");
     let (sink, pump) = publisher.queue(10_000, 64);
@@ -57,8 +56,7 @@ async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
 /// them waits for that. An outage longer than the pump's retry budget is counted, not hidden.
 #[tokio::test]
 async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
-    let WithTopology { server: _server, js, .. } = server_with_topology(TopologyArgs::default()).await;
-    let names = Names::default();
+    let WithTopology { server: _server, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
     let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
         .expect("event metrics");
     let start_pump = |retry_for: Duration| {
@@ -114,8 +112,7 @@ async fn dispatched_events(js: &jetstream::Context, names: &Names, ns: &str) -> 
 #[tokio::test]
 async fn a_fire_stored_by_a_leader_that_never_saw_its_ack_still_gets_one_dispatched_event() {
     const NS: &str = "handover";
-    let WithTopology { server, js, .. } = server_with_topology(TopologyArgs::default()).await;
-    let names = Names::default();
+    let WithTopology { server, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
     let tasks = js.get_key_value(names.tasks_bucket()).await.expect("tasks bucket");
     let clock = ManualClock::starting_now();
     let next = clock.now_ms() + 1000;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
-use jetsched_tests::{CLUSTER_SIZE, NetLab, NsCluster, eventually, init_test_logging, read_stream};
+use jetsched_tests::{CLUSTER_SIZE, NetLab, NsCluster, eventually, read_stream};
 
 /// Store size of each node, as in the nemesis full-disk test.
 const DISK_MB: u64 = 128;
@@ -88,9 +88,7 @@ async fn acknowledged_and_lost(limits: &str) -> (usize, Vec<u64>) {
 
 #[tokio::test]
 async fn writes_acknowledged_before_a_full_disk_survive_the_restart() {
-    init_test_logging();
-    if let Some(why) = NetLab::unavailable() {
-        eprintln!("SKIPPED full disk acks: {why}");
+    if NetLab::skip("full disk acks") {
         return;
     }
     if std::env::var("JETSCHED_CHAOS").as_deref() != Ok("nemesis") {

@@ -20,7 +20,7 @@ use async_nats::jetstream::{self, kv};
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
 use jetsched_shared::wire::LeaderRecord;
-use jetsched_tests::{CLUSTER_SIZE, Delay, NetLab, NsCluster, NsService, eventually, init_test_logging};
+use jetsched_tests::{CLUSTER_SIZE, Delay, NetLab, NsCluster, NsService, eventually};
 
 use super::chaos::{self, LEASE, NS, Observed, WAIT};
 
@@ -356,9 +356,7 @@ impl Setup {
 
 #[tokio::test]
 async fn nemesis_partitions_slow_lossy_links_and_cut_workers_lose_and_double_nothing() {
-    init_test_logging();
-    if let Some(why) = NetLab::unavailable() {
-        eprintln!("SKIPPED nemesis: {why}");
+    if NetLab::skip("nemesis") {
         return;
     }
     let rounds = rounds();
@@ -505,9 +503,7 @@ async fn events_failed(service: &NsService) -> Option<u64> {
 
 #[tokio::test]
 async fn nemesis_full_disks_refuse_writes_and_resume_after_a_restart_losing_nothing() {
-    init_test_logging();
-    if let Some(why) = NetLab::unavailable() {
-        eprintln!("SKIPPED nemesis full disks: {why}");
+    if NetLab::skip("nemesis full disks") {
         return;
     }
     if rounds() == 1 {

@@ -202,8 +202,7 @@ async fn last_dispatch(js: &jetstream::Context, task_id: &str, lane: Priority) -
 
 #[tokio::test]
 async fn triggers_and_replays_keep_or_override_the_priority_and_old_dispatches_are_normal() {
-    let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
-    let names = Names::default();
+    let WithTopology { server, client, js, names, .. } = server_with_topology(Default::default()).await;
     let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
     let api = Api::new(&client);
     let task = spec("prio", "report").handler("rec").field("priority", "high").every("1h");

@@ -13,8 +13,8 @@ use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Storage, TopologyArgs, TopologyError};
 use jetsched_shared::wire::HDR_EXPECTED_REVISION;
 use jetsched_tests::{
-    Api, App, NatsCluster, NatsServer, ServerOpts, WithTopology, always, eventually, init_test_logging,
-    server_with_topology, spec,
+    Api, App, NatsCluster, NatsServer, ServerOpts, WithTopology, always, eventually, last_message,
+    server_with_topology, spec, stream_info,
 };
 use serde_json::{Value, json};
 
@@ -48,7 +48,6 @@ pub(crate) struct Served {
 }
 
 pub(crate) async fn served(adjust: impl FnOnce(&mut Config)) -> Served {
-    init_test_logging();
     let server = NatsServer::start().await;
     let mut config = config(&server.url(), 1);
     adjust(&mut config);
@@ -173,11 +172,9 @@ async fn api_suite(client: async_nats::Client) {
     let trigger = api.task("trigger", json!({"namespace": "billing", "id": "nightly"})).await;
     let execution_id = trigger["execution_id"].as_str().expect("execution id").to_string();
     let names = Names::default();
-    let dispatch = js.get_stream(names.dispatch_stream()).await.expect("dispatch stream");
-    let message = dispatch
-        .get_last_raw_message_by_subject(&names.dispatch_subject("default", "billing", "nightly"))
-        .await
-        .expect("dispatched");
+    let message =
+        last_message(&js, &names.dispatch_stream(), &names.dispatch_subject("default", "billing", "nightly"))
+            .await;
     let body: Value = serde_json::from_slice(&message.payload).unwrap();
     assert_eq!(body["execution_id"], execution_id.as_str());
     assert_eq!(body["trigger"], "manual");
@@ -247,21 +244,12 @@ async fn registry_api_on_a_single_node() {
 
 #[tokio::test]
 async fn registry_api_on_a_three_node_cluster_with_r3() {
-    init_test_logging();
     let cluster = NatsCluster::start().await;
     let registry = App::registry(config(&cluster.urls(), 3)).await;
     let client = cluster.client().await;
     let js = jetstream::new(client.clone());
-    let info = js
-        .get_stream(Names::default().dispatch_stream())
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .config
-        .num_replicas;
-    assert_eq!(info, 3, "streams are R3");
+    let replicas = stream_info(&js, &Names::default().dispatch_stream()).await.config.num_replicas;
+    assert_eq!(replicas, 3, "streams are R3");
     api_suite(client.clone()).await;
     cas_suite(client).await;
     registry.stop().await;
@@ -366,8 +354,7 @@ async fn the_registry_is_a_discoverable_micro_service() {
 #[tokio::test]
 async fn intake_applies_submissions_sent_while_the_registry_was_down() {
     // The topology exists (another service created it); no registry runs.
-    let WithTopology { server, js, .. } = server_with_topology(TopologyArgs::default()).await;
-    let names = Names::default();
+    let WithTopology { server, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
 
     let valid = nightly("intake", "late");
     submit(&js, &names.submit_subject("intake", "late"), &valid).await;
@@ -409,7 +396,6 @@ async fn intake_applies_submissions_sent_while_the_registry_was_down() {
 
 #[tokio::test]
 async fn topology_converges_and_names_conflicting_settings() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let js = jetstream::new(server.client().await);
     let names = Names::default();
@@ -431,17 +417,9 @@ async fn topology_converges_and_names_conflicting_settings() {
     let changed =
         TopologyArgs { events_max_age: Duration::from_secs(3600), tasks_history: 10, ..args.clone() };
     topology::ensure(&js, &names, &changed).await.expect("converges");
-    let events = js.get_stream(names.events_stream()).await.unwrap().info().await.unwrap().config.max_age;
-    assert_eq!(events, Duration::from_secs(3600));
-    let history = js
-        .get_stream(format!("KV_{}", names.tasks_bucket()))
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .config
-        .max_messages_per_subject;
+    assert_eq!(stream_info(&js, &names.events_stream()).await.config.max_age, Duration::from_secs(3600));
+    let history =
+        stream_info(&js, &format!("KV_{}", names.tasks_bucket())).await.config.max_messages_per_subject;
     assert_eq!(history, 10);
 
     // An immutable one is a clear error naming the setting.
@@ -460,7 +438,6 @@ async fn topology_converges_and_names_conflicting_settings() {
 #[tokio::test]
 async fn topology_on_a_server_without_room_for_the_stream_reservations_fails_at_once_and_says_what_to_change()
 {
-    init_test_logging();
     // 1.5 GiB of file store: the 1 GiB DLQ reservation fits, the 1 GiB events one does not.
     let opts = ServerOpts::default().jetstream_config("  max_file_store: 1536MB");
     let server = NatsServer::start_with(opts).await;
@@ -503,7 +480,6 @@ async fn topology_on_a_server_without_room_for_the_stream_reservations_fails_at_
 
 #[tokio::test]
 async fn topology_waits_for_a_cluster_without_quorum_and_gives_up_with_a_clear_error() {
-    init_test_logging();
     let mut cluster = NatsCluster::start().await;
     // Two of three nodes gone: no meta leader, so JetStream cannot answer.
     cluster.kill_node(1);
@@ -546,7 +522,6 @@ async fn topology_waits_for_a_cluster_without_quorum_and_gives_up_with_a_clear_e
 
 #[tokio::test]
 async fn several_registry_replicas_share_the_api_and_the_intake() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let mut first = config(&server.url(), 1);
     first.common.instance_id = Some("registry-a".into());

@@ -77,6 +77,13 @@ fn task(id: &str) -> SpecBuilder {
     spec(NS, id).nats("jobs.run")
 }
 
+/// Writes `count` tasks `<prefix>-000`, `<prefix>-001`... firing every second; their ids.
+async fn every_second(topology: &Topology, prefix: &str, count: usize) -> Vec<String> {
+    let ids: Vec<String> = (0..count).map(|i| format!("{prefix}-{i:03}")).collect();
+    put_every_second(topology, ids.clone()).await;
+    ids
+}
+
 async fn put_every_second(topology: &Topology, ids: impl IntoIterator<Item = String>) {
     for id in ids {
         write_task(&topology.tasks, &task(&id).every("1s").misfire("fire_all")).await;
@@ -188,8 +195,7 @@ async fn leader(topology: &Topology) -> Option<LeaderRecord> {
 async fn scheduler_dispatches_each_nominal_second_exactly_once() {
     let lease = Duration::from_secs(2);
     let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
-    let ids: Vec<String> = (0..5).map(|i| format!("tick-{i}")).collect();
-    put_every_second(&topology, ids.clone()).await;
+    let ids = every_second(&topology, "tick", 5).await;
     let scheduler = start(&server.url(), "solo", lease).await;
     let started = now_ms();
     // The record holds the term from the first renewal on (sent right after the create).
@@ -396,6 +402,11 @@ async fn scheduler_applies_updates_deletes_pause_and_resume() {
 
 /// Spawns a scheduler process with a short lease.
 pub(crate) fn spawn_scheduler(url: &str, instance: &str, lease: Duration) -> ChildProcess {
+    ChildProcess::spawn_command(instance, scheduler_command(url, instance, lease))
+}
+
+/// The command of a scheduler process with a short lease, no fire events, logs on.
+pub(crate) fn scheduler_command(url: &str, instance: &str, lease: Duration) -> Command {
     let mut command: Command = ChildProcess::command("jetsched-scheduler");
     command
         .env("NATS_URL", url)
@@ -403,7 +414,7 @@ pub(crate) fn spawn_scheduler(url: &str, instance: &str, lease: Duration) -> Chi
         .args(["--instance-id", instance, "--admin-addr", "127.0.0.1:0", "--fire-events", "false"])
         .args(["--lease", &format!("{}ms", lease.as_millis())])
         .args(["--lease-margin", &format!("{}ms", lease.as_millis() / 4)]);
-    ChildProcess::spawn_command(instance, command)
+    command
 }
 
 /// Waits until a scheduler process has loaded the tasks (it logs so).
@@ -427,8 +438,7 @@ async fn scheduler_failover_by_kill_9_loses_and_doubles_no_fire() {
     const KILLS: usize = 10;
     let lease = Duration::from_secs(2);
     let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
-    let ids: Vec<String> = (0..200).map(|i| format!("task-{i:03}")).collect();
-    put_every_second(&topology, ids.clone()).await;
+    let ids = every_second(&topology, "task", 200).await;
     let registered = now_ms();
 
     let mut spawned = 0;
@@ -536,8 +546,7 @@ async fn a_graceful_shutdown_hands_over_at_once() {
 async fn a_warm_follower_resumes_from_the_latest_fire_state() {
     let lease = Duration::from_secs(10);
     let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
-    let ids: Vec<String> = (0..5).map(|i| format!("warm-{i}")).collect();
-    put_every_second(&topology, ids.clone()).await;
+    let ids = every_second(&topology, "warm", 5).await;
     let mut a = spawn_scheduler(&server.url(), "warm-a", lease);
     eventually(WAIT, "a leads", || async { leader(&topology).await.filter(|l| l.instance == "warm-a") })
         .await;
@@ -573,8 +582,7 @@ async fn a_warm_follower_resumes_from_the_latest_fire_state() {
 async fn a_frozen_leader_never_dispatches_after_it_wakes() {
     let lease = Duration::from_secs(2);
     let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
-    let ids: Vec<String> = (0..20).map(|i| format!("frozen-{i:02}")).collect();
-    put_every_second(&topology, ids).await;
+    let _ids = every_second(&topology, "frozen", 20).await;
     let mut a = spawn_scheduler(&server.url(), "freeze-a", lease);
     let first = eventually(WAIT, "a leader", || leader(&topology)).await;
     assert_eq!(first.instance, "freeze-a");
@@ -618,8 +626,7 @@ async fn a_frozen_leader_never_dispatches_after_it_wakes() {
 async fn a_server_outage_and_restart_during_steady_firing_loses_and_doubles_nothing() {
     let lease = Duration::from_secs(2);
     let WithTopology { mut server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
-    let ids: Vec<String> = (0..20).map(|i| format!("steady-{i:02}")).collect();
-    put_every_second(&topology, ids.clone()).await;
+    let ids = every_second(&topology, "steady", 20).await;
     let scheduler = start(&server.url(), "survivor", lease).await;
     eventually(WAIT, "every task fired twice", || async {
         let tasks = per_task(&read_dispatches(&js).await);

@@ -14,11 +14,12 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::Priority;
-use jetsched_tests::{App, SpecBuilder, always, eventually, init_test_logging, spec, workspace_bin};
+use jetsched_tests::fixtures::{dead_letter_entry, store_dead_letter};
+use jetsched_tests::{App, SpecBuilder, always, eventually, spec, stream_info};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
 
-use crate::deploy::{DENIED_WAIT, SecureServer, WAIT, password};
+use crate::deploy::{DENIED_WAIT, SecureServer, WAIT};
 
 const TENANT: &str = "tenant-demo";
 
@@ -39,14 +40,7 @@ fn probe(id: &str) -> SpecBuilder {
 
 /// A dead letter as a worker stores it, whose body names `namespace`/`id`.
 fn dead_letter(namespace: &str, id: &str, execution_id: &str) -> Value {
-    json!({
-        "execution_id": execution_id, "namespace": namespace, "task_id": id, "queue": "default",
-        "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule", "term": 1, "revision": 1,
-        "spec": {"id": id, "namespace": namespace, "schedule": {"every": "1h"},
-                 "executor": {"kind": "handler", "name": "probe"}},
-        "reason": "refused on purpose", "source": "verdict", "dead_at": "2026-01-01T00:00:01.000Z",
-        "worker": "w", "attempts": [], "dispatch_sequence": 1,
-    })
+    dead_letter_entry(&probe(id).field("namespace", namespace).every("1h").json(), execution_id)
 }
 
 /// The secured server with the registry, scheduler, worker and alerter on their own users; the
@@ -108,7 +102,6 @@ impl Deployment {
 
 #[tokio::test]
 async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
-    init_test_logging();
     let deployment = Deployment::start(&[], Default::default()).await;
     let (server, names) = (&deployment.server, &deployment.names);
 
@@ -273,16 +266,14 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
     let mut sequences = Vec::new();
     for (namespace, id) in [("demo", "report"), ("billing", "payroll")] {
         let execution = uuid::Uuid::new_v4().to_string();
-        let ack = worker_js
-            .publish(
-                names.dlq_subject("default", namespace, id),
-                dead_letter(namespace, id, &execution).to_string().into(),
-            )
-            .await
-            .expect("publish dead letter")
-            .await
-            .expect("dead letter stored");
-        sequences.push(ack.sequence);
+        let sequence = store_dead_letter(
+            &worker_js,
+            names.dlq_subject("default", namespace, id),
+            &dead_letter(namespace, id, &execution),
+        )
+        .await
+        .expect("dead letter stored");
+        sequences.push(sequence);
     }
     let [demo_seq, billing_seq] = sequences[..] else { unreachable!() };
     let listed = tenant.api.call(dlq("list"), json!({})).await;
@@ -311,21 +302,7 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
         vec!["events", "--namespace", "demo", "--last", "5"],
         vec!["runs", "demo/report"],
     ] {
-        let output = tokio::process::Command::new(workspace_bin("jetsched"))
-            .args(&args)
-            .env("NATS_URL", &server.url)
-            .env("NATS_USER", TENANT)
-            .env("NATS_PASSWORD", password(TENANT))
-            .output()
-            .await
-            .expect("run jetsched");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "jetsched {} as {TENANT}: {stdout}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let stdout = server.cli(TENANT, &args).await;
         assert!(!stdout.contains("billing"), "jetsched {} showed billing: {stdout}", args.join(" "));
         if args[0] == "runs" {
             assert!(stdout.contains(&execution), "jetsched runs shows the triggered run: {stdout}");
@@ -385,7 +362,6 @@ async fn snapshot(js: &jetstream::Context, names: &Names) -> Snapshot {
 
 #[tokio::test]
 async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_go_on() {
-    init_test_logging();
     let deployment = Deployment::start(&[], Default::default()).await;
     let (server, names) = (&deployment.server, &deployment.names);
     let billing = server.connect("tenant-billing").await;
@@ -398,15 +374,11 @@ async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_
     let runs = worker_js.get_key_value(names.runs_bucket()).await.expect("runs bucket");
     let record = json!({"execution_id": "run-billing", "namespace": "billing", "task_id": "payroll", "status": "succeeded"});
     runs.put("run-billing", record.to_string().into()).await.expect("run record");
-    worker_js
-        .publish(
-            names.dlq_subject("default", "billing", "payroll"),
-            dead_letter("billing", "payroll", "dead-billing").to_string().into(),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("stored");
+    let (subject, entry) = (
+        names.dlq_subject("default", "billing", "payroll"),
+        dead_letter("billing", "payroll", "dead-billing"),
+    );
+    store_dead_letter(&worker_js, subject, &entry).await.expect("stored");
     eventually(WAIT, "billing's heartbeat fires", || async { deployment.runs_of("billing/heartbeat") >= 2 })
         .await;
 
@@ -517,7 +489,6 @@ async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_
 
 #[tokio::test]
 async fn nothing_a_team_shapes_is_trusted() {
-    init_test_logging();
     let deployment = Deployment::start(&[], Default::default()).await;
     let (server, names) = (&deployment.server, &deployment.names);
     let tenant = server.connect(TENANT).await;
@@ -542,16 +513,13 @@ async fn nothing_a_team_shapes_is_trusted() {
     // shaped): its replay is refused, and nothing runs for billing.
     let worker = server.connect("worker").await;
     let worker_js = jetstream::new(worker.client.clone());
-    let sequence = worker_js
-        .publish(
-            names.dlq_subject("default", "demo", "report"),
-            dead_letter("billing", "payroll", "crossed").to_string().into(),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("stored")
-        .sequence;
+    let sequence = store_dead_letter(
+        &worker_js,
+        names.dlq_subject("default", "demo", "report"),
+        &dead_letter("billing", "payroll", "crossed"),
+    )
+    .await
+    .expect("stored");
     let reply =
         tenant.api.call(names.dlq_api_namespaced("replay", "demo"), json!({"sequence": sequence})).await;
     mismatch(&reply, "replay of an entry naming billing");
@@ -567,7 +535,6 @@ async fn nothing_a_team_shapes_is_trusted() {
 
 #[tokio::test]
 async fn quotas_hold_per_namespace() {
-    init_test_logging();
     let topology = jetsched_shared::topology::TopologyArgs { dlq_max_per_subject: 3, ..Default::default() };
     let deployment =
         Deployment::start(&["demo.tasks=5", "demo.spec_bytes=2048", "*.tasks=100"], topology).await;
@@ -614,30 +581,14 @@ async fn quotas_hold_per_namespace() {
     // nothing is stored in the intake.
     let operator = server.connect("operator").await;
     let operator_js = jetstream::new(operator.client.clone());
-    let intake_before = operator_js
-        .get_stream(names.intake_stream())
-        .await
-        .expect("intake")
-        .info()
-        .await
-        .expect("info")
-        .state
-        .messages;
+    let intake_before = stream_info(&operator_js, &names.intake_stream()).await.state.messages;
     // 100 KiB: within the server's limit (the client sends it), over the account's 64 KiB.
     let sender = server.connect(TENANT).await;
     let huge = vec![b'x'; 100 << 10];
     sender.client.publish(names.submit_subject("demo", "huge"), huge.into()).await.expect("sent");
     let _ = sender.client.flush().await;
     sender.expect_error("maximum payload").await;
-    let intake_after = operator_js
-        .get_stream(names.intake_stream())
-        .await
-        .expect("intake")
-        .info()
-        .await
-        .expect("info")
-        .state
-        .messages;
+    let intake_after = stream_info(&operator_js, &names.intake_stream()).await.state.messages;
     assert_eq!(intake_after, intake_before, "the oversized submission was stored");
 
     // The team's own JetStream is bounded: consumers past its limit are refused.
@@ -676,24 +627,15 @@ async fn quotas_hold_per_namespace() {
     let worker_js = jetstream::new(worker.client.clone());
     let mut stored = 0;
     for i in 0..5 {
-        let ack = worker_js
-            .publish(
-                names.dlq_subject("default", "demo", "t0"),
-                dead_letter("demo", "t0", &format!("d{i}")).to_string().into(),
-            )
-            .await
-            .expect("publish")
-            .await;
-        stored += usize::from(ack.is_ok());
+        let entry = dead_letter("demo", "t0", &format!("d{i}"));
+        stored += usize::from(
+            store_dead_letter(&worker_js, names.dlq_subject("default", "demo", "t0"), &entry).await.is_ok(),
+        );
     }
     assert_eq!(stored, 3, "one task filled more than its share of the dead-letter stream");
-    worker_js
-        .publish(
-            names.dlq_subject("default", "billing", "payroll"),
-            dead_letter("billing", "payroll", "b").to_string().into(),
-        )
-        .await
-        .expect("publish")
+    let (subject, entry) =
+        (names.dlq_subject("default", "billing", "payroll"), dead_letter("billing", "payroll", "b"));
+    store_dead_letter(&worker_js, subject, &entry)
         .await
         .expect("billing's dead letter is stored while demo's task is full");
 

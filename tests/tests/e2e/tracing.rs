@@ -11,7 +11,7 @@ use async_nats::HeaderMap;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::wire::{RunStatus, scheduled_execution_id};
-use jetsched_tests::fixtures::wait_run_status;
+use jetsched_tests::fixtures::{dead_letter_entry, store_dead_letter, wait_run_status};
 use jetsched_tests::otlp::{
     Downstream, KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, OtlpReceiver, ReceivedSpan,
 };
@@ -81,6 +81,16 @@ async fn put_one_shot(
     (registry, execution_id)
 }
 
+/// The spans of trace `trace_id` once the fire, the run and its HTTP request are all there.
+async fn run_spans(receiver: &OtlpReceiver, trace_id: &str, what: &str) -> Vec<ReceivedSpan> {
+    eventually(WAIT, what, || async {
+        let spans = receiver.trace(trace_id);
+        let kinds: Vec<i32> = spans.iter().map(|s| s.kind).collect();
+        [KIND_PRODUCER, KIND_CONSUMER, KIND_CLIENT].iter().all(|k| kinds.contains(k)).then_some(spans)
+    })
+    .await
+}
+
 /// A whole-second instant a few seconds ahead, in Unix milliseconds.
 fn soon_ms(seconds: i64) -> i64 {
     (chrono::Utc::now().timestamp() + seconds) * 1000
@@ -125,12 +135,7 @@ async fn a_scheduled_execution_is_one_trace_from_the_fire_to_the_downstream() {
     let traceparent = headers.get("traceparent").expect("the downstream gets a traceparent").clone();
     assert_eq!(trace_id_in(&traceparent), trace_id, "the trace id is the execution id's");
 
-    let spans = eventually(WAIT, "fire, run and http spans exported", || async {
-        let spans = receiver.trace(&trace_id);
-        let kinds: Vec<i32> = spans.iter().map(|s| s.kind).collect();
-        [KIND_PRODUCER, KIND_CONSUMER, KIND_CLIENT].iter().all(|k| kinds.contains(k)).then_some(spans)
-    })
-    .await;
+    let spans = run_spans(&receiver, &trace_id, "fire, run and http spans exported").await;
     let fire = one(&spans, "fire", |s| s.kind == KIND_PRODUCER);
     assert_eq!(fire.name, "fire traced/one");
     assert_eq!(fire.service, "jetsched-scheduler");
@@ -440,26 +445,12 @@ async fn trigger_and_replay_dispatches_carry_the_callers_trace_context_without_e
 
     // A dead letter replayed with the caller's context.
     let names = Names::default();
-    let dead = json!({
-        "execution_id": "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60",
-        "namespace": "carried", "task_id": "replayed", "queue": "default",
-        "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule", "term": 1, "revision": 1,
-        "spec": spec("carried", "replayed").json(),
-        "reason": "failed for good", "source": "verdict", "dead_at": "2026-01-01T00:00:01.000Z",
-        "worker": "w1", "attempts": [], "dispatch_sequence": 1,
-    });
-    let ack = js
-        .publish(
-            names.dlq_subject("default", "carried", "replayed"),
-            serde_json::to_vec(&dead).unwrap().into(),
-        )
-        .await
-        .expect("publish the dead letter")
+    let dead = dead_letter_entry(&spec("carried", "replayed").json(), "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60");
+    let sequence = store_dead_letter(&js, names.dlq_subject("default", "carried", "replayed"), &dead)
         .await
         .expect("dead letter stored");
-    let reply = api
-        .call_with(names.dlq_api_subject("replay"), caller_headers(), json!({"sequence": ack.sequence}))
-        .await;
+    let reply =
+        api.call_with(names.dlq_api_subject("replay"), caller_headers(), json!({"sequence": sequence})).await;
     assert!(reply.get("error").is_none(), "replayed: {reply}");
     let (traceparent, tracestate) = dispatch_trace_headers(&js, "carried", "replayed").await;
     assert_eq!(traceparent.as_deref(), Some(expected.as_str()), "the caller's traceparent");
@@ -640,28 +631,17 @@ async fn trigger_and_replay_spans_join_the_callers_trace_with_the_runs_they_disp
     // A dead letter replayed by another span of the same caller.
     let names = Names::default();
     let replayer_span = "00f067aa0ba902b9";
-    let dead = json!({
-        "execution_id": "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60",
-        "namespace": "traced", "task_id": "replayed", "queue": "default",
-        "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule", "term": 1, "revision": 1,
-        "spec": spec("traced", "replayed").every("1h").executor(executor).json(),
-        "reason": "failed for good", "source": "verdict", "dead_at": "2026-01-01T00:00:01.000Z",
-        "worker": "w1", "attempts": [], "dispatch_sequence": 1,
-    });
+    let dead = dead_letter_entry(
+        &spec("traced", "replayed").every("1h").executor(executor).json(),
+        "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60",
+    );
     let js = async_nats::jetstream::new(client.clone());
-    let ack = js
-        .publish(
-            names.dlq_subject("default", "traced", "replayed"),
-            serde_json::to_vec(&dead).unwrap().into(),
-        )
-        .await
-        .expect("publish the dead letter")
+    let sequence = store_dead_letter(&js, names.dlq_subject("default", "traced", "replayed"), &dead)
         .await
         .expect("dead letter stored");
     let mut headers = HeaderMap::new();
     headers.insert("traceparent", format!("00-{CALLER_TRACE}-{replayer_span}-01").as_str());
-    let reply =
-        api.call_with(names.dlq_api_subject("replay"), headers, json!({"sequence": ack.sequence})).await;
+    let reply = api.call_with(names.dlq_api_subject("replay"), headers, json!({"sequence": sequence})).await;
     assert!(reply.get("error").is_none(), "replayed: {reply}");
     let spans = caller_trace_with_runs(&receiver, 2).await;
     let replay = one(&spans, "replay", |s| s.kind == KIND_SERVER && s.parent_span_id == replayer_span);
@@ -681,12 +661,7 @@ async fn spans_are_exported_over_grpc_when_asked() {
         spec("traced", "grpc").executor(json!({"kind": "http", "method": "POST", "url": downstream.url()}));
     let (_registry, execution_id) = put_one_shot(&server, builder, soon_ms(3)).await;
     let trace_id = trace_id_of(&execution_id);
-    let spans = eventually(WAIT, "fire and run spans received over gRPC", || async {
-        let spans = receiver.trace(&trace_id);
-        let kinds: Vec<i32> = spans.iter().map(|s| s.kind).collect();
-        [KIND_PRODUCER, KIND_CONSUMER, KIND_CLIENT].iter().all(|k| kinds.contains(k)).then_some(spans)
-    })
-    .await;
+    let spans = run_spans(&receiver, &trace_id, "fire and run spans received over gRPC").await;
     let fire = one(&spans, "fire", |s| s.kind == KIND_PRODUCER);
     assert_eq!(fire.service, "jetsched-scheduler");
     let run = one(&spans, "run", |s| s.kind == KIND_CONSUMER);

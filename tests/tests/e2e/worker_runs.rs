@@ -12,8 +12,7 @@ use jetsched_shared::names::Names;
 use jetsched_shared::wire::{Event, EventKind};
 use jetsched_tests::fixtures::{dispatch, execution_of, publish_dispatch, run_record, wait_run_status};
 use jetsched_tests::{
-    App, ChildProcess, NatsServer, WithTopology, eventually, init_test_logging, read_stream,
-    server_with_topology, spec,
+    App, ChildProcess, NatsServer, WithTopology, eventually, read_stream, server_with_topology, spec,
 };
 use jetsched_worker::runs::RunStatus;
 use jetsched_worker::{Handlers, Outcome, RunContext, RunRecords};
@@ -25,8 +24,7 @@ use crate::worker_support::{
 #[tokio::test]
 async fn three_worker_processes_share_3000_runs_each_executed_once() {
     let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
-    let sub = client.subscribe("jobs.count").await.expect("subscribe");
-    let counts = counting_responder(client.clone(), sub, Duration::from_millis(2));
+    let counts = counting_responder(&client, Duration::from_millis(2)).await;
     let names = Names::default();
     let _workers: Vec<ChildProcess> =
         (1..=3).map(|n| worker_process(&server, &format!("proc-{n}"), &["--concurrency", "16"])).collect();
@@ -68,7 +66,6 @@ async fn three_worker_processes_share_3000_runs_each_executed_once() {
 
 #[tokio::test]
 async fn run_events_published_while_the_events_stream_is_gone_are_stored_once_it_is_back() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let handlers = Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() });
     // Eager records: every run tells its start as well as its outcome.
@@ -133,7 +130,6 @@ async fn run_events_published_while_the_events_stream_is_gone_are_stored_once_it
 
 #[tokio::test]
 async fn deferred_records_show_a_long_run_running_and_write_a_short_one_once_at_its_verdict() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let handlers = Handlers::new().register("quick", |_run: RunContext| async { Outcome::ok() }).register(
         "slow",

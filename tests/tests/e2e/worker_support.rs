@@ -52,12 +52,13 @@ pub(crate) async fn wait_for_workers(client: &async_nats::Client, n: usize) {
     .await;
 }
 
-/// A responder on `sub` that counts requests per execution id, replying after `delay`.
-pub(crate) fn counting_responder(
-    client: async_nats::Client,
-    mut sub: async_nats::Subscriber,
+/// A responder on `jobs.count` that counts requests per execution id, replying after `delay`.
+pub(crate) async fn counting_responder(
+    client: &async_nats::Client,
     delay: Duration,
 ) -> Arc<Mutex<HashMap<String, u32>>> {
+    let mut sub = client.subscribe("jobs.count").await.expect("subscribe the responder");
+    let client = client.clone();
     let counts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let seen = counts.clone();
     tokio::spawn(async move {

@@ -7,7 +7,6 @@ use std::time::Duration;
 use async_nats::jetstream;
 use chrono::Utc;
 use jetsched_shared::alert::Severity;
-use jetsched_shared::names::Names;
 use jetsched_shared::topology::TopologyArgs;
 use jetsched_shared::wire::{Event, EventKind, LeaderRecord};
 use jetsched_tests::{App, WithTopology, eventually, metric_value, server_with_topology};
@@ -93,8 +92,8 @@ async fn event_rules_reach_the_webhook_and_nats() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn condition_rules_fire_from_the_lease_queues_and_dlq() {
-    let WithTopology { server, client, js, topology } = server_with_topology(TopologyArgs::default()).await;
-    let names = Names::default();
+    let WithTopology { server, client, js, topology, names } =
+        server_with_topology(TopologyArgs::default()).await;
     // The worker's queue consumer, with nobody pulling: dispatches pile up.
     let dispatch = js.get_stream(names.dispatch_stream()).await.unwrap();
     dispatch

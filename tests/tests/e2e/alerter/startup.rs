@@ -52,7 +52,6 @@ async fn readyz_is_false_until_the_topology_is_ensured() {
 /// `max_bytes` stops the process at once, saying what to change.
 #[tokio::test]
 async fn a_server_without_room_for_the_streams_stops_the_alerter_at_once_saying_what_to_change() {
-    init_test_logging();
     let server =
         NatsServer::start_with(ServerOpts::default().jetstream_config("  max_file_store: 1536MB")).await;
     let mut command = ChildProcess::command("jetsched-alerter");
@@ -104,8 +103,7 @@ async fn each_event_kind_is_read_through_a_single_filter_consumer_and_the_combin
 
     use super::{Subscriber, publish_event, run_event};
 
-    let WithTopology { server, client, js, .. } = server_with_topology(TopologyArgs::default()).await;
-    let names = jetsched_shared::names::Names::default();
+    let WithTopology { server, client, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
     let events = js.get_stream(names.events_stream()).await.unwrap();
     let kinds = [EventKind::RunFailed, EventKind::RunDead, EventKind::FireDispatched];
     events
