@@ -35,6 +35,22 @@ async fn start() -> (NatsServer, async_nats::Client, jetstream::Context, Names) 
     (server, client, js, Names::default())
 }
 
+/// A fresh server, a subscriber to its alerts and the fast settings for an alerter on it.
+struct Setup {
+    server: NatsServer,
+    js: jetstream::Context,
+    names: Names,
+    subscriber: Subscriber,
+    config: Config,
+}
+
+async fn subscribed() -> Setup {
+    let (server, client, js, names) = start().await;
+    let subscriber = Subscriber::start(&client, &names).await;
+    let config = config(&server);
+    Setup { server, js, names, subscriber, config }
+}
+
 /// Fast settings for tests: no grouping, a generous rate limit, quick checks.
 fn config(server: &NatsServer) -> Config {
     let mut config = Config::for_tests(&server.url());
@@ -166,6 +182,11 @@ fn count(messages: &[AlertMessage], rule: &str) -> usize {
 /// How many of `rules` are `rule`.
 fn times(rules: &[String], rule: &str) -> usize {
     rules.iter().filter(|r| *r == rule).count()
+}
+
+/// Publishes `payload` on `subject` and waits until a stream stored it.
+async fn store(js: &jetstream::Context, subject: String, payload: &'static str) {
+    js.publish(subject, payload.into()).await.expect("publish").await.expect("stored");
 }
 
 /// How long a test watches that no late duplicate of an alert arrives.

@@ -165,14 +165,11 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     let triggered = system.api.on("trigger", "ops", "flaky-export").await;
     assert!(triggered.get("execution_id").is_some(), "{triggered}");
     page.goto(&format!("{base}/dlq")).await.unwrap();
-    eventually(WAIT, "the dead letter is listed", || async {
-        if browser.text("#dlq-entries").await.contains("flaky-export") {
-            return true;
-        }
-        page.refresh().await.unwrap();
-        false
-    })
-    .await;
+    browser
+        .refresh_until(WAIT, "the dead letter is listed", "#dlq-entries", |text| {
+            text.contains("flaky-export")
+        })
+        .await;
     assert!(browser.text("#dlq-entries").await.contains("export refused: <b>quota</b> exceeded"));
     browser.screenshot(shots.as_ref(), "dlq").await;
     page.find(Locator::Css("#dlq-entries tbody tr a")).await.unwrap().click().await.unwrap();
@@ -186,14 +183,11 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     })
     .await;
     // The replay lands on the new run's page: every attempt and the trace id.
-    eventually(WAIT, "the run page shows the replayed run's attempt", || async {
-        if browser.text("#attempts").await.contains("permanent") {
-            return true;
-        }
-        page.refresh().await.unwrap();
-        false
-    })
-    .await;
+    browser
+        .refresh_until(WAIT, "the run page shows the replayed run's attempt", "#attempts", |text| {
+            text.contains("permanent")
+        })
+        .await;
     assert_eq!(browser.text("#trace-id").await.len(), 32, "a trace id");
     browser.screenshot(shots.as_ref(), "run").await;
 
@@ -223,14 +217,9 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     assert!(browser.text("main").await.contains("flaky-export"));
     browser.screenshot(shots.as_ref(), "runs").await;
     page.goto(&format!("{base}/")).await.unwrap();
-    eventually(WAIT, "the overview names the leader", || async {
-        if !browser.text("#leader").await.contains("no leader") {
-            return true;
-        }
-        page.refresh().await.unwrap();
-        false
-    })
-    .await;
+    browser
+        .refresh_until(WAIT, "the overview names the leader", "#leader", |text| !text.contains("no leader"))
+        .await;
     assert!(browser.text("#dead-letters").await.contains('1'), "{}", browser.text("#dead-letters").await);
     browser.screenshot(shots.as_ref(), "overview").await;
     browser.close().await;

@@ -8,15 +8,13 @@ use jetsched_shared::wire::EventKind;
 use jetsched_tests::{App, ChildProcess, NatsServer, admin_get, eventually, metric_value};
 
 use super::{
-    Subscriber, WAIT, alerted_exactly, config, leader_acquired, publish_event, run_event, start,
+    Setup, Subscriber, WAIT, alerted_exactly, leader_acquired, publish_event, run_event, start, subscribed,
     suppressed_total, times,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_alerter_does_not_resend() {
-    let (server, client, js, names) = start().await;
-    let subscriber = Subscriber::start(&client, &names).await;
-    let mut config = config(&server);
+    let Setup { server: _server, js, names, subscriber, mut config } = subscribed().await;
     config.no_leader_after = Duration::from_millis(500);
     config.flap_changes = 2;
     let alerter = App::alerter(config.clone()).await;
@@ -57,9 +55,7 @@ async fn a_restarted_alerter_does_not_resend() {
 /// are alerted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_send_each_alert_once() {
-    let (server, client, js, names) = start().await;
-    let subscriber = Subscriber::start(&client, &names).await;
-    let mut config = config(&server);
+    let Setup { server: _server, js, names, subscriber, mut config } = subscribed().await;
     config.no_leader_after = Duration::from_millis(500);
     let mut second = config.clone();
     config.common.instance_id = Some("alerter-a".into());
