@@ -61,7 +61,11 @@ fn relative(path: &Path) -> String {
     path.strip_prefix(repo()).unwrap_or(path).display().to_string()
 }
 
+/// Whether `path` is test code: judged below the repository, so a checkout that sits in a
+/// directory named `tests` is no reason.
 fn is_test_file(path: &Path) -> bool {
+    let root = repo();
+    let path = path.strip_prefix(&root).unwrap_or(path);
     path.file_name().is_some_and(|name| name == "tests.rs")
         || path.components().any(|c| c.as_os_str() == "tests" || c.as_os_str() == "benches")
 }
