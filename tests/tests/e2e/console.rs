@@ -20,7 +20,7 @@ use jetsched_tests::{Api, App, NatsServer, eventually, spec};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
 
-use browser::{Browser, csrf_of, request};
+use browser::{Browser, csrf_of, http_request};
 
 const WAIT: Duration = Duration::from_secs(20);
 const TOKEN: &str = "console-test-token";
@@ -233,44 +233,47 @@ async fn console_refuses_without_token_csrf_or_allowed_actions() {
 
     // Every page needs the token: 401 without it or with a wrong one, a session after /login.
     for path in ["/", "/tasks", "/tasks/ops/cleanup", "/runs", "/dlq", "/events", "/events/stream"] {
-        assert_eq!(request(guarded, "GET", path, &[], "").await.status, 401, "{path}");
+        assert_eq!(http_request(guarded, "GET", path, &[], "").await.status, 401, "{path}");
     }
-    assert_eq!(request(guarded, "GET", "/tasks", &["Authorization: Bearer wrong"], "").await.status, 401);
-    assert_eq!(request(guarded, "GET", "/tasks", &[&bearer], "").await.status, 200);
-    assert_eq!(request(guarded, "POST", "/login", &[], "token=wrong").await.status, 401);
-    let login = request(guarded, "POST", "/login", &[], &format!("token={TOKEN}&next=/tasks")).await;
+    assert_eq!(
+        http_request(guarded, "GET", "/tasks", &["Authorization: Bearer wrong"], "").await.status,
+        401
+    );
+    assert_eq!(http_request(guarded, "GET", "/tasks", &[&bearer], "").await.status, 200);
+    assert_eq!(http_request(guarded, "POST", "/login", &[], "token=wrong").await.status, 401);
+    let login = http_request(guarded, "POST", "/login", &[], &format!("token={TOKEN}&next=/tasks")).await;
     assert_eq!((login.status, login.header("location")), (303, Some("/tasks")));
     let cookie = login.header("set-cookie").expect("a session cookie").split(';').next().unwrap().to_string();
     assert!(login.header("set-cookie").unwrap().contains("HttpOnly"));
     let cookie = format!("Cookie: {cookie}");
-    let page = request(guarded, "GET", "/tasks/ops/cleanup", &[&cookie], "").await;
+    let page = http_request(guarded, "GET", "/tasks/ops/cleanup", &[&cookie], "").await;
     assert_eq!(page.status, 200);
     assert!(
         page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;")
             && !page.body.contains("<script>alert(1)")
     );
     // The assets need no token.
-    assert_eq!(request(guarded, "GET", "/assets/htmx-2.0.4.min.js", &[], "").await.status, 200);
+    assert_eq!(http_request(guarded, "GET", "/assets/htmx-2.0.4.min.js", &[], "").await.status, 200);
 
     // Every action needs the form's CSRF token, whatever the authentication.
     let csrf = csrf_of(&page.body);
     let pause = "/tasks/ops/cleanup/pause";
-    assert_eq!(request(guarded, "POST", pause, &[&bearer], "").await.status, 403);
-    assert_eq!(request(guarded, "POST", pause, &[&cookie], "csrf=forged").await.status, 403);
-    assert_eq!(request(guarded, "POST", pause, &[], &format!("csrf={csrf}")).await.status, 401);
+    assert_eq!(http_request(guarded, "POST", pause, &[&bearer], "").await.status, 403);
+    assert_eq!(http_request(guarded, "POST", pause, &[&cookie], "csrf=forged").await.status, 403);
+    assert_eq!(http_request(guarded, "POST", pause, &[], &format!("csrf={csrf}")).await.status, 401);
     assert_eq!(system.api.on("get", "ops", "cleanup").await["task"]["paused"], false);
-    let done = request(guarded, "POST", pause, &[&cookie], &format!("csrf={csrf}")).await;
+    let done = http_request(guarded, "POST", pause, &[&cookie], &format!("csrf={csrf}")).await;
     assert_eq!((done.status, done.header("location")), (303, Some("/tasks/ops/cleanup")));
     assert_eq!(system.api.on("get", "ops", "cleanup").await["task"]["paused"], true);
     // Delete needs its confirmation box.
     let delete = "/tasks/ops/cleanup/delete";
-    assert_eq!(request(guarded, "POST", delete, &[&cookie], &format!("csrf={csrf}")).await.status, 400);
+    assert_eq!(http_request(guarded, "POST", delete, &[&cookie], &format!("csrf={csrf}")).await.status, 400);
     assert!(system.api.on("get", "ops", "cleanup").await.get("task").is_some());
 
     // Without --allow-actions every action is refused, even with the right CSRF token, and the
     // buttons are disabled.
     let (_reader, reader) = console(&system.server, None, false).await;
-    let page = request(reader, "GET", "/tasks/ops/cleanup", &[], "").await;
+    let page = http_request(reader, "GET", "/tasks/ops/cleanup", &[], "").await;
     assert_eq!(page.status, 200);
     assert!(page.body.contains("disabled"), "buttons are disabled");
     let csrf = csrf_of(&page.body);
@@ -279,7 +282,7 @@ async fn console_refuses_without_token_csrf_or_allowed_actions() {
         ("/tasks/ops/cleanup/delete", format!("csrf={csrf}&confirm=yes")),
         ("/dlq/1/purge", format!("csrf={csrf}&confirm=yes")),
     ] {
-        let refused = request(reader, "POST", path, &[], &form).await;
+        let refused = http_request(reader, "POST", path, &[], &form).await;
         assert_eq!(refused.status, 403, "{path}");
         assert!(refused.body.contains("--allow-actions"), "{}", refused.body);
     }
@@ -303,10 +306,10 @@ async fn console_user_of_the_secured_config_reads_every_page_without_a_violation
     let app = App::spawn("console", console.admin_addr(), |shutdown| console.run(shutdown));
     eventually(WAIT, "the console is ready", || app.ready()).await;
 
-    let tasks = request(addr, "GET", "/tasks", &[], "").await;
+    let tasks = http_request(addr, "GET", "/tasks", &[], "").await;
     assert!(tasks.status == 200 && tasks.body.contains("secured"), "{}", tasks.body);
     for path in ["/", "/tasks/ops/secured", "/runs", "/dlq", "/events"] {
-        let page = request(addr, "GET", path, &[], "").await;
+        let page = http_request(addr, "GET", path, &[], "").await;
         assert_eq!(page.status, 200, "{path}: {}", page.body);
         assert!(!page.body.contains(r#"role="alert""#), "{path} reports a problem: {}", page.body);
     }

@@ -101,7 +101,7 @@ impl Browser {
     }
 }
 
-/// A response of [`request`].
+/// A response of [`http_request`].
 #[derive(Debug)]
 pub(crate) struct Reply {
     pub(crate) status: u16,
@@ -119,8 +119,9 @@ impl Reply {
     }
 }
 
-/// One HTTP/1.1 request (`Connection: close`) with extra header lines and a form body.
-pub(crate) async fn request(
+/// One HTTP/1.1 request to the console (`Connection: close`) with extra header lines and a
+/// form body.
+pub(crate) async fn http_request(
     addr: SocketAddr,
     method: &str,
     path: &str,

@@ -13,7 +13,7 @@ use jetsched_tests::{
 };
 use serde_json::json;
 
-use super::browser::request;
+use super::browser::http_request;
 
 const BUDGET: Duration = Duration::from_millis(200);
 const RSS_LIMIT_KIB: u64 = 100 * 1024;
@@ -86,7 +86,7 @@ async fn console_task_pages_stay_fast_and_small_with_many_tasks() {
         let mut times = Vec::new();
         for _ in 0..5 {
             let start = Instant::now();
-            let reply = request(http, "GET", path, &[], "").await;
+            let reply = http_request(http, "GET", path, &[], "").await;
             times.push(start.elapsed());
             assert_eq!(reply.status, 200, "{path}: {}", reply.body);
             assert!(reply.body.contains("task-"), "{path} lists tasks");
@@ -96,7 +96,7 @@ async fn console_task_pages_stay_fast_and_small_with_many_tasks() {
         report.push(format!("{what} ({path}): median {median:?}, max {:?}", times[times.len() - 1]));
         assert!(median < BUDGET, "{what} took {median:?} (median of 5), over {BUDGET:?}");
     }
-    let first = request(http, "GET", "/tasks", &[], "").await;
+    let first = http_request(http, "GET", "/tasks", &[], "").await;
     assert!(first.body.contains(&format!("{tasks} of {tasks} tasks")), "every task is indexed");
     let (rss, peak) = memory_kib(console.pid());
     println!(
