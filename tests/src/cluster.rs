@@ -35,8 +35,9 @@ struct Node {
 
 impl NatsCluster {
     /// Starts the three nodes and waits until every node sees the same JetStream meta leader
-    /// and reports healthy, so R3 streams can be created right away.
+    /// and reports healthy, so R3 streams can be created right away (test logs on first).
     pub async fn start() -> Self {
+        crate::init_test_logging();
         let bin = nats_server_bin();
         let dir = tempfile::Builder::new().prefix("jetsched-cluster-").tempdir().expect("create temp dir");
         let mut cluster = Self { nodes: Vec::new(), dir };
@@ -216,28 +217,8 @@ impl NatsCluster {
             bail!("the meta leader sees {current} current peers of {}", running - 1);
         }
         if running == CLUSTER_SIZE {
-            self.probe_placement(leader).await?;
+            probe_placement(&self.url(leader)).await?;
         }
-        Ok(())
-    }
-
-    /// The proof that R3 streams can be created now: place one (in memory) and remove it.
-    /// The monitoring endpoints can call a peer current a moment before placement agrees
-    /// ("no suitable peers for placement, peer offline").
-    async fn probe_placement(&self, node: usize) -> anyhow::Result<()> {
-        let client = async_nats::connect(self.url(node)).await.context("connect for the placement probe")?;
-        let js = async_nats::jetstream::new(client);
-        let name = "HARNESS_PLACEMENT_PROBE";
-        js.create_stream(async_nats::jetstream::stream::Config {
-            name: name.to_string(),
-            subjects: vec!["harness.placement.probe".to_string()],
-            num_replicas: CLUSTER_SIZE,
-            storage: async_nats::jetstream::stream::StorageType::Memory,
-            ..Default::default()
-        })
-        .await
-        .context("place an R3 probe stream")?;
-        js.delete_stream(name).await.context("remove the R3 probe stream")?;
         Ok(())
     }
 
@@ -289,4 +270,24 @@ fn configure(dir: &TempDir) -> Vec<Node> {
             }
         })
         .collect()
+}
+
+/// The proof that R3 streams can be created now on the cluster `url` belongs to: place one (in
+/// memory) and remove it. The monitoring endpoints can call a peer current a moment before
+/// placement agrees ("no suitable peers for placement, peer offline").
+pub(crate) async fn probe_placement(url: &str) -> anyhow::Result<()> {
+    let client = async_nats::connect(url).await.context("connect for the placement probe")?;
+    let js = async_nats::jetstream::new(client);
+    let name = "HARNESS_PLACEMENT_PROBE";
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: name.to_owned(),
+        subjects: vec!["harness.placement.probe".to_owned()],
+        num_replicas: CLUSTER_SIZE,
+        storage: async_nats::jetstream::stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .context("place an R3 probe stream")?;
+    js.delete_stream(name).await.context("remove the R3 probe stream")?;
+    Ok(())
 }

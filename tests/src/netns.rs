@@ -46,6 +46,17 @@ impl NetLab {
             .map(|error| format!("network namespaces or iptables unavailable (root needed): {error:#}"))
     }
 
+    /// Whether the test `what` must be skipped because labs cannot be made here; says so on
+    /// stderr when it must. Turns test logs on (see [`crate::init_test_logging`]).
+    pub fn skip(what: &str) -> bool {
+        crate::init_test_logging();
+        let why = NetLab::unavailable();
+        if let Some(why) = &why {
+            eprintln!("SKIPPED {what}: {why}");
+        }
+        why.is_some()
+    }
+
     /// Makes a hub and `nodes` node namespaces, after sweeping leftovers of dead tests.
     pub fn create(nodes: usize) -> anyhow::Result<Self> {
         sweep();

@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use tempfile::TempDir;
 
 use crate::disk::SmallDisk;
@@ -67,8 +67,9 @@ static NEXT_ADMIN_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::Atomic
 impl NsCluster {
     /// Starts the nodes, each store on a tmpfs of `disk_mb` MiB when given (with `limits` in
     /// its `jetstream` block), and waits until they agree on a meta leader and can place R3
-    /// streams.
+    /// streams (test logs on first).
     pub async fn start(disk_mb: Option<u64>, limits: &str) -> anyhow::Result<Self> {
+        crate::init_test_logging();
         let lab = NetLab::create(CLUSTER_SIZE)?;
         let dir = tempfile::Builder::new().prefix("jetsched-nscluster-").tempdir()?;
         let routes: Vec<String> =
@@ -252,20 +253,7 @@ impl NsCluster {
             bail!("nodes disagree on the meta leader: {leaders:?}");
         }
         let url = format!("nats://{}", self.nodes[0].client.addr());
-        let client = async_nats::connect(url).await.context("connect for the placement probe")?;
-        let js = async_nats::jetstream::new(client);
-        let name = "HARNESS_PLACEMENT_PROBE";
-        js.create_stream(async_nats::jetstream::stream::Config {
-            name: name.to_owned(),
-            subjects: vec!["harness.placement.probe".to_owned()],
-            num_replicas: CLUSTER_SIZE,
-            storage: async_nats::jetstream::stream::StorageType::Memory,
-            ..Default::default()
-        })
-        .await
-        .context("place an R3 probe stream")?;
-        js.delete_stream(name).await.context("remove the R3 probe stream")?;
-        Ok(())
+        crate::cluster::probe_placement(&url).await
     }
 }
 

@@ -96,9 +96,11 @@ impl NatsServer {
         Self::start_with(ServerOpts::default()).await
     }
 
-    /// Starts a server with `opts` and waits until JetStream answers. Panics (printing the
-    /// server log) when it does not come up within `opts.startup_timeout`.
+    /// Starts a server with `opts` and waits until JetStream answers (test logs on first, see
+    /// [`crate::init_test_logging`]). Panics (printing the server log) when it does not come
+    /// up within `opts.startup_timeout`.
     pub async fn start_with(opts: ServerOpts) -> Self {
+        crate::init_test_logging();
         let bin = nats_server_bin();
         let dir = tempfile::Builder::new().prefix("jetsched-nats-").tempdir().expect("create temp dir");
         // A picked port can be taken by someone else before the server binds it: retry.

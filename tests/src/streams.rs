@@ -11,6 +11,22 @@ use tokio::time::Instant;
 /// Pause between two attempts of a request JetStream could not answer yet.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
+/// What `stream` is now (its configuration and state); panics when JetStream cannot say.
+pub async fn stream_info(js: &jetstream::Context, stream: &str) -> jetstream::stream::Info {
+    let mut handle = js.get_stream(stream).await.unwrap_or_else(|e| panic!("stream {stream}: {e}"));
+    handle.info().await.unwrap_or_else(|e| panic!("info of stream {stream}: {e}")).clone()
+}
+
+/// The last message `stream` holds on `subject`; panics when there is none.
+pub async fn last_message(
+    js: &jetstream::Context,
+    stream: &str,
+    subject: &str,
+) -> jetstream::message::StreamMessage {
+    let handle = js.get_stream(stream).await.unwrap_or_else(|e| panic!("stream {stream}: {e}"));
+    handle.get_last_raw_message_by_subject(subject).await.unwrap_or_else(|e| panic!("last of {subject}: {e}"))
+}
+
 /// Every message `stream` holds when the call starts, in stream order, through an ephemeral
 /// pull consumer that never acks (so a work-queue stream keeps its messages); fails when fewer
 /// than that arrive within `within`.

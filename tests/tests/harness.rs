@@ -6,9 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
-use jetsched_tests::{
-    CLUSTER_SIZE, ChildProcess, NatsCluster, NatsServer, ServerOpts, eventually, init_test_logging,
-};
+use jetsched_tests::{CLUSTER_SIZE, ChildProcess, NatsCluster, NatsServer, ServerOpts, eventually};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -31,6 +29,24 @@ async fn publish(js: &jetstream::Context, subject: &str, payload: &'static str) 
         .sequence
 }
 
+/// Publishes until the stream stores it (a stream without a leader yet finds no responder);
+/// the sequence.
+async fn publish_eventually(
+    js: &jetstream::Context,
+    subject: &str,
+    payload: &'static str,
+    what: &str,
+) -> u64 {
+    eventually(TIMEOUT, what, || async {
+        js.publish(subject.to_owned(), payload.into())
+            .await?
+            .await
+            .map(|ack| ack.sequence)
+            .map_err(anyhow::Error::from)
+    })
+    .await
+}
+
 async fn read(js: &jetstream::Context, stream: &str, sequence: u64) -> String {
     let stream = js.get_stream(stream).await.expect("get stream");
     let message = stream.get_raw_message(sequence).await.expect("get message");
@@ -39,7 +55,6 @@ async fn read(js: &jetstream::Context, stream: &str, sequence: u64) -> String {
 
 #[tokio::test]
 async fn single_node_jetstream_works() {
-    init_test_logging();
     let server = NatsServer::start().await;
     assert!(server.url().starts_with("nats://127.0.0.1:"));
     assert!(server.pid().is_some());
@@ -71,7 +86,6 @@ async fn start_with_applies_options() {
 
 #[tokio::test]
 async fn restart_keeps_file_storage_and_port() {
-    init_test_logging();
     let mut server = NatsServer::start().await;
     let url = server.url();
     let client = server.client().await;
@@ -124,7 +138,6 @@ async fn eventually_panics_with_what_on_timeout() {
 
 #[tokio::test]
 async fn cluster_r3_stream_survives_a_node_kill() {
-    init_test_logging();
     let mut cluster = NatsCluster::start().await;
     assert_eq!(cluster.urls().split(',').count(), CLUSTER_SIZE);
     let js = jetstream::new(cluster.client().await);
@@ -132,28 +145,15 @@ async fn cluster_r3_stream_survives_a_node_kill() {
     js.create_stream(stream_config("REPLICATED", 3)).await.expect("create R3 stream");
     // The create returns once the meta layer placed the stream; its own group may still be
     // electing a leader, and until then a publish finds no stream (no responders).
-    let first = eventually(TIMEOUT, "first publish to the new R3 stream", || async {
-        js.publish("replicated.a", "one".into())
-            .await?
-            .await
-            .map(|ack| ack.sequence)
-            .map_err(anyhow::Error::from)
-    })
-    .await;
+    let first = publish_eventually(&js, "replicated.a", "one", "first publish to the new R3 stream").await;
 
     // Kill the meta leader: the worst node to lose.
     let victim = cluster.meta_leader().await.expect("a meta leader");
     cluster.kill_node(victim);
     assert_eq!(cluster.pid(victim), None);
 
-    let second = eventually(TIMEOUT, "publish to R3 stream with one node down", || async {
-        js.publish("replicated.b", "two".into())
-            .await?
-            .await
-            .map(|ack| ack.sequence)
-            .map_err(anyhow::Error::from)
-    })
-    .await;
+    let second =
+        publish_eventually(&js, "replicated.b", "two", "publish to R3 stream with one node down").await;
     assert_eq!(read(&js, "REPLICATED", first).await, "one");
     assert_eq!(read(&js, "REPLICATED", second).await, "two");
 

@@ -23,18 +23,33 @@ use jetsched_alerter::Config;
 use jetsched_shared::alert::AlertMessage;
 use jetsched_shared::names::{Names, SYSTEM_NAMESPACE};
 use jetsched_shared::wire::{Event, EventKind};
-use jetsched_tests::{NatsServer, init_test_logging, metric_value};
+use jetsched_tests::{NatsServer, metric_value};
 use tokio::task::JoinHandle;
 
 const WAIT: Duration = Duration::from_secs(15);
 
 /// A fresh nats-server with a client, its JetStream context and the default names.
 async fn start() -> (NatsServer, async_nats::Client, jetstream::Context, Names) {
-    init_test_logging();
     let server = NatsServer::start().await;
     let client = server.client().await;
     let js = jetstream::new(client.clone());
     (server, client, js, Names::default())
+}
+
+/// A fresh server, a subscriber to its alerts and the fast settings for an alerter on it.
+struct Setup {
+    server: NatsServer,
+    js: jetstream::Context,
+    names: Names,
+    subscriber: Subscriber,
+    config: Config,
+}
+
+async fn subscribed() -> Setup {
+    let (server, client, js, names) = start().await;
+    let subscriber = Subscriber::start(&client, &names).await;
+    let config = config(&server);
+    Setup { server, js, names, subscriber, config }
 }
 
 /// Fast settings for tests: no grouping, a generous rate limit, quick checks.
@@ -168,6 +183,30 @@ fn count(messages: &[AlertMessage], rule: &str) -> usize {
 /// How many of `rules` are `rule`.
 fn times(rules: &[String], rule: &str) -> usize {
     rules.iter().filter(|r| *r == rule).count()
+}
+
+/// Publishes `payload` on `subject` and waits until a stream stored it.
+async fn store(js: &jetstream::Context, subject: String, payload: &'static str) {
+    js.publish(subject, payload.into()).await.expect("publish").await.expect("stored");
+}
+
+/// How long a test watches that no late duplicate of an alert arrives.
+const QUIET: Duration = Duration::from_millis(500);
+
+/// Watches for [`QUIET`] that each rule of `expected` was alerted exactly that many times
+/// among the rules `alerted` reports: a late duplicate fails the test.
+async fn alerted_exactly(alerted: impl Fn() -> Vec<String>, expected: &[(&str, usize)]) {
+    jetsched_tests::always(QUIET, "each alert sent the expected number of times", || async {
+        let rules = alerted();
+        let wrong = expected.iter().any(|(rule, n)| times(&rules, rule) != *n);
+        if wrong { Err(format!("expected {expected:?}, got {rules:?}")) } else { Ok(()) }
+    })
+    .await;
+}
+
+/// The rules of a webhook's messages.
+fn rules_of(messages: Vec<AlertMessage>) -> Vec<String> {
+    messages.into_iter().map(|m| m.rule).collect()
 }
 
 /// `jetsched_alerts_suppressed_total` for `rule` and `reason` in a metrics text.

@@ -10,30 +10,13 @@ use chrono::Utc;
 use jetsched_shared::names::{Names, breaker_reason, pause_request_msg_id};
 use jetsched_shared::wire::{BreakerRecord, BreakerState, EventKind, PauseRequest, RunStatus};
 use jetsched_tests::fixtures::{Flaky, dispatch, events_about, spec, wait_run_status};
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging};
+use jetsched_tests::{Api, App, WithTopology, eventually, server_with_topology};
 use jetsched_worker::Handlers;
 use jetsched_worker::RunEvents;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::worker_support::{WAIT, config as worker_config, server_with_topology};
-
-/// Sends a request to an API subject; returns the JSON reply.
-async fn api(client: &async_nats::Client, subject: String, body: Value) -> Value {
-    let reply =
-        tokio::time::timeout(WAIT, client.request(subject, serde_json::to_vec(&body).unwrap().into()))
-            .await
-            .expect("reply in time")
-            .expect("request succeeds");
-    serde_json::from_slice(&reply.payload).expect("reply is JSON")
-}
-
-async fn task_call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
-    api(client, Names::default().task_api_subject(endpoint), body).await
-}
-
-async fn breaker_call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
-    api(client, Names::default().breaker_api_subject(endpoint), body).await
-}
+use crate::registry::{Served, served};
+use crate::worker_support::{WAIT, config as worker_config};
 
 /// Publishes a pause request as a worker does, awaiting the stream's ack.
 async fn request_pause(js: &jetstream::Context, namespace: &str, id: &str, execution: &str) {
@@ -70,13 +53,9 @@ async fn pause_requests_drained(js: &jetstream::Context) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_request_pauses_the_task_once_with_its_reason_even_sent_while_the_registry_was_down() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let registry = App::registry(crate::registry::config(&server.url(), 1)).await;
+    let Served { server, registry, api, js, .. } = served(|_| {}).await;
     let task = spec("ap", "report").field("pause_after_failures", 3).json();
-    let put = task_call(&client, "put", task).await;
+    let put = api.task("put", task).await;
     let revision = put["revision"].as_u64().unwrap_or_else(|| panic!("{put}"));
     registry.stop().await;
 
@@ -90,7 +69,7 @@ async fn a_pause_request_pauses_the_task_once_with_its_reason_even_sent_while_th
         .unwrap();
     let registry = App::registry(crate::registry::config(&server.url(), 1)).await;
     let paused = eventually(WAIT, "the task is paused", || async {
-        let got = task_call(&client, "get", json!({"namespace": "ap", "id": "report"})).await;
+        let got = api.task("get", json!({"namespace": "ap", "id": "report"})).await;
         (got["task"]["paused"] == json!(true)).then_some(got)
     })
     .await;
@@ -100,7 +79,7 @@ async fn a_pause_request_pauses_the_task_once_with_its_reason_even_sent_while_th
     // A second request (another failing run) changes nothing: already paused.
     request_pause(&js, "ap", "report", "e4").await;
     pause_requests_drained(&js).await;
-    let again = task_call(&client, "get", json!({"namespace": "ap", "id": "report"})).await;
+    let again = api.task("get", json!({"namespace": "ap", "id": "report"})).await;
     assert_eq!(again["revision"], paused["revision"], "{again}");
     let events = eventually(WAIT, "task.paused stored", || async {
         let found = events_about(&js, EventKind::TaskPaused, "ap", "report", WAIT).await;
@@ -116,15 +95,13 @@ async fn a_pause_request_pauses_the_task_once_with_its_reason_even_sent_while_th
     }
 
     // Resume clears the reason; a user's pause records theirs; a bad reason is refused by name.
-    let resumed = task_call(&client, "resume", json!({"namespace": "ap", "id": "report"})).await;
+    let resumed = api.task("resume", json!({"namespace": "ap", "id": "report"})).await;
     assert_eq!(resumed["task"]["paused"], json!(false), "{resumed}");
     assert!(resumed["task"].get("paused_reason").is_none(), "{resumed}");
     let by_user =
-        task_call(&client, "pause", json!({"namespace": "ap", "id": "report", "reason": "maintenance"}))
-            .await;
+        api.task("pause", json!({"namespace": "ap", "id": "report", "reason": "maintenance"})).await;
     assert_eq!(by_user["task"]["paused_reason"], json!("maintenance"), "{by_user}");
-    let refused =
-        task_call(&client, "pause", json!({"namespace": "ap", "id": "nope id", "reason": ""})).await;
+    let refused = api.task("pause", json!({"namespace": "ap", "id": "nope id", "reason": ""})).await;
     let fields: Vec<&str> =
         refused["errors"].as_array().expect("errors").iter().filter_map(|e| e["field"].as_str()).collect();
     assert_eq!(fields, ["id", "reason"], "{refused}");
@@ -133,11 +110,12 @@ async fn a_pause_request_pauses_the_task_once_with_its_reason_even_sent_while_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_them() {
-    let (server, client, js) = server_with_topology().await;
+    let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
+    let api = Api::new(&client);
     let names = Names::default();
     let registry = App::registry(crate::registry::config(&server.url(), 1)).await;
     for (id, breaker) in [("a", json!({"key": "pay"})), ("b", json!({"key": "pay"})), ("c", json!({}))] {
-        let put = task_call(&client, "put", spec("brapi", id).field("breaker", breaker).json()).await;
+        let put = api.task("put", spec("brapi", id).field("breaker", breaker).json()).await;
         assert!(put["revision"].as_u64().is_some(), "{put}");
     }
     let store = js.get_key_value(names.breakers_bucket()).await.expect("breakers bucket");
@@ -146,7 +124,7 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
         BreakerRecord { state: BreakerState::Open, open_until: Some(open_until), ..BreakerRecord::default() };
     store.put("key.brapi.pay", serde_json::to_vec(&record).unwrap().into()).await.expect("record stored");
 
-    let listed = breaker_call(&client, "list", json!({})).await;
+    let listed = api.breaker("list", json!({})).await;
     let breakers = listed["breakers"].as_array().unwrap_or_else(|| panic!("{listed}"));
     let keys: Vec<&str> = breakers.iter().filter_map(|b| b["key"].as_str()).collect();
     assert_eq!(keys, ["key.brapi.pay", "task.brapi.c"], "{listed}");
@@ -156,12 +134,12 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
     assert!(breakers[0]["open_until"].is_string(), "{listed}");
     assert_eq!((&breakers[1]["state"], &breakers[1]["revision"]), (&json!("closed"), &json!(0)));
 
-    let got = breaker_call(&client, "get", json!({"namespace": "brapi", "id": "c"})).await;
+    let got = api.breaker("get", json!({"namespace": "brapi", "id": "c"})).await;
     assert_eq!(got["name"], json!("brapi/c"), "{got}");
-    let got = breaker_call(&client, "get", json!({"namespace": "brapi", "key": "pay"})).await;
+    let got = api.breaker("get", json!({"namespace": "brapi", "key": "pay"})).await;
     assert_eq!((&got["key"], &got["state"]), (&json!("key.brapi.pay"), &json!("open")), "{got}");
     // The key alone still names it: only one namespace uses it.
-    let reset = breaker_call(&client, "reset", json!({"key": "pay"})).await;
+    let reset = api.breaker("reset", json!({"key": "pay"})).await;
     assert_eq!(reset["previous_state"], json!("open"), "{reset}");
     assert_eq!(reset["breaker"]["state"], json!("closed"), "{reset}");
     let stored: BreakerRecord =
@@ -175,23 +153,22 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
     assert_eq!(closed[0].reason.as_deref(), Some("reset"));
     assert_eq!(closed[0].key.as_deref(), Some("key.brapi.pay"));
 
-    let missing = breaker_call(&client, "get", json!({"key": "nothing"})).await;
+    let missing = api.breaker("get", json!({"key": "nothing"})).await;
     assert_eq!(missing["error"]["code"], json!("not_found"), "{missing}");
-    let bad = breaker_call(&client, "reset", json!({"key": "a b"})).await;
+    let bad = api.breaker("reset", json!({"key": "a b"})).await;
     assert_eq!(
         (&bad["error"]["code"], &bad["error"]["field"]),
         (&json!("invalid_id"), &json!("key")),
         "{bad}"
     );
-    let both = breaker_call(&client, "get", json!({"key": "pay", "id": "a"})).await;
+    let both = api.breaker("get", json!({"key": "pay", "id": "a"})).await;
     assert_eq!(both["error"]["code"], json!("bad_request"), "{both}");
 
     // Another namespace naming the same key has a breaker of its own: the key alone is
     // ambiguous, the namespace and the key are not.
-    let put =
-        task_call(&client, "put", spec("brapi2", "d").field("breaker", json!({"key": "pay"})).json()).await;
+    let put = api.task("put", spec("brapi2", "d").field("breaker", json!({"key": "pay"})).json()).await;
     assert!(put["revision"].as_u64().is_some(), "{put}");
-    let ambiguous = breaker_call(&client, "get", json!({"key": "pay"})).await;
+    let ambiguous = api.breaker("get", json!({"key": "pay"})).await;
     assert_eq!(
         (&ambiguous["error"]["code"], &ambiguous["error"]["field"]),
         (&json!("bad_request"), &json!("namespace")),
@@ -199,19 +176,19 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
     );
     let message = ambiguous["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("brapi:pay") && message.contains("brapi2:pay"), "{ambiguous}");
-    let other = breaker_call(&client, "get", json!({"namespace": "brapi2", "key": "pay"})).await;
+    let other = api.breaker("get", json!({"namespace": "brapi2", "key": "pay"})).await;
     assert_eq!((&other["key"], &other["tasks"]), (&json!("key.brapi2.pay"), &json!(["brapi2/d"])), "{other}");
     // Once a worker has stored the key's shared breaker, the key alone names it, with every
     // task naming the key; brapi's own record is still listed until it is gone.
     store.put("key.=shared.pay", serde_json::to_vec(&record).unwrap().into()).await.expect("record stored");
-    let shared = breaker_call(&client, "get", json!({"key": "pay"})).await;
+    let shared = api.breaker("get", json!({"key": "pay"})).await;
     assert_eq!((&shared["key"], &shared["name"]), (&json!("key.=shared.pay"), &json!("pay")), "{shared}");
     assert_eq!(shared["tasks"], json!(["brapi/a", "brapi/b", "brapi2/d"]), "{shared}");
-    let listed = breaker_call(&client, "list", json!({})).await;
+    let listed = api.breaker("list", json!({})).await;
     let keys: Vec<&str> =
         listed["breakers"].as_array().expect("breakers").iter().filter_map(|b| b["key"].as_str()).collect();
     assert_eq!(keys, ["key.=shared.pay", "key.brapi.pay", "task.brapi.c"], "{listed}");
-    let reset = breaker_call(&client, "reset", json!({"key": "pay"})).await;
+    let reset = api.breaker("reset", json!({"key": "pay"})).await;
     assert_eq!(
         (&reset["previous_state"], &reset["breaker"]["key"]),
         (&json!("open"), &json!("key.=shared.pay"))
@@ -228,7 +205,8 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
 /// `pause_after_failures: 3` on a task whose handler fails while `failing` is set: two
 /// failures, a success, then three failures: paused after the last one, not before.
 async fn auto_pause(run_events: RunEvents, id: &str) {
-    let (server, client, js) = server_with_topology().await;
+    let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
+    let api = Api::new(&client);
     let names = Names::default();
     let registry = App::registry(crate::registry::config(&server.url(), 1)).await;
     let downstream = Flaky::failing("downstream is down");
@@ -237,7 +215,7 @@ async fn auto_pause(run_events: RunEvents, id: &str) {
     config.run_events = run_events;
     let worker = App::worker(config, handlers).await;
     let builder = spec("ap", id).handler("flaky").fast_retry(1).field("pause_after_failures", 3);
-    let put = task_call(&client, "put", builder.json()).await;
+    let put = api.task("put", builder.json()).await;
     assert!(put["revision"].as_u64().is_some(), "{put}");
     let task = builder.task();
     let base = Utc::now().timestamp_millis();
@@ -246,7 +224,7 @@ async fn auto_pause(run_events: RunEvents, id: &str) {
         let value = breakers.get(format!("task.ap.{id}")).await.ok()??;
         Some(serde_json::from_slice::<BreakerRecord>(&value).ok()?.consecutive_failures)
     };
-    let get = || task_call(&client, "get", json!({"namespace": "ap", "id": id}));
+    let get = || api.task("get", json!({"namespace": "ap", "id": id}));
 
     let mut nominal = base;
     let mut run = |status: RunStatus| {
@@ -287,7 +265,7 @@ async fn auto_pause(run_events: RunEvents, id: &str) {
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0].reason.as_deref(), Some("consecutive_failures"));
 
-    let resumed = task_call(&client, "resume", json!({"namespace": "ap", "id": id})).await;
+    let resumed = api.task("resume", json!({"namespace": "ap", "id": id})).await;
     assert_eq!(resumed["task"]["paused"], json!(false), "{resumed}");
     assert!(resumed["task"].get("paused_reason").is_none(), "{resumed}");
     // Resumed, the count starts over: one more failure does not pause it again.
@@ -315,10 +293,7 @@ async fn pause_after_failures_counts_the_same_with_only_failure_events() {
 
 #[tokio::test]
 async fn bad_breaker_specs_are_refused_with_every_field_path() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let _registry = App::registry(crate::registry::config(&server.url(), 1)).await;
+    let Served { server: _server, registry: _registry, api, .. } = served(|_| {}).await;
     let bad = spec("ap", "bad")
         .field(
             "breaker",
@@ -328,7 +303,7 @@ async fn bad_breaker_specs_are_refused_with_every_field_path() {
         .field("pause_after_failures", 0)
         .field("paused_reason", "x")
         .json();
-    let reply = task_call(&client, "put", bad).await;
+    let reply = api.task("put", bad).await;
     let fields: Vec<(&str, &str)> = reply["errors"]
         .as_array()
         .unwrap_or_else(|| panic!("{reply}"))
@@ -351,6 +326,6 @@ async fn bad_breaker_specs_are_refused_with_every_field_path() {
         ],
         "{reply}"
     );
-    let listed = task_call(&client, "list", json!({"namespace": "ap"})).await;
+    let listed = api.task("list", json!({"namespace": "ap"})).await;
     assert_eq!(listed["tasks"], json!([]), "nothing stored: {listed}");
 }

@@ -14,22 +14,29 @@ fn number(report: &Value, pointer: &str) -> f64 {
         .unwrap_or_else(|| panic!("report has no number at {pointer}"))
 }
 
-#[tokio::test]
-async fn bench_all_tiny_reports_every_scenario() {
+/// Runs `jetsched-bench args --json <report>` (within 120 s) with a report file of its own;
+/// its output and the report.
+async fn run_bench(args: &[&str]) -> (std::process::Output, Value) {
     init_test_logging();
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("report.json");
     let mut command = tokio::process::Command::new(workspace_bin("jetsched-bench"));
-    command.args(["all", "--size", "tiny", "--json"]).arg(&path).kill_on_drop(true);
+    command.args(args).arg("--json").arg(&path).kill_on_drop(true);
     let output = tokio::time::timeout(Duration::from_secs(120), command.output())
         .await
-        .expect("jetsched-bench all --size tiny finishes within 120 s")
+        .expect("jetsched-bench finishes within 120 s")
         .expect("run jetsched-bench");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "jetsched-bench failed: {stderr}");
     eprintln!("{stderr}");
-    let report: Value =
+    let report =
         serde_json::from_slice(&std::fs::read(&path).expect("report written")).expect("report is JSON");
+    (output, report)
+}
+
+#[tokio::test]
+async fn bench_all_tiny_reports_every_scenario() {
+    let (output, report) = run_bench(&["all", "--size", "tiny"]).await;
     let stdout: Value = serde_json::from_slice(&output.stdout).expect("stdout is the JSON report");
     assert_eq!(report, stdout);
     let scenarios = report["scenarios"].as_object().expect("scenarios");
@@ -81,24 +88,8 @@ async fn bench_all_tiny_reports_every_scenario() {
 /// real process and every run a real request/reply; checks that it ran, not the verdicts.
 #[tokio::test]
 async fn bench_soak_tiny_runs_every_service() {
-    init_test_logging();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("soak.json");
-    let mut command = tokio::process::Command::new(workspace_bin("jetsched-bench"));
-    command
-        // tiny: 20 s at 200 runs/s, a sample every 2 s.
-        .args(["soak", "--size", "tiny", "--workers", "1", "--json"])
-        .arg(&path)
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(Duration::from_secs(120), command.output())
-        .await
-        .expect("jetsched-bench soak --size tiny finishes within 120 s")
-        .expect("run jetsched-bench");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "jetsched-bench soak failed: {stderr}");
-    eprintln!("{stderr}");
-    let report: Value =
-        serde_json::from_slice(&std::fs::read(&path).expect("report written")).expect("report is JSON");
+    // tiny: 20 s at 200 runs/s, a sample every 2 s.
+    let (_, report) = run_bench(&["soak", "--size", "tiny", "--workers", "1"]).await;
     assert_eq!(report["scenario"], "soak");
     assert_eq!(number(&report, "/target_runs_per_second"), 200.0);
     assert!(number(&report, "/runs_succeeded") > 0.0);

@@ -20,14 +20,12 @@ use jetsched_shared::wire::{BreakerRecord, BreakerState, EventKind, RunStatus};
 use jetsched_tests::fixtures::{
     Responder, dead_letters, dispatch, events_about, run_record, spec, wait_run_status,
 };
-use jetsched_tests::{App, eventually};
+use jetsched_tests::{App, WithTopology, eventually, server_with_topology};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
 use tokio::net::TcpListener;
 
-use crate::worker_support::{
-    WAIT, config, dispatch_pending, server_with_topology, wait_for_workers, worker_process,
-};
+use crate::worker_support::{WAIT, config, dispatch_pending, wait_for_workers, worker_process};
 
 /// One request the downstream received.
 #[derive(Debug, Clone)]
@@ -117,8 +115,7 @@ fn payments(url: &str) -> TaskSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_open_the_breaker_only_probes_pass_and_delayed_runs_all_run_once() {
-    let (server, _client, js) = server_with_topology().await;
-    let names = Names::default();
+    let WithTopology { server, js, names, .. } = server_with_topology(Default::default()).await;
     let downstream = Downstream::failing().await;
     let mut workers = Vec::new();
     for n in 1..=3 {
@@ -220,8 +217,7 @@ async fn three_workers_open_the_breaker_only_probes_pass_and_delayed_runs_all_ru
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_open_skip_records_the_reason_and_tasks_sharing_a_key_share_the_breaker() {
-    let (server, client, js) = server_with_topology().await;
-    let names = Names::default();
+    let WithTopology { server, client, js, names, .. } = server_with_topology(Default::default()).await;
     let downstream = Responder::start(&client, "jobs.shared-down", "fail").await;
     let worker = App::worker(config(&server, "brk-skip"), handlers()).await;
     let breaker_spec =
@@ -280,8 +276,7 @@ async fn on_open_skip_records_the_reason_and_tasks_sharing_a_key_share_the_break
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_killed_holding_unmerged_counts_still_lets_the_breaker_open() {
-    let (server, client, js) = server_with_topology().await;
-    let names = Names::default();
+    let WithTopology { server, client, js, names, .. } = server_with_topology(Default::default()).await;
     let downstream = Responder::start(&client, "jobs.flaky", "retry").await;
     let flags = ["--ack-wait", "2s"];
     let mut first = worker_process(&server, "brk-p1", &flags);
@@ -356,8 +351,7 @@ struct TwoNamespaces {
 /// `shared`): demo's fails until its breaker opens (`min_runs: 1`, `open_for: 1h`) and its next
 /// run is held, then billing's task is dispatched three times.
 async fn same_key_in_two_namespaces(shared: &[&str]) -> TwoNamespaces {
-    let (server, _client, js) = server_with_topology().await;
-    let names = Names::default();
+    let WithTopology { server, js, names, .. } = server_with_topology(Default::default()).await;
     let (handlers, down, up) = recording_handlers();
     let mut config = config(&server, "brk-ns");
     config.shared_breakers = shared.iter().map(|key| key.to_string()).collect();

@@ -3,10 +3,10 @@
 
 use std::process::Output;
 
-use jetsched_tests::{App, NatsServer, init_test_logging, workspace_bin};
+use jetsched_tests::{App, NatsServer, workspace_bin};
 use serde_json::{Value, json};
 
-use crate::registry::config;
+use crate::registry::{Served, config, served};
 
 async fn jetsched(url: &str, args: &[&str]) -> Output {
     tokio::process::Command::new(workspace_bin("jetsched"))
@@ -33,9 +33,7 @@ fn json_out(output: &Output) -> Value {
 
 #[tokio::test]
 async fn every_subcommand_against_a_running_registry() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let registry = App::registry(config(&server.url(), 1)).await;
+    let Served { server, registry, .. } = served(|_| {}).await;
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
 
@@ -214,7 +212,6 @@ async fn status_shows_the_stored_term_acquisition_and_last_renewal() {
     use async_nats::jetstream;
     use jetsched_shared::names::Names;
 
-    init_test_logging();
     let server = NatsServer::start().await;
     // A lease bucket whose entries outlive the test (the records are written by hand).
     let mut registry_config = config(&server.url(), 1);
@@ -267,7 +264,6 @@ async fn status_shows_the_stored_term_acquisition_and_last_renewal() {
 
 #[tokio::test]
 async fn without_a_registry_the_cli_says_so_and_exits_2() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let output = jetsched(&server.url(), &["get", "x"]).await;
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
@@ -284,9 +280,7 @@ async fn dlq_subcommands_list_show_replay_and_purge() {
     use jetsched_shared::spec::TaskSpec;
     use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, DeadLetter, DeadLetterSource, Trigger};
 
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let registry = App::registry(config(&server.url(), 1)).await;
+    let Served { server, registry, .. } = served(|_| {}).await;
     let url = server.url();
     let js = jetstream::new(server.client().await);
     let names = Names::default();
@@ -386,9 +380,7 @@ async fn dlq_subcommands_list_show_replay_and_purge() {
 /// CLI still writes, and the CLI stops printing and exits 0 without a word on stderr.
 #[tokio::test]
 async fn a_reader_that_goes_away_ends_the_output_quietly_with_exit_0() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let registry = App::registry(config(&server.url(), 1)).await;
+    let Served { server, registry, .. } = served(|_| {}).await;
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     // Far more than a pipe's 64 KiB in the table and in the JSON.

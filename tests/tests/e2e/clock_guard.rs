@@ -14,20 +14,23 @@
 //! every fire) and the tail gets a looser one; no fire may be early, which no stall causes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, kv::Operation};
 use futures::StreamExt;
-use jetsched_shared::names::{Names, task_key};
-use jetsched_shared::topology::{self, Topology, TopologyArgs};
+use jetsched_shared::names::Names;
+use jetsched_shared::topology::Topology;
 use jetsched_shared::wire::{Event, LeaderRecord, Trigger};
-use jetsched_tests::{ChildProcess, NatsServer, eventually, init_test_logging, read_stream, workspace_bin};
-use serde_json::json;
+use jetsched_tests::fixtures::write_spread_tasks;
+use jetsched_tests::{
+    ChildProcess, WithTopology, always, eventually, read_stream, server_with_topology, with_lease,
+};
 
-use crate::scheduler::{Seen, read_dispatches, spawn_scheduler, tasks_loaded};
+use crate::scheduler::{
+    Seen, dispatched_past, read_dispatches, scheduler_command, spawn_scheduler, tasks_loaded,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 const NS: &str = "clock";
@@ -47,34 +50,16 @@ fn faketime_available() -> bool {
 
 /// A scheduler process whose wall clock is `offset` off (`+5s`, `-5s`).
 fn spawn_skewed(url: &str, instance: &str, offset: &str) -> ChildProcess {
-    let mut command = Command::new(workspace_bin("jetsched-scheduler"));
-    command
-        .env("LD_PRELOAD", LIBFAKETIME)
-        .env("FAKETIME", offset)
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-        .env("NATS_URL", url)
-        .env("RUST_LOG", "info")
-        .args(["--instance-id", instance, "--admin-addr", "127.0.0.1:0", "--fire-events", "false"])
-        .args(["--lease", &format!("{}ms", LEASE.as_millis())])
-        .args(["--lease-margin", &format!("{}ms", LEASE.as_millis() / 4)]);
+    let mut command = scheduler_command(url, instance, LEASE);
+    command.env("LD_PRELOAD", LIBFAKETIME).env("FAKETIME", offset).env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
     ChildProcess::spawn_command(instance, command)
 }
 
-async fn setup(server: &NatsServer) -> (jetstream::Context, Topology) {
-    let js = jetstream::new(server.client().await);
-    let args = TopologyArgs { lease: LEASE, ..TopologyArgs::default() };
-    let topology = topology::ensure(&js, &Names::default(), &args).await.expect("topology");
-    // Every second, phases spread over the second (a fire due every 50 ms).
-    for i in 0..20 {
-        let id = format!("tick-{i:02}");
-        let anchor = format!("1970-01-01T00:00:00.{:03}Z", i * 50);
-        let spec = json!({
-            "id": id, "namespace": NS, "schedule": {"every": "1s", "anchor": anchor},
-            "executor": {"kind": "nats", "subject": "jobs.run"}, "misfire": "fire_all",
-        });
-        topology.tasks.put(task_key(NS, &id), spec.to_string().into()).await.expect("put task");
-    }
-    (js, topology)
+/// A server with the topology (lease [`LEASE`]) and twenty tasks spread over the second.
+async fn setup() -> WithTopology {
+    let setup = server_with_topology(with_lease(LEASE)).await;
+    write_spread_tasks(&setup.topology.tasks, NS, "tick").await;
+    setup
 }
 
 /// Every instance that ever held the lease, from a watch of the lease key.
@@ -117,12 +102,10 @@ async fn skew_events(js: &jetstream::Context) -> HashMap<String, Event> {
 
 #[tokio::test]
 async fn a_scheduler_five_seconds_ahead_never_leads_while_a_correct_one_runs() {
-    init_test_logging();
     if !faketime_available() {
         return;
     }
-    let server = NatsServer::start().await;
-    let (js, topology) = setup(&server).await;
+    let WithTopology { server, js, topology, .. } = setup().await;
     let holders = record_holders(&topology);
     let url = server.url();
     let mut skewed = spawn_skewed(&url, "ahead", "+5s");
@@ -139,7 +122,8 @@ async fn a_scheduler_five_seconds_ahead_never_leads_while_a_correct_one_runs() {
     for proc in procs.values() {
         tasks_loaded(proc).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // It crashes while dispatching.
+    dispatched_past(&js, SystemTime::now()).await;
     procs.get_mut(&first).expect("ours").kill9();
     let second = eventually(WAIT, "another correct leader", || async {
         holder(&topology).await.filter(|h| h != &first && procs.contains_key(h))
@@ -156,8 +140,11 @@ async fn a_scheduler_five_seconds_ahead_never_leads_while_a_correct_one_runs() {
     })
     .await;
     // Longer than the skewed replica's extra lease.
-    tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
-    assert_eq!(holder(&topology).await.as_deref(), Some("right-3"));
+    always(LEASE + Duration::from_secs(1), "right-3 keeps the lease", || async {
+        let holder = holder(&topology).await;
+        if holder.as_deref() == Some("right-3") { Ok(()) } else { Err(holder) }
+    })
+    .await;
     let all = holders.lock().expect("holders").clone();
     assert!(!all.contains(&"ahead".to_string()), "the skewed replica led: {all:?}");
     assert!(skewed.output().contains("campaigning one lease later"), "{}", skewed.output());
@@ -210,13 +197,11 @@ fn measure_stalls() -> (Arc<AtomicBool>, tokio::task::JoinHandle<Duration>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_only_skewed_replicas_fires_follow_the_servers_clock() {
-    init_test_logging();
     if !faketime_available() {
         return;
     }
     let (stop, stalls) = measure_stalls();
-    let server = NatsServer::start().await;
-    let (js, topology) = setup(&server).await;
+    let WithTopology { server, js, topology, .. } = setup().await;
     let url = server.url();
     let mut procs: BTreeMap<String, ChildProcess> = BTreeMap::new();
     procs.insert("ahead".into(), spawn_skewed(&url, "ahead", "+5s"));

@@ -16,33 +16,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fantoccini::Locator;
-use jetsched_shared::names::Names;
-use jetsched_tests::{App, NatsServer, SpecBuilder, eventually, init_test_logging, spec};
+use jetsched_tests::{Api, App, NatsServer, eventually, spec};
 use jetsched_worker::{Handlers, Outcome, RunContext};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use browser::{Browser, csrf_of, request};
+use browser::{Browser, csrf_of, http_request};
 
 const WAIT: Duration = Duration::from_secs(20);
 const TOKEN: &str = "console-test-token";
-
-/// A registry's API call; the reply as JSON.
-async fn call(client: &async_nats::Client, subject: String, body: Vec<u8>) -> Value {
-    let reply = client.request(subject, body.into()).await.expect("the registry answers");
-    serde_json::from_slice(&reply.payload).expect("a JSON reply")
-}
-
-async fn put(client: &async_nats::Client, spec: SpecBuilder) {
-    let value = spec.json();
-    let namespace = value["namespace"].as_str().unwrap().to_string();
-    let reply = call(client, Names::default().task_api_namespaced("put", &namespace), spec.bytes()).await;
-    assert!(reply.get("error").is_none(), "put {value}: {reply}");
-}
-
-async fn task_call(client: &async_nats::Client, endpoint: &str, namespace: &str, id: &str) -> Value {
-    let body = serde_json::to_vec(&json!({"namespace": namespace, "id": id})).unwrap();
-    call(client, Names::default().task_api_namespaced(endpoint, namespace), body).await
-}
 
 /// A console on the server, in-process; its pages' address.
 async fn console(server: &NatsServer, token: Option<&str>, allow_actions: bool) -> (App, SocketAddr) {
@@ -60,7 +41,7 @@ async fn console(server: &NatsServer, token: Option<&str>, allow_actions: bool) 
 /// calls), plus the specs the tests look at.
 struct System {
     server: NatsServer,
-    client: async_nats::Client,
+    api: Api,
     rejected: Arc<AtomicUsize>,
     _apps: Vec<App>,
 }
@@ -78,40 +59,26 @@ async fn system() -> System {
         })
         .register("ok", |_run: RunContext| async { Outcome::ok() });
     let worker = App::worker(jetsched_worker::Config::for_tests(&server.url(), "w-console"), handlers).await;
-    let client = server.client().await;
+    let api = Api::new(&server.client().await);
     eventually(WAIT, "the registry is ready", || registry.ready()).await;
-    put(
-        &client,
+    let tasks = [
         spec("billing", "monthly-close")
-            .schedule(json!({"cron": "0 0 12 1 * *", "timezone": "Europe/Berlin"}))
+            .cron_in("0 0 12 1 * *", "Europe/Berlin")
             .handler("ok")
-            .field("labels", json!({"team": "billing", "tier": "gold"})),
-    )
-    .await;
-    put(
-        &client,
-        spec("billing", "nightly-report")
-            .cron("0 30 2 * * *")
-            .handler("ok")
-            .field("labels", json!({"team": "billing"})),
-    )
-    .await;
-    put(
-        &client,
+            .labels(&[("team", "billing"), ("tier", "gold")]),
+        spec("billing", "nightly-report").cron("0 30 2 * * *").handler("ok").labels(&[("team", "billing")]),
         spec("ops", "cleanup")
             .every("10m")
             .handler("ok")
-            .field("labels", json!({"team": "ops", "note": "<script>alert(1)</script>"})),
-    )
-    .await;
-    // Runs only when triggered (the test counts its calls): once a year, at New Year in UTC, an
-    // hourly schedule would have fired too when the test crossed the hour.
-    put(
-        &client,
+            .labels(&[("team", "ops"), ("note", "<script>alert(1)</script>")]),
+        // Runs only when triggered (the test counts its calls): once a year, at New Year in
+        // UTC, an hourly schedule would have fired too when the test crossed the hour.
         spec("ops", "flaky-export").cron("0 0 0 1 1 *").handler("rejects").fast_retry(1).timeout("5s"),
-    )
-    .await;
-    System { server, client, rejected, _apps: vec![registry, scheduler, worker] }
+    ];
+    for task in tasks {
+        api.store(&task.json()).await;
+    }
+    System { server, api, rejected, _apps: vec![registry, scheduler, worker] }
 }
 
 fn screenshots() -> Option<PathBuf> {
@@ -132,7 +99,6 @@ async fn task_rows(browser: &Browser) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
-    init_test_logging();
     let system = system().await;
     let (_console, addr) = console(&system.server, Some(TOKEN), true).await;
     let base = format!("http://{addr}");
@@ -191,22 +157,19 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
         browser.text("#task-state").await == "paused"
     })
     .await;
-    let stored = task_call(&system.client, "get", "billing", "monthly-close").await;
+    let stored = system.api.on("get", "billing", "monthly-close").await;
     assert_eq!(stored["task"]["paused"], true, "{stored}");
 
     // A run that fails for good lands in the dead letters; replay from its page dispatches it
     // again (the handler runs a second time).
-    let triggered = task_call(&system.client, "trigger", "ops", "flaky-export").await;
+    let triggered = system.api.on("trigger", "ops", "flaky-export").await;
     assert!(triggered.get("execution_id").is_some(), "{triggered}");
     page.goto(&format!("{base}/dlq")).await.unwrap();
-    eventually(WAIT, "the dead letter is listed", || async {
-        if browser.text("#dlq-entries").await.contains("flaky-export") {
-            return true;
-        }
-        page.refresh().await.unwrap();
-        false
-    })
-    .await;
+    browser
+        .refresh_until(WAIT, "the dead letter is listed", "#dlq-entries", |text| {
+            text.contains("flaky-export")
+        })
+        .await;
     assert!(browser.text("#dlq-entries").await.contains("export refused: <b>quota</b> exceeded"));
     browser.screenshot(shots.as_ref(), "dlq").await;
     page.find(Locator::Css("#dlq-entries tbody tr a")).await.unwrap().click().await.unwrap();
@@ -220,14 +183,11 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     })
     .await;
     // The replay lands on the new run's page: every attempt and the trace id.
-    eventually(WAIT, "the run page shows the replayed run's attempt", || async {
-        if browser.text("#attempts").await.contains("permanent") {
-            return true;
-        }
-        page.refresh().await.unwrap();
-        false
-    })
-    .await;
+    browser
+        .refresh_until(WAIT, "the run page shows the replayed run's attempt", "#attempts", |text| {
+            text.contains("permanent")
+        })
+        .await;
     assert_eq!(browser.text("#trace-id").await.len(), 32, "a trace id");
     browser.screenshot(shots.as_ref(), "run").await;
 
@@ -239,7 +199,7 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     .await;
     let before = browser.text("#event-rows").await;
     assert!(!before.contains("task.resumed"), "{before}");
-    let resumed = task_call(&system.client, "resume", "billing", "monthly-close").await;
+    let resumed = system.api.on("resume", "billing", "monthly-close").await;
     assert!(resumed.get("error").is_none(), "{resumed}");
     eventually(WAIT, "the resume event appears live", || async {
         browser.text("#event-rows tr.fresh").await.contains("task.resumed")
@@ -257,14 +217,9 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     assert!(browser.text("main").await.contains("flaky-export"));
     browser.screenshot(shots.as_ref(), "runs").await;
     page.goto(&format!("{base}/")).await.unwrap();
-    eventually(WAIT, "the overview names the leader", || async {
-        if !browser.text("#leader").await.contains("no leader") {
-            return true;
-        }
-        page.refresh().await.unwrap();
-        false
-    })
-    .await;
+    browser
+        .refresh_until(WAIT, "the overview names the leader", "#leader", |text| !text.contains("no leader"))
+        .await;
     assert!(browser.text("#dead-letters").await.contains('1'), "{}", browser.text("#dead-letters").await);
     browser.screenshot(shots.as_ref(), "overview").await;
     browser.close().await;
@@ -272,51 +227,53 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
 
 #[tokio::test]
 async fn console_refuses_without_token_csrf_or_allowed_actions() {
-    init_test_logging();
     let system = system().await;
     let (_guarded, guarded) = console(&system.server, Some(TOKEN), true).await;
     let bearer = format!("Authorization: Bearer {TOKEN}");
 
     // Every page needs the token: 401 without it or with a wrong one, a session after /login.
     for path in ["/", "/tasks", "/tasks/ops/cleanup", "/runs", "/dlq", "/events", "/events/stream"] {
-        assert_eq!(request(guarded, "GET", path, &[], "").await.status, 401, "{path}");
+        assert_eq!(http_request(guarded, "GET", path, &[], "").await.status, 401, "{path}");
     }
-    assert_eq!(request(guarded, "GET", "/tasks", &["Authorization: Bearer wrong"], "").await.status, 401);
-    assert_eq!(request(guarded, "GET", "/tasks", &[&bearer], "").await.status, 200);
-    assert_eq!(request(guarded, "POST", "/login", &[], "token=wrong").await.status, 401);
-    let login = request(guarded, "POST", "/login", &[], &format!("token={TOKEN}&next=/tasks")).await;
+    assert_eq!(
+        http_request(guarded, "GET", "/tasks", &["Authorization: Bearer wrong"], "").await.status,
+        401
+    );
+    assert_eq!(http_request(guarded, "GET", "/tasks", &[&bearer], "").await.status, 200);
+    assert_eq!(http_request(guarded, "POST", "/login", &[], "token=wrong").await.status, 401);
+    let login = http_request(guarded, "POST", "/login", &[], &format!("token={TOKEN}&next=/tasks")).await;
     assert_eq!((login.status, login.header("location")), (303, Some("/tasks")));
     let cookie = login.header("set-cookie").expect("a session cookie").split(';').next().unwrap().to_string();
     assert!(login.header("set-cookie").unwrap().contains("HttpOnly"));
     let cookie = format!("Cookie: {cookie}");
-    let page = request(guarded, "GET", "/tasks/ops/cleanup", &[&cookie], "").await;
+    let page = http_request(guarded, "GET", "/tasks/ops/cleanup", &[&cookie], "").await;
     assert_eq!(page.status, 200);
     assert!(
         page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;")
             && !page.body.contains("<script>alert(1)")
     );
     // The assets need no token.
-    assert_eq!(request(guarded, "GET", "/assets/htmx-2.0.4.min.js", &[], "").await.status, 200);
+    assert_eq!(http_request(guarded, "GET", "/assets/htmx-2.0.4.min.js", &[], "").await.status, 200);
 
     // Every action needs the form's CSRF token, whatever the authentication.
     let csrf = csrf_of(&page.body);
     let pause = "/tasks/ops/cleanup/pause";
-    assert_eq!(request(guarded, "POST", pause, &[&bearer], "").await.status, 403);
-    assert_eq!(request(guarded, "POST", pause, &[&cookie], "csrf=forged").await.status, 403);
-    assert_eq!(request(guarded, "POST", pause, &[], &format!("csrf={csrf}")).await.status, 401);
-    assert_eq!(task_call(&system.client, "get", "ops", "cleanup").await["task"]["paused"], false);
-    let done = request(guarded, "POST", pause, &[&cookie], &format!("csrf={csrf}")).await;
+    assert_eq!(http_request(guarded, "POST", pause, &[&bearer], "").await.status, 403);
+    assert_eq!(http_request(guarded, "POST", pause, &[&cookie], "csrf=forged").await.status, 403);
+    assert_eq!(http_request(guarded, "POST", pause, &[], &format!("csrf={csrf}")).await.status, 401);
+    assert_eq!(system.api.on("get", "ops", "cleanup").await["task"]["paused"], false);
+    let done = http_request(guarded, "POST", pause, &[&cookie], &format!("csrf={csrf}")).await;
     assert_eq!((done.status, done.header("location")), (303, Some("/tasks/ops/cleanup")));
-    assert_eq!(task_call(&system.client, "get", "ops", "cleanup").await["task"]["paused"], true);
+    assert_eq!(system.api.on("get", "ops", "cleanup").await["task"]["paused"], true);
     // Delete needs its confirmation box.
     let delete = "/tasks/ops/cleanup/delete";
-    assert_eq!(request(guarded, "POST", delete, &[&cookie], &format!("csrf={csrf}")).await.status, 400);
-    assert!(task_call(&system.client, "get", "ops", "cleanup").await.get("task").is_some());
+    assert_eq!(http_request(guarded, "POST", delete, &[&cookie], &format!("csrf={csrf}")).await.status, 400);
+    assert!(system.api.on("get", "ops", "cleanup").await.get("task").is_some());
 
     // Without --allow-actions every action is refused, even with the right CSRF token, and the
     // buttons are disabled.
     let (_reader, reader) = console(&system.server, None, false).await;
-    let page = request(reader, "GET", "/tasks/ops/cleanup", &[], "").await;
+    let page = http_request(reader, "GET", "/tasks/ops/cleanup", &[], "").await;
     assert_eq!(page.status, 200);
     assert!(page.body.contains("disabled"), "buttons are disabled");
     let csrf = csrf_of(&page.body);
@@ -325,23 +282,22 @@ async fn console_refuses_without_token_csrf_or_allowed_actions() {
         ("/tasks/ops/cleanup/delete", format!("csrf={csrf}&confirm=yes")),
         ("/dlq/1/purge", format!("csrf={csrf}&confirm=yes")),
     ] {
-        let refused = request(reader, "POST", path, &[], &form).await;
+        let refused = http_request(reader, "POST", path, &[], &form).await;
         assert_eq!(refused.status, 403, "{path}");
         assert!(refused.body.contains("--allow-actions"), "{}", refused.body);
     }
-    assert_eq!(task_call(&system.client, "get", "ops", "cleanup").await["task"]["paused"], true);
+    assert_eq!(system.api.on("get", "ops", "cleanup").await["task"]["paused"], true);
 }
 
 #[tokio::test]
 async fn console_user_of_the_secured_config_reads_every_page_without_a_violation() {
-    init_test_logging();
     let server = crate::deploy::SecureServer::start().await;
     let mut registry_config = jetsched_registry::Config::for_tests(&server.url);
     registry_config.nats = server.nats_args("registry");
     let registry = App::registry(registry_config).await;
     eventually(WAIT, "the registry is ready", || registry.ready()).await;
-    let client = server.connect("client").await.client;
-    put(&client, spec("ops", "secured").every("1h").field("labels", json!({"team": "ops"}))).await;
+    let api = Api::new(&server.connect("client").await.client);
+    api.store(&spec("ops", "secured").every("1h").field("labels", json!({"team": "ops"})).json()).await;
 
     let mut config = jetsched_console::Config::for_tests(&server.url);
     config.nats = server.nats_args("console");
@@ -350,10 +306,10 @@ async fn console_user_of_the_secured_config_reads_every_page_without_a_violation
     let app = App::spawn("console", console.admin_addr(), |shutdown| console.run(shutdown));
     eventually(WAIT, "the console is ready", || app.ready()).await;
 
-    let tasks = request(addr, "GET", "/tasks", &[], "").await;
+    let tasks = http_request(addr, "GET", "/tasks", &[], "").await;
     assert!(tasks.status == 200 && tasks.body.contains("secured"), "{}", tasks.body);
     for path in ["/", "/tasks/ops/secured", "/runs", "/dlq", "/events"] {
-        let page = request(addr, "GET", path, &[], "").await;
+        let page = http_request(addr, "GET", path, &[], "").await;
         assert_eq!(page.status, 200, "{path}: {}", page.body);
         assert!(!page.body.contains(r#"role="alert""#), "{path} reports a problem: {}", page.body);
     }

@@ -19,7 +19,9 @@ use async_nats::jetstream;
 use async_nats::jetstream::consumer::PullConsumer;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
-use jetsched_tests::{App, ChildProcess, eventually, init_test_logging, workspace_bin};
+use jetsched_tests::{
+    Api, App, ChildProcess, SpecBuilder, eventually, init_test_logging, metric_value, spec, workspace_bin,
+};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
 
@@ -72,6 +74,7 @@ pub(crate) struct SecureServer {
 
 impl SecureServer {
     pub(crate) async fn start() -> SecureServer {
+        init_test_logging();
         let dir = tempfile::Builder::new().prefix("jetsched-secure-").tempdir().expect("temp dir");
         let store = dir.path().join("store");
         let mut replaced = BTreeMap::from([("listen:", 0), ("http:", 0), ("store_dir:", 0)]);
@@ -123,6 +126,22 @@ impl SecureServer {
 
     /// A connection as `user` that records the server's error messages (permission
     /// violations arrive as `-ERR` lines, not as errors of the publish call).
+    /// Runs the CLI `jetsched args` as `user`, which must succeed; its standard output.
+    pub(crate) async fn cli(&self, user: &str, args: &[&str]) -> String {
+        let output = tokio::process::Command::new(workspace_bin("jetsched"))
+            .args(args)
+            .env("NATS_URL", &self.url)
+            .env("NATS_USER", user)
+            .env("NATS_PASSWORD", password(user))
+            .output()
+            .await
+            .expect("run jetsched");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "jetsched {} as {user}: {stdout}{stderr}", args.join(" "));
+        stdout
+    }
+
     pub(crate) async fn connect(&self, user: &str) -> Probe {
         self.connect_with(user, async_nats::ConnectOptions::new()).await
     }
@@ -145,7 +164,7 @@ impl SecureServer {
             .connect(&self.url)
             .await
             .unwrap_or_else(|e| panic!("connect as {user}: {e}"));
-        Probe { client, errors }
+        Probe { api: Api::new(&client), client, errors }
     }
 
     pub(crate) fn nats_args(&self, user: &str) -> jetsched_shared::config::NatsArgs {
@@ -158,6 +177,8 @@ impl SecureServer {
 
 pub(crate) struct Probe {
     pub(crate) client: async_nats::Client,
+    /// The registry's API over `client`.
+    pub(crate) api: Api,
     errors: Arc<Mutex<Vec<String>>>,
 }
 
@@ -186,21 +207,11 @@ impl Probe {
     }
 }
 
-async fn call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
-    let subject = Names::default().task_api_subject(endpoint);
-    let reply = client
-        .request(subject, serde_json::to_vec(&body).expect("encode").into())
-        .await
-        .unwrap_or_else(|e| panic!("{endpoint}: {e}"));
-    serde_json::from_slice(&reply.payload).expect("JSON reply")
-}
-
-fn secured_spec(id: &str, schedule: Value) -> Value {
-    json!({
-        "id": id, "namespace": "secure", "schedule": schedule,
-        "executor": {"kind": "handler", "name": "probe", "payload": {"from": id}},
-        "retry": {"max_attempts": 1},
-    })
+/// A task of the secured deployment: the `probe` handler, one attempt.
+fn secured(id: &str) -> SpecBuilder {
+    spec("secure", id)
+        .executor(json!({"kind": "handler", "name": "probe", "payload": {"from": id}}))
+        .retry(json!({"max_attempts": 1}))
 }
 
 async fn next_dispatch(consumer: &PullConsumer) -> jetstream::Message {
@@ -220,7 +231,6 @@ async fn next_dispatch(consumer: &PullConsumer) -> jetstream::Message {
 /// consume dispatches but cannot write the tasks bucket nor serve the API.
 #[tokio::test]
 async fn secured_config_gives_each_user_exactly_its_subjects() {
-    init_test_logging();
     let server = SecureServer::start().await;
     let names = Names::default();
 
@@ -233,23 +243,21 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     let registry = App::registry(registry_config).await;
 
     let client = server.connect("client").await;
-    let put = call(&client.client, "put", secured_spec("manual", json!({"every": "1h"}))).await;
+    let api = &client.api;
+    let put = api.task("put", secured("manual").every("1h").json()).await;
     assert_eq!(put["revision"], 1, "put as client: {put}");
-    let got = call(&client.client, "get", json!({"namespace": "secure", "id": "manual"})).await;
+    let got = api.task("get", json!({"namespace": "secure", "id": "manual"})).await;
     assert_eq!(got["task"]["id"], "manual", "{got}");
 
     // Fire-and-forget intake is open to the client too.
     let submit = names.submit_subject("secure", "submitted");
     client
         .client
-        .publish(
-            submit,
-            serde_json::to_vec(&secured_spec("submitted", json!({"every": "1h"}))).expect("json").into(),
-        )
+        .publish(submit, serde_json::to_vec(&secured("submitted").every("1h").json()).expect("json").into())
         .await
         .expect("publish submission");
     eventually(WAIT, "submitted spec applied by the registry", || async {
-        let reply = call(&client.client, "get", json!({"namespace": "secure", "id": "submitted"})).await;
+        let reply = api.task("get", json!({"namespace": "secure", "id": "submitted"})).await;
         if reply["task"]["id"] == "submitted" { Ok(()) } else { Err(reply) }
     })
     .await;
@@ -281,7 +289,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     let consumer = jetsched_worker::ensure_queue_consumer(&worker_js, &names, "default", &worker_config)
         .await
         .expect("worker user creates its queue consumer");
-    let triggered = call(&client.client, "trigger", json!({"namespace": "secure", "id": "manual"})).await;
+    let triggered = api.task("trigger", json!({"namespace": "secure", "id": "manual"})).await;
     let execution_id = triggered["execution_id"].as_str().unwrap_or_else(|| panic!("trigger: {triggered}"));
     let dispatch = next_dispatch(&consumer).await;
     assert_eq!(dispatch.subject.as_str(), forged_dispatch, "the registry's dispatch, not the forged one");
@@ -302,10 +310,10 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     let _impostor = worker_probe.client.subscribe(names.api_wildcard()).await.expect("send sub");
     worker_probe.expect_violation(&format!("subscription to \"{}\"", names.api_wildcard())).await;
     for id in ["forged", "worker-forged"] {
-        let reply = call(&client.client, "get", json!({"namespace": "secure", "id": id})).await;
+        let reply = api.task("get", json!({"namespace": "secure", "id": id})).await;
         assert_eq!(reply["error"]["code"], "not_found", "{id} was stored: {reply}");
     }
-    let manual = call(&client.client, "get", json!({"namespace": "secure", "id": "manual"})).await;
+    let manual = api.task("get", json!({"namespace": "secure", "id": "manual"})).await;
     assert_eq!(manual["revision"], 1, "tasks bucket changed: {manual}");
     // Breakers: the worker writes the breakers bucket, never the tasks, and asks the registry
     // for a pause through the control stream; the client cannot write either.
@@ -335,7 +343,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
         }
     });
     let worker = App::worker(worker_config, handlers).await;
-    let put = call(&client.client, "put", secured_spec("ticking", json!({"every": "1s"}))).await;
+    let put = api.task("put", secured("ticking").every("1s").json()).await;
     assert!(put["revision"].is_u64(), "{put}");
     eventually(WAIT, "the scheduled task ran twice on the worker", || async {
         runs.lock().expect("runs lock").iter().filter(|task| *task == "ticking").count() >= 2
@@ -352,12 +360,12 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     // the way the DLQ endpoints do; the alerter raises an alert for it. Behind a named breaker
     // and with `pause_after_failures: 1`, the worker counts it in the breakers bucket and its
     // pause request reaches the registry, which pauses the task.
-    let mut doomed = secured_spec("doomed", json!({"every": "1h"}));
+    let mut doomed = secured("doomed").every("1h").json();
     doomed["breaker"] = json!({"key": "secure-downstream"});
     doomed["pause_after_failures"] = json!(1);
-    let put = call(&client.client, "put", doomed).await;
+    let put = api.task("put", doomed).await;
     assert!(put["revision"].is_u64(), "{put}");
-    call(&client.client, "trigger", json!({"namespace": "secure", "id": "doomed"})).await;
+    api.task("trigger", json!({"namespace": "secure", "id": "doomed"})).await;
     let registry_probe = server.connect("registry").await;
     let registry_js = jetstream::new(registry_probe.client.clone());
     let dead_letter = eventually(WAIT, "the failed run is in the dead-letter stream", || async {
@@ -376,13 +384,18 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     })
     .await;
     let paused = eventually(WAIT, "the doomed task is paused on the worker's request", || async {
-        let reply = call(&client.client, "get", json!({"namespace": "secure", "id": "doomed"})).await;
+        let reply = api.task("get", json!({"namespace": "secure", "id": "doomed"})).await;
         if reply["task"]["paused"] == json!(true) { Ok(reply) } else { Err(reply) }
     })
     .await;
     assert_eq!(paused["task"]["paused_reason"], "consecutive_failures", "{paused}");
-    // Give the alerter's periodic checks (queue and DLQ depth) a round under its permissions.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The alerter's periodic checks (queue and DLQ depth) ran a round under its permissions
+    // since the dead letter was stored.
+    eventually(WAIT, "the alerter's checks counted the dead letter", || async {
+        let metrics = alerter.metrics().await;
+        metric_value(&metrics, "jetsched_dlq_depth").is_some_and(|depth| depth >= 1.0)
+    })
+    .await;
 
     // The CLI: API commands as `client`, inspection (JetStream reads) as `operator`.
     for (user, args) in [
@@ -394,21 +407,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
         ("operator", vec!["events", "--last", "5"]),
         ("operator", vec!["runs", "secure/ticking"]),
     ] {
-        let output = tokio::process::Command::new(workspace_bin("jetsched"))
-            .args(&args)
-            .env("NATS_URL", &server.url)
-            .env("NATS_USER", user)
-            .env("NATS_PASSWORD", password(user))
-            .output()
-            .await
-            .expect("run jetsched");
-        assert!(
-            output.status.success(),
-            "jetsched {} as {user}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        server.cli(user, &args).await;
     }
 
     alerter.stop().await;
@@ -846,7 +845,6 @@ fn entrypoint() -> Command {
 
 #[tokio::test]
 async fn image_entrypoint_picks_the_binary_and_probes_the_admin_port() {
-    init_test_logging();
     for (role, binary) in
         COMPOSE_SERVICES.iter().copied().chain([("jetsched", "jetsched"), ("cli", "jetsched")])
     {

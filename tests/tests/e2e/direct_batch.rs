@@ -13,7 +13,7 @@ use futures::StreamExt;
 use jetsched_shared::direct_batch::{DirectBatch, DirectBatchError, MAX_SUBJECTS};
 use jetsched_shared::names::Names;
 use jetsched_tests::fixtures::{execution_of, publish_dispatch, wait_run_status};
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging, spec};
+use jetsched_tests::{App, NatsServer, eventually, spec};
 use jetsched_worker::runs::RunStatus;
 use jetsched_worker::{Handlers, Outcome, RunContext, RunRecords};
 
@@ -21,7 +21,6 @@ use crate::worker_support::{WAIT, config, dispatch_pending};
 
 /// A fresh server, a client on it and a KV bucket `name` (history 1).
 async fn server_with_bucket(name: &str) -> (NatsServer, async_nats::Client, jetstream::kv::Store) {
-    init_test_logging();
     let server = NatsServer::start().await;
     let client = server.client().await;
     let kv = jetstream::new(client.clone())
@@ -86,7 +85,6 @@ async fn keys_without_values_give_an_empty_answer_and_too_many_are_refused() {
 
 #[tokio::test]
 async fn a_stream_that_is_not_there_is_an_error_at_once() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let client = server.client().await;
     let mut reader = DirectBatch::new(client, "NO_SUCH_STREAM")
@@ -101,7 +99,6 @@ async fn a_stream_that_is_not_there_is_an_error_at_once() {
 
 #[tokio::test]
 async fn a_lazy_worker_reads_the_records_of_a_backlog_in_batches() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let client = server.client().await;
     let js = jetstream::new(client.clone());

@@ -6,18 +6,16 @@
 use std::sync::{Arc, Mutex};
 
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
-use jetsched_shared::names::Names;
 use jetsched_shared::wire::{DeadLetterSource, Event, RunStatus};
 use jetsched_tests::fixtures::{dead_letters, dispatch, run_record, spec, wait_run_status};
-use jetsched_tests::{App, eventually, read_stream};
+use jetsched_tests::{App, WithTopology, eventually, read_stream, server_with_topology};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 
-use crate::worker_support::{WAIT, config, dispatch_pending, server_with_topology};
+use crate::worker_support::{WAIT, config, dispatch_pending};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dispatch_whose_subject_and_body_disagree_runs_nothing_and_is_dead_lettered() {
-    let (server, _client, js) = server_with_topology().await;
-    let names = Names::default();
+    let WithTopology { server, js, names, .. } = server_with_topology(Default::default()).await;
     let calls: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen = calls.clone();
     let handlers = Handlers::new().register("record", move |run: RunContext| {

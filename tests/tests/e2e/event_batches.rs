@@ -13,7 +13,7 @@ use jetsched_shared::events::ingest::Ingest;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_shared::wire::{Event, EventKind};
-use jetsched_tests::{NatsServer, init_test_logging, read_stream};
+use jetsched_tests::{NatsServer, WithTopology, read_stream, server_with_topology};
 use tokio_util::sync::CancellationToken;
 
 /// Units of work (deliveries), each telling one event and flushing it, all at once.
@@ -72,12 +72,7 @@ async fn tell_all(publisher: &EventPublisher, namespace: &str) -> u64 {
 
 #[tokio::test]
 async fn the_events_of_many_deliveries_share_batches_and_each_is_stored_once() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
-    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+    let WithTopology { server, client, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
     let publisher = batched_publisher(&js, &names, &client).await;
 
     let before = server_out_msgs(&server).await;
@@ -94,7 +89,6 @@ async fn the_events_of_many_deliveries_share_batches_and_each_is_stored_once() {
 
 #[tokio::test]
 async fn a_stream_that_refuses_batches_gets_every_event_the_ordinary_way() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let client = server.client().await;
     let js = jetstream::new(client.clone());
@@ -128,7 +122,6 @@ async fn a_stream_that_refuses_batches_gets_every_event_the_ordinary_way() {
 
 #[tokio::test]
 async fn the_topology_turns_batches_on_for_an_events_stream_made_without_them() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let js = jetstream::new(server.client().await);
     let names = Names::default();

@@ -12,17 +12,7 @@ use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_shared::wire::{Event, EventKind, scheduled_execution_id};
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging, read_stream};
-
-/// A server with the jetsched topology, a JetStream context on it and the default names.
-async fn server_with_topology() -> (NatsServer, jetstream::Context, Names) {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let js = jetstream::new(server.client().await);
-    let names = Names::default();
-    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
-    (server, js, names)
-}
+use jetsched_tests::{App, WithTopology, always, eventually, read_stream, server_with_topology};
 
 async fn stored(js: &jetstream::Context, names: &Names) -> u64 {
     let mut stream = js.get_stream(names.events_stream()).await.expect("events stream");
@@ -31,7 +21,7 @@ async fn stored(js: &jetstream::Context, names: &Names) -> u64 {
 
 #[tokio::test]
 async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
-    let (_server, js, names) = server_with_topology().await;
+    let WithTopology { server: _server, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
     let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
         .expect("event metrics");
     let (sink, pump) = publisher.queue(10_000, 64);
@@ -66,7 +56,7 @@ async fn an_event_barrier_resolves_after_every_earlier_event_is_stored() {
 /// them waits for that. An outage longer than the pump's retry budget is counted, not hidden.
 #[tokio::test]
 async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
-    let (_server, js, names) = server_with_topology().await;
+    let WithTopology { server: _server, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
     let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &prometheus::Registry::new())
         .expect("event metrics");
     let start_pump = |retry_for: Duration| {
@@ -80,8 +70,10 @@ async fn events_survive_an_events_stream_outage_and_a_longer_one_is_counted() {
         assert!(sink.try_emit(Event::new(EventKind::FireSkipped, "outage", format!("t{i}"))));
     }
     let barrier = tokio::spawn(sink.barrier().wait());
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(!barrier.is_finished(), "the barrier waits while the events cannot be stored");
+    always(Duration::from_secs(3), "the barrier waits while the events cannot be stored", || async {
+        !barrier.is_finished()
+    })
+    .await;
     topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("events stream back");
     tokio::time::timeout(Duration::from_secs(20), barrier).await.expect("barrier resolves").unwrap();
     assert_eq!(stored(&js, &names).await, 50, "every event queued during the outage is stored once");
@@ -120,7 +112,7 @@ async fn dispatched_events(js: &jetstream::Context, names: &Names, ns: &str) -> 
 #[tokio::test]
 async fn a_fire_stored_by_a_leader_that_never_saw_its_ack_still_gets_one_dispatched_event() {
     const NS: &str = "handover";
-    let (server, js, names) = server_with_topology().await;
+    let WithTopology { server, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
     let tasks = js.get_key_value(names.tasks_bucket()).await.expect("tasks bucket");
     let clock = ManualClock::starting_now();
     let next = clock.now_ms() + 1000;

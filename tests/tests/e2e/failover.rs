@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv::Operation};
 use futures::StreamExt;
-use jetsched_shared::names::{Names, task_key};
-use jetsched_shared::topology::{self, Topology, TopologyArgs};
+use jetsched_shared::names::Names;
+use jetsched_shared::topology::{Topology, TopologyArgs};
 use jetsched_shared::wire::{HDR_LEADER_TERM, LeaderRecord};
-use jetsched_tests::{ChildProcess, NatsCluster, NatsServer, eventually, init_test_logging};
-use serde_json::json;
+use jetsched_tests::fixtures::write_spread_tasks;
+use jetsched_tests::{ChildProcess, NatsCluster, NatsServer, ensure_topology, eventually};
 use tokio::sync::mpsc;
 
 use crate::scheduler::{assert_contiguous, per_task, read_dispatches, spawn_scheduler, tasks_loaded};
@@ -78,20 +78,27 @@ impl Dispatches {
     }
 }
 
+/// A server with the topology of [`setup`], the dispatches watched, and a scheduler process
+/// for each of `instances`.
+async fn schedulers(
+    lease: Duration,
+    instances: &[&str],
+) -> (NatsServer, Topology, Dispatches, HashMap<String, ChildProcess>) {
+    let server = NatsServer::start().await;
+    let topology = setup(server.client().await, lease, 1).await;
+    let seen = Dispatches::watch(server.client().await).await;
+    let procs = instances
+        .iter()
+        .map(|instance| (instance.to_string(), spawn_scheduler(&server.url(), instance, lease)))
+        .collect();
+    (server, topology, seen, procs)
+}
+
+/// The topology with `lease` and `replicas`, and twenty tasks spread over the second.
 async fn setup(client: async_nats::Client, lease: Duration, replicas: usize) -> Topology {
-    let js = jetstream::new(client);
-    let args = TopologyArgs { lease, replicas, ..TopologyArgs::default() };
-    let topology = topology::ensure(&js, &Names::default(), &args).await.expect("topology");
-    // Every second, phases spread over the second: some fire is due every 50 ms.
-    for i in 0..20 {
-        let id = format!("spread-{i:02}");
-        let anchor = format!("1970-01-01T00:00:00.{:03}Z", i * 50);
-        let spec = json!({
-            "id": id, "namespace": NS, "schedule": {"every": "1s", "anchor": anchor},
-            "executor": {"kind": "nats", "subject": "jobs.run"}, "misfire": "fire_all",
-        });
-        topology.tasks.put(task_key(NS, &id), spec.to_string().into()).await.expect("put task");
-    }
+    let (_, topology) =
+        ensure_topology(&client, &TopologyArgs { lease, replicas, ..TopologyArgs::default() }).await;
+    write_spread_tasks(&topology.tasks, NS, "spread").await;
     topology
 }
 
@@ -131,15 +138,8 @@ async fn dispatching_holder(
 
 #[tokio::test]
 async fn a_killed_leader_is_replaced_well_within_the_lease() {
-    init_test_logging();
-    let server = NatsServer::start().await;
     let lease = Duration::from_secs(3);
-    let topology = setup(server.client().await, lease, 1).await;
-    let mut seen = Dispatches::watch(server.client().await).await;
-    let mut procs = HashMap::new();
-    for instance in ["kill-1", "kill-2"] {
-        procs.insert(instance.to_string(), spawn_scheduler(&server.url(), instance, lease));
-    }
+    let (server, topology, mut seen, mut procs) = schedulers(lease, &["kill-1", "kill-2"]).await;
     let mut gaps = Vec::new();
     for round in 3..6 {
         let (leader, term) = dispatching_holder(&topology, &procs, &mut seen).await;
@@ -170,20 +170,14 @@ async fn assert_every_fire_once(client: &async_nats::Client) {
 
 #[tokio::test]
 async fn a_leader_frozen_for_less_than_its_lease_keeps_it() {
-    init_test_logging();
-    let server = NatsServer::start().await;
     // Renewals every 5/3 s; frozen 2 s, the key is at most 3.7 s old when the leader wakes.
     let lease = Duration::from_secs(5);
-    let topology = setup(server.client().await, lease, 1).await;
-    let mut seen = Dispatches::watch(server.client().await).await;
-    let mut procs = HashMap::new();
-    for instance in ["slow-a", "slow-b", "slow-c"] {
-        procs.insert(instance.to_string(), spawn_scheduler(&server.url(), instance, lease));
-    }
+    let (_server, topology, mut seen, mut procs) = schedulers(lease, &["slow-a", "slow-b", "slow-c"]).await;
     let (leader, term) = dispatching_holder(&topology, &procs, &mut seen).await;
     let frozen = procs.get_mut(&leader).expect("ours");
     frozen.sigstop();
-    // Every probe of the followers times out meanwhile: no evidence, no takeover.
+    // Frozen for 2 s, less than the lease: the passing of time is the point. Every probe of the
+    // followers times out meanwhile: no evidence, no takeover.
     tokio::time::sleep(Duration::from_secs(2)).await;
     frozen.sigcont();
     let after = seen.terms_for(Duration::from_secs(3)).await;
@@ -201,7 +195,6 @@ async fn a_leader_frozen_for_less_than_its_lease_keeps_it() {
 
 #[tokio::test]
 async fn on_a_cluster_a_live_leader_keeps_the_lease_and_a_killed_one_is_replaced_fast() {
-    init_test_logging();
     let cluster = NatsCluster::start().await;
     let lease = Duration::from_secs(3);
     let topology = setup(cluster.client().await, lease, 3).await;

@@ -7,18 +7,23 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
-use jetsched_tests::{CLUSTER_SIZE, NetLab, NsCluster, init_test_logging, read_stream};
+use jetsched_tests::{CLUSTER_SIZE, NetLab, NsCluster, eventually, read_stream};
 
 /// Store size of each node, as in the nemesis full-disk test.
 const DISK_MB: u64 = 128;
 const STREAM: &str = "FULL_DISK_ACKS";
 
-/// Publishes numbered messages until `stop`, each awaited; returns the numbers acknowledged.
-async fn publish_until(js: jetstream::Context, stop: Arc<AtomicBool>) -> BTreeSet<u64> {
+/// Publishes numbered messages until `stop`, each awaited, counting the acknowledged ones in
+/// `count`; returns the numbers acknowledged.
+async fn publish_until(
+    js: jetstream::Context,
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicUsize>,
+) -> BTreeSet<u64> {
     let mut acked = BTreeSet::new();
     let mut n = 0u64;
     let body = vec![b'x'; 512];
@@ -30,6 +35,7 @@ async fn publish_until(js: jetstream::Context, stop: Arc<AtomicBool>) -> BTreeSe
         .await;
         if let Ok(Ok(_)) = sent {
             acked.insert(n);
+            count.fetch_add(1, Ordering::Relaxed);
         } else {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -51,12 +57,17 @@ async fn acknowledged_and_lost(limits: &str) -> (usize, Vec<u64>) {
     .await
     .expect("create the stream");
     let stop = Arc::new(AtomicBool::new(false));
-    let publisher = tokio::spawn(publish_until(js.clone(), stop.clone()));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let count = Arc::new(AtomicUsize::new(0));
+    let publisher = tokio::spawn(publish_until(js.clone(), stop.clone(), count.clone()));
+    eventually(Duration::from_secs(20), "writes acknowledged before the disks fill", || async {
+        count.load(Ordering::Relaxed) >= 200
+    })
+    .await;
     for i in 0..CLUSTER_SIZE {
         cluster.disk(i).expect("small disk").fill().expect("fill the disk");
     }
-    // Long enough for the server to notice and to refuse further writes.
+    // The publisher goes on against full disks for a while: the passing of time is the point
+    // (the server notices at its next write and refuses from then on).
     tokio::time::sleep(Duration::from_secs(5)).await;
     stop.store(true, Ordering::Relaxed);
     let acked = publisher.await.expect("publisher");
@@ -77,9 +88,7 @@ async fn acknowledged_and_lost(limits: &str) -> (usize, Vec<u64>) {
 
 #[tokio::test]
 async fn writes_acknowledged_before_a_full_disk_survive_the_restart() {
-    init_test_logging();
-    if let Some(why) = NetLab::unavailable() {
-        eprintln!("SKIPPED full disk acks: {why}");
+    if NetLab::skip("full disk acks") {
         return;
     }
     if std::env::var("JETSCHED_CHAOS").as_deref() != Ok("nemesis") {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use jetsched_shared::names::Names;
-use jetsched_tests::{App, NatsCluster, NetLab, NsCluster, eventually, init_test_logging};
+use jetsched_tests::{App, NatsCluster, NetLab, NsCluster, eventually};
 use serde_json::json;
 
 use crate::registry::config;
@@ -46,7 +46,6 @@ async fn consumer_leader(cluster: &NatsCluster, js: &jetstream::Context, names: 
 
 #[tokio::test]
 async fn one_shots_submitted_after_the_intake_consumer_leader_dies_are_applied() {
-    init_test_logging();
     let mut cluster = NatsCluster::start().await;
     let names = Names::default();
     let setup = cluster.client().await;
@@ -147,13 +146,11 @@ async fn applied(tasks: &jetstream::kv::Store, ids: &[String], within: Duration,
 
 #[tokio::test]
 async fn submissions_held_by_an_intake_pull_lost_in_a_partition_are_applied_within_seconds_of_the_heal() {
-    init_test_logging();
     if std::env::var("JETSCHED_CHAOS").as_deref() != Ok("nemesis") {
         eprintln!("SKIPPED intake partitions: a long test, run with JETSCHED_CHAOS=nemesis");
         return;
     }
-    if let Some(why) = NetLab::unavailable() {
-        eprintln!("SKIPPED intake partitions: {why}");
+    if NetLab::skip("intake partitions") {
         return;
     }
     let cluster = NsCluster::start(None, "").await.unwrap_or_else(|e| panic!("{e:#}"));

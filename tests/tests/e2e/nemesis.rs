@@ -20,7 +20,7 @@ use async_nats::jetstream::{self, kv};
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Topology, TopologyArgs};
 use jetsched_shared::wire::LeaderRecord;
-use jetsched_tests::{CLUSTER_SIZE, Delay, NetLab, NsCluster, NsService, eventually, init_test_logging};
+use jetsched_tests::{CLUSTER_SIZE, Delay, NetLab, NsCluster, NsService, eventually};
 
 use super::chaos::{self, LEASE, NS, Observed, WAIT};
 
@@ -356,9 +356,7 @@ impl Setup {
 
 #[tokio::test]
 async fn nemesis_partitions_slow_lossy_links_and_cut_workers_lose_and_double_nothing() {
-    init_test_logging();
-    if let Some(why) = NetLab::unavailable() {
-        eprintln!("SKIPPED nemesis: {why}");
+    if NetLab::skip("nemesis") {
         return;
     }
     let rounds = rounds();
@@ -392,14 +390,12 @@ async fn put_probe(client: &async_nats::Client, id: &str) -> Result<(), String> 
         .nats("chaos.ok")
         .field("paused", true)
         .bytes();
-    let reply = tokio::time::timeout(
-        Duration::from_secs(5),
-        client.request(Names::default().task_api_subject("put"), body.into()),
-    )
-    .await
-    .map_err(|_| "no answer".to_owned())?
-    .map_err(|e| e.to_string())?;
-    let reply: serde_json::Value = serde_json::from_slice(&reply.payload).map_err(|e| e.to_string())?;
+    let api = jetsched_tests::Api::new(client);
+    let put = api.reply(api.names().task_api_subject("put"), async_nats::HeaderMap::new(), body);
+    let reply = tokio::time::timeout(Duration::from_secs(5), put)
+        .await
+        .map_err(|_| "no answer".to_owned())?
+        .map_err(|e| format!("{e:#}"))?;
     match reply.pointer("/error/code").and_then(|c| c.as_str()) {
         None => Ok(()),
         Some(code) => Err(code.to_owned()),
@@ -507,9 +503,7 @@ async fn events_failed(service: &NsService) -> Option<u64> {
 
 #[tokio::test]
 async fn nemesis_full_disks_refuse_writes_and_resume_after_a_restart_losing_nothing() {
-    init_test_logging();
-    if let Some(why) = NetLab::unavailable() {
-        eprintln!("SKIPPED nemesis full disks: {why}");
+    if NetLab::skip("nemesis full disks") {
         return;
     }
     if rounds() == 1 {

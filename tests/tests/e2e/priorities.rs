@@ -6,7 +6,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::HeaderMap;
 use async_nats::jetstream;
 use chrono::Utc;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
@@ -15,11 +14,11 @@ use jetsched_shared::priority::Priority;
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{self, DeadLetter, DeadLetterSource, RunStatus, Trigger};
 use jetsched_tests::fixtures::{publish_dispatch, wait_run_status};
-use jetsched_tests::{App, eventually, spec};
+use jetsched_tests::{Api, App, WithTopology, eventually, server_with_topology, spec};
 use jetsched_worker::{Handlers, Outcome, PolicyKind, RunContext};
 use tokio_util::sync::CancellationToken;
 
-use crate::worker_support::{WAIT, config, server_with_topology};
+use crate::worker_support::{WAIT, config};
 
 /// Starts seen by the recording handler: the task id (named after its lane) and when.
 type Starts = Arc<Mutex<Vec<(String, Instant)>>>;
@@ -76,7 +75,7 @@ fn lanes_started(starts: &Starts) -> Vec<String> {
 
 #[tokio::test]
 async fn a_critical_run_starts_at_once_behind_a_backlog_of_low_runs() {
-    let (server, _client, js) = server_with_topology().await;
+    let WithTopology { server, js, .. } = server_with_topology(Default::default()).await;
     let (handlers, starts) = recording(Duration::from_millis(5), &[], CancellationToken::new());
     let mut config = config(&server, "w-backlog");
     config.concurrency = 2;
@@ -110,7 +109,7 @@ async fn a_critical_run_starts_at_once_behind_a_backlog_of_low_runs() {
 
 #[tokio::test]
 async fn the_weighted_policy_shares_starts_by_weight_and_starves_no_lane() {
-    let (server, _client, js) = server_with_topology().await;
+    let WithTopology { server, js, .. } = server_with_topology(Default::default()).await;
     for priority in Priority::ALL {
         queue_runs(&js, &lane_task(priority), 1, 400).await;
     }
@@ -138,7 +137,7 @@ async fn the_weighted_policy_shares_starts_by_weight_and_starves_no_lane() {
 
 #[tokio::test]
 async fn the_strict_policy_starts_no_low_run_while_critical_runs_wait() {
-    let (server, _client, js) = server_with_topology().await;
+    let WithTopology { server, js, .. } = server_with_topology(Default::default()).await;
     queue_runs(&js, &lane_task(Priority::Low), 1, 100).await;
     queue_runs(&js, &lane_task(Priority::Critical), 1, 100).await;
     let (handlers, starts) = recording(Duration::from_millis(1), &[], CancellationToken::new());
@@ -159,7 +158,7 @@ async fn the_strict_policy_starts_no_low_run_while_critical_runs_wait() {
 
 #[tokio::test]
 async fn a_reserved_permit_starts_a_critical_run_while_long_low_runs_hold_the_rest() {
-    let (server, _client, js) = server_with_topology().await;
+    let WithTopology { server, js, .. } = server_with_topology(Default::default()).await;
     let release = CancellationToken::new();
     let (handlers, starts) = recording(Duration::ZERO, &["low"], release.clone());
     let mut config = config(&server, "w-reserve");
@@ -201,37 +200,26 @@ async fn last_dispatch(js: &jetstream::Context, task_id: &str, lane: Priority) -
     (header, body.trigger)
 }
 
-async fn api(client: &async_nats::Client, subject: String, body: serde_json::Value) -> serde_json::Value {
-    let reply = tokio::time::timeout(
-        WAIT,
-        client.request_with_headers(subject, HeaderMap::new(), serde_json::to_vec(&body).unwrap().into()),
-    )
-    .await
-    .expect("reply in time")
-    .expect("request succeeds");
-    serde_json::from_slice(&reply.payload).expect("JSON reply")
-}
-
 #[tokio::test]
 async fn triggers_and_replays_keep_or_override_the_priority_and_old_dispatches_are_normal() {
-    let (server, client, js) = server_with_topology().await;
-    let names = Names::default();
+    let WithTopology { server, client, js, names, .. } = server_with_topology(Default::default()).await;
     let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
+    let api = Api::new(&client);
     let task = spec("prio", "report").handler("rec").field("priority", "high").every("1h");
-    let put = api(&client, names.task_api_subject("put"), task.json()).await;
+    let put = api.task("put", task.json()).await;
     assert!(put.get("error").is_none(), "{put}");
 
     // A manual trigger runs in the spec's lane unless it names another.
     let body = serde_json::json!({"namespace": "prio", "id": "report"});
-    api(&client, names.task_api_subject("trigger"), body.clone()).await;
+    api.task("trigger", body.clone()).await;
     assert_eq!(last_dispatch(&js, "report", Priority::High).await, ("high".into(), Trigger::Manual));
     let mut critical = body.clone();
     critical["priority"] = "critical".into();
-    api(&client, names.task_api_subject("trigger"), critical).await;
+    api.task("trigger", critical).await;
     assert_eq!(last_dispatch(&js, "report", Priority::Critical).await, ("critical".into(), Trigger::Manual));
     let mut bad = body.clone();
     bad["priority"] = "urgent".into();
-    let refused = api(&client, names.task_api_subject("trigger"), bad).await;
+    let refused = api.task("trigger", bad).await;
     assert_eq!(refused["error"]["field"], "priority", "{refused}");
 
     // A replay keeps the dead run's lane, or takes the one asked for.
@@ -260,12 +248,11 @@ async fn triggers_and_replays_keep_or_override_the_priority_and_old_dispatches_a
         let subject = names.dlq_subject("default", "prio", task_id);
         js.publish(subject, serde_json::to_vec(&entry).unwrap().into()).await.unwrap().await.unwrap();
     }
-    let replayed =
-        api(&client, names.dlq_api_subject("replay"), serde_json::json!({"task_id": "kept"})).await;
+    let replayed = api.dlq("replay", serde_json::json!({"task_id": "kept"})).await;
     assert_eq!(replayed["replayed"].as_array().map(Vec::len), Some(1), "{replayed}");
     assert_eq!(last_dispatch(&js, "kept", Priority::Low).await, ("low".into(), Trigger::Replay));
     let request = serde_json::json!({"task_id": "moved", "priority": "critical"});
-    let replayed = api(&client, names.dlq_api_subject("replay"), request).await;
+    let replayed = api.dlq("replay", request).await;
     assert_eq!(replayed["replayed"].as_array().map(Vec::len), Some(1), "{replayed}");
     assert_eq!(last_dispatch(&js, "moved", Priority::Critical).await, ("critical".into(), Trigger::Replay));
 

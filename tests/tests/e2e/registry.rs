@@ -6,12 +6,16 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
+use async_nats::service::NATS_SERVICE_ERROR_CODE;
 use futures::StreamExt;
 use jetsched_registry::Config;
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, Storage, TopologyArgs, TopologyError};
-use jetsched_shared::wire::{HDR_CREATE_ONLY, HDR_EXPECTED_REVISION};
-use jetsched_tests::{App, NatsCluster, NatsServer, ServerOpts, eventually, init_test_logging};
+use jetsched_shared::wire::HDR_EXPECTED_REVISION;
+use jetsched_tests::{
+    Api, App, NatsCluster, NatsServer, ServerOpts, WithTopology, always, eventually, last_message,
+    server_with_topology, spec, stream_info,
+};
 use serde_json::{Value, json};
 
 mod listing;
@@ -24,45 +28,33 @@ pub(crate) fn config(url: &str, replicas: usize) -> Config {
     config
 }
 
-fn spec(namespace: &str, id: &str) -> Value {
-    json!({
-        "id": id, "namespace": namespace,
-        "schedule": {"cron": "0 30 2 * * *", "timezone": "Europe/Berlin"},
-        "executor": {"kind": "nats", "subject": "jobs.report"},
-        "labels": {"team": "billing"}
-    })
+/// The registry tests' task: at 02:30 in Berlin every night, labelled.
+fn nightly(namespace: &str, id: &str) -> Value {
+    spec(namespace, id)
+        .cron_in("0 30 2 * * *", "Europe/Berlin")
+        .nats("jobs.report")
+        .labels(&[("team", "billing")])
+        .json()
 }
 
-/// Sends a request; returns the JSON reply and whether the error headers were set.
-async fn request(
-    client: &async_nats::Client,
-    subject: &str,
-    body: Vec<u8>,
-    headers: HeaderMap,
-) -> (Value, bool) {
-    let reply =
-        tokio::time::timeout(WAIT, client.request_with_headers(subject.to_string(), headers, body.into()))
-            .await
-            .expect("reply in time")
-            .expect("request succeeds");
-    let error_header =
-        reply.headers.as_ref().is_some_and(|h| h.get(async_nats::service::NATS_SERVICE_ERROR_CODE).is_some());
-    let value: Value = serde_json::from_slice(&reply.payload)
-        .unwrap_or_else(|e| panic!("reply is JSON ({e}): {:?}", reply.payload));
-    assert_eq!(value.get("error").is_some(), error_header, "error headers match the body: {value}");
-    (value, error_header)
+/// A server with a registry of `config` (changed by `adjust`), and a connection to both. The
+/// server and the registry stop when dropped: a test binds both (`server: _server` at least).
+pub(crate) struct Served {
+    pub(crate) server: NatsServer,
+    pub(crate) registry: App,
+    pub(crate) client: async_nats::Client,
+    pub(crate) api: Api,
+    pub(crate) js: jetstream::Context,
 }
 
-async fn call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
-    let names = Names::default();
-    request(client, &names.task_api_subject(endpoint), serde_json::to_vec(&body).unwrap(), HeaderMap::new())
-        .await
-        .0
-}
-
-async fn put(client: &async_nats::Client, spec: &Value, headers: HeaderMap) -> Value {
-    let names = Names::default();
-    request(client, &names.task_api_subject("put"), serde_json::to_vec(spec).unwrap(), headers).await.0
+pub(crate) async fn served(adjust: impl FnOnce(&mut Config)) -> Served {
+    let server = NatsServer::start().await;
+    let mut config = config(&server.url(), 1);
+    adjust(&mut config);
+    let registry = App::registry(config).await;
+    let client = server.client().await;
+    let (api, js) = (Api::new(&client), jetstream::new(client.clone()));
+    Served { server, registry, client, api, js }
 }
 
 fn error_code(reply: &Value) -> &str {
@@ -101,9 +93,9 @@ async fn event_of(js: &jetstream::Context, kind: &str, namespace: &str, id: &str
 /// The API round trip every deployment must pass: put, get, list, pause, resume, next,
 /// trigger, delete, with their events.
 async fn api_suite(client: async_nats::Client) {
-    let js = jetstream::new(client.clone());
+    let (api, js) = (Api::new(&client), jetstream::new(client.clone()));
 
-    let reply = put(&client, &spec("billing", "nightly"), HeaderMap::new()).await;
+    let reply = api.put(&nightly("billing", "nightly")).await;
     let revision =
         reply["revision"].as_u64().unwrap_or_else(|| panic!("put replies with a revision: {reply}"));
     assert_eq!(reply["task"]["id"], "nightly");
@@ -112,58 +104,58 @@ async fn api_suite(client: async_nats::Client) {
     let event = event_of(&js, "task.registered", "billing", "nightly").await;
     assert_eq!(event["revision"].as_u64(), Some(revision));
 
-    let got = call(&client, "get", json!({"namespace": "billing", "id": "nightly"})).await;
+    let got = api.task("get", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(got["revision"].as_u64(), Some(revision));
     assert_eq!(got["task"]["schedule"]["timezone"], "Europe/Berlin");
 
     // Update: a new revision and task.updated.
-    let mut changed = spec("billing", "nightly");
+    let mut changed = nightly("billing", "nightly");
     changed["labels"]["tier"] = json!("gold");
-    let updated = put(&client, &changed, HeaderMap::new()).await;
+    let updated = api.put(&changed).await;
     let revision2 = updated["revision"].as_u64().expect("revision");
     assert!(revision2 > revision);
     event_of(&js, "task.updated", "billing", "nightly").await;
 
     // List: namespace and label filters, cursor paging.
     for i in 0..5 {
-        let mut s = spec("listing", &format!("t{i}"));
+        let mut s = nightly("listing", &format!("t{i}"));
         s["labels"]["parity"] = json!(if i % 2 == 0 { "even" } else { "odd" });
-        put(&client, &s, HeaderMap::new()).await;
+        api.put(&s).await;
     }
-    let page1 = call(&client, "list", json!({"namespace": "listing", "limit": 2})).await;
+    let page1 = api.task("list", json!({"namespace": "listing", "limit": 2})).await;
     let ids: Vec<&str> =
         page1["tasks"].as_array().unwrap().iter().map(|t| t["task"]["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["t0", "t1"]);
     let cursor = page1["next_cursor"].as_str().expect("more pages").to_string();
-    let page2 = call(&client, "list", json!({"namespace": "listing", "limit": 2, "cursor": cursor})).await;
+    let page2 = api.task("list", json!({"namespace": "listing", "limit": 2, "cursor": cursor})).await;
     let ids: Vec<&str> =
         page2["tasks"].as_array().unwrap().iter().map(|t| t["task"]["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["t2", "t3"]);
-    let even = call(&client, "list", json!({"namespace": "listing", "labels": {"parity": "even"}})).await;
+    let even = api.task("list", json!({"namespace": "listing", "labels": {"parity": "even"}})).await;
     let ids: Vec<&str> =
         even["tasks"].as_array().unwrap().iter().map(|t| t["task"]["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["t0", "t2", "t4"]);
     assert!(even.get("next_cursor").is_none());
-    let all = call(&client, "list", json!({})).await;
+    let all = api.task("list", json!({})).await;
     assert_eq!(all["tasks"].as_array().unwrap().len(), 6, "every namespace: {all}");
 
     // Pause and resume: CAS updates with events; pausing twice changes nothing.
-    let paused = call(&client, "pause", json!({"namespace": "billing", "id": "nightly"})).await;
+    let paused = api.task("pause", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(paused["task"]["paused"], true);
-    let paused_again = call(&client, "pause", json!({"namespace": "billing", "id": "nightly"})).await;
+    let paused_again = api.task("pause", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(paused_again["revision"], paused["revision"], "already paused: no new revision");
     event_of(&js, "task.paused", "billing", "nightly").await;
-    let resumed = call(&client, "resume", json!({"namespace": "billing", "id": "nightly"})).await;
+    let resumed = api.task("resume", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(resumed["task"]["paused"], false);
     event_of(&js, "task.resumed", "billing", "nightly").await;
 
     // Next fires of the stored task: 02:30 Berlin = 01:30Z in winter, 00:30Z in summer.
-    let next = call(
-        &client,
-        "next",
-        json!({"namespace": "billing", "id": "nightly", "count": 3, "after": "2026-01-10T00:00:00Z"}),
-    )
-    .await;
+    let next = api
+        .task(
+            "next",
+            json!({"namespace": "billing", "id": "nightly", "count": 3, "after": "2026-01-10T00:00:00Z"}),
+        )
+        .await;
     assert_eq!(next["timezone"], "Europe/Berlin");
     assert_eq!(
         next["times"],
@@ -172,20 +164,17 @@ async fn api_suite(client: async_nats::Client) {
     // ... and of an inline spec (not stored).
     let inline =
         json!({"id": "preview", "schedule": {"every": "15m"}, "executor": {"kind": "nats", "subject": "x"}});
-    let next =
-        call(&client, "next", json!({"spec": inline, "count": 2, "after": "2026-01-10T00:07:00Z"})).await;
+    let next = api.task("next", json!({"spec": inline, "count": 2, "after": "2026-01-10T00:07:00Z"})).await;
     assert_eq!(next["times"], json!(["2026-01-10T00:15:00.000Z", "2026-01-10T00:30:00.000Z"]));
     assert_eq!(stored_revision(&js, "default.preview").await, None, "next never stores");
 
     // Trigger: a manual run in the dispatch stream with its own execution id.
-    let trigger = call(&client, "trigger", json!({"namespace": "billing", "id": "nightly"})).await;
+    let trigger = api.task("trigger", json!({"namespace": "billing", "id": "nightly"})).await;
     let execution_id = trigger["execution_id"].as_str().expect("execution id").to_string();
     let names = Names::default();
-    let dispatch = js.get_stream(names.dispatch_stream()).await.expect("dispatch stream");
-    let message = dispatch
-        .get_last_raw_message_by_subject(&names.dispatch_subject("default", "billing", "nightly"))
-        .await
-        .expect("dispatched");
+    let message =
+        last_message(&js, &names.dispatch_stream(), &names.dispatch_subject("default", "billing", "nightly"))
+            .await;
     let body: Value = serde_json::from_slice(&message.payload).unwrap();
     assert_eq!(body["execution_id"], execution_id.as_str());
     assert_eq!(body["trigger"], "manual");
@@ -195,31 +184,29 @@ async fn api_suite(client: async_nats::Client) {
     assert_eq!(headers.get("Jetsched-Execution-Id").map(|v| v.as_str()), Some(execution_id.as_str()));
 
     // Delete: gone, an event, and not found afterwards.
-    let deleted = call(&client, "delete", json!({"namespace": "billing", "id": "nightly"})).await;
+    let deleted = api.task("delete", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(deleted["deleted"], true);
     assert_eq!(stored_revision(&js, "billing.nightly").await, None);
     event_of(&js, "task.deleted", "billing", "nightly").await;
-    let missing = call(&client, "get", json!({"namespace": "billing", "id": "nightly"})).await;
+    let missing = api.task("get", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(error_code(&missing), "not_found");
-    let missing = call(&client, "delete", json!({"namespace": "billing", "id": "nightly"})).await;
+    let missing = api.task("delete", json!({"namespace": "billing", "id": "nightly"})).await;
     assert_eq!(error_code(&missing), "not_found");
 }
 
 /// Two concurrent puts with the same expected revision: exactly one wins.
 async fn cas_suite(client: async_nats::Client) {
-    let first = put(&client, &spec("cas", "job"), HeaderMap::new()).await;
+    let api = Api::new(&client);
+    let first = api.put(&nightly("cas", "job")).await;
     let revision = first["revision"].as_u64().unwrap();
     for round in 0..10 {
-        let current = call(&client, "get", json!({"namespace": "cas", "id": "job"})).await["revision"]
-            .as_u64()
-            .unwrap();
-        let mut headers = HeaderMap::new();
-        headers.insert(HDR_EXPECTED_REVISION, current.to_string().as_str());
-        let mut a = spec("cas", "job");
+        let current =
+            api.task("get", json!({"namespace": "cas", "id": "job"})).await["revision"].as_u64().unwrap();
+        let mut a = nightly("cas", "job");
         a["labels"]["writer"] = json!("a");
-        let mut b = spec("cas", "job");
+        let mut b = nightly("cas", "job");
         b["labels"]["writer"] = json!("b");
-        let (ra, rb) = tokio::join!(put(&client, &a, headers.clone()), put(&client, &b, headers.clone()));
+        let (ra, rb) = tokio::join!(api.put_over(&a, current), api.put_over(&b, current));
         let wins = [&ra, &rb].iter().filter(|r| r.get("revision").is_some()).count();
         assert_eq!(wins, 1, "round {round}: exactly one CAS put wins: {ra} / {rb}");
         let loser = if ra.get("error").is_some() { &ra } else { &rb };
@@ -235,28 +222,21 @@ async fn cas_suite(client: async_nats::Client) {
     assert!(revision > 0);
 
     // Create-only on an existing task, and expected revision 0, are conflicts.
-    let mut headers = HeaderMap::new();
-    headers.insert(HDR_CREATE_ONLY, "true");
-    let reply = put(&client, &spec("cas", "job"), headers.clone()).await;
+    let reply = api.create(&nightly("cas", "job")).await;
     assert_eq!(error_code(&reply), "conflict");
-    let fresh = put(&client, &spec("cas", "fresh"), headers).await;
+    let fresh = api.create(&nightly("cas", "fresh")).await;
     assert!(fresh["revision"].as_u64().is_some(), "create-only creates a new task: {fresh}");
-    let mut headers = HeaderMap::new();
-    headers.insert(HDR_EXPECTED_REVISION, "0");
-    assert_eq!(error_code(&put(&client, &spec("cas", "fresh"), headers).await), "conflict");
+    assert_eq!(error_code(&api.put_over(&nightly("cas", "fresh"), 0).await), "conflict");
     let mut headers = HeaderMap::new();
     headers.insert(HDR_EXPECTED_REVISION, "banana");
-    let reply = put(&client, &spec("cas", "fresh"), headers).await;
+    let reply = api.put_with(&nightly("cas", "fresh"), headers).await;
     assert_eq!(error_code(&reply), "bad_request");
     assert_eq!(reply["error"]["field"], HDR_EXPECTED_REVISION);
 }
 
 #[tokio::test]
 async fn registry_api_on_a_single_node() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let registry = App::registry(config(&server.url(), 1)).await;
-    let client = server.client().await;
+    let Served { server: _server, registry, client, .. } = served(|_| {}).await;
     api_suite(client.clone()).await;
     cas_suite(client).await;
     registry.stop().await;
@@ -264,21 +244,12 @@ async fn registry_api_on_a_single_node() {
 
 #[tokio::test]
 async fn registry_api_on_a_three_node_cluster_with_r3() {
-    init_test_logging();
     let cluster = NatsCluster::start().await;
     let registry = App::registry(config(&cluster.urls(), 3)).await;
     let client = cluster.client().await;
     let js = jetstream::new(client.clone());
-    let info = js
-        .get_stream(Names::default().dispatch_stream())
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .config
-        .num_replicas;
-    assert_eq!(info, 3, "streams are R3");
+    let replicas = stream_info(&js, &Names::default().dispatch_stream()).await.config.num_replicas;
+    assert_eq!(replicas, 3, "streams are R3");
     api_suite(client.clone()).await;
     cas_suite(client).await;
     registry.stop().await;
@@ -286,13 +257,8 @@ async fn registry_api_on_a_three_node_cluster_with_r3() {
 
 #[tokio::test]
 async fn bad_requests_get_structured_errors_and_store_nothing() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let mut config = config(&server.url(), 1);
-    config.max_spec_bytes = 4096;
-    let registry = App::registry(config).await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
+    let Served { server: _server, registry, api, js, .. } =
+        served(|config| config.max_spec_bytes = 4096).await;
     let names = Names::default();
 
     let raw = |body: &str| body.as_bytes().to_vec();
@@ -308,8 +274,8 @@ async fn bad_requests_get_structured_errors_and_store_nothing() {
         (format!(r#"{{"id":"x","schedule":{{"every":"1m"}},"executor":{{"kind":"nats","subject":"a","payload":"{}"}}}}"#, "p".repeat(5000)).into_bytes(), "payload_too_large", None),
     ];
     for (body, code, field) in cases {
-        let (reply, _) =
-            request(&client, &names.task_api_subject("put"), body.clone(), HeaderMap::new()).await;
+        let reply =
+            api.reply(names.task_api_subject("put"), HeaderMap::new(), body.clone()).await.expect("a reply");
         assert_eq!(
             error_code(&reply),
             code,
@@ -326,39 +292,32 @@ async fn bad_requests_get_structured_errors_and_store_nothing() {
     assert_eq!(keys, 0, "no key written by any bad request");
 
     // Requests other than put.
-    let reply = call(&client, "get", json!({"namespace": "default"})).await;
+    let reply = api.task("get", json!({"namespace": "default"})).await;
     assert_eq!((error_code(&reply), reply["error"]["field"].as_str()), ("missing_field", Some("id")));
-    let reply = call(&client, "get", json!({"id": "a.b"})).await;
+    let reply = api.task("get", json!({"id": "a.b"})).await;
     assert_eq!(error_code(&reply), "invalid_id");
-    let reply = call(&client, "list", json!({"limit": 0})).await;
+    let reply = api.task("list", json!({"limit": 0})).await;
     assert_eq!(error_code(&reply), "bad_request");
-    let reply = call(&client, "next", json!({"id": "x", "spec": {}})).await;
+    let reply = api.task("next", json!({"id": "x", "spec": {}})).await;
     assert_eq!(error_code(&reply), "bad_request");
-    let reply = call(&client, "next", json!({"spec": {"id": "x", "schedule": {"cron": "bad"}, "executor": {"kind": "nats", "subject": "a"}}})).await;
+    let reply = api.task("next", json!({"spec": {"id": "x", "schedule": {"cron": "bad"}, "executor": {"kind": "nats", "subject": "a"}}})).await;
     assert_eq!(
         (error_code(&reply), reply["error"]["field"].as_str()),
         ("invalid_cron", Some("spec.schedule.cron"))
     );
-    let (reply, _) =
-        request(&client, &names.task_api_subject("frobnicate"), b"{}".to_vec(), HeaderMap::new()).await;
-    assert_eq!(error_code(&reply), "unknown_endpoint");
-    let (reply, _) =
-        request(&client, &format!("{}.api.nothing.here", names.prefix()), b"{}".to_vec(), HeaderMap::new())
-            .await;
-    assert_eq!(error_code(&reply), "unknown_endpoint");
+    for subject in [names.task_api_subject("frobnicate"), format!("{}.api.nothing.here", names.prefix())] {
+        assert_eq!(error_code(&api.call(subject, json!({})).await), "unknown_endpoint");
+    }
 
     // Still alive and serving after all that.
-    let reply = put(&client, &spec("default", "ok"), HeaderMap::new()).await;
+    let reply = api.put(&nightly("default", "ok")).await;
     assert!(reply["revision"].as_u64().is_some());
     registry.stop().await;
 }
 
 #[tokio::test]
 async fn the_registry_is_a_discoverable_micro_service() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let registry = App::registry(config(&server.url(), 1)).await;
-    let client = server.client().await;
+    let Served { server: _server, registry, client, api, .. } = served(|_| {}).await;
     let names = Names::default();
     let info =
         client.request(format!("$SRV.INFO.{}", names.service_name()), "".into()).await.expect("service info");
@@ -369,7 +328,7 @@ async fn the_registry_is_a_discoverable_micro_service() {
         assert!(subjects.contains(&names.task_api_subject(endpoint).as_str()), "{endpoint} in {subjects:?}");
     }
     // The admin port answers, and counts requests by endpoint and outcome.
-    let reply = call(&client, "get", json!({"namespace": "default", "id": "nothing"})).await;
+    let reply = api.task("get", json!({"namespace": "default", "id": "nothing"})).await;
     assert_eq!(error_code(&reply), "not_found");
     let metrics = registry.metrics().await;
     assert!(
@@ -379,27 +338,32 @@ async fn the_registry_is_a_discoverable_micro_service() {
     assert!(registry.admin_get("/healthz").await.is_ok());
     let ready = registry.admin_get("/readyz").await.body;
     assert!(ready.contains("\"ready\":true"), "{ready}");
+    // A refusal sets the micro-service error headers, a success none.
+    for (body, refused) in [(json!({"id": "nothing"}), true), (json!({}), false)] {
+        let endpoint = if refused { "get" } else { "list" };
+        let reply = client
+            .request(names.task_api_subject(endpoint), body.to_string().into())
+            .await
+            .expect("the registry answers");
+        let error_header = reply.headers.as_ref().and_then(|h| h.get(NATS_SERVICE_ERROR_CODE)).is_some();
+        assert_eq!(error_header, refused, "{endpoint}: {:?}", reply.headers);
+    }
     registry.stop().await;
 }
 
 #[tokio::test]
 async fn intake_applies_submissions_sent_while_the_registry_was_down() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    let names = Names::default();
     // The topology exists (another service created it); no registry runs.
-    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+    let WithTopology { server, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
 
-    let valid = spec("intake", "late");
+    let valid = nightly("intake", "late");
     submit(&js, &names.submit_subject("intake", "late"), &valid).await;
     // The body may omit id and namespace: the subject names the task.
     let bare = json!({"schedule": {"every": "1h"}, "executor": {"kind": "nats", "subject": "x"}});
     submit(&js, &names.submit_subject("intake", "bare"), &bare).await;
     let invalid = json!({"schedule": {"cron": "not a cron"}, "executor": {"kind": "nats", "subject": "x"}});
     submit(&js, &names.submit_subject("intake", "broken"), &invalid).await;
-    let mismatched = spec("other", "late");
+    let mismatched = nightly("other", "late");
     submit(&js, &names.submit_subject("intake", "mismatch"), &mismatched).await;
     assert_eq!(stored_revision(&js, "intake.late").await, None, "nothing applied without a registry");
 
@@ -432,7 +396,6 @@ async fn intake_applies_submissions_sent_while_the_registry_was_down() {
 
 #[tokio::test]
 async fn topology_converges_and_names_conflicting_settings() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let js = jetstream::new(server.client().await);
     let names = Names::default();
@@ -454,17 +417,9 @@ async fn topology_converges_and_names_conflicting_settings() {
     let changed =
         TopologyArgs { events_max_age: Duration::from_secs(3600), tasks_history: 10, ..args.clone() };
     topology::ensure(&js, &names, &changed).await.expect("converges");
-    let events = js.get_stream(names.events_stream()).await.unwrap().info().await.unwrap().config.max_age;
-    assert_eq!(events, Duration::from_secs(3600));
-    let history = js
-        .get_stream(format!("KV_{}", names.tasks_bucket()))
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .config
-        .max_messages_per_subject;
+    assert_eq!(stream_info(&js, &names.events_stream()).await.config.max_age, Duration::from_secs(3600));
+    let history =
+        stream_info(&js, &format!("KV_{}", names.tasks_bucket())).await.config.max_messages_per_subject;
     assert_eq!(history, 10);
 
     // An immutable one is a clear error naming the setting.
@@ -483,7 +438,6 @@ async fn topology_converges_and_names_conflicting_settings() {
 #[tokio::test]
 async fn topology_on_a_server_without_room_for_the_stream_reservations_fails_at_once_and_says_what_to_change()
 {
-    init_test_logging();
     // 1.5 GiB of file store: the 1 GiB DLQ reservation fits, the 1 GiB events one does not.
     let opts = ServerOpts::default().jetstream_config("  max_file_store: 1536MB");
     let server = NatsServer::start_with(opts).await;
@@ -526,7 +480,6 @@ async fn topology_on_a_server_without_room_for_the_stream_reservations_fails_at_
 
 #[tokio::test]
 async fn topology_waits_for_a_cluster_without_quorum_and_gives_up_with_a_clear_error() {
-    init_test_logging();
     let mut cluster = NatsCluster::start().await;
     // Two of three nodes gone: no meta leader, so JetStream cannot answer.
     cluster.kill_node(1);
@@ -552,8 +505,7 @@ async fn topology_waits_for_a_cluster_without_quorum_and_gives_up_with_a_clear_e
         let js = js.clone();
         async move { topology::ensure(&js, &Names::default(), &args).await }
     });
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(!waiting.is_finished(), "ensure must still be waiting for the quorum");
+    always(Duration::from_secs(2), "ensure waits for the quorum", || async { !waiting.is_finished() }).await;
     cluster.restart_node(1).await;
     cluster.restart_node(2).await;
     let topology = tokio::time::timeout(Duration::from_secs(60), waiting)
@@ -570,7 +522,6 @@ async fn topology_waits_for_a_cluster_without_quorum_and_gives_up_with_a_clear_e
 
 #[tokio::test]
 async fn several_registry_replicas_share_the_api_and_the_intake() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let mut first = config(&server.url(), 1);
     first.common.instance_id = Some("registry-a".into());
@@ -578,22 +529,22 @@ async fn several_registry_replicas_share_the_api_and_the_intake() {
     second.common.instance_id = Some("registry-b".into());
     let (a, b) = tokio::join!(App::registry(first), App::registry(second));
     let client = server.client().await;
-    let js = jetstream::new(client.clone());
+    let (api, js) = (Api::new(&client), jetstream::new(client.clone()));
     let names = Names::default();
 
     let puts = (0..40).map(|i| {
-        let client = client.clone();
-        async move { put(&client, &spec("replicas", &format!("api{i}")), HeaderMap::new()).await }
+        let api = api.clone();
+        async move { api.put(&nightly("replicas", &format!("api{i}"))).await }
     });
     for reply in futures::future::join_all(puts).await {
         assert!(reply["revision"].as_u64().is_some(), "{reply}");
     }
     for i in 0..40 {
         let subject = names.submit_subject("replicas", &format!("intake{i}"));
-        submit(&js, &subject, &spec("replicas", &format!("intake{i}"))).await;
+        submit(&js, &subject, &nightly("replicas", &format!("intake{i}"))).await;
     }
     eventually(WAIT, "every intake submission applied once", || async {
-        let listed = call(&client, "list", json!({"namespace": "replicas", "limit": 1000})).await;
+        let listed = api.task("list", json!({"namespace": "replicas", "limit": 1000})).await;
         listed["tasks"].as_array().map(|t| t.len()) == Some(80)
     })
     .await;
@@ -629,11 +580,7 @@ async fn several_registry_replicas_share_the_api_and_the_intake() {
 /// micro-service error headers, and nothing is stored.
 #[tokio::test]
 async fn a_spec_with_three_problems_is_refused_with_all_three() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let registry = App::registry(config(&server.url(), 1)).await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
+    let Served { server: _server, registry, client, api, js, .. } = served(|_| {}).await;
     let names = Names::default();
     let broken = |id: &str| {
         json!({
@@ -660,20 +607,18 @@ async fn a_spec_with_three_problems_is_refused_with_all_three() {
         expected.iter().map(|(code, field)| (code.to_string(), format!("{prefix}{field}"))).collect()
     };
 
-    let (reply, error_headers) = request(
-        &client,
-        &names.task_api_subject("put"),
-        serde_json::to_vec(&broken("put")).unwrap(),
-        HeaderMap::new(),
-    )
-    .await;
-    assert!(error_headers, "{reply}");
+    let raw = client
+        .request(names.task_api_subject("put"), broken("put").to_string().into())
+        .await
+        .expect("the registry answers");
+    let reply: Value = serde_json::from_slice(&raw.payload).expect("a JSON reply");
+    assert!(raw.headers.as_ref().and_then(|h| h.get(NATS_SERVICE_ERROR_CODE)).is_some(), "{reply}");
     assert_eq!(problems(&reply), expected_with(""), "{reply}");
     assert_eq!(reply["error"], reply["errors"][0], "error is the first of errors");
     assert!(reply["errors"].as_array().unwrap().iter().all(|e| !e["message"].as_str().unwrap().is_empty()));
     assert_eq!(stored_revision(&js, "many.put").await, None, "nothing stored");
 
-    let next = call(&client, "next", json!({"spec": broken("next")})).await;
+    let next = api.task("next", json!({"spec": broken("next")})).await;
     assert_eq!(problems(&next), expected_with("spec."), "{next}");
 
     submit(&js, &names.submit_subject("many", "intake"), &broken("intake")).await;
@@ -691,36 +636,19 @@ async fn a_spec_with_three_problems_is_refused_with_all_three() {
 /// How long the DLQ API test waits for runs and replies.
 const DLQ_WAIT: Duration = Duration::from_secs(20);
 
-/// A request to the registry's DLQ API; the reply as JSON.
-async fn dlq_call(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
-    let subject = Names::default().dlq_api_subject(endpoint);
-    let reply =
-        tokio::time::timeout(DLQ_WAIT, client.request(subject, serde_json::to_vec(&body).unwrap().into()))
-            .await
-            .expect("reply in time")
-            .expect("request succeeds");
-    serde_json::from_slice(&reply.payload)
-        .unwrap_or_else(|e| panic!("reply is JSON ({e}): {:?}", reply.payload))
-}
-
 #[tokio::test]
 async fn dead_letters_are_listed_replayed_and_purged_through_the_registry_api() {
     use jetsched_shared::wire::{RunStatus, Trigger};
     use jetsched_tests::fixtures::{Flaky, dead_letter_of, dead_letters, dispatch, wait_run_status};
     use jetsched_worker::Handlers;
 
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let registry = App::registry(Config::for_tests(&server.url())).await;
+    let Served { server, registry, api, js, .. } = served(|_| {}).await;
     // Fails until it recovers: dead letters first, successful replays after.
     let downstream = Flaky::failing("not yet");
     let handlers = Handlers::new().register("until-fixed", downstream.clone());
     let worker = App::worker(jetsched_worker::Config::for_tests(&server.url(), "w-replay"), handlers).await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
     let names = Names::default();
-    let task =
-        |id: &str| jetsched_tests::spec("wk", id).handler("until-fixed").fast_retry(1).timeout("5s").task();
+    let task = |id: &str| spec("wk", id).handler("until-fixed").fast_retry(1).timeout("5s").task();
     let one = dispatch(&js, &names, &task("replay-one"), 1).await;
     let mut bulk = Vec::new();
     for n in 0..3 {
@@ -731,19 +659,16 @@ async fn dead_letters_are_listed_replayed_and_purged_through_the_registry_api() 
         dead_letter_of(&js, &names, id, DLQ_WAIT).await;
     }
 
-    let listed =
-        dlq_call(&client, "list", json!({"namespace": "wk", "task_id": "replay-bulk", "limit": 2})).await;
+    let listed = api.dlq("list", json!({"namespace": "wk", "task_id": "replay-bulk", "limit": 2})).await;
     let entries = listed["entries"].as_array().unwrap_or_else(|| panic!("entries: {listed}"));
     assert_eq!(entries.len(), 2, "{listed}");
     assert!(entries.iter().all(|e| e["entry"]["task_id"] == "replay-bulk"));
     let cursor = listed["next_cursor"].as_u64().expect("a next page");
-    let rest =
-        dlq_call(&client, "list", json!({"namespace": "wk", "task_id": "replay-bulk", "cursor": cursor}))
-            .await;
+    let rest = api.dlq("list", json!({"namespace": "wk", "task_id": "replay-bulk", "cursor": cursor})).await;
     assert_eq!(rest["entries"].as_array().map(Vec::len), Some(1), "{rest}");
     assert!(rest.get("next_cursor").is_none());
 
-    let all = dlq_call(&client, "list", json!({})).await;
+    let all = api.dlq("list", json!({})).await;
     let sequence_of = |id: &str| {
         all["entries"]
             .as_array()
@@ -753,22 +678,22 @@ async fn dead_letters_are_listed_replayed_and_purged_through_the_registry_api() 
             .and_then(|e| e["sequence"].as_u64())
     };
     let one_seq = sequence_of(&one).expect("listed");
-    let got = dlq_call(&client, "get", json!({"sequence": one_seq})).await;
+    let got = api.dlq("get", json!({"sequence": one_seq})).await;
     assert_eq!(got["entry"]["execution_id"], one.as_str());
     assert_eq!(got["entry"]["attempts"].as_array().map(Vec::len), Some(1));
 
     downstream.set_failing(false);
-    let replayed = dlq_call(&client, "replay", json!({"sequence": one_seq})).await;
+    let replayed = api.dlq("replay", json!({"sequence": one_seq})).await;
     let new_id =
         replayed["replayed"][0]["execution_id"].as_str().unwrap_or_else(|| panic!("{replayed}")).to_string();
     assert_ne!(new_id, one);
     let r = wait_run_status(&js, &names, &new_id, RunStatus::Succeeded, DLQ_WAIT).await;
     assert_eq!(r.trigger, Trigger::Replay);
-    let missing = dlq_call(&client, "get", json!({"sequence": one_seq})).await;
+    let missing = api.dlq("get", json!({"sequence": one_seq})).await;
     assert_eq!(missing["error"]["code"], "not_found", "replayed entries leave the DLQ: {missing}");
 
     let bulk_reply =
-        dlq_call(&client, "replay", json!({"namespace": "wk", "task_id": "replay-bulk", "rate": 20})).await;
+        api.dlq("replay", json!({"namespace": "wk", "task_id": "replay-bulk", "rate": 20})).await;
     let news: Vec<String> = bulk_reply["replayed"]
         .as_array()
         .unwrap_or_else(|| panic!("{bulk_reply}"))
@@ -780,10 +705,10 @@ async fn dead_letters_are_listed_replayed_and_purged_through_the_registry_api() 
         wait_run_status(&js, &names, id, RunStatus::Succeeded, DLQ_WAIT).await;
     }
 
-    let purged = dlq_call(&client, "purge", json!({"task_id": "purge-me"})).await;
+    let purged = api.dlq("purge", json!({"task_id": "purge-me"})).await;
     assert_eq!(purged["purged"], 1, "{purged}");
     assert!(dead_letters(&js, &names).await.is_empty(), "the DLQ is empty");
-    let bad = dlq_call(&client, "purge", json!({})).await;
+    let bad = api.dlq("purge", json!({})).await;
     assert_eq!(bad["error"]["code"], "bad_request", "purging needs a target: {bad}");
 
     worker.stop().await;

@@ -17,9 +17,13 @@ use async_nats::jetstream::{self, consumer::AckPolicy, consumer::pull};
 use futures::StreamExt;
 use jetsched_scheduler::{Clock, Config, ManualClock, build_with_clock};
 use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
-use jetsched_shared::topology::{self, Topology, TopologyArgs};
+use jetsched_shared::topology::Topology;
 use jetsched_shared::wire::{self, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, LeaderRecord};
-use jetsched_tests::{App, ChildProcess, NatsServer, eventually, init_test_logging, read_stream};
+use jetsched_tests::fixtures::write_task;
+use jetsched_tests::{
+    App, ChildProcess, SpecBuilder, WithTopology, eventually, read_stream, server_with_topology, spec,
+    with_lease,
+};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -68,29 +72,21 @@ async fn tick(clock: &ManualClock, js: &jetstream::Context, witness: &str) -> i6
     now
 }
 
-fn topology_args(lease: Duration) -> TopologyArgs {
-    TopologyArgs { lease, ..TopologyArgs::default() }
+/// A task of these tests: a `nats` executor on `jobs.run`.
+fn task(id: &str) -> SpecBuilder {
+    spec(NS, id).nats("jobs.run")
 }
 
-async fn setup(server: &NatsServer, lease: Duration) -> (jetstream::Context, Topology) {
-    let js = jetstream::new(server.client().await);
-    let topology = topology::ensure(&js, &Names::default(), &topology_args(lease)).await.expect("topology");
-    (js, topology)
-}
-
-fn spec(id: &str, schedule: serde_json::Value, misfire: &str, paused: bool) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "id": id, "namespace": NS, "schedule": schedule,
-        "executor": {"kind": "nats", "subject": "jobs.run"},
-        "misfire": misfire, "paused": paused,
-    }))
-    .expect("json")
+/// Writes `count` tasks `<prefix>-000`, `<prefix>-001`... firing every second; their ids.
+async fn every_second(topology: &Topology, prefix: &str, count: usize) -> Vec<String> {
+    let ids: Vec<String> = (0..count).map(|i| format!("{prefix}-{i:03}")).collect();
+    put_every_second(topology, ids.clone()).await;
+    ids
 }
 
 async fn put_every_second(topology: &Topology, ids: impl IntoIterator<Item = String>) {
     for id in ids {
-        let body = spec(&id, json!({"every": "1s"}), "fire_all", false);
-        topology.tasks.put(task_key(NS, &id), body.into()).await.expect("put task");
+        write_task(&topology.tasks, &task(&id).every("1s").misfire("fire_all")).await;
     }
 }
 
@@ -197,12 +193,9 @@ async fn leader(topology: &Topology) -> Option<LeaderRecord> {
 
 #[tokio::test]
 async fn scheduler_dispatches_each_nominal_second_exactly_once() {
-    init_test_logging();
-    let server = NatsServer::start().await;
     let lease = Duration::from_secs(2);
-    let (js, topology) = setup(&server, lease).await;
-    let ids: Vec<String> = (0..5).map(|i| format!("tick-{i}")).collect();
-    put_every_second(&topology, ids.clone()).await;
+    let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
+    let ids = every_second(&topology, "tick", 5).await;
     let scheduler = start(&server.url(), "solo", lease).await;
     let started = now_ms();
     // The record holds the term from the first renewal on (sent right after the create).
@@ -270,12 +263,10 @@ async fn scheduler_dispatches_each_nominal_second_exactly_once() {
 
 #[tokio::test]
 async fn a_new_leader_applies_each_misfire_policy_to_fires_missed_while_down() {
-    init_test_logging();
-    let server = NatsServer::start().await;
     let lease = Duration::from_secs(2);
-    let (js, topology) = setup(&server, lease).await;
+    let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
     for (id, misfire) in [("skip", "skip"), ("once", "fire_once"), ("all", "fire_all")] {
-        let body = spec(id, json!({"every": "1s"}), misfire, false);
+        let body = task(id).every("1s").misfire(misfire).bytes();
         topology.tasks.put(task_key(NS, id), body.into()).await.expect("put task");
     }
     // A fire more than 1 s late is a misfire for these schedulers.
@@ -343,10 +334,8 @@ async fn a_new_leader_applies_each_misfire_policy_to_fires_missed_while_down() {
 
 #[tokio::test]
 async fn scheduler_applies_updates_deletes_pause_and_resume() {
-    init_test_logging();
-    let server = NatsServer::start().await;
     let lease = Duration::from_secs(2);
-    let (js, topology) = setup(&server, lease).await;
+    let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
     put_every_second(&topology, ["changed".to_string(), "deleted".to_string(), "paused".to_string()]).await;
     let scheduler = start(&server.url(), "solo", lease).await;
     // Registered while running: picked up through the watch. A value that is not a spec is
@@ -365,11 +354,9 @@ async fn scheduler_applies_updates_deletes_pause_and_resume() {
     };
 
     let changed_at = now_ms();
-    let every_2s = spec("changed", json!({"every": "2s"}), "fire_all", false);
-    topology.tasks.put(task_key(NS, "changed"), every_2s.into()).await.expect("update");
+    write_task(&topology.tasks, &task("changed").every("2s").misfire("fire_all")).await;
     topology.tasks.delete(task_key(NS, "deleted")).await.expect("delete");
-    let paused = spec("paused", json!({"every": "1s"}), "fire_all", true);
-    topology.tasks.put(task_key(NS, "paused"), paused.into()).await.expect("pause");
+    write_task(&topology.tasks, &task("paused").every("1s").misfire("fire_all").paused(true)).await;
     // In order: once the pause is applied (two timers left), so are the others.
     eventually(WAIT, "the changes applied", || async {
         scheduler.metric("jetsched_scheduler_timers").await == Some(2.0)
@@ -381,8 +368,7 @@ async fn scheduler_applies_updates_deletes_pause_and_resume() {
     })
     .await;
     let resumed_at = now_ms();
-    let resumed = spec("paused", json!({"every": "1s"}), "fire_all", false);
-    topology.tasks.put(task_key(NS, "paused"), resumed.into()).await.expect("resume");
+    write_task(&topology.tasks, &task("paused").every("1s").misfire("fire_all")).await;
     eventually(WAIT, "fires again after resume", || async {
         let tasks = per_task(&read_dispatches(&js).await);
         after(&tasks, "paused", resumed_at).len() >= 3 && after(&tasks, "changed", changed_at).len() >= 2
@@ -416,6 +402,11 @@ async fn scheduler_applies_updates_deletes_pause_and_resume() {
 
 /// Spawns a scheduler process with a short lease.
 pub(crate) fn spawn_scheduler(url: &str, instance: &str, lease: Duration) -> ChildProcess {
+    ChildProcess::spawn_command(instance, scheduler_command(url, instance, lease))
+}
+
+/// The command of a scheduler process with a short lease, no fire events, logs on.
+pub(crate) fn scheduler_command(url: &str, instance: &str, lease: Duration) -> Command {
     let mut command: Command = ChildProcess::command("jetsched-scheduler");
     command
         .env("NATS_URL", url)
@@ -423,7 +414,7 @@ pub(crate) fn spawn_scheduler(url: &str, instance: &str, lease: Duration) -> Chi
         .args(["--instance-id", instance, "--admin-addr", "127.0.0.1:0", "--fire-events", "false"])
         .args(["--lease", &format!("{}ms", lease.as_millis())])
         .args(["--lease-margin", &format!("{}ms", lease.as_millis() / 4)]);
-    ChildProcess::spawn_command(instance, command)
+    command
 }
 
 /// Waits until a scheduler process has loaded the tasks (it logs so).
@@ -435,7 +426,7 @@ pub(crate) async fn tasks_loaded(process: &ChildProcess) {
 }
 
 /// Waits until a dispatch was stored after `time` (some leader is dispatching past it).
-async fn dispatched_past(js: &jetstream::Context, time: SystemTime) {
+pub(crate) async fn dispatched_past(js: &jetstream::Context, time: SystemTime) {
     eventually(WAIT, "a dispatch past the time", || async {
         read_dispatches(js).await.iter().any(|s| s.published > time)
     })
@@ -444,13 +435,10 @@ async fn dispatched_past(js: &jetstream::Context, time: SystemTime) {
 
 #[tokio::test]
 async fn scheduler_failover_by_kill_9_loses_and_doubles_no_fire() {
-    init_test_logging();
     const KILLS: usize = 10;
-    let server = NatsServer::start().await;
     let lease = Duration::from_secs(2);
-    let (js, topology) = setup(&server, lease).await;
-    let ids: Vec<String> = (0..200).map(|i| format!("task-{i:03}")).collect();
-    put_every_second(&topology, ids.clone()).await;
+    let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
+    let ids = every_second(&topology, "task", 200).await;
     let registered = now_ms();
 
     let mut spawned = 0;
@@ -524,11 +512,9 @@ async fn scheduler_failover_by_kill_9_loses_and_doubles_no_fire() {
 
 #[tokio::test]
 async fn a_graceful_shutdown_hands_over_at_once() {
-    init_test_logging();
-    let server = NatsServer::start().await;
     // A long lease: only the released key (not its expiry) can explain a fast handover.
     let lease = Duration::from_secs(10);
-    let (js, topology) = setup(&server, lease).await;
+    let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
     put_every_second(&topology, (0..10).map(|i| format!("handover-{i}"))).await;
     let mut a = spawn_scheduler(&server.url(), "handover-a", lease);
     eventually(WAIT, "a leads", || async { leader(&topology).await.filter(|l| l.instance == "handover-a") })
@@ -558,12 +544,9 @@ async fn a_graceful_shutdown_hands_over_at_once() {
 
 #[tokio::test]
 async fn a_warm_follower_resumes_from_the_latest_fire_state() {
-    init_test_logging();
-    let server = NatsServer::start().await;
     let lease = Duration::from_secs(10);
-    let (js, topology) = setup(&server, lease).await;
-    let ids: Vec<String> = (0..5).map(|i| format!("warm-{i}")).collect();
-    put_every_second(&topology, ids.clone()).await;
+    let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
+    let ids = every_second(&topology, "warm", 5).await;
     let mut a = spawn_scheduler(&server.url(), "warm-a", lease);
     eventually(WAIT, "a leads", || async { leader(&topology).await.filter(|l| l.instance == "warm-a") })
         .await;
@@ -597,12 +580,9 @@ async fn a_warm_follower_resumes_from_the_latest_fire_state() {
 
 #[tokio::test]
 async fn a_frozen_leader_never_dispatches_after_it_wakes() {
-    init_test_logging();
-    let server = NatsServer::start().await;
     let lease = Duration::from_secs(2);
-    let (js, topology) = setup(&server, lease).await;
-    let ids: Vec<String> = (0..20).map(|i| format!("frozen-{i:02}")).collect();
-    put_every_second(&topology, ids).await;
+    let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
+    let _ids = every_second(&topology, "frozen", 20).await;
     let mut a = spawn_scheduler(&server.url(), "freeze-a", lease);
     let first = eventually(WAIT, "a leader", || leader(&topology)).await;
     assert_eq!(first.instance, "freeze-a");
@@ -644,20 +624,17 @@ async fn a_frozen_leader_never_dispatches_after_it_wakes() {
 
 #[tokio::test]
 async fn a_server_outage_and_restart_during_steady_firing_loses_and_doubles_nothing() {
-    init_test_logging();
-    let mut server = NatsServer::start().await;
     let lease = Duration::from_secs(2);
-    let (js, topology) = setup(&server, lease).await;
-    let ids: Vec<String> = (0..20).map(|i| format!("steady-{i:02}")).collect();
-    put_every_second(&topology, ids.clone()).await;
+    let WithTopology { mut server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
+    let ids = every_second(&topology, "steady", 20).await;
     let scheduler = start(&server.url(), "survivor", lease).await;
     eventually(WAIT, "every task fired twice", || async {
         let tasks = per_task(&read_dispatches(&js).await);
         tasks.len() == ids.len() && tasks.values().all(|n| n.len() >= 2)
     })
     .await;
-    // Down for longer than the lease (real time: the server's): the leader steps down, then
-    // resumes from the fire state.
+    // Down for longer than the lease (real time: the server's), the passing of time is the
+    // point: the leader steps down, then resumes from the fire state.
     server.kill();
     tokio::time::sleep(lease + Duration::from_millis(1000)).await;
     server.restart().await;
@@ -730,19 +707,11 @@ async fn run_overlapping(
     runs: usize,
     skips: u64,
 ) -> (Vec<RunTimes>, Vec<i64>, String) {
-    init_test_logging();
-    let server = NatsServer::start().await;
     let lease = Duration::from_secs(2);
-    let (js, topology) = setup(&server, lease).await;
+    let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
     let worker = slow_worker(&server.url()).await;
     let scheduler = start(&server.url(), "s-overlap", lease).await;
-    let body = serde_json::to_vec(&json!({
-        "id": id, "namespace": NS, "schedule": {"every": "1s"},
-        "executor": {"kind": "handler", "name": "slow"},
-        "overlap": policy,
-    }))
-    .expect("json");
-    topology.tasks.put(task_key(NS, id), body.into()).await.expect("put task");
+    write_task(&topology.tasks, &spec(NS, id).every("1s").handler("slow").field("overlap", policy)).await;
     let skipped = r#"jetsched_fires_skipped_total{reason="overlap"}"#;
     eventually(Duration::from_secs(30), &format!("{runs} runs and {skips} overlap skips"), || async {
         let recorded = runs_of(&topology, id).await.len();
@@ -847,25 +816,18 @@ async fn overlap_buffer_one_keeps_one_fire_and_dispatches_it_when_the_run_ends()
 /// leader and by a leader that starts later: caught up once, or skipped with an event.
 #[tokio::test]
 async fn a_one_shot_stored_after_its_time_follows_its_misfire_policy() {
-    init_test_logging();
-    let server = NatsServer::start().await;
     let lease = Duration::from_secs(2);
-    let (js, topology) = setup(&server, lease).await;
+    let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
     let at = |ago_ms: i64| {
         let t = chrono::DateTime::from_timestamp_millis((now_ms() - ago_ms) / 1000 * 1000).expect("time");
         json!({"at": wire::format_time(t)})
     };
-    let late_spec = |id: &str, ago_ms: i64, misfire: &str| {
-        serde_json::to_vec(&json!({
-            "id": id, "namespace": NS, "schedule": at(ago_ms),
-            "executor": {"kind": "nats", "subject": "jobs.run"},
-            "misfire": misfire, "catchup_window": "10m",
-        }))
-        .expect("json")
+    let late = |id: &str, misfire: &str| {
+        task(id).schedule(at(30_000)).misfire(misfire).field("catchup_window", "10m")
     };
     // Stored before any scheduler runs: the leader's first catch-up decides.
     for (id, misfire) in [("before-all", "fire_all"), ("before-skip", "skip")] {
-        topology.tasks.put(task_key(NS, id), late_spec(id, 30_000, misfire).into()).await.expect("put");
+        write_task(&topology.tasks, &late(id, misfire)).await;
     }
     // A witness firing every second shows how far the scheduler's clock has been handled.
     put_every_second(&topology, ["witness".to_string()]).await;
@@ -878,7 +840,7 @@ async fn a_one_shot_stored_after_its_time_follows_its_misfire_policy() {
     .await;
     // Stored while a leader runs, 30 s after their time (far beyond the misfire threshold).
     for (id, misfire) in [("while-all", "fire_all"), ("while-once", "fire_once"), ("while-skip", "skip")] {
-        topology.tasks.put(task_key(NS, id), late_spec(id, 30_000, misfire).into()).await.expect("put");
+        write_task(&topology.tasks, &late(id, misfire)).await;
     }
     eventually(WAIT, "the late one-shots are caught up", || async {
         let seen = read_dispatches(&js).await;

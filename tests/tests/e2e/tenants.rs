@@ -14,22 +14,14 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::Priority;
-use jetsched_tests::{App, eventually, init_test_logging, workspace_bin};
+use jetsched_tests::fixtures::{dead_letter_entry, store_dead_letter};
+use jetsched_tests::{App, SpecBuilder, always, eventually, spec, stream_info};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
 
-use crate::deploy::{DENIED_WAIT, SecureServer, WAIT, password};
+use crate::deploy::{DENIED_WAIT, SecureServer, WAIT};
 
 const TENANT: &str = "tenant-demo";
-
-/// A request that is answered (the registry's reply as JSON).
-async fn ask(client: &async_nats::Client, subject: String, body: Value) -> Value {
-    let reply = tokio::time::timeout(WAIT, client.request(subject.clone(), body.to_string().into()))
-        .await
-        .unwrap_or_else(|_| panic!("no reply on {subject}"))
-        .unwrap_or_else(|e| panic!("{subject}: {e}"));
-    serde_json::from_slice(&reply.payload).expect("JSON reply")
-}
 
 /// A request nobody answers in the team's account: no import reaches it.
 async fn unanswered(client: &async_nats::Client, subject: String) {
@@ -41,24 +33,14 @@ fn mismatch(reply: &Value, what: &str) {
     assert_eq!(reply["error"]["code"], "namespace_mismatch", "{what}: {reply}");
 }
 
-fn spec(namespace: Option<&str>, id: &str, schedule: Value) -> Value {
-    let mut spec = json!({"id": id, "schedule": schedule, "executor": {"kind": "handler", "name": "probe"}});
-    if let Some(namespace) = namespace {
-        spec["namespace"] = json!(namespace);
-    }
-    spec
+/// A task of the `probe` handler without a namespace: the subject it is sent on names it.
+fn probe(id: &str) -> SpecBuilder {
+    spec("", id).without("namespace").handler("probe")
 }
 
 /// A dead letter as a worker stores it, whose body names `namespace`/`id`.
 fn dead_letter(namespace: &str, id: &str, execution_id: &str) -> Value {
-    json!({
-        "execution_id": execution_id, "namespace": namespace, "task_id": id, "queue": "default",
-        "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule", "term": 1, "revision": 1,
-        "spec": {"id": id, "namespace": namespace, "schedule": {"every": "1h"},
-                 "executor": {"kind": "handler", "name": "probe"}},
-        "reason": "refused on purpose", "source": "verdict", "dead_at": "2026-01-01T00:00:01.000Z",
-        "worker": "w", "attempts": [], "dispatch_sequence": 1,
-    })
+    dead_letter_entry(&probe(id).field("namespace", namespace).every("1h").json(), execution_id)
 }
 
 /// The secured server with the registry, scheduler, worker and alerter on their own users; the
@@ -120,17 +102,14 @@ impl Deployment {
 
 #[tokio::test]
 async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
-    init_test_logging();
     let deployment = Deployment::start(&[], Default::default()).await;
     let (server, names) = (&deployment.server, &deployment.names);
 
     let billing = server.connect("tenant-billing").await;
-    let put = ask(
-        &billing.client,
-        names.task_api_namespaced("put", "billing"),
-        spec(None, "payroll", json!({"every": "1h"})),
-    )
-    .await;
+    let put = billing
+        .api
+        .call(names.task_api_namespaced("put", "billing"), probe("payroll").every("1h").json())
+        .await;
     assert_eq!(put["revision"], 1, "{put}");
 
     // The team's programs use the local subjects unchanged, with the default inbox prefix: its
@@ -138,13 +117,14 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
     let tenant = server.connect(TENANT).await;
     let task = |endpoint: &str| names.task_api_namespaced(endpoint, "demo");
     let dlq = |endpoint: &str| names.dlq_api_namespaced(endpoint, "demo");
-    let put = ask(&tenant.client, task("put"), spec(None, "report", json!({"every": "1h"}))).await;
+    let put = tenant.api.call(task("put"), probe("report").every("1h").json()).await;
     assert_eq!(put["task"]["namespace"], "demo", "{put}");
-    let put = ask(&tenant.client, task("put"), spec(Some("demo"), "scratch", json!({"every": "1h"}))).await;
+    let put =
+        tenant.api.call(task("put"), probe("scratch").field("namespace", "demo").every("1h").json()).await;
     assert!(put["revision"].as_u64().is_some(), "{put}");
-    let got = ask(&tenant.client, task("get"), json!({"id": "report"})).await;
+    let got = tenant.api.call(task("get"), json!({"id": "report"})).await;
     assert_eq!(got["task"]["id"], "report", "{got}");
-    let listed = ask(&tenant.client, task("list"), json!({})).await;
+    let listed = tenant.api.call(task("list"), json!({})).await;
     let listed: Vec<&str> = listed["tasks"]
         .as_array()
         .expect("tasks")
@@ -152,35 +132,36 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
         .filter_map(|t| t["task"]["namespace"].as_str())
         .collect();
     assert_eq!(listed, ["demo", "demo"], "list shows demo only");
-    let paused = ask(&tenant.client, task("pause"), json!({"id": "report"})).await;
+    let paused = tenant.api.call(task("pause"), json!({"id": "report"})).await;
     assert_eq!(paused["task"]["paused"], true, "{paused}");
-    let resumed = ask(&tenant.client, task("resume"), json!({"id": "report"})).await;
+    let resumed = tenant.api.call(task("resume"), json!({"id": "report"})).await;
     assert_eq!(resumed["task"]["paused"], false, "{resumed}");
-    let next = ask(&tenant.client, task("next"), json!({"id": "report", "count": 2})).await;
+    let next = tenant.api.call(task("next"), json!({"id": "report", "count": 2})).await;
     assert_eq!(next["times"].as_array().map(Vec::len), Some(2), "{next}");
-    let deleted = ask(&tenant.client, task("delete"), json!({"id": "scratch"})).await;
+    let deleted = tenant.api.call(task("delete"), json!({"id": "scratch"})).await;
     assert_eq!(deleted["deleted"], true, "{deleted}");
 
     // A trigger runs on the worker; its live events reach the team's account (a stream import),
     // its history comes through the registry, its run record too.
     let mut live = tenant.client.subscribe(names.namespace_events_filter("demo")).await.expect("subscribe");
-    let triggered = ask(&tenant.client, task("trigger"), json!({"id": "report"})).await;
+    let triggered = tenant.api.call(task("trigger"), json!({"id": "report"})).await;
     let execution = triggered["execution_id"].as_str().expect("execution id").to_string();
     eventually(WAIT, "the triggered run ran", || async { deployment.runs_of("demo/report") >= 1 }).await;
     let event = tokio::time::timeout(WAIT, live.next()).await.expect("a live demo event").expect("event");
     let event: Value = serde_json::from_slice(&event.payload).expect("event JSON");
     assert_eq!(event["namespace"], "demo", "{event}");
     let record = eventually(WAIT, "the run record is final", || async {
-        let reply =
-            ask(&tenant.client, names.runs_api_namespaced("get", "demo"), json!({"execution_id": execution}))
-                .await;
+        let reply = tenant
+            .api
+            .call(names.runs_api_namespaced("get", "demo"), json!({"execution_id": execution}))
+            .await;
         (reply["run"]["status"] == "succeeded").then_some(reply)
     })
     .await;
     assert_eq!(record["run"]["namespace"], "demo", "{record}");
     let history = eventually(WAIT, "the event history shows the run", || async {
         let reply =
-            ask(&tenant.client, names.events_api_namespaced("history", "demo"), json!({"last": 100})).await;
+            tenant.api.call(names.events_api_namespaced("history", "demo"), json!({"last": 100})).await;
         let kinds: Vec<String> = reply["events"]
             .as_array()
             .expect("events")
@@ -193,15 +174,15 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
     for event in history["events"].as_array().expect("events") {
         assert_eq!(event["namespace"], "demo", "history shows demo only: {event}");
     }
-    let one = ask(
-        &tenant.client,
-        names.events_api_namespaced("history", "demo"),
-        json!({"task_id": "report", "last": 1}),
-    )
-    .await;
+    let one = tenant
+        .api
+        .call(names.events_api_namespaced("history", "demo"), json!({"task_id": "report", "last": 1}))
+        .await;
     assert_eq!(one["events"].as_array().map(Vec::len), Some(1), "{one}");
     mismatch(
-        &ask(&tenant.client, names.events_api_namespaced("history", "demo"), json!({"namespace": "billing"}))
+        &tenant
+            .api
+            .call(names.events_api_namespaced("history", "demo"), json!({"namespace": "billing"}))
             .await,
         "events history",
     );
@@ -211,27 +192,30 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
         .client
         .publish(
             names.submit_subject("demo", "submitted"),
-            spec(None, "submitted", json!({"every": "1h"})).to_string().into(),
+            probe("submitted").every("1h").json().to_string().into(),
         )
         .await
         .expect("submit");
     eventually(WAIT, "the submission was applied", || async {
-        ask(&tenant.client, task("get"), json!({"id": "submitted"})).await["task"]["id"] == "submitted"
+        tenant.api.call(task("get"), json!({"id": "submitted"})).await["task"]["id"] == "submitted"
     })
     .await;
 
     // A body naming billing on a demo subject: refused by the registry on every endpoint.
     let other = json!({"namespace": "billing", "id": "payroll"});
     for endpoint in ["get", "list", "delete", "pause", "resume", "trigger", "next"] {
-        mismatch(&ask(&tenant.client, task(endpoint), other.clone()).await, endpoint);
+        mismatch(&tenant.api.call(task(endpoint), other.clone()).await, endpoint);
     }
     mismatch(
-        &ask(&tenant.client, task("put"), spec(Some("billing"), "planted", json!({"every": "1h"}))).await,
+        &tenant
+            .api
+            .call(task("put"), probe("planted").field("namespace", "billing").every("1h").json())
+            .await,
         "put",
     );
     for endpoint in ["list", "get", "replay", "purge"] {
         mismatch(
-            &ask(&tenant.client, dlq(endpoint), json!({"namespace": "billing", "sequence": 1})).await,
+            &tenant.api.call(dlq(endpoint), json!({"namespace": "billing", "sequence": 1})).await,
             endpoint,
         );
     }
@@ -263,11 +247,11 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
     // Billing's live events never reach demo's account.
     let mut theirs =
         tenant.client.subscribe(names.namespace_events_filter("billing")).await.expect("subscribe");
-    ask(&billing.client, names.task_api_namespaced("pause", "billing"), json!({"id": "payroll"})).await;
+    billing.api.call(names.task_api_namespaced("pause", "billing"), json!({"id": "payroll"})).await;
     let leaked = tokio::time::timeout(Duration::from_secs(1), theirs.next()).await;
     assert!(leaked.is_err(), "billing's event reached demo: {leaked:?}");
     let mut everything = tenant.client.subscribe(">").await.expect("subscribe");
-    ask(&billing.client, names.task_api_namespaced("resume", "billing"), json!({"id": "payroll"})).await;
+    billing.api.call(names.task_api_namespaced("resume", "billing"), json!({"id": "payroll"})).await;
     while let Ok(Some(message)) = tokio::time::timeout(Duration::from_millis(500), everything.next()).await {
         assert!(
             !message.subject.contains("billing"),
@@ -282,19 +266,17 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
     let mut sequences = Vec::new();
     for (namespace, id) in [("demo", "report"), ("billing", "payroll")] {
         let execution = uuid::Uuid::new_v4().to_string();
-        let ack = worker_js
-            .publish(
-                names.dlq_subject("default", namespace, id),
-                dead_letter(namespace, id, &execution).to_string().into(),
-            )
-            .await
-            .expect("publish dead letter")
-            .await
-            .expect("dead letter stored");
-        sequences.push(ack.sequence);
+        let sequence = store_dead_letter(
+            &worker_js,
+            names.dlq_subject("default", namespace, id),
+            &dead_letter(namespace, id, &execution),
+        )
+        .await
+        .expect("dead letter stored");
+        sequences.push(sequence);
     }
     let [demo_seq, billing_seq] = sequences[..] else { unreachable!() };
-    let listed = ask(&tenant.client, dlq("list"), json!({})).await;
+    let listed = tenant.api.call(dlq("list"), json!({})).await;
     let listed: Vec<u64> = listed["entries"]
         .as_array()
         .expect("entries")
@@ -303,13 +285,12 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
         .collect();
     assert_eq!(listed, [demo_seq], "dlq list shows demo's only");
     for endpoint in ["get", "replay", "purge"] {
-        mismatch(&ask(&tenant.client, dlq(endpoint), json!({"sequence": billing_seq})).await, endpoint);
+        mismatch(&tenant.api.call(dlq(endpoint), json!({"sequence": billing_seq})).await, endpoint);
     }
-    let replayed = ask(&tenant.client, dlq("replay"), json!({"sequence": demo_seq})).await;
+    let replayed = tenant.api.call(dlq("replay"), json!({"sequence": demo_seq})).await;
     assert_eq!(replayed["replayed"][0]["sequence"], demo_seq, "{replayed}");
     let billing_entry =
-        ask(&billing.client, names.dlq_api_namespaced("get", "billing"), json!({"sequence": billing_seq}))
-            .await;
+        billing.api.call(names.dlq_api_namespaced("get", "billing"), json!({"sequence": billing_seq})).await;
     assert_eq!(billing_entry["entry"]["namespace"], "billing", "billing's dead letter kept: {billing_entry}");
 
     // The CLI as the tenant, unchanged: local subjects, its account's own inboxes.
@@ -321,21 +302,7 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
         vec!["events", "--namespace", "demo", "--last", "5"],
         vec!["runs", "demo/report"],
     ] {
-        let output = tokio::process::Command::new(workspace_bin("jetsched"))
-            .args(&args)
-            .env("NATS_URL", &server.url)
-            .env("NATS_USER", TENANT)
-            .env("NATS_PASSWORD", password(TENANT))
-            .output()
-            .await
-            .expect("run jetsched");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "jetsched {} as {TENANT}: {stdout}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let stdout = server.cli(TENANT, &args).await;
         assert!(!stdout.contains("billing"), "jetsched {} showed billing: {stdout}", args.join(" "));
         if args[0] == "runs" {
             assert!(stdout.contains(&execution), "jetsched runs shows the triggered run: {stdout}");
@@ -343,7 +310,7 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
     }
 
     let payroll =
-        ask(&billing.client, names.task_api_namespaced("get", "billing"), json!({"id": "payroll"})).await;
+        billing.api.call(names.task_api_namespaced("get", "billing"), json!({"id": "payroll"})).await;
     assert_eq!(payroll["task"]["paused"], false, "{payroll}");
     deployment.stop().await;
 }
@@ -395,28 +362,23 @@ async fn snapshot(js: &jetstream::Context, names: &Names) -> Snapshot {
 
 #[tokio::test]
 async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_go_on() {
-    init_test_logging();
     let deployment = Deployment::start(&[], Default::default()).await;
     let (server, names) = (&deployment.server, &deployment.names);
     let billing = server.connect("tenant-billing").await;
     let billing_task = |endpoint: &str| names.task_api_namespaced(endpoint, "billing");
-    ask(&billing.client, billing_task("put"), spec(None, "payroll", json!({"every": "1h"}))).await;
-    ask(&billing.client, billing_task("put"), spec(None, "heartbeat", json!({"every": "1s"}))).await;
+    billing.api.call(billing_task("put"), probe("payroll").every("1h").json()).await;
+    billing.api.call(billing_task("put"), probe("heartbeat").every("1s").json()).await;
     // Billing's run record and dead letter, as the worker writes them.
     let worker = server.connect("worker").await;
     let worker_js = jetstream::new(worker.client.clone());
     let runs = worker_js.get_key_value(names.runs_bucket()).await.expect("runs bucket");
     let record = json!({"execution_id": "run-billing", "namespace": "billing", "task_id": "payroll", "status": "succeeded"});
     runs.put("run-billing", record.to_string().into()).await.expect("run record");
-    worker_js
-        .publish(
-            names.dlq_subject("default", "billing", "payroll"),
-            dead_letter("billing", "payroll", "dead-billing").to_string().into(),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("stored");
+    let (subject, entry) = (
+        names.dlq_subject("default", "billing", "payroll"),
+        dead_letter("billing", "payroll", "dead-billing"),
+    );
+    store_dead_letter(&worker_js, subject, &entry).await.expect("stored");
     eventually(WAIT, "billing's heartbeat fires", || async { deployment.runs_of("billing/heartbeat") >= 2 })
         .await;
 
@@ -459,7 +421,7 @@ async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_
         (names.dlq_api_namespaced("list", "demo"), json!({})),
         (names.runs_api_namespaced("get", "demo"), json!({"execution_id": "x"})),
         (names.events_api_namespaced("history", "demo"), json!({"last": 5})),
-        (names.submit_subject("demo", "echo"), spec(None, "echo", json!({"every": "1h"}))),
+        (names.submit_subject("demo", "echo"), probe("echo").every("1h").json()),
     ];
     let heartbeat_runs = deployment.runs_of("billing/heartbeat");
     let started = tokio::time::Instant::now();
@@ -485,10 +447,12 @@ async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_
     // Fires went on: billing's heartbeat ran about once a second throughout.
     let during = deployment.runs_of("billing/heartbeat") - heartbeat_runs;
     assert!(during >= 4, "billing's heartbeat ran {during} times in 5 s of attacks");
-    // Nothing of billing or of the system changed.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = snapshot(&operator_js, names).await;
-    assert_eq!(after, before, "an attack changed billing or a service's consumer");
+    // Nothing of billing or of the system changed, and nothing sent late changes it.
+    always(Duration::from_secs(1), "no attack changed billing or a service's consumer", || async {
+        let after = snapshot(&operator_js, names).await;
+        if after == before { Ok(()) } else { Err(format!("{after:?}")) }
+    })
+    .await;
     let state = operator_js.get_key_value(names.state_bucket()).await.expect("state bucket");
     for key in ["billing.payroll", "billing.heartbeat"] {
         if let Some(value) = state.get(key).await.expect("state") {
@@ -504,32 +468,31 @@ async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_
     assert_eq!(lease_after["term"], lease_before["term"], "the lease changed hands: {lease_after}");
     // Every billing event stored is one the services wrote.
     let history =
-        ask(&billing.client, names.events_api_namespaced("history", "billing"), json!({"last": 1000})).await;
+        billing.api.call(names.events_api_namespaced("history", "billing"), json!({"last": 1000})).await;
     for event in history["events"].as_array().expect("events") {
         assert_eq!(event["namespace"], "billing", "{event}");
         assert!(event.get("forged").is_none() && event["kind"].is_string(), "a forged event: {event}");
     }
-    let planted = ask(&billing.client, billing_task("get"), json!({"id": "planted"})).await;
+    let planted = billing.api.call(billing_task("get"), json!({"id": "planted"})).await;
     assert_eq!(planted["error"]["code"], "not_found", "{planted}");
-    let payroll = ask(&billing.client, billing_task("get"), json!({"id": "payroll"})).await;
+    let payroll = billing.api.call(billing_task("get"), json!({"id": "payroll"})).await;
     assert_eq!(
         (payroll["revision"].as_u64(), &payroll["task"]["paused"]),
         (Some(1), &json!(false)),
         "{payroll}"
     );
     // demo's own echo submission went through, as it should.
-    let echo = ask(&tenant.client, names.task_api_namespaced("get", "demo"), json!({"id": "echo"})).await;
+    let echo = tenant.api.call(names.task_api_namespaced("get", "demo"), json!({"id": "echo"})).await;
     assert_eq!(echo["task"]["id"], "echo", "{echo}");
     deployment.stop().await;
 }
 
 #[tokio::test]
 async fn nothing_a_team_shapes_is_trusted() {
-    init_test_logging();
     let deployment = Deployment::start(&[], Default::default()).await;
     let (server, names) = (&deployment.server, &deployment.names);
     let tenant = server.connect(TENANT).await;
-    let put = |spec: Value| ask(&tenant.client, names.task_api_namespaced("put", "demo"), spec);
+    let put = |spec: Value| tenant.api.call(names.task_api_namespaced("put", "demo"), spec);
 
     // A `nats` executor aimed at the system's subjects is refused when the spec is stored.
     for subject in [
@@ -550,40 +513,36 @@ async fn nothing_a_team_shapes_is_trusted() {
     // shaped): its replay is refused, and nothing runs for billing.
     let worker = server.connect("worker").await;
     let worker_js = jetstream::new(worker.client.clone());
-    let sequence = worker_js
-        .publish(
-            names.dlq_subject("default", "demo", "report"),
-            dead_letter("billing", "payroll", "crossed").to_string().into(),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("stored")
-        .sequence;
+    let sequence = store_dead_letter(
+        &worker_js,
+        names.dlq_subject("default", "demo", "report"),
+        &dead_letter("billing", "payroll", "crossed"),
+    )
+    .await
+    .expect("stored");
     let reply =
-        ask(&tenant.client, names.dlq_api_namespaced("replay", "demo"), json!({"sequence": sequence})).await;
+        tenant.api.call(names.dlq_api_namespaced("replay", "demo"), json!({"sequence": sequence})).await;
     mismatch(&reply, "replay of an entry naming billing");
     assert!(reply["error"]["message"].as_str().unwrap_or_default().contains("subject"), "{reply}");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(deployment.runs_of("billing/payroll"), 0, "a billing run was started");
-    let entry =
-        ask(&tenant.client, names.dlq_api_namespaced("get", "demo"), json!({"sequence": sequence})).await;
+    always(Duration::from_secs(1), "no billing run started", || async {
+        deployment.runs_of("billing/payroll") == 0
+    })
+    .await;
+    let entry = tenant.api.call(names.dlq_api_namespaced("get", "demo"), json!({"sequence": sequence})).await;
     assert_eq!(entry["sequence"], sequence, "the refused entry stays for the operator: {entry}");
     deployment.stop().await;
 }
 
 #[tokio::test]
 async fn quotas_hold_per_namespace() {
-    init_test_logging();
     let topology = jetsched_shared::topology::TopologyArgs { dlq_max_per_subject: 3, ..Default::default() };
     let deployment =
         Deployment::start(&["demo.tasks=5", "demo.spec_bytes=2048", "*.tasks=100"], topology).await;
     let (server, names) = (&deployment.server, &deployment.names);
     let tenant = server.connect(TENANT).await;
     let put = |id: String| {
-        let client = tenant.client.clone();
         let subject = names.task_api_namespaced("put", "demo");
-        async move { ask(&client, subject, spec(None, &id, json!({"every": "1h"}))).await }
+        tenant.api.call(subject, probe(&id).every("1h").json())
     };
 
     // Tasks: five fit, the sixth is refused naming the limit, and twenty at once change nothing.
@@ -598,56 +557,38 @@ async fn quotas_hold_per_namespace() {
     );
     let burst = futures::future::join_all((10..30).map(|i| put(format!("b{i}")))).await;
     assert!(burst.iter().all(|r| r["error"]["code"] == "quota_exceeded"), "{burst:?}");
-    let listed = ask(&tenant.client, names.task_api_namespaced("list", "demo"), json!({})).await;
+    let listed = tenant.api.call(names.task_api_namespaced("list", "demo"), json!({})).await;
     assert_eq!(listed["tasks"].as_array().map(Vec::len), Some(5), "{listed}");
     // Changing a task it holds is no new task; after a delete there is room again.
     assert!(put("t0".to_string()).await["revision"].is_u64(), "an update within the quota");
-    ask(&tenant.client, names.task_api_namespaced("delete", "demo"), json!({"id": "t4"})).await;
+    tenant.api.call(names.task_api_namespaced("delete", "demo"), json!({"id": "t4"})).await;
     assert!(put("t5".to_string()).await["revision"].is_u64(), "room after a delete");
     // Another namespace is not counted against demo.
     let billing = server.connect("tenant-billing").await;
-    let other = ask(
-        &billing.client,
-        names.task_api_namespaced("put", "billing"),
-        spec(None, "payroll", json!({"every": "1h"})),
-    )
-    .await;
+    let other = billing
+        .api
+        .call(names.task_api_namespaced("put", "billing"), probe("payroll").every("1h").json())
+        .await;
     assert!(other["revision"].is_u64(), "{other}");
 
     // Spec size.
-    let mut big = spec(None, "t0", json!({"every": "1h"}));
+    let mut big = probe("t0").every("1h").json();
     big["executor"]["payload"] = json!({"padding": "x".repeat(3000)});
-    let refused = ask(&tenant.client, names.task_api_namespaced("put", "demo"), big).await;
+    let refused = tenant.api.call(names.task_api_namespaced("put", "demo"), big).await;
     assert_eq!(refused["error"]["field"], "quota.spec_bytes", "{refused}");
 
     // The team account's payload limit: an oversized submission is refused by the server,
     // nothing is stored in the intake.
     let operator = server.connect("operator").await;
     let operator_js = jetstream::new(operator.client.clone());
-    let intake_before = operator_js
-        .get_stream(names.intake_stream())
-        .await
-        .expect("intake")
-        .info()
-        .await
-        .expect("info")
-        .state
-        .messages;
+    let intake_before = stream_info(&operator_js, &names.intake_stream()).await.state.messages;
     // 100 KiB: within the server's limit (the client sends it), over the account's 64 KiB.
     let sender = server.connect(TENANT).await;
     let huge = vec![b'x'; 100 << 10];
     sender.client.publish(names.submit_subject("demo", "huge"), huge.into()).await.expect("sent");
     let _ = sender.client.flush().await;
     sender.expect_error("maximum payload").await;
-    let intake_after = operator_js
-        .get_stream(names.intake_stream())
-        .await
-        .expect("intake")
-        .info()
-        .await
-        .expect("info")
-        .state
-        .messages;
+    let intake_after = stream_info(&operator_js, &names.intake_stream()).await.state.messages;
     assert_eq!(intake_after, intake_before, "the oversized submission was stored");
 
     // The team's own JetStream is bounded: consumers past its limit are refused.
@@ -686,24 +627,15 @@ async fn quotas_hold_per_namespace() {
     let worker_js = jetstream::new(worker.client.clone());
     let mut stored = 0;
     for i in 0..5 {
-        let ack = worker_js
-            .publish(
-                names.dlq_subject("default", "demo", "t0"),
-                dead_letter("demo", "t0", &format!("d{i}")).to_string().into(),
-            )
-            .await
-            .expect("publish")
-            .await;
-        stored += usize::from(ack.is_ok());
+        let entry = dead_letter("demo", "t0", &format!("d{i}"));
+        stored += usize::from(
+            store_dead_letter(&worker_js, names.dlq_subject("default", "demo", "t0"), &entry).await.is_ok(),
+        );
     }
     assert_eq!(stored, 3, "one task filled more than its share of the dead-letter stream");
-    worker_js
-        .publish(
-            names.dlq_subject("default", "billing", "payroll"),
-            dead_letter("billing", "payroll", "b").to_string().into(),
-        )
-        .await
-        .expect("publish")
+    let (subject, entry) =
+        (names.dlq_subject("default", "billing", "payroll"), dead_letter("billing", "payroll", "b"));
+    store_dead_letter(&worker_js, subject, &entry)
         .await
         .expect("billing's dead letter is stored while demo's task is full");
 

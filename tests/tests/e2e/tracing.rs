@@ -11,11 +11,13 @@ use async_nats::HeaderMap;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::wire::{RunStatus, scheduled_execution_id};
-use jetsched_tests::fixtures::wait_run_status;
+use jetsched_tests::fixtures::{dead_letter_entry, store_dead_letter, wait_run_status};
 use jetsched_tests::otlp::{
     Downstream, KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, OtlpReceiver, ReceivedSpan,
 };
-use jetsched_tests::{App, ChildProcess, NatsServer, admin_get, eventually, free_addr, metric_value, spec};
+use jetsched_tests::{
+    Api, App, ChildProcess, NatsServer, admin_get, always, eventually, free_addr, metric_value, spec,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -69,7 +71,7 @@ async fn put_one_shot(
     let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
     let at = chrono::DateTime::from_timestamp_millis(at_ms).expect("valid time").to_rfc3339();
     let spec = builder.schedule(json!({"at": at})).json();
-    let reply = request(&server.client().await, "put", &spec, HeaderMap::new()).await;
+    let reply = Api::new(&server.client().await).put(&spec).await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
     let execution_id = scheduled_execution_id(
         spec["namespace"].as_str().expect("namespace"),
@@ -79,14 +81,14 @@ async fn put_one_shot(
     (registry, execution_id)
 }
 
-async fn request(client: &async_nats::Client, endpoint: &str, body: &Value, headers: HeaderMap) -> Value {
-    let subject = Names::default().task_api_subject(endpoint);
-    let payload = serde_json::to_vec(body).expect("JSON").into();
-    let reply = tokio::time::timeout(WAIT, client.request_with_headers(subject, headers, payload))
-        .await
-        .expect("reply in time")
-        .expect("request succeeds");
-    serde_json::from_slice(&reply.payload).expect("reply is JSON")
+/// The spans of trace `trace_id` once the fire, the run and its HTTP request are all there.
+async fn run_spans(receiver: &OtlpReceiver, trace_id: &str, what: &str) -> Vec<ReceivedSpan> {
+    eventually(WAIT, what, || async {
+        let spans = receiver.trace(trace_id);
+        let kinds: Vec<i32> = spans.iter().map(|s| s.kind).collect();
+        [KIND_PRODUCER, KIND_CONSUMER, KIND_CLIENT].iter().all(|k| kinds.contains(k)).then_some(spans)
+    })
+    .await
 }
 
 /// A whole-second instant a few seconds ahead, in Unix milliseconds.
@@ -133,12 +135,7 @@ async fn a_scheduled_execution_is_one_trace_from_the_fire_to_the_downstream() {
     let traceparent = headers.get("traceparent").expect("the downstream gets a traceparent").clone();
     assert_eq!(trace_id_in(&traceparent), trace_id, "the trace id is the execution id's");
 
-    let spans = eventually(WAIT, "fire, run and http spans exported", || async {
-        let spans = receiver.trace(&trace_id);
-        let kinds: Vec<i32> = spans.iter().map(|s| s.kind).collect();
-        [KIND_PRODUCER, KIND_CONSUMER, KIND_CLIENT].iter().all(|k| kinds.contains(k)).then_some(spans)
-    })
-    .await;
+    let spans = run_spans(&receiver, &trace_id, "fire, run and http spans exported").await;
     let fire = one(&spans, "fire", |s| s.kind == KIND_PRODUCER);
     assert_eq!(fire.name, "fire traced/one");
     assert_eq!(fire.service, "jetsched-scheduler");
@@ -293,8 +290,11 @@ async fn with_sampling_off_nothing_is_exported_but_the_context_still_travels() {
     let js = async_nats::jetstream::new(server.client().await);
     wait_run_status(&js, &Names::default(), &execution_id, RunStatus::Succeeded, WAIT).await;
     // Several export periods (100 ms each) pass: still nothing.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(receiver.spans().len(), 0, "{:#?}", receiver.spans());
+    always(Duration::from_millis(1500), "no span exported", || async {
+        let spans = receiver.spans();
+        if spans.is_empty() { Ok(()) } else { Err(format!("{spans:#?}")) }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -309,7 +309,7 @@ async fn a_collector_that_is_down_costs_dropped_spans_and_export_resumes_when_it
         .every("1s")
         .executor(json!({"kind": "http", "method": "POST", "url": downstream.url()}))
         .json();
-    let reply = request(&server.client().await, "put", &every, HeaderMap::new()).await;
+    let reply = Api::new(&server.client().await).put(&every).await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
 
     eventually(WAIT, "the worker counts dropped spans", || async {
@@ -344,13 +344,12 @@ async fn a_registry_request_with_a_traceparent_continues_the_callers_trace() {
     let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let caller_span = "00f067aa0ba902b7";
     let put_spec = spec("traced", "put").json();
+    let api = Api::new(&client);
     let reply = eventually(WAIT, "the registry answers", || async {
         let mut headers = HeaderMap::new();
         headers.insert("traceparent", format!("00-{caller_trace}-{caller_span}-01").as_str());
-        let subject = Names::default().task_api_subject("put");
-        let payload = serde_json::to_vec(&put_spec).expect("JSON").into();
-        let reply = client.request_with_headers(subject, headers, payload).await.ok()?;
-        serde_json::from_slice::<Value>(&reply.payload).ok()
+        let body = serde_json::to_vec(&put_spec).expect("JSON");
+        api.reply(api.names().task_api_subject("put"), headers, body).await
     })
     .await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
@@ -421,14 +420,15 @@ async fn trigger_and_replay_dispatches_carry_the_callers_trace_context_without_e
     // In-process registry: this test process exports nothing.
     let _registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
     let client = server.client().await;
+    let api = Api::new(&client);
     let js = async_nats::jetstream::new(client.clone());
     let task = spec("carried", "manual").every("1h");
-    let reply = request(&client, "put", &task.json(), HeaderMap::new()).await;
+    let reply = api.put(&task.json()).await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
 
     // A trigger with the caller's context: the dispatch carries it as it came.
     let body = json!({"namespace": "carried", "id": "manual"});
-    let reply = request(&client, "trigger", &body, caller_headers()).await;
+    let reply = api.task_with("trigger", caller_headers(), body.clone()).await;
     assert!(reply.get("error").is_none(), "triggered: {reply}");
     let expected = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
     let (traceparent, tracestate) = dispatch_trace_headers(&js, "carried", "manual").await;
@@ -436,7 +436,7 @@ async fn trigger_and_replay_dispatches_carry_the_callers_trace_context_without_e
     assert_eq!(tracestate.as_deref(), Some(CALLER_STATE), "the caller's tracestate");
 
     // Without one: a traceparent derived from the new execution id.
-    let reply = request(&client, "trigger", &body, HeaderMap::new()).await;
+    let reply = api.task("trigger", body.clone()).await;
     let execution_id = reply["execution_id"].as_str().unwrap_or_else(|| panic!("{reply}")).to_string();
     let (traceparent, tracestate) = dispatch_trace_headers(&js, "carried", "manual").await;
     let traceparent = traceparent.expect("a derived traceparent");
@@ -445,28 +445,12 @@ async fn trigger_and_replay_dispatches_carry_the_callers_trace_context_without_e
 
     // A dead letter replayed with the caller's context.
     let names = Names::default();
-    let dead = json!({
-        "execution_id": "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60",
-        "namespace": "carried", "task_id": "replayed", "queue": "default",
-        "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule", "term": 1, "revision": 1,
-        "spec": spec("carried", "replayed").json(),
-        "reason": "failed for good", "source": "verdict", "dead_at": "2026-01-01T00:00:01.000Z",
-        "worker": "w1", "attempts": [], "dispatch_sequence": 1,
-    });
-    let ack = js
-        .publish(
-            names.dlq_subject("default", "carried", "replayed"),
-            serde_json::to_vec(&dead).unwrap().into(),
-        )
-        .await
-        .expect("publish the dead letter")
+    let dead = dead_letter_entry(&spec("carried", "replayed").json(), "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60");
+    let sequence = store_dead_letter(&js, names.dlq_subject("default", "carried", "replayed"), &dead)
         .await
         .expect("dead letter stored");
-    let subject = names.dlq_api_subject("replay");
-    let payload = serde_json::to_vec(&json!({"sequence": ack.sequence})).unwrap().into();
     let reply =
-        client.request_with_headers(subject, caller_headers(), payload).await.expect("replay answered");
-    let reply: Value = serde_json::from_slice(&reply.payload).expect("JSON");
+        api.call_with(names.dlq_api_subject("replay"), caller_headers(), json!({"sequence": sequence})).await;
     assert!(reply.get("error").is_none(), "replayed: {reply}");
     let (traceparent, tracestate) = dispatch_trace_headers(&js, "carried", "replayed").await;
     assert_eq!(traceparent.as_deref(), Some(expected.as_str()), "the caller's traceparent");
@@ -493,6 +477,7 @@ async fn worker_runs_exported_with_root_ratio(ratio: &str, count: usize) -> usiz
     );
     let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
     let client = server.client().await;
+    let api = Api::new(&client);
     let js = async_nats::jetstream::new(client.clone());
     let at_ms = soon_ms(3);
     let at = chrono::DateTime::from_timestamp_millis(at_ms).expect("valid time").to_rfc3339();
@@ -501,7 +486,7 @@ async fn worker_runs_exported_with_root_ratio(ratio: &str, count: usize) -> usiz
     for n in 0..count {
         let id = format!("root-{n}");
         let task = spec("sampled", &id).executor(executor.clone()).schedule(json!({"at": at}));
-        let reply = request(&client, "put", &task.json(), HeaderMap::new()).await;
+        let reply = api.put(&task.json()).await;
         assert!(reply.get("error").is_none(), "stored: {reply}");
         executions.push(scheduled_execution_id("sampled", &id, at_ms));
     }
@@ -515,10 +500,10 @@ async fn worker_runs_exported_with_root_ratio(ratio: &str, count: usize) -> usiz
     }
 
     let control = spec("sampled", "control").executor(executor).every("1h");
-    let reply = request(&client, "put", &control.json(), HeaderMap::new()).await;
+    let reply = api.put(&control.json()).await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
     let body = json!({"namespace": "sampled", "id": "control"});
-    let reply = request(&client, "trigger", &body, caller_headers()).await;
+    let reply = api.task_with("trigger", caller_headers(), body.clone()).await;
     assert!(reply.get("error").is_none(), "triggered: {reply}");
     eventually(WAIT, "the control run's span exported", || async {
         receiver.trace(CALLER_TRACE).iter().any(|s| s.kind == KIND_CONSUMER).then_some(())
@@ -575,7 +560,7 @@ async fn a_fire_skipped_for_overlap_is_a_short_span_with_its_reason() {
     let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
     let task =
         spec("traced", "slow").every("1s").nats("traced.slow").timeout("10s").field("overlap", "skip").json();
-    let reply = request(&server.client().await, "put", &task, HeaderMap::new()).await;
+    let reply = Api::new(&server.client().await).put(&task).await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
 
     let skipped = eventually(WAIT, "a skipped fire's span exported", || async {
@@ -616,17 +601,20 @@ async fn trigger_and_replay_spans_join_the_callers_trace_with_the_runs_they_disp
     let client = server.client().await;
     let executor = json!({"kind": "http", "method": "POST", "url": downstream.url()});
     let task = spec("traced", "manual").every("1h").executor(executor.clone()).json();
+    let api = Api::new(&client);
     let reply = eventually(WAIT, "the registry answers", || async {
-        let subject = Names::default().task_api_subject("put");
-        let payload = serde_json::to_vec(&task).expect("JSON").into();
-        let reply = client.request(subject, payload).await.ok()?;
-        serde_json::from_slice::<Value>(&reply.payload).ok()
+        api.reply(
+            api.names().task_api_subject("put"),
+            HeaderMap::new(),
+            serde_json::to_vec(&task).expect("JSON"),
+        )
+        .await
     })
     .await;
     assert!(reply.get("error").is_none(), "stored: {reply}");
 
     let reply =
-        request(&client, "trigger", &json!({"namespace": "traced", "id": "manual"}), caller_headers()).await;
+        api.task_with("trigger", caller_headers(), json!({"namespace": "traced", "id": "manual"})).await;
     assert!(reply.get("error").is_none(), "triggered: {reply}");
     let spans = caller_trace_with_runs(&receiver, 1).await;
     let trigger = one(&spans, "trigger", |s| s.kind == KIND_SERVER);
@@ -643,32 +631,17 @@ async fn trigger_and_replay_spans_join_the_callers_trace_with_the_runs_they_disp
     // A dead letter replayed by another span of the same caller.
     let names = Names::default();
     let replayer_span = "00f067aa0ba902b9";
-    let dead = json!({
-        "execution_id": "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60",
-        "namespace": "traced", "task_id": "replayed", "queue": "default",
-        "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule", "term": 1, "revision": 1,
-        "spec": spec("traced", "replayed").every("1h").executor(executor).json(),
-        "reason": "failed for good", "source": "verdict", "dead_at": "2026-01-01T00:00:01.000Z",
-        "worker": "w1", "attempts": [], "dispatch_sequence": 1,
-    });
+    let dead = dead_letter_entry(
+        &spec("traced", "replayed").every("1h").executor(executor).json(),
+        "0b2f9c8e-61a4-5d2b-9b5e-3f1c2d4e5f60",
+    );
     let js = async_nats::jetstream::new(client.clone());
-    let ack = js
-        .publish(
-            names.dlq_subject("default", "traced", "replayed"),
-            serde_json::to_vec(&dead).unwrap().into(),
-        )
-        .await
-        .expect("publish the dead letter")
+    let sequence = store_dead_letter(&js, names.dlq_subject("default", "traced", "replayed"), &dead)
         .await
         .expect("dead letter stored");
     let mut headers = HeaderMap::new();
     headers.insert("traceparent", format!("00-{CALLER_TRACE}-{replayer_span}-01").as_str());
-    let payload = serde_json::to_vec(&json!({"sequence": ack.sequence})).unwrap().into();
-    let reply = client
-        .request_with_headers(names.dlq_api_subject("replay"), headers, payload)
-        .await
-        .expect("replay answered");
-    let reply: Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    let reply = api.call_with(names.dlq_api_subject("replay"), headers, json!({"sequence": sequence})).await;
     assert!(reply.get("error").is_none(), "replayed: {reply}");
     let spans = caller_trace_with_runs(&receiver, 2).await;
     let replay = one(&spans, "replay", |s| s.kind == KIND_SERVER && s.parent_span_id == replayer_span);
@@ -688,12 +661,7 @@ async fn spans_are_exported_over_grpc_when_asked() {
         spec("traced", "grpc").executor(json!({"kind": "http", "method": "POST", "url": downstream.url()}));
     let (_registry, execution_id) = put_one_shot(&server, builder, soon_ms(3)).await;
     let trace_id = trace_id_of(&execution_id);
-    let spans = eventually(WAIT, "fire and run spans received over gRPC", || async {
-        let spans = receiver.trace(&trace_id);
-        let kinds: Vec<i32> = spans.iter().map(|s| s.kind).collect();
-        [KIND_PRODUCER, KIND_CONSUMER, KIND_CLIENT].iter().all(|k| kinds.contains(k)).then_some(spans)
-    })
-    .await;
+    let spans = run_spans(&receiver, &trace_id, "fire and run spans received over gRPC").await;
     let fire = one(&spans, "fire", |s| s.kind == KIND_PRODUCER);
     assert_eq!(fire.service, "jetsched-scheduler");
     let run = one(&spans, "run", |s| s.kind == KIND_CONSUMER);

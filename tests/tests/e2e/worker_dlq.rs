@@ -9,19 +9,16 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_tests::fixtures::{dead_letter_of, dispatch, wait_run_status};
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging, spec};
+use jetsched_tests::{App, NatsServer, WithTopology, eventually, last_message, server_with_topology, spec};
 use jetsched_worker::dlq::DeadLetterSource;
 use jetsched_worker::runs::{AttemptOutcome, RunStatus};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::Value;
 
-use crate::worker_support::{
-    WAIT, config, dispatch_pending, outcomes_of, server_with_topology, worker_process,
-};
+use crate::worker_support::{WAIT, config, dispatch_pending, outcomes_of, worker_process};
 
 #[tokio::test]
 async fn worker_dead_letters_exhausted_and_permanent_failures_with_their_history() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let handlers = Handlers::new()
         .register(
@@ -67,11 +64,8 @@ async fn worker_dead_letters_exhausted_and_permanent_failures_with_their_history
     })
     .await;
     // The events tell the story too.
-    let events = js.get_stream(names.events_stream()).await.expect("events stream");
-    let dead = events
-        .get_last_raw_message_by_subject(&names.event_subject("run.dead", "wk", "failing"))
-        .await
-        .expect("run.dead event");
+    let dead =
+        last_message(&js, &names.events_stream(), &names.event_subject("run.dead", "wk", "failing")).await;
     let dead: Value = serde_json::from_slice(&dead.payload).unwrap();
     assert_eq!(dead["execution_id"], failing_id.as_str());
     // And the metrics.
@@ -92,7 +86,7 @@ async fn worker_dead_letters_exhausted_and_permanent_failures_with_their_history
 
 #[tokio::test]
 async fn crash_looping_run_reaches_the_dlq_through_the_max_deliveries_advisory() {
-    let (server, client, js) = server_with_topology().await;
+    let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
     let mut sub = client.subscribe("jobs.crash").await.expect("subscribe");
     let names = Names::default();
     // Eager records: each attempt is recorded before it runs, so the entry lists both (under
@@ -118,7 +112,6 @@ async fn crash_looping_run_reaches_the_dlq_through_the_max_deliveries_advisory()
 
 #[tokio::test]
 async fn a_full_dlq_leaves_the_run_in_place_until_the_dead_letter_is_stored() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let executions: Arc<Mutex<u32>> = Arc::default();
     let count = executions.clone();

@@ -91,7 +91,6 @@ async fn send(js: &jetstream::Context, names: &Names, spec: SpecBuilder) -> Stri
 
 #[tokio::test]
 async fn worker_http_executor_classifies_status_classes_and_timeouts() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let (addr, requests) = http_server().await;
     let worker = App::worker(config(&server, "w-http"), Handlers::new()).await;
@@ -141,7 +140,6 @@ async fn worker_http_executor_classifies_status_classes_and_timeouts() {
 
 #[tokio::test]
 async fn worker_nats_executor_follows_the_reply_contract() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let client = server.client().await;
     let mut requests = client.subscribe("jobs.>").await.expect("subscribe");
@@ -219,7 +217,6 @@ async fn worker_nats_executor_follows_the_reply_contract() {
 
 #[tokio::test]
 async fn worker_shell_executor_is_off_by_default_and_kills_the_process_group_on_timeout() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let mut closed = config(&server, "w-closed");
@@ -310,7 +307,6 @@ async fn worker_shell_executor_is_off_by_default_and_kills_the_process_group_on_
 /// is sent: the target listener hears nothing.
 #[tokio::test]
 async fn worker_http_executor_refuses_internal_destinations_after_resolution_and_redirects() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let (target, target_requests) = http_server().await;
     // 127.0.0.2 is loopback too, and the only network the worker may reach.
@@ -376,7 +372,6 @@ async fn listen(client: &async_nats::Client, subject: &str) -> async_nats::Subsc
 /// and the runs are dead-lettered naming `executor.subject`.
 #[tokio::test]
 async fn worker_nats_executor_refuses_reserved_subjects_of_specs_that_bypassed_the_registry() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let client = server.client().await;
     let scheduler = App::scheduler(jetsched_scheduler::Config::for_tests(&server.url())).await;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use jetsched_shared::names::Names;
 use jetsched_tests::fixtures::{dead_letters, dispatch, wait_run_status};
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging, spec};
+use jetsched_tests::{App, NatsServer, eventually, spec};
 use jetsched_worker::runs::{AttemptOutcome, RunStatus};
 use jetsched_worker::{Config, Handlers, Outcome, RunContext};
 use serde_json::json;
@@ -18,7 +18,6 @@ use crate::worker_support::{WAIT, config, dispatch_pending, outcomes, redispatch
 
 #[tokio::test]
 async fn worker_retries_with_backoff_and_jitter_then_succeeds() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let calls: Arc<Mutex<Vec<(u32, Instant)>>> = Arc::default();
     let seen = calls.clone();
@@ -81,7 +80,6 @@ async fn worker_retries_with_backoff_and_jitter_then_succeeds() {
 
 #[tokio::test]
 async fn a_redelivered_succeeded_run_is_acked_without_running_with_eager_and_lazy_records() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let executions: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let handlers = |executions: Arc<Mutex<HashMap<String, u32>>>| {
@@ -130,7 +128,6 @@ async fn a_redelivered_succeeded_run_is_acked_without_running_with_eager_and_laz
 
 #[tokio::test]
 async fn workers_on_a_three_node_cluster_with_r3_retry_and_recognise_duplicates() {
-    init_test_logging();
     let cluster = jetsched_tests::NatsCluster::start().await;
     let executions: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let handlers = |executions: Arc<Mutex<HashMap<String, u32>>>| {

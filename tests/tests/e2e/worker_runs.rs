@@ -3,27 +3,28 @@
 //! events stream is gone are stored once it is back, and deferred run records: a long run is
 //! recorded as running while it runs, a short one written once, at its verdict.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
+use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::wire::{Event, EventKind};
 use jetsched_tests::fixtures::{dispatch, execution_of, publish_dispatch, run_record, wait_run_status};
-use jetsched_tests::{App, ChildProcess, NatsServer, eventually, init_test_logging, read_stream, spec};
+use jetsched_tests::{
+    App, ChildProcess, NatsServer, WithTopology, eventually, read_stream, server_with_topology, spec,
+};
 use jetsched_worker::runs::RunStatus;
 use jetsched_worker::{Handlers, Outcome, RunContext, RunRecords};
 
 use crate::worker_support::{
-    WAIT, config, counting_responder, dispatch_pending, server_with_topology, wait_for_workers,
-    worker_process,
+    WAIT, config, counting_responder, dispatch_pending, wait_for_workers, worker_process,
 };
 
 #[tokio::test]
 async fn three_worker_processes_share_3000_runs_each_executed_once() {
-    let (server, client, js) = server_with_topology().await;
-    let sub = client.subscribe("jobs.count").await.expect("subscribe");
-    let counts = counting_responder(client.clone(), sub, Duration::from_millis(2));
+    let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
+    let counts = counting_responder(&client, Duration::from_millis(2)).await;
     let names = Names::default();
     let _workers: Vec<ChildProcess> =
         (1..=3).map(|n| worker_process(&server, &format!("proc-{n}"), &["--concurrency", "16"])).collect();
@@ -65,15 +66,18 @@ async fn three_worker_processes_share_3000_runs_each_executed_once() {
 
 #[tokio::test]
 async fn run_events_published_while_the_events_stream_is_gone_are_stored_once_it_is_back() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let handlers = Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() });
     // Eager records: every run tells its start as well as its outcome.
     let mut config = config(&server, "w-events");
     config.run_records = RunRecords::Eager;
     let worker = App::worker(config, handlers).await;
-    let js = jetstream::new(server.client().await);
+    let client = server.client().await;
+    let js = jetstream::new(client.clone());
     let names = Names::default();
+    // Every event published, stored or not, as the server passes it on.
+    let mut on_the_wire = client.subscribe(names.events_wildcard()).await.expect("subscribe to events");
+    client.flush().await.expect("flush the subscription");
     // As when a replicated events stream elects a new leader after a node died.
     js.delete_stream(names.events_stream()).await.expect("delete the events stream");
     let task = spec("wk", "outage").handler("noop").fast_retry(3).timeout("5s").task();
@@ -84,7 +88,21 @@ async fn run_events_published_while_the_events_stream_is_gone_are_stored_once_it
     for id in &ids {
         wait_run_status(&js, &names, id, RunStatus::Succeeded, WAIT).await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The outcome of each run was published while the stream was gone, and refused.
+    let mut told = HashSet::new();
+    let outage = async {
+        while told.len() < ids.len() {
+            let message = on_the_wire.next().await.expect("the subscription lives");
+            if let Ok(event) = serde_json::from_slice::<Event>(&message.payload)
+                && event.kind == EventKind::RunSucceeded
+            {
+                told.extend(event.execution_id);
+            }
+        }
+    };
+    if tokio::time::timeout(WAIT, outage).await.is_err() {
+        panic!("the outcome of every run published during the outage; seen for {told:?} of {ids:?}");
+    }
     jetsched_shared::topology::ensure(&js, &names, &Default::default()).await.expect("events stream back");
     let events = eventually(WAIT, "every run's events stored", || async {
         let events: Vec<jetsched_shared::wire::Event> =
@@ -112,7 +130,6 @@ async fn run_events_published_while_the_events_stream_is_gone_are_stored_once_it
 
 #[tokio::test]
 async fn deferred_records_show_a_long_run_running_and_write_a_short_one_once_at_its_verdict() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let handlers = Handlers::new().register("quick", |_run: RunContext| async { Outcome::ok() }).register(
         "slow",

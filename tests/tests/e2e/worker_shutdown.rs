@@ -9,21 +9,19 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use jetsched_shared::names::Names;
 use jetsched_tests::fixtures::{dispatch, publish_dispatch, run_record, wait_run_status};
-use jetsched_tests::{App, ChildProcess, NatsServer, eventually, init_test_logging, spec};
+use jetsched_tests::{App, ChildProcess, NatsServer, WithTopology, eventually, server_with_topology, spec};
 use jetsched_worker::runs::{AttemptOutcome, RunStatus};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 
 use crate::worker_support::{
-    WAIT, config, counting_responder, dispatch_pending, outcomes, server_with_topology, wait_for_workers,
-    worker_process,
+    WAIT, config, counting_responder, dispatch_pending, outcomes, wait_for_workers, worker_process,
 };
 
 #[tokio::test]
 async fn kill9_mid_long_runs_they_complete_on_another_worker_after_ack_wait() {
-    let (server, client, js) = server_with_topology().await;
-    let sub = client.subscribe("jobs.count").await.expect("subscribe");
+    let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
     // Runs of 3 s against an ack_wait of 2 s: only progress acks keep them from redelivery.
-    let counts = counting_responder(client.clone(), sub, Duration::from_secs(3));
+    let counts = counting_responder(&client, Duration::from_secs(3)).await;
     let names = Names::default();
     let args = ["--concurrency", "3", "--ack-wait", "2s"];
     let mut workers: HashMap<String, ChildProcess> =
@@ -74,7 +72,6 @@ async fn kill9_mid_long_runs_they_complete_on_another_worker_after_ack_wait() {
 
 #[tokio::test]
 async fn graceful_shutdown_under_load_loses_nothing() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let executed: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let handlers = |executed: Arc<Mutex<HashMap<String, u32>>>| {
@@ -117,7 +114,6 @@ async fn graceful_shutdown_under_load_loses_nothing() {
 
 #[tokio::test]
 async fn graceful_shutdown_hands_back_runs_that_outlast_the_grace_period() {
-    init_test_logging();
     let server = NatsServer::start().await;
     let executed: Arc<Mutex<Vec<(String, u32)>>> = Arc::default();
     let seen = executed.clone();

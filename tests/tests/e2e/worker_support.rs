@@ -1,5 +1,5 @@
-//! What the worker's end-to-end tests share: a worker configuration for tests, a server
-//! ready for worker processes, worker processes and their presence, a responder that counts executions, the dispatch stream's
+//! What the worker's end-to-end tests share: a worker configuration for tests, worker
+//! processes and their presence, a responder that counts executions, the dispatch stream's
 //! backlog, and a dispatch published again as a lost de-duplication memory lets through.
 //!
 //! Dispatch messages are published directly (the scheduler is not involved), with the same
@@ -16,7 +16,7 @@ use jetsched_shared::names::Names;
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{DeadLetter, RunRecord};
 use jetsched_tests::fixtures::execution_id_header;
-use jetsched_tests::{ChildProcess, NatsServer, eventually, init_test_logging};
+use jetsched_tests::{ChildProcess, NatsServer, eventually};
 use jetsched_worker::Config;
 use jetsched_worker::runs::AttemptOutcome;
 
@@ -29,17 +29,6 @@ pub(crate) fn config(server: &NatsServer, instance: &str) -> Config {
     let mut config = Config::for_tests(&server.url(), instance);
     config.pull_expires = Duration::from_millis(500);
     config
-}
-
-/// A fresh server with the topology worker processes bind to, a client on it and its
-/// JetStream context.
-pub(crate) async fn server_with_topology() -> (NatsServer, async_nats::Client, jetstream::Context) {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = jetstream::new(client.clone());
-    jetsched_shared::topology::ensure(&js, &Names::default(), &Default::default()).await.expect("topology");
-    (server, client, js)
 }
 
 /// A worker process (`jetsched-worker`) on `server`, with `extra` flags.
@@ -63,12 +52,13 @@ pub(crate) async fn wait_for_workers(client: &async_nats::Client, n: usize) {
     .await;
 }
 
-/// A responder on `sub` that counts requests per execution id, replying after `delay`.
-pub(crate) fn counting_responder(
-    client: async_nats::Client,
-    mut sub: async_nats::Subscriber,
+/// A responder on `jobs.count` that counts requests per execution id, replying after `delay`.
+pub(crate) async fn counting_responder(
+    client: &async_nats::Client,
     delay: Duration,
 ) -> Arc<Mutex<HashMap<String, u32>>> {
+    let mut sub = client.subscribe("jobs.count").await.expect("subscribe the responder");
+    let client = client.clone();
     let counts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let seen = counts.clone();
     tokio::spawn(async move {

@@ -9,8 +9,8 @@ use jetsched_shared::wire::EventKind;
 use jetsched_tests::{App, eventually, metric_value};
 
 use super::{
-    Hook, HookMode, Subscriber, WAIT, config, count, hooked_config, publish_event, run_event, start,
-    suppressed_total, times,
+    Hook, HookMode, Setup, Subscriber, WAIT, alerted_exactly, config, count, hooked_config, publish_event,
+    rules_of, run_event, start, subscribed, suppressed_total, times,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,8 +85,7 @@ async fn a_storm_is_rate_limited_with_a_summary_and_a_rule_is_grouped() {
     .await;
     assert_eq!(grouped.alerts.len(), 20, "{}", grouped.text);
     assert!(grouped.text.contains("20 alerts"), "{}", grouped.text);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(count(&hook.messages(), "run_failed"), 1);
+    alerted_exactly(|| rules_of(hook.messages()), &[("run_failed", 1)]).await;
     alerter.stop().await;
 }
 
@@ -148,9 +147,7 @@ async fn a_down_or_slow_webhook_does_not_block_nats_alerts() {
 /// alert that was not sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_sends_waiting_groups() {
-    let (server, client, js, names) = start().await;
-    let subscriber = Subscriber::start(&client, &names).await;
-    let mut config = config(&server);
+    let Setup { server: _server, js, names, subscriber, mut config } = subscribed().await;
     config.group_wait = Duration::from_secs(60);
     let alerter = App::alerter(config).await;
     publish_event(&js, &names, &run_event(EventKind::RunDead, "ns", "waiting")).await;

@@ -48,11 +48,7 @@ async fn full_stack_failures_and_failover_alert_and_show_in_every_services_metri
         "retry": {"max_attempts": 1},
         "timeout": "2s",
     });
-    let reply = client
-        .request(names.task_api_subject("put"), serde_json::to_vec(&spec).unwrap().into())
-        .await
-        .expect("put answered");
-    let reply: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    let reply = jetsched_tests::Api::new(&client).put(&spec).await;
     assert!(reply.get("revision").is_some(), "{reply}");
 
     eventually(

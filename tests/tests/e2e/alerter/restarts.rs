@@ -8,14 +8,13 @@ use jetsched_shared::wire::EventKind;
 use jetsched_tests::{App, ChildProcess, NatsServer, admin_get, eventually, metric_value};
 
 use super::{
-    Subscriber, WAIT, config, leader_acquired, publish_event, run_event, start, suppressed_total, times,
+    Setup, Subscriber, WAIT, alerted_exactly, leader_acquired, publish_event, run_event, start, subscribed,
+    suppressed_total, times,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_alerter_does_not_resend() {
-    let (server, client, js, names) = start().await;
-    let subscriber = Subscriber::start(&client, &names).await;
-    let mut config = config(&server);
+    let Setup { server: _server, js, names, subscriber, mut config } = subscribed().await;
     config.no_leader_after = Duration::from_millis(500);
     config.flap_changes = 2;
     let alerter = App::alerter(config.clone()).await;
@@ -47,11 +46,7 @@ async fn a_restarted_alerter_does_not_resend() {
         both_deduped(&metrics)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let rules = subscriber.rules();
-    assert_eq!(times(&rules, "run_dead"), 1, "{rules:?}");
-    assert_eq!(times(&rules, "no_leader"), 1, "{rules:?}");
-    assert_eq!(times(&rules, "leader_changed"), 1, "{rules:?}");
+    alerted_exactly(|| subscriber.rules(), &[("run_dead", 1), ("no_leader", 1), ("leader_changed", 1)]).await;
     alerter.stop().await;
 }
 
@@ -60,9 +55,7 @@ async fn a_restarted_alerter_does_not_resend() {
 /// are alerted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_send_each_alert_once() {
-    let (server, client, js, names) = start().await;
-    let subscriber = Subscriber::start(&client, &names).await;
-    let mut config = config(&server);
+    let Setup { server: _server, js, names, subscriber, mut config } = subscribed().await;
     config.no_leader_after = Duration::from_millis(500);
     let mut second = config.clone();
     config.common.instance_id = Some("alerter-a".into());
@@ -90,14 +83,11 @@ async fn two_replicas_send_each_alert_once() {
         })
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    alerted_exactly(|| subscriber.rules(), &[("run_dead", 10), ("leader_changed", 1), ("no_leader", 1)])
+        .await;
     let messages = subscriber.messages();
     let senders: std::collections::BTreeSet<_> =
         messages.iter().filter(|(_, m)| m.rule == "run_dead").map(|(_, m)| m.instance.clone()).collect();
-    let rules = subscriber.rules();
-    assert_eq!(times(&rules, "run_dead"), 10, "{rules:?}");
-    assert_eq!(times(&rules, "leader_changed"), 1, "{rules:?}");
-    assert_eq!(times(&rules, "no_leader"), 1, "{rules:?}");
     assert!(!senders.is_empty());
     a.stop().await;
     b.stop().await;

@@ -7,21 +7,20 @@ use std::time::Duration;
 use async_nats::jetstream;
 use chrono::Utc;
 use jetsched_shared::alert::Severity;
-use jetsched_shared::topology::{self, TopologyArgs};
+use jetsched_shared::topology::TopologyArgs;
 use jetsched_shared::wire::{Event, EventKind, LeaderRecord};
-use jetsched_tests::{App, eventually, metric_value};
+use jetsched_tests::{App, WithTopology, eventually, metric_value, server_with_topology};
 
 use super::{
-    Hook, HookMode, Subscriber, WAIT, config, count, hooked_config, leader_acquired, publish_event,
-    run_event, start, suppressed_total,
+    Hook, HookMode, Setup, Subscriber, WAIT, alerted_exactly, count, hooked_config, leader_acquired,
+    publish_event, rules_of, run_event, store, subscribed, suppressed_total,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_rules_reach_the_webhook_and_nats() {
-    let (server, client, js, names) = start().await;
+    let Setup { server: _server, js, names, subscriber, mut config } = subscribed().await;
     let hook = Hook::start(HookMode::Ok).await;
-    let subscriber = Subscriber::start(&client, &names).await;
-    let mut config = hooked_config(&server, &hook);
+    config.webhook_urls = vec![hook.url()];
     config.fire_lag = Duration::from_secs(1);
     config.flap_changes = 2;
     config.flap_window = Duration::from_secs(60);
@@ -64,9 +63,7 @@ async fn event_rules_reach_the_webhook_and_nats() {
     assert!(lag.alerts[0].details["lag_ms"].parse::<i64>().unwrap() >= 9_000);
     assert_eq!(find("leader_flapping").0, names.alert_subject("critical"));
     // Leader changes are one subject: de-duplicated to a single alert.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(count(&hook.messages(), "leader_changed"), 1);
-    assert_eq!(count(&hook.messages(), "fire_lag"), 1);
+    alerted_exactly(|| rules_of(hook.messages()), &[("leader_changed", 1), ("fire_lag", 1)]).await;
 
     // The alerts stream keeps the history.
     let mut stream = js.get_stream(names.alerts_stream()).await.unwrap();
@@ -94,8 +91,8 @@ async fn event_rules_reach_the_webhook_and_nats() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn condition_rules_fire_from_the_lease_queues_and_dlq() {
-    let (server, client, js, names) = start().await;
-    let topology = topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+    let WithTopology { server, client, js, topology, names } =
+        server_with_topology(TopologyArgs::default()).await;
     // The worker's queue consumer, with nobody pulling: dispatches pile up.
     let dispatch = js.get_stream(names.dispatch_stream()).await.unwrap();
     dispatch
@@ -124,11 +121,7 @@ async fn condition_rules_fire_from_the_lease_queues_and_dlq() {
     assert_eq!(fatal.1.severity, Severity::Fatal);
 
     for i in 0..5 {
-        js.publish(names.dispatch_subject("default", "ns", &format!("t{i}")), "{}".into())
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+        store(&js, names.dispatch_subject("default", "ns", &format!("t{i}")), "{}").await;
     }
     let backlog = eventually(WAIT, "queue_backlog alert", || async {
         hook.messages().into_iter().find(|m| m.rule == "queue_backlog")
@@ -139,11 +132,7 @@ async fn condition_rules_fire_from_the_lease_queues_and_dlq() {
 
     // The DLQ grows after the alerter has seen it (the no_leader alert took several checks).
     for i in 0..2 {
-        js.publish(names.dlq_subject("default", "ns", &format!("t{i}")), "{}".into())
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+        store(&js, names.dlq_subject("default", "ns", &format!("t{i}")), "{}").await;
     }
     eventually(WAIT, "dlq_growing alert", || async { count(&hook.messages(), "dlq_growing") == 1 }).await;
 
@@ -174,9 +163,7 @@ async fn condition_rules_fire_from_the_lease_queues_and_dlq() {
 /// A dead-letter stream close to its byte limit (it then refuses new dead letters) is critical.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nearly_full_dead_letter_stream_alerts() {
-    let (server, client, js, names) = start().await;
-    let subscriber = Subscriber::start(&client, &names).await;
-    let mut config = config(&server);
+    let Setup { server: _server, js, names, subscriber, mut config } = subscribed().await;
     config.topology.dlq_max_bytes = 8 * 1024;
     let alerter = App::alerter(config).await;
     eventually(WAIT, "the limit is seen", || async {

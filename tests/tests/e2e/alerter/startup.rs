@@ -52,7 +52,6 @@ async fn readyz_is_false_until_the_topology_is_ensured() {
 /// `max_bytes` stops the process at once, saying what to change.
 #[tokio::test]
 async fn a_server_without_room_for_the_streams_stops_the_alerter_at_once_saying_what_to_change() {
-    init_test_logging();
     let server =
         NatsServer::start_with(ServerOpts::default().jetstream_config("  max_file_store: 1536MB")).await;
     let mut command = ChildProcess::command("jetsched-alerter");
@@ -98,14 +97,13 @@ async fn invalid_configuration_is_a_clear_start_up_error() {
 async fn each_event_kind_is_read_through_a_single_filter_consumer_and_the_combined_one_is_removed() {
     use async_nats::jetstream::consumer::pull;
     use futures::StreamExt;
-    use jetsched_shared::topology::{self, TopologyArgs};
+    use jetsched_shared::topology::TopologyArgs;
     use jetsched_shared::wire::EventKind;
-    use jetsched_tests::App;
+    use jetsched_tests::{App, WithTopology, server_with_topology};
 
     use super::{Subscriber, publish_event, run_event};
 
-    let (server, client, js, names) = start().await;
-    topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+    let WithTopology { server, client, js, names, .. } = server_with_topology(TopologyArgs::default()).await;
     let events = js.get_stream(names.events_stream()).await.unwrap();
     let kinds = [EventKind::RunFailed, EventKind::RunDead, EventKind::FireDispatched];
     events

@@ -67,6 +67,25 @@ impl Browser {
         }
     }
 
+    /// Refreshes the page until `ready` holds for the text of the first element matching
+    /// `css`; fails naming `what` after `within`.
+    pub(crate) async fn refresh_until(
+        &self,
+        within: Duration,
+        what: &str,
+        css: &str,
+        ready: impl Fn(&str) -> bool,
+    ) {
+        jetsched_tests::eventually(within, what, || async {
+            if ready(&self.text(css).await) {
+                return true;
+            }
+            self.client.refresh().await.expect("refresh the page");
+            false
+        })
+        .await;
+    }
+
     /// Writes a screenshot of the window to `<dir>/<name>.png` when
     /// `JETSCHED_CONSOLE_SCREENSHOTS=<dir>` is set.
     pub(crate) async fn screenshot(&self, dir: Option<&PathBuf>, name: &str) {
@@ -82,7 +101,7 @@ impl Browser {
     }
 }
 
-/// A response of [`request`].
+/// A response of [`http_request`].
 #[derive(Debug)]
 pub(crate) struct Reply {
     pub(crate) status: u16,
@@ -100,8 +119,9 @@ impl Reply {
     }
 }
 
-/// One HTTP/1.1 request (`Connection: close`) with extra header lines and a form body.
-pub(crate) async fn request(
+/// One HTTP/1.1 request to the console (`Connection: close`) with extra header lines and a
+/// form body.
+pub(crate) async fn http_request(
     addr: SocketAddr,
     method: &str,
     path: &str,

@@ -6,12 +6,14 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use jetsched_shared::names::{Names, task_key};
-use jetsched_shared::topology::{self, TopologyArgs};
-use jetsched_tests::{ChildProcess, NatsServer, admin_get, eventually, free_addr, init_test_logging, spec};
+use jetsched_shared::names::task_key;
+use jetsched_shared::topology::TopologyArgs;
+use jetsched_tests::{
+    ChildProcess, WithTopology, admin_get, eventually, free_addr, server_with_topology, spec,
+};
 use serde_json::json;
 
-use super::browser::request;
+use super::browser::http_request;
 
 const BUDGET: Duration = Duration::from_millis(200);
 const RSS_LIMIT_KIB: u64 = 100 * 1024;
@@ -32,14 +34,9 @@ fn memory_kib(pid: u32) -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_task_pages_stay_fast_and_small_with_many_tasks() {
-    init_test_logging();
     let tasks: usize =
         std::env::var("JETSCHED_CONSOLE_TASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(5_000);
-    let server = NatsServer::start().await;
-    let client = server.client().await;
-    let js = async_nats::jetstream::new(client.clone());
-    let names = Names::default();
-    let topology = topology::ensure(&js, &names, &TopologyArgs::default()).await.expect("topology");
+    let WithTopology { server, topology, .. } = server_with_topology(TopologyArgs::default()).await;
 
     // Valid specs as the registry stores them, put directly (pipelined, 256 in flight).
     let started = Instant::now();
@@ -89,7 +86,7 @@ async fn console_task_pages_stay_fast_and_small_with_many_tasks() {
         let mut times = Vec::new();
         for _ in 0..5 {
             let start = Instant::now();
-            let reply = request(http, "GET", path, &[], "").await;
+            let reply = http_request(http, "GET", path, &[], "").await;
             times.push(start.elapsed());
             assert_eq!(reply.status, 200, "{path}: {}", reply.body);
             assert!(reply.body.contains("task-"), "{path} lists tasks");
@@ -99,7 +96,7 @@ async fn console_task_pages_stay_fast_and_small_with_many_tasks() {
         report.push(format!("{what} ({path}): median {median:?}, max {:?}", times[times.len() - 1]));
         assert!(median < BUDGET, "{what} took {median:?} (median of 5), over {BUDGET:?}");
     }
-    let first = request(http, "GET", "/tasks", &[], "").await;
+    let first = http_request(http, "GET", "/tasks", &[], "").await;
     assert!(first.body.contains(&format!("{tasks} of {tasks} tasks")), "every task is indexed");
     let (rss, peak) = memory_kib(console.pid());
     println!(

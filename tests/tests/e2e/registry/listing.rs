@@ -1,22 +1,17 @@
 //! Listing tasks through the registry while they are being written: a listing of the tasks
 //! bucket names a key again when the key is written during it, and the list shows each task once.
 
-use async_nats::HeaderMap;
 use async_nats::jetstream;
 use jetsched_shared::names::Names;
-use jetsched_tests::{App, NatsServer, init_test_logging};
 use serde_json::json;
 
-use super::{call, config, put, spec};
+use super::{Served, nightly, served};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_names_every_task_once_while_tasks_are_being_rewritten() {
-    init_test_logging();
-    let server = NatsServer::start().await;
-    let registry = App::registry(config(&server.url(), 1)).await;
-    let client = server.client().await;
+    let Served { server: _server, registry, client, api, .. } = served(|_| {}).await;
     for i in 0..20 {
-        put(&client, &spec("busy", &format!("t{i:02}")), HeaderMap::new()).await;
+        api.put(&nightly("busy", &format!("t{i:02}"))).await;
     }
     // Every task rewritten again and again, straight into the bucket (as fast as it takes them),
     // while the registry lists them: a listing sees a key's old message and then its new one.
@@ -29,7 +24,7 @@ async fn a_list_names_every_task_once_while_tasks_are_being_rewritten() {
             let mut writes = 0u64;
             while !stop.is_cancelled() {
                 for i in 0..20 {
-                    let body = serde_json::to_vec(&spec("busy", &format!("t{i:02}"))).unwrap();
+                    let body = serde_json::to_vec(&nightly("busy", &format!("t{i:02}"))).unwrap();
                     tasks.put(format!("busy.t{i:02}"), body.into()).await.expect("rewrite");
                     writes += 1;
                 }
@@ -39,7 +34,7 @@ async fn a_list_names_every_task_once_while_tasks_are_being_rewritten() {
     };
     let expected: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
     for _ in 0..150 {
-        let reply = call(&client, "list", json!({"namespace": "busy", "limit": 1000})).await;
+        let reply = api.task("list", json!({"namespace": "busy", "limit": 1000})).await;
         let ids: Vec<String> = reply["tasks"]
             .as_array()
             .unwrap_or_else(|| panic!("a list: {reply}"))
