@@ -10,7 +10,7 @@ use chrono::Utc;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::presence;
-use jetsched_shared::wire::{EventKind, LeaderRecord};
+use jetsched_shared::wire::LeaderRecord;
 
 use crate::activity::{HORIZON, SharedActivity};
 use crate::pages::overview::{Leader, Overview, QueueDepth};
