@@ -155,6 +155,23 @@ fn decode<T: DeserializeOwned>(endpoint: &str, reply: Value) -> Result<T, Failur
         .map_err(Failure::Other)
 }
 
+/// Every item of a paged listing: `page` fetches the page at a cursor (`None`: the first) and
+/// returns its items and the next page's cursor, until there is none.
+pub(crate) async fn every_page<C>(
+    mut page: impl AsyncFnMut(Option<C>) -> Result<(Vec<Value>, Option<C>), Failure>,
+) -> Result<Vec<Value>, Failure> {
+    let mut items = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (more, next) = page(cursor).await?;
+        items.extend(more);
+        match next {
+            Some(next) => cursor = Some(next),
+            None => return Ok(items),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

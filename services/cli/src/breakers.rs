@@ -76,11 +76,7 @@ pub(crate) async fn run(api: &Api, command: BreakerCommand, json_out: bool) -> R
         BreakerCommand::Reset { key } => {
             let reply: Value = api.breaker("reset", &reference(&key)).await?;
             let reset: BreakerResetReply = serde_json::from_value(reply.clone()).context("reset reply")?;
-            crate::commands::done(
-                json_out,
-                &reply,
-                &format!("{key} reset (was {})", reset.previous_state.as_str()),
-            );
+            output::done(json_out, &reply, &format!("{key} reset (was {})", reset.previous_state.as_str()));
         }
     }
     Ok(())

@@ -175,16 +175,11 @@ fn parse_instant(text: &str) -> Result<DateTime<Utc>, String> {
         .map_err(|e| format!("not an RFC 3339 instant ({e}), e.g. 2026-03-07T00:00:00Z"))
 }
 
-/// The reply as JSON, or `message`.
-pub(crate) fn done(json_out: bool, value: &Value, message: &str) {
-    if json_out { output::pretty(value) } else { outln!("{message}") }
-}
-
 /// `delete`, `pause` or `resume` one task.
 async fn control(api: &Api, endpoint: &str, task: &str, did: &str, json_out: bool) -> Result<(), Failure> {
     let reference = task_ref(task);
     let reply: Value = api.task_in(endpoint, &reference.namespace, &reference).await?;
-    done(json_out, &reply, &format!("{task} {did}"));
+    output::done(json_out, &reply, &format!("{task} {did}"));
     Ok(())
 }
 
@@ -196,7 +191,7 @@ async fn pause(api: &Api, task: &str, reason: Option<String>, json_out: bool) ->
         request["reason"] = Value::String(reason);
     }
     let reply: Value = api.task_in("pause", &reference.namespace, &request).await?;
-    done(json_out, &reply, &format!("{task} paused"));
+    output::done(json_out, &reply, &format!("{task} paused"));
     Ok(())
 }
 
@@ -208,7 +203,7 @@ async fn trigger(api: &Api, task: &str, priority: Option<String>, json_out: bool
     }
     let reply: Value = api.task_in("trigger", &reference.namespace, &body).await?;
     let run: TriggerReply = serde_json::from_value(reply.clone()).context("trigger reply")?;
-    done(json_out, &reply, &format!("{task} triggered: execution {}", run.execution_id));
+    output::done(json_out, &reply, &format!("{task} triggered: execution {}", run.execution_id));
     Ok(())
 }
 
@@ -297,23 +292,6 @@ async fn apply(api: &Api, files: &[PathBuf], create_only: bool, json_out: bool) 
     }
 }
 
-/// Every item of a paged listing: `page` fetches the page at a cursor (`None`: the first) and
-/// returns its items and the next page's cursor, until there is none.
-pub(crate) async fn every_page<C>(
-    mut page: impl AsyncFnMut(Option<C>) -> Result<(Vec<Value>, Option<C>), Failure>,
-) -> Result<Vec<Value>, Failure> {
-    let mut items = Vec::new();
-    let mut cursor = None;
-    loop {
-        let (more, next) = page(cursor).await?;
-        items.extend(more);
-        match next {
-            Some(next) => cursor = Some(next),
-            None => return Ok(items),
-        }
-    }
-}
-
 async fn list(
     api: &Api,
     namespace: Option<String>,
@@ -334,7 +312,7 @@ async fn list(
         #[serde(default)]
         next_cursor: Option<String>,
     }
-    let tasks = every_page(async |cursor| {
+    let tasks = crate::api::every_page(async |cursor| {
         request.cursor = cursor;
         let page: Page = match request.namespace.clone() {
             Some(namespace) => api.task_in("list", &namespace, &request).await?,

@@ -173,7 +173,7 @@ pub(crate) async fn run(api: &Api, command: DlqCommand, json_out: bool) -> Resul
             let reply: Value = api.dlq("purge", &request).await?;
             let Purged { purged } = serde_json::from_value(reply.clone()).map_err(anyhow::Error::from)?;
             let message = format!("{} purged", output::count(purged, "dead letter", "dead letters"));
-            crate::commands::done(json_out, &reply, &message);
+            output::done(json_out, &reply, &message);
             Ok(())
         }
     }
@@ -181,7 +181,7 @@ pub(crate) async fn run(api: &Api, command: DlqCommand, json_out: bool) -> Resul
 
 async fn list(api: &Api, filter: &DlqFilter, json_out: bool) -> Result<(), Failure> {
     let mut request = DlqRequest { limit: Some(1000), ..filter.request() };
-    let entries = crate::commands::every_page(async |cursor| {
+    let entries = crate::api::every_page(async |cursor| {
         request.cursor = cursor;
         let page: Page = api.dlq("list", &request).await?;
         Ok((page.entries, page.next_cursor))

@@ -81,6 +81,11 @@ pub(crate) fn plural(noun: &str) -> String {
     }
 }
 
+/// The reply as JSON, or `message`.
+pub(crate) fn done(json_out: bool, value: &Value, message: &str) {
+    if json_out { pretty(value) } else { outln!("{message}") }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,8 +11,8 @@ use jetsched_shared::wire::DlqRequest;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::http::{AppState, html};
 use crate::pages;
+use crate::state::{AppState, html};
 
 /// The fields of an action's form.
 #[derive(Debug, Default, Deserialize)]

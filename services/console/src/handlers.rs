@@ -15,10 +15,10 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::api::CallError;
-use crate::http::{AppState, html};
 use crate::index::TaskQuery;
 use crate::pages::{self, dlq::DlqFilter, events::EventFilter, tasks::TaskView};
 use crate::runs::runs_from_events;
+use crate::state::{AppState, html};
 use crate::status;
 
 /// Events listed on a task's page and on the events page.

@@ -1,9 +1,6 @@
-//! The console's HTTP side: the router, its shared state, the access check in front of every
-//! page (token as bearer or session), `/login` and the embedded assets.
+//! The console's HTTP side: the router, the access check in front of every page (token as
+//! bearer or session), `/login` and the embedded assets.
 
-use std::sync::Arc;
-
-use async_nats::jetstream;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -11,39 +8,12 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use jetsched_shared::names::Names;
-use jetsched_shared::wire::Event;
-use maud::Markup;
 use serde::Deserialize;
-use tokio::sync::broadcast;
 
-use crate::access::{Access, SESSION_COOKIE};
-use crate::activity::SharedActivity;
-use crate::api::Api;
-use crate::index::SharedIndex;
-use crate::pages::{self, Ctx};
+use crate::access::SESSION_COOKIE;
+use crate::pages;
+use crate::state::{AppState, html};
 use crate::{actions, handlers};
-
-/// What every handler shares; cheap to clone.
-#[derive(Clone)]
-pub(crate) struct AppState {
-    pub(crate) index: SharedIndex,
-    pub(crate) activity: SharedActivity,
-    pub(crate) live: broadcast::Sender<Event>,
-    pub(crate) api: Api,
-    pub(crate) access: Access,
-    pub(crate) client: async_nats::Client,
-    pub(crate) js: jetstream::Context,
-    pub(crate) names: Names,
-    pub(crate) runs: Arc<jetstream::kv::Store>,
-    pub(crate) page_size: usize,
-}
-
-impl AppState {
-    pub(crate) fn ctx(&self) -> Ctx {
-        Ctx { csrf: self.access.csrf().to_string(), allow_actions: self.access.allow_actions }
-    }
-}
 
 /// Every route of the console.
 pub(crate) fn router(state: AppState) -> Router {
@@ -68,11 +38,6 @@ pub(crate) fn router(state: AppState) -> Router {
             html(StatusCode::NOT_FOUND, pages::problem("Not found", &["No such page.".into()]))
         })
         .with_state(state)
-}
-
-/// An HTML response.
-pub(crate) fn html(status: StatusCode, markup: Markup) -> Response {
-    (status, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], markup.into_string()).into_response()
 }
 
 /// Lets a request through when the console needs no token or the request carries it (bearer

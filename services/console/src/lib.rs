@@ -13,6 +13,7 @@ mod index;
 mod pages;
 mod runs;
 mod service;
+mod state;
 mod status;
 
 pub use config::{Config, DEFAULT_ADMIN_ADDR, DEFAULT_HTTP_ADDR};

@@ -18,8 +18,9 @@ use crate::access::Access;
 use crate::activity::{self, Activity};
 use crate::api::Api;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
-use crate::http::{self, AppState};
+use crate::http;
 use crate::index::{IndexFeed, TaskIndex};
+use crate::state::AppState;
 
 /// Messages buffered per subscription: the tasks watch is flow-controlled by the server, so a
 /// small buffer keeps a large initial load from piling up in memory.
