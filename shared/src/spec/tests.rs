@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::error::ApiErrors;
 use crate::error::ErrorCode::{self, *};
 use crate::schedule::Schedule;
 
