@@ -114,23 +114,6 @@ impl JsonSchema for HumanDuration {
     }
 }
 
-/// An instant field: RFC 3339, kept to the millisecond.
-struct Instant;
-
-impl JsonSchema for Instant {
-    fn schema_name() -> Cow<'static, str> {
-        "Instant".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "description": "An RFC 3339 instant with its offset, such as \"2026-03-01T09:00:00Z\"; kept to the millisecond.",
-            "type": "string",
-            "format": "date-time"
-        })
-    }
-}
-
 /// The schedule: exactly one of `cron` (with `timezone`), `every` (with `anchor`), `at` and
 /// `after`. Hand-written: the reader picks the kind by the key present.
 impl JsonSchema for Schedule {
@@ -140,7 +123,11 @@ impl JsonSchema for Schedule {
 
     fn json_schema(generator: &mut SchemaGenerator) -> Schema {
         let duration = generator.subschema_for::<HumanDuration>();
-        let instant = generator.subschema_for::<Instant>();
+        let instant = json!({
+            "description": "An RFC 3339 instant with its offset, such as \"2026-03-01T09:00:00Z\"; kept to the millisecond.",
+            "type": "string",
+            "format": "date-time"
+        });
         json_schema!({
             "description": "When the task fires: exactly one of cron, every, at and after.",
             "oneOf": [

@@ -60,7 +60,6 @@ pub(crate) struct SteadyArgs {
     pub(crate) seconds: u64,
 }
 
-/// The tasks have a stored fire state each.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct HandoverArgs {
     #[command(flatten)]
