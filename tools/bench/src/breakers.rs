@@ -30,8 +30,12 @@ pub(crate) struct Args {
     /// Rounds of each variant (interleaved: without, with, without, ...).
     #[arg(long, default_value_t = 3)]
     pub(crate) rounds: usize,
-    #[command(flatten)]
-    pub(crate) replicas: crate::system::Replicas<2, 64>,
+    /// In-process worker replicas.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) workers: usize,
+    /// Concurrency of each worker.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) concurrency: usize,
     /// Trials of the stop measurement.
     #[arg(long, default_value_t = 30)]
     pub(crate) trials: usize,
@@ -74,8 +78,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     Ok(json!({
         "scenario": "breakers",
         "runs": args.runs,
-        "workers": args.replicas.workers,
-        "concurrency": args.replicas.concurrency,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
         "without_breaker_runs_per_second": without,
         "closed_breaker_runs_per_second": with,
         "ratio": ratio,
@@ -103,7 +107,7 @@ async fn start_workers(
     args: &Args,
     calls: &Arc<Mutex<Vec<Instant>>>,
 ) -> anyhow::Result<Workers> {
-    Workers::start(url, prefix, args.replicas.workers, args.replicas.concurrency, || {
+    Workers::start(url, prefix, args.workers, args.concurrency, || {
         let calls = calls.clone();
         Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() }).register(
             "down",
@@ -208,7 +212,7 @@ async fn stop_latency(js: &jetstream::Context, url: &str, args: &Args) -> anyhow
         samples.push(last.saturating_duration_since(crossed));
     }
     let figures = Figures::from_samples(
-        &format!("threshold crossed → last call ({} workers)", args.replicas.workers),
+        &format!("threshold crossed → last call ({} workers)", args.workers),
         samples,
         started.elapsed(),
     );

@@ -37,8 +37,12 @@ pub(crate) struct Args {
     /// Critical runs per second, published while the backlog drains.
     #[arg(long, default_value_t = 20)]
     pub(crate) rate: u32,
-    #[command(flatten)]
-    pub(crate) replicas: crate::system::Replicas<4, 32>,
+    /// Worker replicas.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) workers: usize,
+    /// Concurrency of each replica (the worker's default).
+    #[arg(long, default_value_t = 32)]
+    pub(crate) concurrency: usize,
     /// Rounds; each runs the lanes, then one lane.
     #[arg(long, default_value_t = 3)]
     pub(crate) rounds: usize,
@@ -90,10 +94,7 @@ struct Phase {
 }
 
 pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
-    anyhow::ensure!(
-        args.rate > 0 && args.replicas.workers > 0 && args.rounds > 0,
-        "rate, workers, rounds ≥ 1"
-    );
+    anyhow::ensure!(args.rate > 0 && args.workers > 0 && args.rounds > 0, "rate, workers, rounds ≥ 1");
     let server = NatsServer::start().await;
     let js = jetstream::new(server.client().await);
     let mut rounds = Vec::new();
@@ -151,8 +152,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         "scenario": "priority",
         "backlog": args.backlog,
         "critical_per_second": args.rate,
-        "workers": args.replicas.workers,
-        "concurrency": args.replicas.concurrency,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
         "wait_measured": "publish to handler start",
         "rounds": rounds,
         "summary": summary,
@@ -220,7 +221,7 @@ async fn measure(
     let critical = Arc::new(Mutex::new(Critical::default()));
     let publishing = Arc::new(AtomicBool::new(true));
     let backlog_done = Arc::new(AtomicUsize::new(0));
-    let workers = Workers::start(url, prefix, args.replicas.workers, args.replicas.concurrency, || {
+    let workers = Workers::start(url, prefix, args.workers, args.concurrency, || {
         let (critical, backlog_done) = (critical.clone(), backlog_done.clone());
         Handlers::new().register("noop", move |run: RunContext| {
             if run.task_id == "critical" {

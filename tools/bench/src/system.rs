@@ -131,17 +131,6 @@ pub(crate) struct Workers {
     handles: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
-/// In-process worker replicas and the concurrency of each, with a scenario's defaults.
-#[derive(Debug, Clone, Copy, clap::Args)]
-pub(crate) struct Replicas<const WORKERS: usize, const CONCURRENCY: usize> {
-    /// In-process worker replicas.
-    #[arg(long, default_value_t = WORKERS)]
-    pub(crate) workers: usize,
-    /// Concurrency of each worker.
-    #[arg(long, default_value_t = CONCURRENCY)]
-    pub(crate) concurrency: usize,
-}
-
 impl Workers {
     /// `count` workers on `prefix` (instances `<prefix>-<i>`), each with `concurrency` permits
     /// and the handlers `handlers` makes for it.
