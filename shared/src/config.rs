@@ -3,14 +3,18 @@
 //! every binary runs after parsing: [`Problems`] collects every invalid setting, and
 //! [`validate_shared`] checks the settings all services share.
 
-use std::fmt;
+mod credentials;
+mod problems;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, CommandFactory, ValueEnum};
+use clap::{Args, ValueEnum};
 
+pub use self::credentials::{CredentialsError, NatsCredentials};
+pub use self::problems::{InvalidConfig, Problem, Problems};
 use crate::names::{DEFAULT_PREFIX, Names};
 use crate::topology::TopologyArgs;
 
@@ -168,79 +172,6 @@ impl NatsArgs {
     }
 }
 
-/// One NATS user's credentials, read from a file that holds one of: a credentials file (user
-/// JWT and nkey seed, as nsc issues them: it has a `-----BEGIN NATS USER JWT-----` block), an
-/// nkey seed (`SU...`), or `user:password` on one line.
-#[derive(Clone, PartialEq, Eq)]
-pub enum NatsCredentials {
-    CredsFile(PathBuf),
-    NkeyFile(PathBuf),
-    UserPassword { user: String, password: String },
-}
-
-/// Why a credentials file cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum CredentialsError {
-    #[error("cannot read it: {0}")]
-    Unreadable(#[from] std::io::Error),
-    #[error(
-        "it holds neither a NATS credentials file (-----BEGIN NATS USER JWT-----), an nkey seed (SU...) nor user:password on one line"
-    )]
-    Unrecognized,
-}
-
-impl NatsCredentials {
-    /// Reads `path` and tells which kind of credentials it holds.
-    pub fn read(path: &Path) -> Result<NatsCredentials, CredentialsError> {
-        let text = std::fs::read_to_string(path)?;
-        NatsCredentials::recognize(path, &text)
-    }
-
-    fn recognize(path: &Path, text: &str) -> Result<NatsCredentials, CredentialsError> {
-        if text.contains("-----BEGIN NATS USER JWT-----") {
-            return Ok(NatsCredentials::CredsFile(path.to_path_buf()));
-        }
-        let line = text.trim();
-        if line.contains(['\n', '\r']) {
-            return Err(CredentialsError::Unrecognized);
-        }
-        let seed = line.len() > 2
-            && line.starts_with("SU")
-            && line.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit());
-        if seed {
-            return Ok(NatsCredentials::NkeyFile(path.to_path_buf()));
-        }
-        match line.split_once(':') {
-            Some((user, password)) if !user.is_empty() && !password.is_empty() => {
-                Ok(NatsCredentials::UserPassword { user: user.to_string(), password: password.to_string() })
-            }
-            _ => Err(CredentialsError::Unrecognized),
-        }
-    }
-
-    /// The kind, for logs and reports (never the secret).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            NatsCredentials::CredsFile(_) => "credentials file",
-            NatsCredentials::NkeyFile(_) => "nkey seed",
-            NatsCredentials::UserPassword { .. } => "user and password",
-        }
-    }
-}
-
-/// Never shows the password.
-impl fmt::Debug for NatsCredentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NatsCredentials::CredsFile(path) => f.debug_tuple("CredsFile").field(path).finish(),
-            NatsCredentials::NkeyFile(path) => f.debug_tuple("NkeyFile").field(path).finish(),
-            NatsCredentials::UserPassword { user, .. } => {
-                f.debug_struct("UserPassword").field("user", user).finish_non_exhaustive()
-            }
-        }
-    }
-}
-
 /// async-nats' default buffer per subscription, in messages.
 pub const DEFAULT_SUBSCRIPTION_CAPACITY: usize = 64 * 1024;
 
@@ -315,159 +246,6 @@ pub fn default_instance_id() -> String {
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text.trim())
         .map_err(|e| format!("{text:?} is not a duration ({e}); use e.g. 90s, 5m, 1h"))
-}
-
-// ---- validation ---------------------------------------------------------------------------
-
-/// One invalid setting: its flag (long name), the value given and the rule it breaks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// Long flag name without dashes (`publish-window`); the report adds its variable.
-    pub flag: String,
-    /// The value as given (secrets are never shown).
-    pub value: String,
-    /// The rule the value breaks (`must be at least 1`).
-    pub rule: String,
-}
-
-/// Every problem found in a configuration, in the order checked.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Problems(Vec<Problem>);
-
-impl Problems {
-    pub fn new() -> Problems {
-        Problems::default()
-    }
-
-    /// Records that `flag`'s `value` breaks `rule`.
-    pub fn push(&mut self, flag: &str, value: impl fmt::Display, rule: impl Into<String>) {
-        self.0.push(Problem { flag: flag.to_string(), value: value.to_string(), rule: rule.into() });
-    }
-
-    /// Records a problem unless `ok`.
-    pub fn check(&mut self, ok: bool, flag: &str, value: impl fmt::Display, rule: impl Into<String>) {
-        if !ok {
-            self.push(flag, value, rule);
-        }
-    }
-
-    /// `flag` must be at least `min`.
-    pub fn at_least<T: PartialOrd + fmt::Display>(&mut self, flag: &str, value: T, min: T) {
-        let rule = format!("must be at least {min}");
-        self.check(value >= min, flag, value, rule);
-    }
-
-    /// `flag` must be a duration longer than zero.
-    pub fn positive(&mut self, flag: &str, value: Duration) {
-        self.check(!value.is_zero(), flag, humantime::format_duration(value), "must be longer than 0s");
-    }
-
-    /// `flag` (a duration) must be at least `min`.
-    pub fn at_least_duration(&mut self, flag: &str, value: Duration, min: Duration) {
-        let rule = format!("must be at least {}", humantime::format_duration(min));
-        self.check(value >= min, flag, humantime::format_duration(value), rule);
-    }
-
-    /// `flag` (a duration) must be at most `max`.
-    pub fn at_most_duration(&mut self, flag: &str, value: Duration, max: Duration) {
-        let rule = format!("must be at most {}", humantime::format_duration(max));
-        self.check(value <= max, flag, humantime::format_duration(value), rule);
-    }
-
-    /// `flag` (a duration) must be shorter than `other_flag`'s value.
-    pub fn shorter(&mut self, flag: &str, value: Duration, other_flag: &str, other: Duration) {
-        let rule = format!("must be shorter than --{other_flag} ({})", humantime::format_duration(other));
-        self.check(value < other, flag, humantime::format_duration(value), rule);
-    }
-
-    /// Adds the problems of another check (the shared settings, a group of flags).
-    pub fn extend(&mut self, other: Problems) {
-        self.0.extend(other.0);
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &Problem> {
-        self.0.iter()
-    }
-
-    /// `Ok` when there is no problem; otherwise every problem, each named by its flag and
-    /// environment variable as `C`'s `--help` shows them.
-    pub fn finish<C: CommandFactory>(self) -> Result<(), InvalidConfig> {
-        if self.0.is_empty() {
-            return Ok(());
-        }
-        let command = C::command();
-        let problems = self
-            .0
-            .into_iter()
-            .map(|problem| {
-                let env = command
-                    .get_arguments()
-                    .find(|arg| arg.get_long() == Some(problem.flag.as_str()))
-                    .and_then(|arg| arg.get_env())
-                    .map(|env| env.to_string_lossy().into_owned());
-                Named { problem, env }
-            })
-            .collect();
-        Err(InvalidConfig { program: command.get_name().to_string(), problems })
-    }
-}
-
-/// `--flag = value: rule`, semicolon-separated (without variable names: see
-/// [`Problems::finish`] for the full report).
-impl fmt::Display for Problems {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, problem) in self.0.iter().enumerate() {
-            let separator = if index == 0 { "" } else { "; " };
-            write!(f, "{separator}--{} = {}: {}", problem.flag, problem.value, problem.rule)?;
-        }
-        Ok(())
-    }
-}
-
-/// A problem with the environment variable of its flag, for the report.
-#[derive(Debug, Clone)]
-struct Named {
-    problem: Problem,
-    env: Option<String>,
-}
-
-/// An invalid configuration: every problem, reported at once (one line each: flag, variable,
-/// value, rule). A binary prints it and exits with [`EXIT_INVALID_CONFIG`].
-#[derive(Debug, Clone, thiserror::Error)]
-pub struct InvalidConfig {
-    program: String,
-    problems: Vec<Named>,
-}
-
-impl InvalidConfig {
-    /// The problems, in the order found.
-    pub fn problems(&self) -> impl Iterator<Item = &Problem> {
-        self.problems.iter().map(|named| &named.problem)
-    }
-}
-
-impl fmt::Display for InvalidConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let count = self.problems.len();
-        let plural = if count == 1 { "" } else { "s" };
-        write!(f, "{}: invalid configuration ({count} problem{plural}):", self.program)?;
-        for Named { problem, env } in &self.problems {
-            write!(f, "\n  --{}", problem.flag)?;
-            if let Some(env) = env {
-                write!(f, " ({env})")?;
-            }
-            write!(f, " = {}: {}", problem.value, problem.rule)?;
-        }
-        Ok(())
-    }
 }
 
 /// Checks the settings every service shares: NATS connection and credentials, prefix,

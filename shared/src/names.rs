@@ -7,12 +7,17 @@
 use crate::error::{ApiError, ErrorCode};
 use crate::priority::Priority;
 
+mod api;
 mod breaker_keys;
+mod msg_ids;
 mod reserved;
 
 #[cfg(test)]
 use breaker_keys::is_name_token;
 pub use breaker_keys::{BreakerKey, breaker_named_key, breaker_shared_key, breaker_task_key};
+pub use msg_ids::{
+    dead_letter_msg_id, dispatch_msg_id, event_msg_id, manual_msg_id, pause_request_msg_id, replay_msg_id,
+};
 pub use reserved::ReservedSpace;
 
 /// The default prefix.
@@ -169,7 +174,11 @@ impl Names {
     }
     /// Splits an intake subject back into `(namespace, task_id)`.
     pub fn parse_submit_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str)> {
-        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".submit.")?;
+        self.parse_task_subject(".submit.", subject)
+    }
+    /// `(namespace, task_id)` of a subject `<prefix><infix><namespace>.<task_id>`.
+    fn parse_task_subject<'a>(&self, infix: &str, subject: &'a str) -> Option<(&'a str, &'a str)> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(infix)?;
         let (namespace, task_id) = rest.split_once('.')?;
         (!namespace.is_empty() && !task_id.is_empty() && !task_id.contains('.'))
             .then_some((namespace, task_id))
@@ -186,10 +195,7 @@ impl Names {
     }
     /// Splits a pause-request subject back into `(namespace, task_id)`.
     pub fn parse_pause_request_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str)> {
-        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".control.pause.")?;
-        let (namespace, task_id) = rest.split_once('.')?;
-        (!namespace.is_empty() && !task_id.is_empty() && !task_id.contains('.'))
-            .then_some((namespace, task_id))
+        self.parse_task_subject(".control.pause.", subject)
     }
 
     /// A run delayed by its open breaker, held by the server until its time (one subject per
@@ -259,6 +265,13 @@ impl Names {
     pub fn dlq_wildcard(&self) -> String {
         format!("{}.dlq.>", self.prefix)
     }
+    /// Splits a dead-letter subject back into `(queue, namespace, task_id)`.
+    pub fn parse_dlq_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str, &'a str)> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".dlq.")?;
+        let mut parts = rest.splitn(3, '.');
+        let (queue, namespace, task_id) = (parts.next()?, parts.next()?, parts.next()?);
+        (!task_id.contains('.')).then_some((queue, namespace, task_id))
+    }
 
     /// `jetsched.event.<kind>.<namespace>.<task_id>`, kind being dotted (`task.registered`).
     pub fn event_subject(&self, kind: &str, namespace: &str, task_id: &str) -> String {
@@ -289,98 +302,6 @@ impl Names {
     /// a verdict (any consumer of the dispatch stream).
     pub fn max_deliveries_advisory_subject(&self) -> String {
         format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.*", self.dispatch_stream())
-    }
-
-    // ---- the request/reply API ---------------------------------------------------------
-
-    /// Name of the NATS micro service (`nats micro ls`).
-    pub fn service_name(&self) -> String {
-        format!("{}-registry", self.prefix)
-    }
-    /// The presence micro service of a role: `jetsched-scheduler`, `jetsched-worker`, ...
-    pub fn presence_service(&self, role: &str) -> String {
-        format!("{}-{role}", self.prefix)
-    }
-    /// `jetsched.api.task` — the group every task endpoint lives under.
-    pub fn task_api_group(&self) -> String {
-        format!("{}.api.task", self.prefix)
-    }
-    /// `jetsched.api.task.<endpoint>`.
-    pub fn task_api_subject(&self, endpoint: &str) -> String {
-        format!("{}.{endpoint}", self.task_api_group())
-    }
-    /// `jetsched.api.dlq` — the group of the dead-letter endpoints.
-    pub fn dlq_api_group(&self) -> String {
-        format!("{}.api.dlq", self.prefix)
-    }
-    pub fn dlq_api_subject(&self, endpoint: &str) -> String {
-        format!("{}.{endpoint}", self.dlq_api_group())
-    }
-    /// `jetsched.api.task.<endpoint>.<namespace>`: a task endpoint scoped to one namespace, so
-    /// NATS permissions can grant a team its namespace and nothing else.
-    pub fn task_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
-        format!("{}.{endpoint}.{namespace}", self.task_api_group())
-    }
-    /// `jetsched.api.dlq.<endpoint>.<namespace>`.
-    pub fn dlq_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
-        format!("{}.{endpoint}.{namespace}", self.dlq_api_group())
-    }
-    /// `jetsched.api.breaker` — the group of the breaker endpoints (`list`, `get`, `reset`).
-    pub fn breaker_api_group(&self) -> String {
-        format!("{}.api.breaker", self.prefix)
-    }
-    /// `jetsched.api.breaker.<endpoint>`.
-    pub fn breaker_api_subject(&self, endpoint: &str) -> String {
-        format!("{}.{endpoint}", self.breaker_api_group())
-    }
-    /// `jetsched.api.runs` — run records read through the registry (namespaced only: a run
-    /// record's key carries no namespace, so only the registry can check it).
-    pub fn runs_api_group(&self) -> String {
-        format!("{}.api.runs", self.prefix)
-    }
-    /// `jetsched.api.runs.<endpoint>.<namespace>`.
-    pub fn runs_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
-        format!("{}.{endpoint}.{namespace}", self.runs_api_group())
-    }
-    /// `jetsched.api.events` — a namespace's event history read through the registry
-    /// (namespaced only: a team whose account has no access to the events stream reads its
-    /// history here, and follows new events on its live subjects).
-    pub fn events_api_group(&self) -> String {
-        format!("{}.api.events", self.prefix)
-    }
-    /// `jetsched.api.events.<endpoint>.<namespace>`.
-    pub fn events_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
-        format!("{}.{endpoint}.{namespace}", self.events_api_group())
-    }
-    /// The namespace of a namespaced API subject (`<group>.<endpoint>.<namespace>`, `group`
-    /// being one of the groups above), or `None` for any other subject.
-    pub fn api_namespace<'a>(&self, group: &str, subject: &'a str) -> Option<&'a str> {
-        let rest = subject.strip_prefix(group)?.strip_prefix('.')?;
-        let (endpoint, namespace) = rest.split_once('.')?;
-        (!endpoint.is_empty() && !namespace.is_empty() && !namespace.contains('.')).then_some(namespace)
-    }
-    /// Every event of one namespace, whatever its kind: `jetsched.event.*.*.<namespace>.>`
-    /// (kinds are two tokens). The live subscription and the events-consumer filter of a team.
-    pub fn namespace_events_filter(&self, namespace: &str) -> String {
-        format!("{}.event.*.*.{namespace}.>", self.prefix)
-    }
-    /// The reply-subject prefix of a team's connections, `_INBOX.<namespace>`: a team may
-    /// subscribe to its own replies only (`_INBOX.<namespace>.>`; with `_INBOX.>` it could
-    /// subscribe to every reply of the account), while the services, which answer any
-    /// `_INBOX.>`, need nothing per team.
-    pub fn namespace_inbox_prefix(namespace: &str) -> String {
-        format!("_INBOX.{namespace}")
-    }
-    /// Splits a dead-letter subject back into `(queue, namespace, task_id)`.
-    pub fn parse_dlq_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str, &'a str)> {
-        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".dlq.")?;
-        let mut parts = rest.splitn(3, '.');
-        let (queue, namespace, task_id) = (parts.next()?, parts.next()?, parts.next()?);
-        (!task_id.contains('.')).then_some((queue, namespace, task_id))
-    }
-    /// Catches requests to endpoints that do not exist: `jetsched.api.>`.
-    pub fn api_wildcard(&self) -> String {
-        format!("{}.api.>", self.prefix)
     }
 
     // ---- consumers and keys -------------------------------------------------------------
@@ -477,43 +398,6 @@ pub fn task_key(namespace: &str, task_id: &str) -> String {
 /// Splits a task key back into `(namespace, task_id)`.
 pub fn split_task_key(key: &str) -> Option<(&str, &str)> {
     key.split_once('.')
-}
-
-/// The de-duplication id of a pause request: `pause:<namespace>.<task_id>:<execution_id>` (the
-/// execution whose failure reached the count), so a retried publish is absorbed.
-pub fn pause_request_msg_id(namespace: &str, task_id: &str, execution_id: &str) -> String {
-    format!("pause:{namespace}.{task_id}:{execution_id}")
-}
-
-/// The de-duplication id of a fire: `<namespace>.<task_id>:<nominal_unix_ms>`. Derived from the
-/// nominal time, never from `now`, so an old and a new leader produce the same id.
-pub fn dispatch_msg_id(namespace: &str, task_id: &str, nominal_unix_ms: i64) -> String {
-    format!("{namespace}.{task_id}:{nominal_unix_ms}")
-}
-
-// ---- message ids (`Nats-Msg-Id`) -------------------------------------------------------------
-
-/// The de-duplication id of a manual run: `<namespace>.<task_id>:manual:<execution_id>`
-/// (each trigger is a run of its own; a retried publish of the same one is absorbed).
-pub fn manual_msg_id(namespace: &str, task_id: &str, execution_id: &str) -> String {
-    format!("{namespace}.{task_id}:manual:{execution_id}")
-}
-
-/// The de-duplication id of a replayed dead letter: `replay:<execution id of the dead run>`, so
-/// a replay request retried before the entry is removed dispatches it once.
-pub fn replay_msg_id(dead_execution_id: &str) -> String {
-    format!("replay:{dead_execution_id}")
-}
-
-/// The de-duplication id of a dead letter: `dlq:<execution_id>` (one entry per run).
-pub fn dead_letter_msg_id(execution_id: &str) -> String {
-    format!("dlq:{execution_id}")
-}
-
-/// The de-duplication id of one event: random and time-ordered, the same for every retry of
-/// that event's publish.
-pub fn event_msg_id() -> String {
-    uuid::Uuid::now_v7().to_string()
 }
 
 /// The environment variable that lets nats-server's own message tracing trace sampled

@@ -7,7 +7,20 @@ use serde::{Deserialize, Serialize};
 
 /// How urgent a run is. Each priority of a queue is its own lane (subject and durable
 /// consumer); `normal` keeps the queue's original subject and consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {
     Critical,

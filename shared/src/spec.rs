@@ -9,7 +9,9 @@
 mod breaker;
 mod executor;
 mod fast;
+mod read;
 mod retry;
+mod schema;
 #[cfg(test)]
 mod tests;
 
@@ -17,54 +19,81 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
+use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 
 pub use self::breaker::{BreakerSpec, OnOpen};
 pub use self::executor::{Executor, confined_subject};
+pub use self::read::validate_id;
+use self::read::{
+    MISFIRE, OVERLAP, PRIORITY, check_label, check_pause_after_failures, check_paused_reason, choice, lookup,
+    read_jitter, validate_name,
+};
 pub use self::retry::RetryPolicy;
-use crate::error::{ApiError, ApiErrors, ErrorCode};
-use crate::field::{self, Obj, Problems, err, format_duration, truncate_ms};
+pub use self::schema::{SCHEMA_PATH, json_schema, json_schema_text};
+use crate::error::{ApiError, ErrorCode};
+use crate::field::{self, format_duration, truncate_ms};
 pub use crate::priority::Priority;
 use crate::schedule::Schedule;
 
 /// A validated task spec. See the README, "The task spec".
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
+#[schemars(deny_unknown_fields, title = "jetsched task spec", transform = schema::task_spec_rules)]
 pub struct TaskSpec {
     /// Spec format version; only 1 exists.
+    #[schemars(default = "schema::one", range(min = 1, max = 1))]
     pub version: u32,
     /// `[A-Za-z0-9_-]{1,128}`.
+    #[schemars(pattern(r"^[A-Za-z0-9_-]{1,128}$"))]
     pub id: String,
     /// Same rule as `id`; default `default`.
+    #[schemars(default = "schema::default_name", pattern(r"^[A-Za-z0-9_-]{1,128}$"))]
     pub namespace: String,
     pub schedule: Schedule,
     /// `[A-Za-z0-9_-]{1,64}`; default `default`.
+    #[schemars(default = "schema::default_name", pattern(r"^[A-Za-z0-9_-]{1,64}$"))]
     pub queue: String,
     /// The lane of the queue its runs wait in; default `normal`.
+    #[schemars(default)]
     pub priority: Priority,
     pub executor: Executor,
     /// Per-attempt limit, `0 < timeout <= 24h`; default 5m.
+    #[schemars(with = "schema::HumanDuration", default = "schema::timeout")]
     pub timeout: Duration,
+    #[schemars(default = "schema::retry")]
     pub retry: RetryPolicy,
+    #[schemars(default = "schema::misfire")]
     pub misfire: MisfirePolicy,
     /// How late a fire may still be delivered (and how old an `at` may be at admission); default 1h.
+    #[schemars(with = "schema::HumanDuration", default = "schema::catchup_window")]
     pub catchup_window: Duration,
+    #[schemars(default = "schema::overlap")]
     pub overlap: OverlapPolicy,
     pub jitter: Option<Jitter>,
+    #[schemars(default)]
     pub paused: bool,
     /// Why the task is paused (`consecutive_failures` when auto-paused, or a user's text), at
     /// most 256 characters; only with `paused`. Resuming clears it.
+    #[schemars(length(min = 1, max = 256))]
     pub paused_reason: Option<String>,
     /// The circuit breaker runs of this task go through, if any.
     pub breaker: Option<BreakerSpec>,
     /// Pause the task after this many consecutive runs ended `failed` or `dead` (at least 1).
+    #[schemars(range(min = 1))]
     pub pause_after_failures: Option<u32>,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
+    #[schemars(
+        default = "schema::empty_map",
+        inner(length(max = 256)),
+        extend("propertyNames" = {"pattern": "^[A-Za-z0-9_./-]{1,63}$"}, "maxProperties" = 64)
+    )]
     pub labels: BTreeMap<String, String>,
 }
 
 /// What to do with fires missed while no scheduler was running (within `catchup_window`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, JsonSchema)]
+#[schemars(rename_all = "snake_case")]
 pub enum MisfirePolicy {
     /// Drop missed fires.
     Skip,
@@ -76,7 +105,8 @@ pub enum MisfirePolicy {
 }
 
 /// What to do when a fire comes while the previous run of the task is still in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, JsonSchema)]
+#[schemars(rename_all = "snake_case")]
 pub enum OverlapPolicy {
     /// Run concurrently.
     #[default]
@@ -89,9 +119,12 @@ pub enum OverlapPolicy {
 
 /// Spreads fires of a task in time: `spread` is a deterministic per-task offset
 /// ([`TaskSpec::jitter_offset`]), `max_random` a random extra delay chosen per fire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+#[schemars(deny_unknown_fields, transform = schema::jitter_rules)]
 pub struct Jitter {
+    #[schemars(with = "Option<schema::HumanDuration>")]
     pub spread: Option<Duration>,
+    #[schemars(with = "Option<schema::HumanDuration>")]
     pub max_random: Option<Duration>,
 }
 
@@ -115,27 +148,6 @@ impl OverlapPolicy {
     }
 }
 
-const FIELDS: &[&str] = &[
-    "version",
-    "id",
-    "namespace",
-    "schedule",
-    "queue",
-    "priority",
-    "executor",
-    "timeout",
-    "retry",
-    "misfire",
-    "catchup_window",
-    "overlap",
-    "jitter",
-    "paused",
-    "paused_reason",
-    "breaker",
-    "pause_after_failures",
-    "labels",
-];
-
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 const DEFAULT_CATCHUP_WINDOW: Duration = Duration::from_secs(3600);
@@ -143,252 +155,7 @@ const MAX_LABELS: usize = 64;
 /// The longest `paused_reason`, in characters.
 pub const MAX_PAUSED_REASON: usize = 256;
 
-/// Checks a `paused_reason`: 1 to [`MAX_PAUSED_REASON`] characters, and only on a paused task.
-fn check_paused_reason(reason: &str, paused: bool) -> Result<(), ApiError> {
-    let length = reason.chars().count();
-    if length == 0 || length > MAX_PAUSED_REASON {
-        return Err(err(
-            ErrorCode::InvalidValue,
-            "paused_reason",
-            format!("must be 1 to {MAX_PAUSED_REASON} characters"),
-        ));
-    }
-    if !paused {
-        return Err(err(ErrorCode::InvalidValue, "paused_reason", "only a paused task has a reason"));
-    }
-    Ok(())
-}
-
-/// Checks `pause_after_failures`: at least 1.
-fn check_pause_after_failures(n: u32) -> Result<(), ApiError> {
-    if n == 0 {
-        return Err(err(ErrorCode::InvalidValue, "pause_after_failures", "must be at least 1"));
-    }
-    Ok(())
-}
-
-/// Checks an id or namespace against `[A-Za-z0-9_-]{1,128}` (`invalid_id` at `field`).
-pub fn validate_id(field: &str, value: &str) -> Result<(), ApiError> {
-    validate_name(field, value, 128)
-}
-
-fn validate_name(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
-    let ok = (1..=max).contains(&value.len())
-        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::at(
-            ErrorCode::InvalidId,
-            field,
-            format!("{value:?} must match [A-Za-z0-9_-]{{1,{max}}}"),
-        ))
-    }
-}
-
-fn check_label(path: &str, key: &str, value: &str) -> Result<(), ApiError> {
-    let key_ok = (1..=63).contains(&key.len())
-        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'/' | b'-'));
-    if !key_ok {
-        return Err(err(
-            ErrorCode::InvalidId,
-            path,
-            format!("label key {key:?} must match [A-Za-z0-9_./-]{{1,63}}"),
-        ));
-    }
-    if value.chars().count() > 256 {
-        return Err(err(ErrorCode::InvalidValue, path, "label values are at most 256 characters"));
-    }
-    Ok(())
-}
-
-/// The spellings of [`MisfirePolicy`] and [`OverlapPolicy`] in a spec.
-const MISFIRE: &[(&str, MisfirePolicy)] = &[
-    ("skip", MisfirePolicy::Skip),
-    ("fire_once", MisfirePolicy::FireOnce),
-    ("fire_all", MisfirePolicy::FireAll),
-];
-/// The spellings of [`Priority`] in a spec.
-const PRIORITY: &[(&str, Priority)] = &[
-    ("critical", Priority::Critical),
-    ("high", Priority::High),
-    ("normal", Priority::Normal),
-    ("low", Priority::Low),
-];
-const OVERLAP: &[(&str, OverlapPolicy)] = &[
-    ("allow", OverlapPolicy::Allow),
-    ("skip", OverlapPolicy::Skip),
-    ("buffer_one", OverlapPolicy::BufferOne),
-];
-
-/// The value `text` names among `choices`.
-fn lookup<T: Copy>(text: &str, choices: &[(&str, T)]) -> Option<T> {
-    choices.iter().find(|(name, _)| *name == text).map(|(_, value)| *value)
-}
-
-/// Reads an enum-like string field: `None` when absent, `invalid_value` when not one of `choices`.
-fn choice<T: Copy>(obj: &Obj<'_>, key: &str, choices: &[(&str, T)]) -> Result<Option<T>, ApiError> {
-    let Some(text) = obj.string(key)? else { return Ok(None) };
-    match lookup(text, choices) {
-        Some(value) => Ok(Some(value)),
-        None => {
-            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-            Err(err(
-                ErrorCode::InvalidValue,
-                &obj.path(key),
-                format!("{text:?} is not one of {}", names.join(", ")),
-            ))
-        }
-    }
-}
-
-/// The `jitter` object: `spread`, `max_random` or both.
-fn read_jitter(value: &Value, problems: &mut Problems) -> Option<Jitter> {
-    let j = problems.take(Obj::new(value, "jitter"))?;
-    j.deny_unknown(&["spread", "max_random"], problems);
-    let spread = problems.take(j.duration("spread"));
-    let max_random = problems.take(j.duration("max_random"));
-    let jitter = Jitter { spread: spread?, max_random: max_random? };
-    if jitter.spread.is_none() && jitter.max_random.is_none() {
-        problems.push(err(ErrorCode::InvalidValue, "jitter", "give spread, max_random or both"));
-        return None;
-    }
-    Some(jitter)
-}
-
-/// The `labels` object: at most [`MAX_LABELS`], each checked by [`check_label`].
-fn read_labels(obj: &Obj<'_>, problems: &mut Problems) -> Option<BTreeMap<String, String>> {
-    let labels = obj.string_map("labels", check_label, problems)?;
-    if labels.len() > MAX_LABELS {
-        problems.push(err(ErrorCode::InvalidValue, "labels", format!("at most {MAX_LABELS} labels")));
-        return None;
-    }
-    Some(labels)
-}
-
 impl TaskSpec {
-    /// Parses and validates a JSON spec (structure only: no clock is consulted). A spec with
-    /// several problems is refused with each of them, in the order the reader meets them: the
-    /// unknown fields of an object first, then its fields in the order of the spec's
-    /// documentation (`version`, `id`, `namespace`, `schedule`, `queue`, `executor`, ...).
-    ///
-    /// A typed fast path handles well-formed specs without building a `Value` tree; anything it
-    /// does not accept goes through the field-by-field reader, which names every problem.
-    pub fn parse(bytes: &[u8]) -> Result<TaskSpec, ApiErrors> {
-        if let Some(spec) = fast::parse(bytes) {
-            return Ok(spec);
-        }
-        TaskSpec::parse_reference(bytes)
-    }
-
-    /// The reference reader behind [`parse`](Self::parse): a `Value` first, then field by field
-    /// with a code and path per problem. Public for differential tests and fuzzing: it accepts
-    /// exactly what `parse` accepts, only slower.
-    #[doc(hidden)]
-    pub fn parse_reference(bytes: &[u8]) -> Result<TaskSpec, ApiErrors> {
-        let value: Value = serde_json::from_slice(bytes)
-            .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("the spec is not valid JSON: {e}")))?;
-        TaskSpec::from_value(&value)
-    }
-
-    /// Validates an already-decoded JSON spec.
-    pub fn parse_value(value: Value) -> Result<TaskSpec, ApiErrors> {
-        TaskSpec::from_value(&value)
-    }
-
-    fn from_value(value: &Value) -> Result<TaskSpec, ApiErrors> {
-        Problems::collect(|problems| TaskSpec::read(value, problems))
-    }
-
-    /// Reads the spec field by field, recording each problem and going on with the next field.
-    fn read(value: &Value, problems: &mut Problems) -> Option<TaskSpec> {
-        let obj = problems.take(Obj::new(value, ""))?;
-        obj.deny_unknown(FIELDS, problems);
-
-        let version = problems.take_opt(obj.u32("version")).unwrap_or(1);
-        if version != 1 {
-            problems.push(err(
-                ErrorCode::InvalidValue,
-                "version",
-                format!("unsupported version {version}; only 1"),
-            ));
-        }
-        let id = problems.take(obj.required_string("id").and_then(|id| validate_id("id", id).map(|()| id)));
-        let namespace = problems
-            .take(obj.string("namespace").and_then(|namespace| {
-                let namespace = namespace.unwrap_or("default");
-                validate_id("namespace", namespace).map(|()| namespace)
-            }))
-            .unwrap_or("default");
-        let schedule = problems.take(obj.required("schedule")).and_then(|v| Schedule::read(v, problems));
-        let queue = problems
-            .take(obj.string("queue").and_then(|queue| {
-                let queue = queue.unwrap_or("default");
-                validate_name("queue", queue, 64).map(|()| queue)
-            }))
-            .unwrap_or("default");
-        let priority = problems.take_opt(choice(&obj, "priority", PRIORITY)).unwrap_or_default();
-        let executor =
-            problems.take(obj.required("executor")).and_then(|v| Executor::read(v, "executor", problems));
-
-        let timeout = problems.take_opt(obj.duration("timeout")).unwrap_or(DEFAULT_TIMEOUT);
-        if timeout > MAX_TIMEOUT {
-            problems.push(err(ErrorCode::InvalidValue, "timeout", "must be at most 24h"));
-        }
-        let retry = match obj.get("retry") {
-            Some(retry) => RetryPolicy::read(retry, problems),
-            None => Some(RetryPolicy::default()),
-        };
-        let misfire = problems.take_opt(choice(&obj, "misfire", MISFIRE)).unwrap_or_default();
-        let catchup_window =
-            problems.take_opt(obj.duration("catchup_window")).unwrap_or(DEFAULT_CATCHUP_WINDOW);
-        let overlap = problems.take_opt(choice(&obj, "overlap", OVERLAP)).unwrap_or_default();
-        // Outer `Some`: given; inner `None`: refused.
-        let jitter = obj.get("jitter").map(|jitter| read_jitter(jitter, problems));
-        let paused = problems.take_opt(obj.bool("paused")).unwrap_or(false);
-        let paused_reason = problems.take(obj.string("paused_reason").and_then(|reason| match reason {
-            Some(reason) => check_paused_reason(reason, paused).map(|()| Some(reason.to_owned())),
-            None => Ok(None),
-        }));
-        // Outer `Some`: given; inner `None`: refused.
-        let breaker = obj.get("breaker").map(|breaker| BreakerSpec::read(breaker, problems));
-        let pause_after_failures = problems.take(obj.u32("pause_after_failures").and_then(|n| match n {
-            Some(n) => check_pause_after_failures(n).map(|()| Some(n)),
-            None => Ok(None),
-        }));
-        let labels = read_labels(&obj, problems);
-        if !problems.is_empty() {
-            return None;
-        }
-
-        Some(TaskSpec {
-            version,
-            id: id?.to_owned(),
-            namespace: namespace.to_owned(),
-            schedule: schedule?,
-            queue: queue.to_owned(),
-            priority,
-            executor: executor?,
-            timeout,
-            retry: retry?,
-            misfire,
-            catchup_window,
-            overlap,
-            jitter: match jitter {
-                Some(jitter) => Some(jitter?),
-                None => None,
-            },
-            paused,
-            paused_reason: paused_reason?,
-            breaker: match breaker {
-                Some(breaker) => Some(breaker?),
-                None => None,
-            },
-            pause_after_failures: pause_after_failures?,
-            labels: labels?,
-        })
-    }
-
     /// Admission at registration time `now`: `after` becomes `at = now + delay`; an `at` older than
     /// `now - catchup_window` is `in_the_past` (field `schedule.at`), and so is a cron whose year
     /// range has no fire after `now` (field `schedule.cron`). A `nats` executor whose subject

@@ -1,6 +1,7 @@
 //! Alerter metrics, registered on the registry passed in (no global registry).
 
-use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use jetsched_shared::metrics::{counter_vec, gauge, gauge_vec};
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 #[derive(Clone)]
 pub(crate) struct Metrics {
@@ -32,69 +33,68 @@ pub(crate) struct Metrics {
 
 impl Metrics {
     pub(crate) fn register(registry: &Registry) -> anyhow::Result<Metrics> {
-        let raised = IntCounterVec::new(
-            Opts::new("jetsched_alerts_raised_total", "Rule firings before de-duplication"),
-            &["rule"],
-        )?;
-        let sent = IntCounterVec::new(
-            Opts::new("jetsched_alerts_sent_total", "Alert messages delivered, by rule and channel"),
-            &["rule", "channel"],
-        )?;
-        let suppressed = IntCounterVec::new(
-            Opts::new("jetsched_alerts_suppressed_total", "Alerts not sent, by rule and reason"),
-            &["rule", "reason"],
-        )?;
-        let channel_failures = IntCounterVec::new(
-            Opts::new("jetsched_alert_channel_failures_total", "Alert messages a channel gave up on"),
-            &["channel"],
-        )?;
-        let channel_dropped = IntCounterVec::new(
-            Opts::new("jetsched_alert_channel_dropped_total", "Alert messages dropped: channel queue full"),
-            &["channel"],
-        )?;
-        let events = IntCounterVec::new(
-            Opts::new("jetsched_alerter_events_total", "Events consumed by the alerter, by kind"),
-            &["kind"],
-        )?;
-        let queue_depth = IntGaugeVec::new(
-            Opts::new("jetsched_queue_depth", "Pending dispatches of each queue's consumer"),
-            &["queue"],
-        )?;
-        let dlq_depth = IntGauge::new("jetsched_dlq_depth", "Messages in the dead-letter stream")?;
-        let dlq_bytes = IntGauge::new("jetsched_dlq_bytes", "Bytes in the dead-letter stream")?;
-        let dlq_max_bytes =
-            IntGauge::new("jetsched_dlq_max_bytes", "Byte limit of the dead-letter stream (-1: unlimited)")?;
-        let leader_present =
-            IntGauge::new("jetsched_leader_present", "1 while a scheduler holds the leader lease")?;
-        let errors = IntCounterVec::new(
-            Opts::new("jetsched_alerter_errors_total", "NATS errors handled by the alerter"),
-            &["what"],
-        )?;
-        registry.register(Box::new(raised.clone()))?;
-        registry.register(Box::new(sent.clone()))?;
-        registry.register(Box::new(suppressed.clone()))?;
-        registry.register(Box::new(channel_failures.clone()))?;
-        registry.register(Box::new(channel_dropped.clone()))?;
-        registry.register(Box::new(events.clone()))?;
-        registry.register(Box::new(queue_depth.clone()))?;
-        registry.register(Box::new(dlq_depth.clone()))?;
-        registry.register(Box::new(dlq_bytes.clone()))?;
-        registry.register(Box::new(dlq_max_bytes.clone()))?;
-        registry.register(Box::new(leader_present.clone()))?;
-        registry.register(Box::new(errors.clone()))?;
+        let r = registry;
         Ok(Metrics {
-            raised,
-            sent,
-            suppressed,
-            channel_failures,
-            channel_dropped,
-            events,
-            queue_depth,
-            dlq_depth,
-            dlq_bytes,
-            dlq_max_bytes,
-            leader_present,
-            errors,
+            raised: counter_vec(
+                r,
+                "jetsched_alerts_raised_total",
+                "Rule firings before de-duplication",
+                &["rule"],
+            )?,
+            sent: counter_vec(
+                r,
+                "jetsched_alerts_sent_total",
+                "Alert messages delivered, by rule and channel",
+                &["rule", "channel"],
+            )?,
+            suppressed: counter_vec(
+                r,
+                "jetsched_alerts_suppressed_total",
+                "Alerts not sent, by rule and reason",
+                &["rule", "reason"],
+            )?,
+            channel_failures: counter_vec(
+                r,
+                "jetsched_alert_channel_failures_total",
+                "Alert messages a channel gave up on",
+                &["channel"],
+            )?,
+            channel_dropped: counter_vec(
+                r,
+                "jetsched_alert_channel_dropped_total",
+                "Alert messages dropped: channel queue full",
+                &["channel"],
+            )?,
+            events: counter_vec(
+                r,
+                "jetsched_alerter_events_total",
+                "Events consumed by the alerter, by kind",
+                &["kind"],
+            )?,
+            queue_depth: gauge_vec(
+                r,
+                "jetsched_queue_depth",
+                "Pending dispatches of each queue's consumer",
+                &["queue"],
+            )?,
+            dlq_depth: gauge(r, "jetsched_dlq_depth", "Messages in the dead-letter stream")?,
+            dlq_bytes: gauge(r, "jetsched_dlq_bytes", "Bytes in the dead-letter stream")?,
+            dlq_max_bytes: gauge(
+                r,
+                "jetsched_dlq_max_bytes",
+                "Byte limit of the dead-letter stream (-1: unlimited)",
+            )?,
+            leader_present: gauge(
+                r,
+                "jetsched_leader_present",
+                "1 while a scheduler holds the leader lease",
+            )?,
+            errors: counter_vec(
+                r,
+                "jetsched_alerter_errors_total",
+                "NATS errors handled by the alerter",
+                &["what"],
+            )?,
         })
     }
 }

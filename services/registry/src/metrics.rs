@@ -1,6 +1,7 @@
 //! Registry metrics, registered on the registry passed in (no global registry).
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use jetsched_shared::metrics::{counter_vec, histogram_vec};
+use prometheus::{HistogramVec, IntCounterVec, Registry};
 
 #[derive(Clone)]
 pub(crate) struct Metrics {
@@ -17,34 +18,39 @@ pub(crate) struct Metrics {
 
 impl Metrics {
     pub(crate) fn register(registry: &Registry) -> anyhow::Result<Metrics> {
-        let requests = IntCounterVec::new(
-            Opts::new("jetsched_api_requests_total", "Task API requests by endpoint and outcome"),
-            &["endpoint", "outcome"],
-        )?;
-        let request_seconds = HistogramVec::new(
-            HistogramOpts::new("jetsched_api_request_duration_seconds", "Task API request handling time")
-                .buckets(vec![
-                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
-                ]),
-            &["endpoint"],
-        )?;
-        let intake = IntCounterVec::new(
-            Opts::new("jetsched_intake_messages_total", "Intake submissions by outcome"),
-            &["outcome"],
-        )?;
-        let pause_requests = IntCounterVec::new(
-            Opts::new("jetsched_registry_pause_requests_total", "Workers' pause requests by outcome"),
-            &["outcome"],
-        )?;
-        let changes = IntCounterVec::new(
-            Opts::new("jetsched_task_changes_total", "Changes written to the tasks bucket by kind"),
-            &["kind"],
-        )?;
-        registry.register(Box::new(requests.clone()))?;
-        registry.register(Box::new(request_seconds.clone()))?;
-        registry.register(Box::new(intake.clone()))?;
-        registry.register(Box::new(pause_requests.clone()))?;
-        registry.register(Box::new(changes.clone()))?;
-        Ok(Metrics { requests, request_seconds, intake, pause_requests, changes })
+        let r = registry;
+        Ok(Metrics {
+            requests: counter_vec(
+                r,
+                "jetsched_api_requests_total",
+                "Task API requests by endpoint and outcome",
+                &["endpoint", "outcome"],
+            )?,
+            request_seconds: histogram_vec(
+                r,
+                "jetsched_api_request_duration_seconds",
+                "Task API request handling time",
+                &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0],
+                &["endpoint"],
+            )?,
+            intake: counter_vec(
+                r,
+                "jetsched_intake_messages_total",
+                "Intake submissions by outcome",
+                &["outcome"],
+            )?,
+            pause_requests: counter_vec(
+                r,
+                "jetsched_registry_pause_requests_total",
+                "Workers' pause requests by outcome",
+                &["outcome"],
+            )?,
+            changes: counter_vec(
+                r,
+                "jetsched_task_changes_total",
+                "Changes written to the tasks bucket by kind",
+                &["kind"],
+            )?,
+        })
     }
 }

@@ -1,6 +1,7 @@
 //! Worker metrics, registered on the registry passed in (no global registry).
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use jetsched_shared::metrics::{counter, counter_vec, gauge, gauge_vec, histogram_vec};
+use prometheus::{HistogramVec, IntCounterVec, IntGauge, Registry};
 
 #[derive(Clone)]
 pub(crate) struct Metrics {
@@ -47,95 +48,78 @@ pub(crate) struct Metrics {
 
 impl Metrics {
     pub(crate) fn register(registry: &Registry) -> anyhow::Result<Metrics> {
-        let runs = IntCounterVec::new(
-            Opts::new("jetsched_worker_runs_total", "Run attempts by queue and verdict"),
-            &["queue", "outcome", "priority"],
-        )?;
-        let duration = HistogramVec::new(
-            HistogramOpts::new("jetsched_worker_run_duration_seconds", "Duration of run attempts").buckets(
-                vec![0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0, 3600.0],
-            ),
-            &["queue", "executor"],
-        )?;
-        let retries =
-            IntCounterVec::new(Opts::new("jetsched_worker_retries_total", "Retries scheduled"), &["queue"])?;
-        let reruns = IntCounterVec::new(
-            Opts::new("jetsched_worker_reruns_total", "Runs executed again after their worker was lost"),
-            &["queue"],
-        )?;
-        let in_flight = IntGauge::new("jetsched_worker_runs_in_flight", "Runs executing now")?;
-        let dead_letters = IntCounterVec::new(
-            Opts::new("jetsched_worker_dead_letters_total", "Runs moved to the dead-letter stream"),
-            &["source"],
-        )?;
-        let dlq_rejected = prometheus::IntCounter::new(
-            "jetsched_worker_dlq_rejected_total",
-            "Dead letters refused by the DLQ",
-        )?;
-        let dlq_depth = IntGauge::new("jetsched_dlq_depth", "Messages in the dead-letter stream")?;
-        let errors = IntCounterVec::new(
-            Opts::new("jetsched_worker_errors_total", "NATS errors handled by the worker"),
-            &["what"],
-        )?;
-        let queue_depth = prometheus::IntGaugeVec::new(
-            Opts::new("jetsched_queue_depth", "Dispatches waiting in the queue, as of the latest delivery"),
-            &["queue"],
-        )?;
-        let breaker_state = prometheus::IntGaugeVec::new(
-            Opts::new(
-                "jetsched_worker_breaker_state",
-                "Circuit breaker state: 0 closed, 1 half open, 2 open",
-            ),
-            &["key"],
-        )?;
-        let short_circuited = IntCounterVec::new(
-            Opts::new(
-                "jetsched_worker_runs_short_circuited_total",
-                "Deliveries an open circuit breaker delayed or skipped",
-            ),
-            &["key", "action"],
-        )?;
-        registry.register(Box::new(breaker_state.clone()))?;
-        registry.register(Box::new(short_circuited.clone()))?;
-        let lane_depth = prometheus::IntGaugeVec::new(
-            Opts::new(
+        let r = registry;
+        Ok(Metrics {
+            runs: counter_vec(
+                r,
+                "jetsched_worker_runs_total",
+                "Run attempts by queue and verdict",
+                &["queue", "outcome", "priority"],
+            )?,
+            duration: histogram_vec(
+                r,
+                "jetsched_worker_run_duration_seconds",
+                "Duration of run attempts",
+                &[0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0, 3600.0],
+                &["queue", "executor"],
+            )?,
+            retries: counter_vec(r, "jetsched_worker_retries_total", "Retries scheduled", &["queue"])?,
+            reruns: counter_vec(
+                r,
+                "jetsched_worker_reruns_total",
+                "Runs executed again after their worker was lost",
+                &["queue"],
+            )?,
+            in_flight: gauge(r, "jetsched_worker_runs_in_flight", "Runs executing now")?,
+            dead_letters: counter_vec(
+                r,
+                "jetsched_worker_dead_letters_total",
+                "Runs moved to the dead-letter stream",
+                &["source"],
+            )?,
+            dlq_rejected: counter(
+                r,
+                "jetsched_worker_dlq_rejected_total",
+                "Dead letters refused by the DLQ",
+            )?,
+            dlq_depth: gauge(r, "jetsched_dlq_depth", "Messages in the dead-letter stream")?,
+            queue_depth: gauge_vec(
+                r,
+                "jetsched_queue_depth",
+                "Dispatches waiting in the queue, as of the latest delivery",
+                &["queue"],
+            )?,
+            lane_depth: gauge_vec(
+                r,
                 "jetsched_lane_depth",
                 "Dispatches waiting in one lane of a queue, as of its latest delivery",
-            ),
-            &["queue", "priority"],
-        )?;
-        let wait = HistogramVec::new(
-            HistogramOpts::new("jetsched_worker_wait_seconds", "From dispatch to the start of the run")
-                .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0]),
-            &["queue", "priority"],
-        )?;
-        registry.register(Box::new(queue_depth.clone()))?;
-        registry.register(Box::new(lane_depth.clone()))?;
-        registry.register(Box::new(wait.clone()))?;
-        registry.register(Box::new(runs.clone()))?;
-        registry.register(Box::new(duration.clone()))?;
-        registry.register(Box::new(retries.clone()))?;
-        registry.register(Box::new(reruns.clone()))?;
-        registry.register(Box::new(in_flight.clone()))?;
-        registry.register(Box::new(dead_letters.clone()))?;
-        registry.register(Box::new(dlq_rejected.clone()))?;
-        registry.register(Box::new(dlq_depth.clone()))?;
-        registry.register(Box::new(errors.clone()))?;
-        Ok(Metrics {
-            runs,
-            duration,
-            retries,
-            reruns,
-            in_flight,
-            dead_letters,
-            dlq_rejected,
-            dlq_depth,
-            queue_depth,
-            lane_depth,
-            wait,
-            errors,
-            breaker_state,
-            short_circuited,
+                &["queue", "priority"],
+            )?,
+            wait: histogram_vec(
+                r,
+                "jetsched_worker_wait_seconds",
+                "From dispatch to the start of the run",
+                &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0],
+                &["queue", "priority"],
+            )?,
+            errors: counter_vec(
+                r,
+                "jetsched_worker_errors_total",
+                "NATS errors handled by the worker",
+                &["what"],
+            )?,
+            breaker_state: gauge_vec(
+                r,
+                "jetsched_worker_breaker_state",
+                "Circuit breaker state: 0 closed, 1 half open, 2 open",
+                &["key"],
+            )?,
+            short_circuited: counter_vec(
+                r,
+                "jetsched_worker_runs_short_circuited_total",
+                "Deliveries an open circuit breaker delayed or skipped",
+                &["key", "action"],
+            )?,
         })
     }
 }

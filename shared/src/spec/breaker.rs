@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde_json::{Value, json};
 
-use super::{choice, lookup, validate_name};
+use super::{choice, lookup, schema, validate_name};
 use crate::error::ErrorCode;
 use crate::field::{Obj, Problems, err, format_duration};
 use crate::names;
@@ -13,29 +14,39 @@ use crate::names;
 /// A task's circuit breaker (docs/breakers.md). Without `key` the breaker is the
 /// task's own; tasks of one namespace giving the same `key` share one breaker (tasks of every
 /// namespace do when the workers declare the key shared).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
+#[schemars(deny_unknown_fields, default)]
 pub struct BreakerSpec {
     /// `[A-Za-z0-9_-]{1,64}`: the named breaker's key.
+    #[schemars(pattern(r"^[A-Za-z0-9_-]{1,64}$"), skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     /// The breaker opens when at least `min_runs` attempts fell in `window` and this share of
     /// them failed: `0 < failure_rate <= 1` (default 0.5).
+    #[schemars(range(max = 1.0), extend("exclusiveMinimum" = 0))]
     pub failure_rate: f64,
     /// At least 1 (default 10).
+    #[schemars(range(min = 1))]
     pub min_runs: u32,
-    /// The sliding window attempts are counted in (default 1m).
+    /// The sliding window attempts are counted in, at least 1s (default 1m).
+    #[schemars(with = "schema::HumanDuration", default = "schema::breaker_window")]
     pub window: Duration,
     /// How long the breaker stays open before probing (default 30s); doubled after each failed
     /// probe round up to `max_open_for`.
+    #[schemars(with = "schema::HumanDuration", default = "schema::breaker_open_for")]
     pub open_for: Duration,
     /// At least `open_for` (default 10m).
+    #[schemars(with = "schema::HumanDuration", default = "schema::breaker_max_open_for")]
     pub max_open_for: Duration,
     /// Probe attempts let through when half open, at least 1 (default 1).
+    #[schemars(range(min = 1))]
     pub half_open_runs: u32,
+    #[schemars(default = "schema::on_open")]
     pub on_open: OnOpen,
 }
 
 /// What happens to a run delivered while its breaker is open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, JsonSchema)]
+#[schemars(rename_all = "snake_case")]
 pub enum OnOpen {
     /// Run it later, once the breaker lets calls through again.
     #[default]

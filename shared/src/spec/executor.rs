@@ -2,32 +2,58 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde_json::{Value, json};
 
+use super::schema;
 use crate::error::{ApiError, ErrorCode};
 use crate::field::{Obj, Problems, err, wrong_type};
 use crate::names::{Names, ReservedSpace};
 
 /// What a worker runs for a fire. JSON: `{"kind": "http" | "nats" | "shell" | "handler", ...fields}`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
+#[schemars(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Executor {
     /// An HTTP request; 2xx is success.
     Http {
-        /// `GET POST PUT PATCH DELETE HEAD`, stored upper-case (default `POST`).
+        /// `GET POST PUT PATCH DELETE HEAD` in any case, stored upper-case (default `POST`).
+        #[schemars(default = "schema::post", pattern(r"^(?:[Gg][Ee][Tt]|[Pp][Oo][Ss][Tt]|[Pp][Uu][Tt]|[Pp][Aa][Tt][Cc][Hh]|[Dd][Ee][Ll][Ee][Tt][Ee]|[Hh][Ee][Aa][Dd])$"))]
         method: String,
         /// An `http://` or `https://` URL with a host.
+        #[schemars(pattern(r"^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\s]+([/?#]\S*)?$"))]
         url: String,
+        #[schemars(default = "schema::empty_map", extend("propertyNames" = {"pattern": HEADER_NAME}))]
         headers: BTreeMap<String, String>,
         body: Option<Value>,
     },
     /// A NATS request to `subject` (no wildcards; never in a reserved space: see
     /// [`Executor::check_confined`]).
-    Nats { subject: String, payload: Option<Value>, headers: BTreeMap<String, String> },
+    Nats {
+        #[schemars(length(min = 1, max = 255), pattern(r"^[^.\s*>]+(\.[^.\s*>]+)*$"))]
+        subject: String,
+        payload: Option<Value>,
+        #[schemars(default = "schema::empty_map", extend("propertyNames" = {"pattern": HEADER_NAME}))]
+        headers: BTreeMap<String, String>,
+    },
     /// A process started with `command` as argv (only on workers with an explicit allow-list).
-    Shell { command: Vec<String>, env: BTreeMap<String, String>, cwd: Option<String> },
+    Shell {
+        #[schemars(length(min = 1))]
+        command: Vec<String>,
+        #[schemars(default = "schema::empty_map", extend("propertyNames" = {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}))]
+        env: BTreeMap<String, String>,
+        #[schemars(length(min = 1))]
+        cwd: Option<String>,
+    },
     /// A named Rust handler registered by a program embedding the worker library.
-    Handler { name: String, payload: Option<Value> },
+    Handler {
+        #[schemars(pattern(r"^[A-Za-z0-9_.-]{1,128}$"))]
+        name: String,
+        payload: Option<Value>,
+    },
 }
+
+/// Header names are HTTP tokens (the schema's pattern for them).
+const HEADER_NAME: &str = "^[A-Za-z0-9!#$%&'*+.^_`|~-]+$";
 
 const HTTP_METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"];
 

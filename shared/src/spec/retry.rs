@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde_json::{Value, json};
 
 use crate::error::ErrorCode;
@@ -9,19 +10,26 @@ use crate::field::{Obj, Problems, err, format_duration};
 
 /// How failed attempts are retried: exponential backoff from `initial`, capped at `max_interval`,
 /// with a multiplicative `jitter`, giving up after `max_attempts` attempts or `max_elapsed`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
+#[schemars(deny_unknown_fields, default)]
 pub struct RetryPolicy {
     /// Total attempts including the first, 1..=1000 (default 3).
+    #[schemars(range(min = 1, max = 1000))]
     pub max_attempts: u32,
     /// Delay after the first failure (default 1s).
+    #[schemars(with = "super::schema::HumanDuration", default = "super::schema::retry_initial")]
     pub initial: Duration,
     /// Growth factor per failure, 1.0..=100 (default 2.0).
+    #[schemars(range(min = 1.0, max = 100.0))]
     pub multiplier: f64,
     /// Cap on the nominal delay, >= `initial` (default 60s, or `initial` when that is larger).
+    #[schemars(with = "super::schema::HumanDuration", default = "super::schema::retry_max_interval")]
     pub max_interval: Duration,
     /// Relative spread around the nominal delay, 0..=1 (default 0.2).
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub jitter: f64,
     /// Stop retrying once this much time has passed since the first attempt.
+    #[schemars(with = "Option<super::schema::HumanDuration>", skip_serializing_if = "Option::is_none")]
     pub max_elapsed: Option<Duration>,
 }
 

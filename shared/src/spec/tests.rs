@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::error::ApiErrors;
 use crate::error::ErrorCode::{self, *};
 use crate::schedule::Schedule;
 
@@ -746,17 +747,11 @@ fn minimal_spec_gets_every_default() {
     assert_eq!(spec.executor, Executor::Handler { name: "cleanup".into(), payload: None });
     assert_eq!(spec.timeout, Duration::from_secs(300));
     assert_eq!(spec.retry, RetryPolicy::default());
-    assert_eq!(
-        spec.retry,
-        RetryPolicy {
-            max_attempts: 3,
-            initial: Duration::from_secs(1),
-            multiplier: 2.0,
-            max_interval: Duration::from_secs(60),
-            jitter: 0.2,
-            max_elapsed: None,
-        }
-    );
+    // The documented defaults.
+    let RetryPolicy { max_attempts, initial, multiplier, max_interval, jitter, max_elapsed } = spec.retry;
+    let secs = Duration::from_secs;
+    assert_eq!((max_attempts, initial, multiplier, max_interval, jitter), (3, secs(1), 2.0, secs(60), 0.2));
+    assert_eq!(max_elapsed, None);
     assert_eq!(spec.misfire, MisfirePolicy::FireOnce);
     assert_eq!(spec.catchup_window, Duration::from_secs(3600));
     assert_eq!(spec.overlap, OverlapPolicy::Allow);
@@ -1367,19 +1362,12 @@ fn breaker_defaults_canonical_form_and_bucket_key() {
     let spec = TaskSpec::parse(&patched(json!({"breaker": {}, "pause_after_failures": 3}))).unwrap();
     let breaker = spec.breaker.clone().unwrap();
     assert_eq!(breaker, BreakerSpec::default());
-    assert_eq!(
-        breaker,
-        BreakerSpec {
-            key: None,
-            failure_rate: 0.5,
-            min_runs: 10,
-            window: Duration::from_secs(60),
-            open_for: Duration::from_secs(30),
-            max_open_for: Duration::from_secs(600),
-            half_open_runs: 1,
-            on_open: OnOpen::Delay,
-        }
-    );
+    // The documented defaults.
+    let BreakerSpec { key, failure_rate, min_runs, window, open_for, max_open_for, half_open_runs, on_open } =
+        breaker.clone();
+    let secs = Duration::from_secs;
+    assert_eq!((key, failure_rate, min_runs, half_open_runs, on_open), (None, 0.5, 10, 1, OnOpen::Delay));
+    assert_eq!((window, open_for, max_open_for), (secs(60), secs(30), secs(600)));
     assert_eq!(spec.pause_after_failures, Some(3));
     assert_eq!(spec.paused_reason, None);
     assert_eq!(

@@ -117,7 +117,11 @@ async fn all(size: Size) -> anyhow::Result<Value> {
         .insert("burst".into(), scheduler::burst(scheduler::BurstArgs { tasks: burst, window: 512 }).await?);
     report.insert(
         "steady".into(),
-        scheduler::steady(scheduler::SteadyArgs { tasks: steady, rate, seconds }).await?,
+        scheduler::steady(scheduler::SteadyArgs {
+            firing: scheduler::Firing { tasks: steady, rate },
+            seconds,
+        })
+        .await?,
     );
     report.insert("e2e".into(), e2e::run(e2e::Args::sized(runs, workers)).await?);
     report.insert(
@@ -131,7 +135,8 @@ async fn all(size: Size) -> anyhow::Result<Value> {
     };
     report.insert(
         "handover".into(),
-        scheduler::handover(scheduler::HandoverArgs { tasks, rate, seconds }).await?,
+        scheduler::handover(scheduler::HandoverArgs { firing: scheduler::Firing { tasks, rate }, seconds })
+            .await?,
     );
     let rounds = if matches!(size, Size::Full) { 3 } else { 1 };
     report.insert("scale".into(), scheduler::scale(scheduler::ScaleArgs { tasks: scale, rounds }).await?);

@@ -40,13 +40,21 @@ pub(crate) struct BurstArgs {
     pub(crate) window: usize,
 }
 
+/// Interval tasks firing at a steady rate (steady and handover).
 #[derive(Debug, Clone, clap::Args)]
-pub(crate) struct SteadyArgs {
+pub(crate) struct Firing {
     /// Interval tasks, spread so that `rate` fire per second.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) tasks: usize,
+    /// Fires per second over all the tasks.
     #[arg(long, default_value_t = 1000)]
     pub(crate) rate: usize,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct SteadyArgs {
+    #[command(flatten)]
+    pub(crate) firing: Firing,
     /// Measured seconds (after a warm-up of 3 s).
     #[arg(long, default_value_t = 20)]
     pub(crate) seconds: u64,
@@ -54,11 +62,8 @@ pub(crate) struct SteadyArgs {
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct HandoverArgs {
-    /// Interval tasks (each with a stored fire state), spread so that `rate` fire per second.
-    #[arg(long, default_value_t = 100_000)]
-    pub(crate) tasks: usize,
-    #[arg(long, default_value_t = 1000)]
-    pub(crate) rate: usize,
+    #[command(flatten)]
+    pub(crate) firing: Firing,
     /// Seconds of steady firing before the leader stops.
     #[arg(long, default_value_t = 10)]
     pub(crate) seconds: u64,
@@ -193,14 +198,14 @@ fn dispatch_body_len() -> anyhow::Result<usize> {
 }
 
 pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value> {
-    let n = args.tasks;
+    let n = args.firing.tasks;
     let server = NatsServer::start().await;
     let (names, topology, js) = start(&server.url()).await?;
     let scheduler = build(config(&server.url(), DEFAULT_PUBLISH_WINDOW)).await?;
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(scheduler.run(shutdown.clone()));
     wait_leader(&topology, &names).await?;
-    let (interval_ms, schedules) = spread_schedules(n, args.rate);
+    let (interval_ms, schedules) = spread_schedules(n, args.firing.rate);
     let specs = schedules
         .into_iter()
         .enumerate()
@@ -220,12 +225,12 @@ pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value
         .filter(|&&(nominal, _)| nominal >= from && nominal < to)
         .map(|&(nominal, stored)| stored - nominal * 1000)
         .collect();
-    let expected = ((to - from) as f64 / 1000.0) * args.rate as f64;
+    let expected = ((to - from) as f64 / 1000.0) * args.firing.rate as f64;
     let lag = Lag::from_micros(lags);
     let rate = lag.samples as f64 / ((to - from) as f64 / 1000.0);
     eprintln!(
         "steady: {n} tasks, {rate:.0} fires/s (asked {}), lag p50 {:.2} / p99 {:.2} / max {:.2} ms",
-        args.rate, lag.p50_ms, lag.p99_ms, lag.max_ms
+        args.firing.rate, lag.p50_ms, lag.p99_ms, lag.max_ms
     );
     Ok(json!({
         "scenario": "steady",
@@ -242,10 +247,10 @@ pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value
 /// follower started beside it (its tasks and fire state already loaded) takes over: fire lag
 /// of the fires around the handover.
 pub(crate) async fn handover(args: HandoverArgs) -> anyhow::Result<serde_json::Value> {
-    let n = args.tasks;
+    let n = args.firing.tasks;
     let server = NatsServer::start().await;
     let (names, topology, js) = start(&server.url()).await?;
-    let (_, schedules) = spread_schedules(n, args.rate);
+    let (_, schedules) = spread_schedules(n, args.firing.rate);
     let specs = schedules
         .into_iter()
         .enumerate()
@@ -304,12 +309,12 @@ pub(crate) async fn handover(args: HandoverArgs) -> anyhow::Result<serde_json::V
     eprintln!(
         "handover: {n} tasks at {} fires/s; old leader stopped in {stop_ms:.0} ms; first fire after the stop \
          stored {first_after_ms:.0} ms after it; lag of the fires within -0.5 s..+4 s: p50 {:.2} / p99 {:.2} / max {:.2} ms",
-        args.rate, lag.p50_ms, lag.p99_ms, lag.max_ms
+        args.firing.rate, lag.p50_ms, lag.p99_ms, lag.max_ms
     );
     Ok(json!({
         "scenario": "handover",
         "tasks": n,
-        "rate": args.rate,
+        "rate": args.firing.rate,
         "stop_ms": stop_ms,
         "first_fire_after_stop_ms": first_after_ms,
         "lag": lag,
