@@ -19,7 +19,7 @@ use futures::{FutureExt, StreamExt};
 use serde::Deserialize;
 use tokio::time::{Instant, sleep_until};
 
-use crate::pipeline::Fire;
+use crate::fire::Fire;
 
 /// How long a publish waits for its acknowledgement (as a JetStream request by default).
 pub(crate) const ACK_TIMEOUT: Duration = Duration::from_secs(5);

@@ -8,6 +8,7 @@ mod clock;
 mod config;
 mod core;
 mod discovery;
+mod fire;
 mod flush;
 mod follow;
 mod lease;

@@ -15,7 +15,7 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use jetsched_shared::spec::OverlapPolicy;
 
-use crate::pipeline::Fire;
+use crate::fire::Fire;
 
 mod rules;
 

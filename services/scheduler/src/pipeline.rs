@@ -13,20 +13,12 @@ use jetsched_shared::wire::Trigger;
 use tokio::time::Instant;
 
 use crate::acks::{Acked, Acks};
+use crate::fire::Fire;
 
 /// Catch-up fires are released in slices of this period (rate limit).
 pub(crate) const CATCHUP_SLICE: Duration = Duration::from_millis(100);
 /// Delay before a failed publish is retried (with the same message id).
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(250);
-
-/// One fire on its way to the dispatch stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fire {
-    pub(crate) idx: u32,
-    pub(crate) generation: u32,
-    pub(crate) nominal_ms: i64,
-    pub(crate) trigger: Trigger,
-}
 
 /// Queues, retries and the in-flight window.
 pub(crate) struct Pipeline {

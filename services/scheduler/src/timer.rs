@@ -68,6 +68,7 @@ mod keys;
 use std::collections::BTreeMap;
 use std::num::NonZeroU16;
 
+use self::keys::NIL;
 pub use self::keys::{DenseIndex, DenseKey, KeyIndex, TimerKey};
 
 /// Bits of time per level: 64 slots per level.
@@ -76,8 +77,6 @@ const SLOTS: usize = 1 << SLOT_BITS;
 /// Levels in the wheel: 6 × 6 bits cover an aligned 2^36 ms block.
 const LEVELS: usize = 6;
 const WHEEL_BITS: u32 = SLOT_BITS * LEVELS as u32;
-/// "No entry" in slab links.
-const NIL: u32 = u32::MAX;
 /// `Entry::loc` for an entry in the overflow map (wheel locations are `level * 64 + slot + 1`).
 const OVERFLOW: u16 = u16::MAX;
 

@@ -7,9 +7,9 @@ use tokio::time::Instant;
 
 use super::{Core, Report};
 use crate::catchup;
+use crate::fire::Fire;
 use crate::follow::{STATE_RETRY_DELAY, StateOpened, TargetRead};
 use crate::lease::LeaseEvent;
-use crate::pipeline::Fire;
 use crate::takeover::Recheck;
 use crate::tasks::{TaskInfo, from_ms};
 

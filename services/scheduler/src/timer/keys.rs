@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use super::NIL;
+/// "No entry": in the dense index, and in the wheel's slab links.
+pub(super) const NIL: u32 = u32::MAX;
 
 /// A timer key, and the index the wheel finds its entry with.
 pub trait TimerKey: Clone + Eq {
