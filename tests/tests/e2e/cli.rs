@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 
 use crate::registry::{Served, config, served};
 
-async fn jetsched(url: &str, args: &[&str]) -> Output {
+/// Runs the `jetsched` binary against the server at `url`.
+pub(crate) async fn jetsched(url: &str, args: &[&str]) -> Output {
     tokio::process::Command::new(workspace_bin("jetsched"))
         .arg("--nats-url")
         .arg(url)

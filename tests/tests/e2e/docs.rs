@@ -45,7 +45,7 @@ fn configuration_reference_matches_every_binarys_help() {
 
 /// Every file under `dir` whose name ends with `suffix`, build output and hidden directories
 /// aside, sorted.
-fn files_under(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+pub(crate) fn files_under(dir: &Path, suffix: &str) -> Vec<PathBuf> {
     fn walk(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else { return };
         for entry in entries.flatten() {

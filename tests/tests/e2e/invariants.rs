@@ -37,24 +37,7 @@ fn services() -> Vec<String> {
 /// Every `.rs` file under `dir` (relative to the repository), build output and hidden
 /// directories aside, sorted.
 fn rust_files(dir: &str) -> Vec<PathBuf> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if path.is_dir() {
-                if name != "target" && !name.starts_with('.') {
-                    walk(&path, out);
-                }
-            } else if name.ends_with(".rs") {
-                out.push(path);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(&repo().join(dir), &mut out);
-    out.sort();
-    out
+    crate::docs::files_under(&repo().join(dir), ".rs")
 }
 
 fn relative(path: &Path) -> String {

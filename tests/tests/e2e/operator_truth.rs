@@ -2,25 +2,15 @@
 //! (not the stream's last ones, filtered), `jetsched status` fails while nothing can fire, and
 //! a console started before the registry waits for it, saying so, instead of exiting.
 
-use std::process::Output;
 use std::time::Duration;
 
 use jetsched_scheduler::Config as SchedulerConfig;
 use jetsched_shared::names::Names;
-use jetsched_tests::{App, NatsServer, eventually, init_test_logging, workspace_bin};
+use jetsched_tests::{App, NatsServer, eventually, init_test_logging};
 use serde_json::{Value, json};
 
+use crate::cli::jetsched;
 use crate::registry::config;
-
-async fn jetsched(url: &str, args: &[&str]) -> Output {
-    tokio::process::Command::new(workspace_bin("jetsched"))
-        .arg("--nats-url")
-        .arg(url)
-        .args(args)
-        .output()
-        .await
-        .expect("run jetsched")
-}
 
 #[tokio::test]
 async fn events_of_a_task_are_its_last_ones_whatever_else_happened_in_between() {
