@@ -15,6 +15,7 @@ use clap::{Args, ValueEnum};
 
 pub use self::credentials::{CredentialsError, NatsCredentials};
 pub use self::problems::{InvalidConfig, Problem, Problems};
+pub use crate::flags::parse_duration;
 use crate::names::{DEFAULT_PREFIX, Names};
 use crate::topology::TopologyArgs;
 
@@ -239,13 +240,6 @@ pub fn default_instance_id() -> String {
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
         .collect();
     format!("{host}-{}", std::process::id())
-}
-
-/// Parses a human duration (`90s`, `5m`, `1h 30m`, `0s`) for clap. Only the syntax is
-/// checked here; whether a setting may be zero is a rule of its validation.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("{text:?} is not a duration ({e}); use e.g. 90s, 5m, 1h"))
 }
 
 /// Checks the settings every service shares: NATS connection and credentials, prefix,

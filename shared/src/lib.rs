@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod error;
 pub mod events;
 pub(crate) mod field;
+pub(crate) mod flags;
 pub mod metrics;
 pub mod names;
 pub mod presence;

@@ -19,7 +19,7 @@ use clap::{Args, ValueEnum};
 pub use self::converge::{Difference, differences};
 use self::converge::{ensure_bucket, ensure_stream};
 use crate::backoff::Backoff;
-use crate::config::parse_duration;
+use crate::flags::parse_duration;
 use crate::names::Names;
 
 /// Storage of every stream and bucket.

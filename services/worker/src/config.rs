@@ -17,7 +17,17 @@ use jetsched_shared::topology::TopologyArgs;
 use crate::executor::Scope;
 use crate::executor::http::destination::{HttpAllow, parse_network};
 use crate::executor::shell::ShellAllow;
-pub use crate::lanes::policy::PolicyKind;
+
+/// How a free permit picks among the lanes that have work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum PolicyKind {
+    /// Each lane with work gets starts in proportion to its weight (smooth weighted round
+    /// robin): no lane that has work starves.
+    #[default]
+    Weighted,
+    /// Always the most urgent lane with work.
+    Strict,
+}
 
 /// The jetsched worker: pulls dispatched runs from the shared durable consumer of each queue
 /// it serves, executes them, retries with backoff and jitter, and dead-letters what cannot

@@ -1,19 +1,9 @@
 //! Which lane a free permit of a queue goes to: the policy (weighted or strict) and the reserve.
 //! Pure logic: the lane loop tells it which lanes have work and what is running.
 
-use clap::ValueEnum;
 use jetsched_shared::priority::{PerPriority, Priority};
 
-/// How a free permit picks among the lanes that have work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum PolicyKind {
-    /// Each lane with work gets starts in proportion to its weight (smooth weighted round
-    /// robin): no lane that has work starves.
-    #[default]
-    Weighted,
-    /// Always the most urgent lane with work.
-    Strict,
-}
+use crate::config::PolicyKind;
 
 /// The policy of one queue, with the round-robin credit of each lane.
 #[derive(Debug, Clone)]
