@@ -77,6 +77,17 @@ impl Handlers {
         names
     }
 
+    /// Why a run naming `name` cannot run here: which handlers this worker has, or that it
+    /// has none (a worker started without embedded handlers, such as the plain binary).
+    fn missing(&self, name: &str) -> String {
+        match self.names().as_slice() {
+            [] => format!("no handler {name:?} is registered on this worker: it has no handlers"),
+            names => {
+                format!("no handler {name:?} is registered on this worker (it has: {})", names.join(", "))
+            }
+        }
+    }
+
     pub(crate) async fn execute(
         &self,
         attempt: &Attempt<'_>,
@@ -85,10 +96,7 @@ impl Handlers {
         timeout: Duration,
     ) -> Outcome {
         let Some(handler) = self.map.get(name) else {
-            return Outcome::permanent(format!(
-                "no handler {name:?} is registered on this worker (it has: {})",
-                self.names().join(", ")
-            ));
+            return Outcome::permanent(self.missing(name));
         };
         let d = attempt.dispatch;
         let cancel = attempt.cancel.child_token();
@@ -128,5 +136,22 @@ struct AbortOnDrop(tokio::task::AbortHandle);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_handler_names_the_ones_there_are_or_says_there_are_none() {
+        assert_eq!(
+            Handlers::new().missing("nightly"),
+            "no handler \"nightly\" is registered on this worker: it has no handlers"
+        );
+        let some = Handlers::new()
+            .register("a", |_| async { Outcome::ok() })
+            .register("b", |_| async { Outcome::ok() });
+        assert!(some.missing("nightly").ends_with("(it has: a, b)"), "{}", some.missing("nightly"));
     }
 }
