@@ -88,15 +88,31 @@ fn row(info: &BreakerInfo) -> Vec<String> {
         Some(until) => format!("{} (passed)", format_time(until)),
         None => String::new(),
     };
+    let (rate, counts) = window(info);
     vec![
         info.name.clone(),
         info.state.as_str().to_string(),
-        format!("{:.0}%", info.failure_rate * 100.0),
-        format!("{}/{}", info.failures, info.runs),
+        rate,
+        counts,
         open_until,
         info.consecutive_failures.to_string(),
         info.tasks.join(","),
     ]
+}
+
+/// The failure rate and failures/runs to show: the window's, or, while nothing was counted
+/// since a breaker opened, the window that opened it (`opened at 80%`, `8/10`); `-` when
+/// nothing was ever counted.
+fn window(info: &BreakerInfo) -> (String, String) {
+    let percent = |failures: u64, runs: u64| format!("{:.0}%", failures as f64 * 100.0 / runs as f64);
+    match (info.runs, info.opened_runs) {
+        (0, 0) => ("-".into(), "0/0".into()),
+        (0, opened) => (
+            format!("opened at {}", percent(info.opened_failures, opened)),
+            format!("{}/{opened}", info.opened_failures),
+        ),
+        (runs, _) => (percent(info.failures, runs), format!("{}/{runs}", info.failures)),
+    }
 }
 
 #[cfg(test)]
@@ -116,5 +132,28 @@ mod tests {
         let bare = reference("payments-api");
         assert_eq!((bare.namespace, bare.key.as_deref()), (None, Some("payments-api")));
         assert_eq!(reference("key.=shared.pay").key.as_deref(), Some("key.=shared.pay"));
+    }
+
+    #[test]
+    fn an_open_breaker_shows_the_window_that_opened_it() {
+        let info = |runs, failures, opened_runs, opened_failures| BreakerInfo {
+            key: "task.billing.nightly".into(),
+            name: "billing/nightly".into(),
+            state: jetsched_shared::wire::BreakerState::Open,
+            failure_rate: 0.0,
+            runs,
+            failures,
+            opened_at: None,
+            open_until: None,
+            opened_runs,
+            opened_failures,
+            consecutive_failures: 0,
+            tasks: vec![],
+            revision: 1,
+            updated_at: None,
+        };
+        assert_eq!(window(&info(0, 0, 10, 8)), ("opened at 80%".into(), "8/10".into()));
+        assert_eq!(window(&info(4, 1, 10, 8)), ("25%".into(), "1/4".into()));
+        assert_eq!(window(&info(0, 0, 0, 0)), ("-".into(), "0/0".into()));
     }
 }

@@ -367,6 +367,8 @@ fn info(key: &str, entry: Option<(u64, &bytes::Bytes)>, tasks: Vec<String>) -> O
         failures,
         opened_at: record.opened_at.filter(|_| record.state != BreakerState::Closed),
         open_until: record.open_until.filter(|_| record.state != BreakerState::Closed),
+        opened_runs: if record.state == BreakerState::Closed { 0 } else { record.opened_runs },
+        opened_failures: if record.state == BreakerState::Closed { 0 } else { record.opened_failures },
         consecutive_failures: record.consecutive_failures,
         tasks,
         revision,

@@ -40,6 +40,12 @@ pub struct BreakerInfo {
     pub opened_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
     pub open_until: Option<DateTime<Utc>>,
+    /// While open or half-open: the attempts and failures of the window that opened it (the
+    /// window itself may be empty by then: nothing runs through an open breaker).
+    #[serde(default)]
+    pub opened_runs: u64,
+    #[serde(default)]
+    pub opened_failures: u64,
     /// Runs of the task that ended `failed` or `dead` in a row (a task's own key only).
     #[serde(default)]
     pub consecutive_failures: u32,

@@ -120,8 +120,15 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
     }
     let store = js.get_key_value(names.breakers_bucket()).await.expect("breakers bucket");
     let open_until = Utc::now() + chrono::Duration::seconds(30);
-    let record =
-        BreakerRecord { state: BreakerState::Open, open_until: Some(open_until), ..BreakerRecord::default() };
+    // Open, as a worker writes it: the window that opened it (8 of 10 failed) is kept, the
+    // window itself is empty (nothing runs through an open breaker).
+    let record = BreakerRecord {
+        state: BreakerState::Open,
+        open_until: Some(open_until),
+        opened_runs: 10,
+        opened_failures: 8,
+        ..BreakerRecord::default()
+    };
     store.put("key.brapi.pay", serde_json::to_vec(&record).unwrap().into()).await.expect("record stored");
 
     let listed = api.breaker("list", json!({})).await;
@@ -132,6 +139,11 @@ async fn the_breaker_api_lists_gets_and_resets_breakers_with_the_tasks_using_the
     assert_eq!(breakers[0]["state"], json!("open"));
     assert_eq!(breakers[0]["tasks"], json!(["brapi/a", "brapi/b"]));
     assert!(breakers[0]["open_until"].is_string(), "{listed}");
+    assert_eq!((&breakers[0]["opened_runs"], &breakers[0]["opened_failures"]), (&json!(10), &json!(8)));
+    // The CLI says what opened it rather than the empty window's 0% 0/0.
+    let shown = crate::cli::jetsched(&server.url(), &["breaker", "show", "brapi:pay"]).await;
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("opened at 80%") && shown.contains("8/10"), "{shown}");
     assert_eq!((&breakers[1]["state"], &breakers[1]["revision"]), (&json!("closed"), &json!(0)));
 
     let got = api.breaker("get", json!({"namespace": "brapi", "id": "c"})).await;

@@ -125,7 +125,11 @@ async fn every_subcommand_against_a_running_registry() {
     let table = stdout(&jetsched(&url, &["runs", "billing/pulse"]).await);
     assert!(table.starts_with("EXECUTION") && table.contains("manual"), "{table}");
 
-    let status = json_out(&jetsched(&url, &["status", "--json"]).await);
+    // No scheduler runs: the report is printed, and the exit code says the system cannot fire.
+    let unhealthy = jetsched(&url, &["status", "--json"]).await;
+    assert_eq!(unhealthy.status.code(), Some(1), "{}", stderr(&unhealthy));
+    assert!(stderr(&unhealthy).contains("no scheduler holds the lease"), "{}", stderr(&unhealthy));
+    let status: Value = serde_json::from_slice(&unhealthy.stdout).expect("the status report as JSON");
     assert_eq!(status["replicas"]["registry"].as_array().map(Vec::len), Some(1), "{status}");
     assert_eq!(status["leader"], Value::Null, "no scheduler runs: {status}");
     assert_eq!(status["dead_letters"], 0);
