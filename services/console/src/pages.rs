@@ -21,6 +21,16 @@ pub(crate) struct Ctx {
 
 /// The page around `body`: navigation, styles and the (optional) scripts.
 pub(crate) fn layout(title: &str, current: &str, body: Markup) -> Markup {
+    page(title, current, None, body)
+}
+
+/// [`layout`] for a page that reloads itself every `seconds` while what it shows is still
+/// changing (a run that has not finished).
+pub(crate) fn refreshing(title: &str, current: &str, seconds: u32, body: Markup) -> Markup {
+    page(title, current, Some(seconds), body)
+}
+
+fn page(title: &str, current: &str, refresh: Option<u32>, body: Markup) -> Markup {
     let nav = [
         ("/", "Overview"),
         ("/tasks", "Tasks"),
@@ -35,6 +45,7 @@ pub(crate) fn layout(title: &str, current: &str, body: Markup) -> Markup {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · jetsched" }
+                @if let Some(seconds) = refresh { meta http-equiv="refresh" content=(seconds); }
                 link rel="stylesheet" href="/assets/console.css";
                 script src="/assets/htmx-2.0.4.min.js" defer {}
                 script src="/assets/console.js" defer {}

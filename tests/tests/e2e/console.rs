@@ -6,7 +6,7 @@
 //!
 //! `JETSCHED_CONSOLE_SCREENSHOTS=<dir>` writes a screenshot of each page into `<dir>`.
 
-mod browser;
+pub(crate) mod browser;
 mod perf;
 
 use std::net::SocketAddr;

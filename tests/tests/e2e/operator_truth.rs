@@ -1,6 +1,7 @@
 //! What operators see is what happened: `jetsched events --task` shows that task's last events
 //! (not the stream's last ones, filtered), `jetsched status` fails while nothing can fire, and
-//! a console started before the registry waits for it, saying so, instead of exiting.
+//! a console started before the registry waits for it, saying so, instead of exiting, and a
+//! run's page reloads itself until the run has finished.
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use jetsched_tests::{App, NatsServer, eventually, init_test_logging};
 use serde_json::{Value, json};
 
 use crate::cli::jetsched;
+use crate::console::browser::http_request;
 use crate::registry::config;
 
 #[tokio::test]
@@ -89,6 +91,14 @@ async fn a_console_started_before_the_registry_waits_for_it() {
         .expect("the console starts once the registry created the topology")
         .expect("console task")
         .expect("the console builds");
+    let pages = console.http_addr();
     let app = App::spawn("console", console.admin_addr(), |shutdown| console.run(shutdown));
     eventually(Duration::from_secs(10), "the console is ready", || app.ready()).await;
+
+    // "Trigger now" lands on the page of a run that no worker has taken yet: the page says so
+    // and reloads itself until the run has finished, rather than saying it does not exist.
+    let page = http_request(pages, "GET", "/runs/ops.a.1733300000000", &[], "").await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains(r#"http-equiv="refresh""#), "{}", page.body);
+    assert!(page.body.contains("No record or event of this run yet"), "{}", page.body);
 }

@@ -1,10 +1,10 @@
 //! `/runs` (recent executions across tasks, filter by outcome) and `/runs/<execution id>`
 //! (every attempt of the run record, its events, the trace id).
 
-use jetsched_shared::wire::{Event, RunRecord};
+use jetsched_shared::wire::{Event, RunRecord, RunStatus};
 use maud::{Markup, html};
 
-use super::{layout, task_href, time, time_opt};
+use super::{layout, refreshing, task_href, time, time_opt};
 use crate::runs::{OUTCOMES, RunRow};
 
 /// The runs table (`with_task`: a column naming the task).
@@ -57,11 +57,18 @@ pub(crate) fn list(rows: &[RunRow], outcome: &str) -> Markup {
 }
 
 /// One run: its record (every attempt) when the runs bucket still has it, and its events.
+/// Seconds between reloads of a run's page until the run has finished.
+const RUN_REFRESH_SECONDS: u32 = 2;
+
+/// Whether a run may still change: no record yet (queued, or just triggered), or an attempt
+/// running or a retry waiting.
+fn unfinished(record: Option<&RunRecord>) -> bool {
+    record.is_none_or(|r| matches!(r.status, RunStatus::Running | RunStatus::Retrying))
+}
+
 pub(crate) fn run(execution_id: &str, record: Option<&RunRecord>, events: &[Event]) -> Markup {
-    layout(
-        &format!("Run {execution_id}"),
-        "/runs",
-        html! {
+    let title = format!("Run {execution_id}");
+    let body = html! {
             @match record {
                 Some(record) => {
                     dl.facts {
@@ -91,12 +98,19 @@ pub(crate) fn run(execution_id: &str, record: Option<&RunRecord>, events: &[Even
                         }
                     }
                 }
-                None => p.empty { "The runs bucket has no record of this execution (expired, or it has not started)." }
+                None if events.is_empty() => p.empty #waiting {
+                    "No record or event of this run yet: a run just triggered waits in its queue until a worker takes it. "
+                    "This page reloads every " (RUN_REFRESH_SECONDS) " seconds until the run has finished."
+                }
+                None => p.empty { "The runs bucket has no record of this execution (it has not started, or its record expired)." }
             }
             h2 { "Events" }
             (super::events::table(events))
-        },
-    )
+    };
+    match unfinished(record) {
+        true => refreshing(&title, "/runs", RUN_REFRESH_SECONDS, body),
+        false => layout(&title, "/runs", body),
+    }
 }
 
 #[cfg(test)]
@@ -118,5 +132,25 @@ mod tests {
         assert!(html.contains("&lt;script&gt;x()"));
         assert!(html.contains(r#"<option value="failed" selected>"#), "{html}");
         assert!(html.contains(r#"href="/runs/e1""#));
+    }
+
+    #[test]
+    fn a_run_page_reloads_until_the_run_has_finished() {
+        let refresh = r#"http-equiv="refresh""#;
+        let waiting = run("e1", None, &[]).into_string();
+        assert!(
+            waiting.contains(refresh) && waiting.contains("No record or event of this run yet"),
+            "{waiting}"
+        );
+        let mut record: RunRecord = serde_json::from_value(serde_json::json!({
+            "execution_id": "e1", "namespace": "ns", "task_id": "t", "status": "running",
+            "nominal_time": "2026-12-04T10:00:00.000Z", "trigger": "manual", "queue": "default",
+            "attempt": 1, "worker": "w1", "started": "2026-12-04T10:00:00.001Z",
+            "first_started": "2026-12-04T10:00:00.001Z", "attempts": []
+        }))
+        .expect("a run record");
+        assert!(run("e1", Some(&record), &[]).into_string().contains(refresh));
+        record.status = RunStatus::Succeeded;
+        assert!(!run("e1", Some(&record), &[]).into_string().contains(refresh));
     }
 }
