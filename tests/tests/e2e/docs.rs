@@ -5,12 +5,14 @@
 //! (`run_readme_quickstart`, called by the `local` test while the script runs), the others here.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use jetsched_tests::workspace_bin;
+
+use crate::console::browser::http_request;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repository root").to_path_buf()
@@ -425,7 +427,11 @@ pub(crate) async fn run_readme_quickstart(bin_dir: &Path, client: &async_nats::C
         .collect();
     assert!(!urls.is_empty(), "the README names the console's URL");
     for url in urls {
-        let status = http_get_status(url);
+        let rest = url.strip_prefix("http://").expect("http URL");
+        let (host, path) =
+            rest.split_once('/').map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+        let addr = host.parse().unwrap_or_else(|e| panic!("{url}: {e}"));
+        let status = http_request(addr, "GET", &path, &[], "").await.status;
         assert!((200..400).contains(&status), "{url} answers {status}");
     }
 }
@@ -527,26 +533,4 @@ async fn nats_like(client: &async_nats::Client, repo: &Path, args: &[String], li
         }
         other => panic!("`{line}`: the test does not know `nats {}`", other.join(" ")),
     }
-}
-
-/// The status of a plain HTTP GET of a loopback URL.
-fn http_get_status(url: &str) -> u16 {
-    let rest = url.strip_prefix("http://").expect("http URL");
-    let (host, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut stream = loop {
-        match std::net::TcpStream::connect(host) {
-            Ok(stream) => break stream,
-            Err(e) if Instant::now() > deadline => panic!("connect to {url}: {e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-        }
-    };
-    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").expect("send request");
-    let mut head = String::new();
-    let _ = stream.take(64 * 1024).read_to_string(&mut head);
-    head.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("{url} answers {head:?}"))
 }
