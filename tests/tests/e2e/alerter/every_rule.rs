@@ -170,8 +170,12 @@ async fn failover_with_a_gap(rule: Rule) {
         first.metric("jetsched_scheduler_is_leader").await == Some(1.0)
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    eventually(WAIT, "sched-1 dispatched two fires", || async {
+        first.metric("jetsched_fires_dispatched_total{trigger=\"schedule\"}").await.is_some_and(|n| n >= 2.0)
+    })
+    .await;
     first.stop().await;
+    // Three seconds without a leader: the gap itself is what the rules see.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let second = App::scheduler(scheduler_config(&server, "sched-2")).await;
 
