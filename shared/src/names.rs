@@ -9,6 +9,7 @@ use crate::priority::Priority;
 
 mod api;
 mod breaker_keys;
+mod held;
 mod msg_ids;
 mod reserved;
 

@@ -29,7 +29,7 @@ fn refused(status: StatusCode, why: &str) -> Response {
 }
 
 /// Why the action may not run, if it may not.
-fn check(state: &AppState, form: &ActionForm, destructive: bool) -> Option<Response> {
+pub(crate) fn check(state: &AppState, form: &ActionForm, destructive: bool) -> Option<Response> {
     if !state.access.allow_actions {
         return Some(refused(
             StatusCode::FORBIDDEN,

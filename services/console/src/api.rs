@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use jetsched_shared::api_client::{self, ApiClient};
 use jetsched_shared::names::Names;
-use jetsched_shared::wire::DlqRequest;
+use jetsched_shared::wire::{BreakerRef, DlqRequest};
 use serde_json::{Value, json};
 
 /// How long a request waits for its reply.
@@ -73,6 +73,14 @@ impl Api {
     /// The next `count` fires of a stored task.
     pub(crate) async fn next(&self, namespace: &str, id: &str, count: usize) -> Result<Value, CallError> {
         self.task("next", namespace, json!({"namespace": namespace, "id": id, "count": count})).await
+    }
+
+    /// A breaker endpoint (`list`, `get`, `reset`).
+    pub(crate) async fn breaker(&self, endpoint: &str, reference: &BreakerRef) -> Result<Value, CallError> {
+        let subject = self.client.names().breaker_api_subject(endpoint);
+        let body = serde_json::to_vec(reference)
+            .map_err(|e| CallError { code: None, messages: vec![e.to_string()] })?;
+        Ok(self.client.request(subject, HeaderMap::new(), body).await?)
     }
 
     /// A dead-letter endpoint (`list`, `get`, `replay`, `purge`).

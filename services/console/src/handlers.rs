@@ -10,7 +10,6 @@ use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use jetsched_shared::wire::{DlqRequest, Event, RunRecord};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
@@ -66,6 +65,7 @@ pub(crate) async fn task(
     };
     let spec = stored.get("task").cloned().unwrap_or(Value::Null);
     let revision = stored.get("revision").and_then(Value::as_u64).unwrap_or(0);
+    let breaker = crate::breakers::of_task(&state, &namespace, &id, &spec).await;
     let (runs, events) = {
         let activity = state.activity.read().expect("activity lock");
         let of_task = |e: &&Event| e.namespace == namespace && e.task_id == id;
@@ -81,30 +81,13 @@ pub(crate) async fn task(
         next: next.map_err(|e| e.to_string()),
         runs: &runs,
         events: &events,
+        breaker: breaker.as_ref(),
     };
     html(StatusCode::OK, pages::tasks::task(&state.ctx(), &view))
 }
 
-#[derive(Deserialize)]
-pub(crate) struct RunsQuery {
-    #[serde(default)]
-    outcome: String,
-}
-
-pub(crate) async fn runs(State(state): State<AppState>, Query(query): Query<RunsQuery>) -> Response {
-    let rows = {
-        let activity = state.activity.read().expect("activity lock");
-        runs_from_events(activity.events(), |row| {
-            query.outcome.is_empty()
-                || row.outcome == query.outcome
-                || (query.outcome == "skipped" && row.outcome.starts_with("skipped"))
-        })
-    };
-    html(StatusCode::OK, pages::runs::list(&rows, &query.outcome))
-}
-
 /// Keys the runs bucket accepts.
-fn is_valid_key(key: &str) -> bool {
+pub(crate) fn is_valid_key(key: &str) -> bool {
     !key.is_empty()
         && key.len() <= 256
         && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'=' | b'.' | b'/'))

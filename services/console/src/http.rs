@@ -13,7 +13,7 @@ use serde::Deserialize;
 use crate::access::SESSION_COOKIE;
 use crate::pages;
 use crate::state::{AppState, html};
-use crate::{actions, handlers};
+use crate::{actions, breakers, handlers, history};
 
 /// Every route of the console.
 pub(crate) fn router(state: AppState) -> Router {
@@ -22,11 +22,14 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/tasks", get(handlers::tasks))
         .route("/tasks/{namespace}/{id}", get(handlers::task))
         .route("/tasks/{namespace}/{id}/{action}", post(actions::task))
-        .route("/runs", get(handlers::runs))
+        .route("/runs", get(history::runs))
         .route("/runs/{execution}", get(handlers::run))
         .route("/dlq", get(handlers::dlq))
         .route("/dlq/{sequence}", get(handlers::dlq_entry))
         .route("/dlq/{sequence}/{action}", post(actions::dlq))
+        .route("/breakers", get(breakers::list))
+        .route("/breakers/{key}", get(breakers::breaker))
+        .route("/breakers/{key}/reset", post(breakers::reset))
         .route("/events", get(handlers::events))
         .route("/events/stream", get(handlers::event_stream))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard));

@@ -1,8 +1,10 @@
 //! Page rendering (maud: every interpolated value is HTML-escaped): the layout every page
 //! shares, small helpers, the chart, and one module per page.
 
+pub(crate) mod breakers;
 pub(crate) mod dlq;
 pub(crate) mod events;
+pub(crate) mod history;
 pub(crate) mod overview;
 pub(crate) mod runs;
 pub(crate) mod tasks;
@@ -36,6 +38,7 @@ fn page(title: &str, current: &str, refresh: Option<u32>, body: Markup) -> Marku
         ("/tasks", "Tasks"),
         ("/runs", "Runs"),
         ("/dlq", "Dead letters"),
+        ("/breakers", "Breakers"),
         ("/events", "Events"),
     ];
     html! {

@@ -24,10 +24,6 @@ pub(crate) struct RunRow {
     pub(crate) trace_id: String,
 }
 
-/// Outcomes a run can show, for the filter.
-pub(crate) const OUTCOMES: [&str; 7] =
-    ["dispatched", "running", "retrying", "succeeded", "failed", "dead-lettered", "skipped"];
-
 /// The runs among `events` (any order), newest first; `keep` filters them.
 pub(crate) fn runs_from_events<'a>(
     events: impl Iterator<Item = &'a Event>,
@@ -70,7 +66,7 @@ pub(crate) fn runs_from_events<'a>(
         }
         let outcome = match event.kind {
             EventKind::FireDispatched if run.outcome.is_empty() => "dispatched",
-            EventKind::FireSkipped => "skipped",
+            EventKind::FireSkipped | EventKind::RunSkipped => "skipped",
             EventKind::RunStarted => "running",
             EventKind::RunSucceeded => "succeeded",
             EventKind::RunFailed => "failed",
@@ -92,7 +88,7 @@ fn stage(kind: EventKind) -> u8 {
         EventKind::RunStarted => 1,
         EventKind::RunRetrying => 2,
         EventKind::RunFailed => 3,
-        EventKind::RunSucceeded | EventKind::RunDead | EventKind::FireSkipped => 4,
+        EventKind::RunSucceeded | EventKind::RunDead | EventKind::FireSkipped | EventKind::RunSkipped => 4,
         _ => 0,
     }
 }

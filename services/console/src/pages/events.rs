@@ -99,6 +99,9 @@ pub(crate) fn row(event: &Event) -> Markup {
             td { (time(event.time)) }
             td { span class={"badge " (event.kind.as_str().replace('.', "-"))} { (event.kind.as_str()) } }
             td {
+                @if let Some(key) = event.key.as_deref().filter(|_| event.kind.as_str().starts_with("breaker.")) {
+                    a.breaker href=(super::breakers::href(key)) { "breaker " (key) } " "
+                }
                 @if names_a_task(event) { a href=(task_href(&event.namespace, &event.task_id)) { (event.namespace) "/" (event.task_id) } }
                 @else { (event.namespace) "/" (event.task_id) }
             }
@@ -226,5 +229,7 @@ mod tests {
         let links: Vec<bool> =
             [&leader, &own, &named, &run].map(|e| row(e).into_string().contains("href=\"/tasks/")).to_vec();
         assert_eq!(links, [false, true, false, true]);
+        let to_breaker = |e: &Event| row(e).into_string().contains("href=\"/breakers/key.billing.payments\"");
+        assert!(to_breaker(&named) && !to_breaker(&run));
     }
 }

@@ -1,11 +1,11 @@
-//! `/runs` (recent executions across tasks, filter by outcome) and `/runs/<execution id>`
-//! (every attempt of the run record, its events, the trace id).
+//! The runs table (the history page and a task's page) and `/runs/<execution id>` (every
+//! attempt of the run record, its events, the trace id).
 
 use jetsched_shared::wire::{Event, RunRecord, RunStatus};
 use maud::{Markup, html};
 
 use super::{layout, refreshing, task_href, time, time_opt};
-use crate::runs::{OUTCOMES, RunRow};
+use crate::runs::RunRow;
 
 /// The runs table (`with_task`: a column naming the task).
 pub(crate) fn table(rows: &[RunRow], with_task: bool) -> Markup {
@@ -13,7 +13,7 @@ pub(crate) fn table(rows: &[RunRow], with_task: bool) -> Markup {
         @if rows.is_empty() { p.empty { "No run in the last hour." } } @else {
             table.runs {
                 thead { tr {
-                    th { "Execution" } @if with_task { th { "Task" } } th { "Nominal" } th { "Trigger" }
+                    th { "Execution" } @if with_task { th { "Task" } } th { "Last event" } th { "Nominal" } th { "Trigger" }
                     th { "Attempts" } th { "Worker" } th { "Outcome" } th { "Duration" } th { "Error" }
                 } }
                 tbody {
@@ -21,6 +21,7 @@ pub(crate) fn table(rows: &[RunRow], with_task: bool) -> Markup {
                         tr class=(row.outcome) {
                             td { a href={"/runs/" (row.execution_id)} { code { (row.execution_id) } } }
                             @if with_task { td { a href=(task_href(&row.namespace, &row.task_id)) { (row.namespace) "/" (row.task_id) } } }
+                            td { (time_opt(row.last_seen)) }
                             td { (time_opt(row.nominal)) }
                             td { (row.trigger) }
                             td { (row.attempts) }
@@ -34,26 +35,6 @@ pub(crate) fn table(rows: &[RunRow], with_task: bool) -> Markup {
             }
         }
     }
-}
-
-pub(crate) fn list(rows: &[RunRow], outcome: &str) -> Markup {
-    layout(
-        "Runs",
-        "/runs",
-        html! {
-            form.filters method="get" action="/runs" {
-                label { "Outcome "
-                    select name="outcome" onchange="this.form.submit()" {
-                        option value="" selected[outcome.is_empty()] { "any" }
-                        @for value in OUTCOMES { option value=(value) selected[outcome == value] { (value) } }
-                    }
-                }
-                " " button type="submit" { "Filter" }
-            }
-            p.count { (rows.len()) " runs seen in the last hour" }
-            (table(rows, true))
-        },
-    )
 }
 
 /// One run: its record (every attempt) when the runs bucket still has it, and its events.
@@ -116,23 +97,6 @@ pub(crate) fn run(execution_id: &str, record: Option<&RunRecord>, events: &[Even
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn error_texts_are_escaped_and_outcomes_filterable() {
-        let rows = [RunRow {
-            execution_id: "e1".into(),
-            namespace: "ns".into(),
-            task_id: "t".into(),
-            outcome: "failed".into(),
-            error: "HTTP 500: <html><script>x()</script>".into(),
-            ..RunRow::default()
-        }];
-        let html = list(&rows, "failed").into_string();
-        assert!(!html.contains("<script>x()"), "{html}");
-        assert!(html.contains("&lt;script&gt;x()"));
-        assert!(html.contains(r#"<option value="failed" selected>"#), "{html}");
-        assert!(html.contains(r#"href="/runs/e1""#));
-    }
 
     #[test]
     fn a_run_page_reloads_until_the_run_has_finished() {
