@@ -14,9 +14,8 @@ use jetsched_shared::wire::{BreakerInfo, BreakerListReply, BreakerRef, Event};
 use serde_json::{Value, json};
 
 use crate::actions::{ActionForm, check};
-use crate::handlers::is_valid_key;
 use crate::pages::{self, breakers::BreakerRow};
-use crate::state::{AppState, html};
+use crate::state::{AppState, html, is_valid_key};
 
 /// Task specs read at once for the breakers' settings.
 const SPEC_READS: usize = 16;
@@ -136,7 +135,7 @@ pub(crate) async fn reset(
     match state.api.breaker("reset", &reference).await {
         Ok(_) => {
             tracing::info!(breaker = %key, "console breaker reset");
-            Redirect::to(&pages::breakers::href(&key)).into_response()
+            Redirect::to(&pages::breaker_href(&key)).into_response()
         }
         Err(error) => error.into_response(),
     }

@@ -17,7 +17,7 @@ use crate::api::CallError;
 use crate::index::TaskQuery;
 use crate::pages::{self, dlq::DlqFilter, events::EventFilter, tasks::TaskView};
 use crate::runs::runs_from_events;
-use crate::state::{AppState, html};
+use crate::state::{AppState, html, is_valid_key};
 use crate::status;
 
 /// Events listed on a task's page and on the events page.
@@ -84,13 +84,6 @@ pub(crate) async fn task(
         breaker: breaker.as_ref(),
     };
     html(StatusCode::OK, pages::tasks::task(&state.ctx(), &view))
-}
-
-/// Keys the runs bucket accepts.
-pub(crate) fn is_valid_key(key: &str) -> bool {
-    !key.is_empty()
-        && key.len() <= 256
-        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'=' | b'.' | b'/'))
 }
 
 pub(crate) async fn run(State(state): State<AppState>, Path(execution): Path<String>) -> Response {

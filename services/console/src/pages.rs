@@ -110,6 +110,11 @@ pub(crate) fn task_href(namespace: &str, id: &str) -> String {
     format!("/tasks/{namespace}/{id}")
 }
 
+/// `/breakers/<bucket key>` (keys are `[-/_=.a-zA-Z0-9]`; escaped anyway as an attribute).
+pub(crate) fn breaker_href(key: &str) -> String {
+    format!("/breakers/{key}")
+}
+
 /// A POST form for one action, carrying the CSRF token; `confirm` adds a required checkbox
 /// (works without JavaScript).
 pub(crate) fn action(ctx: &Ctx, href: &str, label: &str, confirm: Option<&str>) -> Markup {

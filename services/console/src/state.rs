@@ -41,3 +41,10 @@ impl AppState {
 pub(crate) fn html(status: StatusCode, markup: Markup) -> Response {
     (status, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], markup.into_string()).into_response()
 }
+
+/// Keys a bucket accepts (a run's execution id, a breaker's key).
+pub(crate) fn is_valid_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 256
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'=' | b'.' | b'/'))
+}

@@ -36,7 +36,7 @@ struct Hit {
 }
 
 /// An HTTP downstream that fails (503) every request until told to recover, recording each.
-struct Downstream {
+pub(crate) struct Downstream {
     addr: std::net::SocketAddr,
     healthy: Arc<AtomicBool>,
     hits: Arc<Mutex<Vec<Hit>>>,
@@ -44,7 +44,7 @@ struct Downstream {
 }
 
 impl Downstream {
-    async fn failing() -> Downstream {
+    pub(crate) async fn failing() -> Downstream {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind the downstream");
         let addr = listener.local_addr().expect("downstream address");
         let healthy = Arc::new(AtomicBool::new(false));
@@ -69,7 +69,7 @@ impl Downstream {
         Downstream { addr, healthy, hits, task }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/pay", self.addr)
     }
 

@@ -7,6 +7,7 @@
 //! `JETSCHED_CONSOLE_SCREENSHOTS=<dir>` writes a screenshot of each page into `<dir>`.
 
 pub(crate) mod browser;
+mod pages;
 mod perf;
 
 use std::net::SocketAddr;
@@ -215,7 +216,6 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     // The other pages render for docs/console.md.
     page.goto(&format!("{base}/runs")).await.unwrap();
     assert!(browser.text("main").await.contains("flaky-export"));
-    browser.screenshot(shots.as_ref(), "runs").await;
     page.goto(&format!("{base}/")).await.unwrap();
     browser
         .refresh_until(WAIT, "the overview names the leader", "#leader", |text| !text.contains("no leader"))
@@ -232,7 +232,9 @@ async fn console_refuses_without_token_csrf_or_allowed_actions() {
     let bearer = format!("Authorization: Bearer {TOKEN}");
 
     // Every page needs the token: 401 without it or with a wrong one, a session after /login.
-    for path in ["/", "/tasks", "/tasks/ops/cleanup", "/runs", "/dlq", "/events", "/events/stream"] {
+    for path in
+        ["/", "/tasks", "/tasks/ops/cleanup", "/runs", "/dlq", "/events", "/events/stream", "/breakers"]
+    {
         assert_eq!(http_request(guarded, "GET", path, &[], "").await.status, 401, "{path}");
     }
     assert_eq!(
@@ -308,7 +310,8 @@ async fn console_user_of_the_secured_config_reads_every_page_without_a_violation
 
     let tasks = http_request(addr, "GET", "/tasks", &[], "").await;
     assert!(tasks.status == 200 && tasks.body.contains("secured"), "{}", tasks.body);
-    for path in ["/", "/tasks/ops/secured", "/runs", "/dlq", "/events"] {
+    let range = "/runs?from=2026-01-01T00:00&to=2099-01-01T00:00";
+    for path in ["/", "/tasks/ops/secured", "/runs", range, "/dlq", "/events", "/breakers"] {
         let page = http_request(addr, "GET", path, &[], "").await;
         assert_eq!(page.status, 200, "{path}: {}", page.body);
         assert!(!page.body.contains(r#"role="alert""#), "{path} reports a problem: {}", page.body);

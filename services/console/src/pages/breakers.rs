@@ -6,7 +6,7 @@ use jetsched_shared::wire::{BreakerInfo, BreakerState, Event};
 use maud::{Markup, html};
 use serde_json::Value;
 
-use super::{Ctx, action, layout, task_href, time_opt};
+use super::{Ctx, action, breaker_href, layout, task_href, time_opt};
 
 /// One breaker as a page shows it.
 #[derive(Debug, Clone)]
@@ -16,11 +16,6 @@ pub(crate) struct BreakerRow {
     pub(crate) held: Option<u64>,
     /// The `breaker` settings of the first task behind it (`None`: unknown).
     pub(crate) settings: Option<Value>,
-}
-
-/// `/breakers/<bucket key>`.
-pub(crate) fn href(key: &str) -> String {
-    format!("/breakers/{key}")
 }
 
 /// A setting of the spec's `breaker` object (with the spec's documented default).
@@ -85,7 +80,7 @@ pub(crate) fn list(ctx: &Ctx, rows: &[BreakerRow], problem: Option<&str>) -> Mar
                         @for row in rows {
                             @let info = &row.info;
                             tr class={"breaker " (info.state.as_str())} data-key=(info.key) {
-                                td { a href=(href(&info.key)) { (info.name) } }
+                                td { a href=(breaker_href(&info.key)) { (info.name) } }
                                 td { (state_badge(info.state)) }
                                 td { (rate(info)) }
                                 td { (setting(row.settings.as_ref(), "window", "1m")) }
@@ -94,7 +89,7 @@ pub(crate) fn list(ctx: &Ctx, rows: &[BreakerRow], problem: Option<&str>) -> Mar
                                 td { (time_opt(info.open_until)) }
                                 td.held { (held(row)) }
                                 td { (tasks(&info.tasks)) }
-                                td { @if info.state != BreakerState::Closed { (action(ctx, &format!("{}/reset", href(&info.key)), "Reset", None)) } }
+                                td { @if info.state != BreakerState::Closed { (action(ctx, &format!("{}/reset", breaker_href(&info.key)), "Reset", None)) } }
                             }
                         }
                     }
@@ -114,7 +109,7 @@ pub(crate) fn breaker(
     let settings = row.settings.as_ref();
     let body = html! {
         p.sub { "key " code { (info.key) } " · revision " (info.revision) " · " (state_badge(info.state)) }
-        div.actions { (action(ctx, &format!("{}/reset", href(&info.key)), "Reset", None)) }
+        div.actions { (action(ctx, &format!("{}/reset", breaker_href(&info.key)), "Reset", None)) }
         dl.facts #breaker-facts {
             dt { "State" } dd #breaker-state { (info.state.as_str()) }
             dt { "Failure rate" } dd { (rate(info)) " (opens at " (setting(settings, "failure_rate", "0.5")) ", at least " (setting(settings, "min_runs", "10")) " runs)" }
@@ -147,7 +142,7 @@ pub(crate) fn breaker(
 pub(crate) fn of_task(info: Option<&BreakerInfo>) -> Markup {
     html! {
         @match info {
-            Some(info) => { a #task-breaker href=(href(&info.key)) { (info.name) } " " (state_badge(info.state)) }
+            Some(info) => { a #task-breaker href=(breaker_href(&info.key)) { (info.name) } " " (state_badge(info.state)) }
             None => "none",
         }
     }

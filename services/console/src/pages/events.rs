@@ -100,7 +100,7 @@ pub(crate) fn row(event: &Event) -> Markup {
             td { span class={"badge " (event.kind.as_str().replace('.', "-"))} { (event.kind.as_str()) } }
             td {
                 @if let Some(key) = event.key.as_deref().filter(|_| event.kind.as_str().starts_with("breaker.")) {
-                    a.breaker href=(super::breakers::href(key)) { "breaker " (key) } " "
+                    a.breaker href=(super::breaker_href(key)) { "breaker " (key) } " "
                 }
                 @if names_a_task(event) { a href=(task_href(&event.namespace, &event.task_id)) { (event.namespace) "/" (event.task_id) } }
                 @else { (event.namespace) "/" (event.task_id) }
