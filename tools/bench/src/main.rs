@@ -4,6 +4,7 @@
 
 mod accounts;
 mod breakers;
+mod console;
 mod e2e;
 mod events;
 mod failover;
@@ -67,6 +68,9 @@ enum Scenario {
     /// Every service as a process at a sustained run rate for minutes: memory flat, fire lag
     /// not growing (not part of `all`).
     Soak(soak::Args),
+    /// The console with 100,000 tasks and 1,000,000 run events: every page's median time and
+    /// the process's memory (not part of `all`).
+    Console(console::Args),
     /// Every scenario at one size; one table and one JSON report.
     All(AllArgs),
     /// A local OTLP/HTTP receiver that takes spans and counts them, for measuring the cost of
@@ -230,6 +234,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Handover(args) => scheduler::handover(args).await?,
         Scenario::Scale(args) => scheduler::scale(args).await?,
         Scenario::Soak(args) => soak::run(args).await?,
+        Scenario::Console(args) => console::run(args).await?,
         Scenario::All(args) => all(args.size).await?,
         Scenario::TraceSink(args) => trace_sink(args).await,
     };
