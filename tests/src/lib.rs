@@ -42,7 +42,7 @@ pub use disk::SmallDisk;
 pub use fixtures::{SpecBuilder, spec};
 pub use netns::{NetLab, sweep as sweep_netns};
 pub use nscluster::{NsCluster, NsService};
-pub use process::{ChildProcess, workspace_bin};
+pub use process::{ChildProcess, memory_kib, workspace_bin};
 pub use proxy::{Delay, Proxy};
 pub use server::{NatsServer, ServerOpts, free_addr, free_ports};
 pub use streams::{last_message, read_stream, stream_info};

@@ -32,6 +32,20 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     path
 }
 
+/// `VmRSS` and `VmHWM` (peak) of process `pid`, in KiB (zeros when it is gone).
+pub fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
 /// A child process running a workspace binary. Its stdout and stderr go to a log file (never
 /// inherited, so the test runner does not wait for them); killed (SIGKILL) on Drop.
 #[derive(Debug)]

@@ -80,14 +80,27 @@ pub(crate) async fn list(State(state): State<AppState>) -> Response {
     html(StatusCode::OK, pages::breakers::list(&state.ctx(), &rows, problem.as_deref()))
 }
 
-pub(crate) async fn breaker(State(state): State<AppState>, Path(key): Path<String>) -> Response {
-    if !is_valid_key(&key) {
+/// A breaker's path: its bucket key, or `<namespace>:<key>` for a named one (what a task's
+/// page links to; the registry resolves a key shared across namespaces).
+fn reference(path: &str) -> Option<BreakerRef> {
+    match path.split_once(':') {
+        Some((namespace, key)) if is_valid_key(namespace) && is_valid_key(key) => Some(BreakerRef {
+            namespace: Some(namespace.into()),
+            key: Some(key.into()),
+            ..BreakerRef::default()
+        }),
+        Some(_) => None,
+        None => is_valid_key(path).then(|| BreakerRef { key: Some(path.into()), ..BreakerRef::default() }),
+    }
+}
+
+pub(crate) async fn breaker(State(state): State<AppState>, Path(path): Path<String>) -> Response {
+    let Some(reference) = reference(&path) else {
         return html(
             StatusCode::NOT_FOUND,
             pages::problem("Not found", &["No breaker has that key.".into()]),
         );
-    }
-    let reference = BreakerRef { key: Some(key.clone()), ..BreakerRef::default() };
+    };
     let info = match state.api.breaker("get", &reference).await.map(serde_json::from_value::<BreakerInfo>) {
         Ok(Ok(info)) => info,
         Ok(Err(error)) => {
@@ -106,7 +119,7 @@ pub(crate) async fn breaker(State(state): State<AppState>, Path(key): Path<Strin
         let activity = state.activity.read().expect("activity lock");
         activity
             .events()
-            .filter(|e| e.key.as_deref() == Some(key.as_str()))
+            .filter(|e| e.key.as_deref() == Some(info.key.as_str()))
             .take(EVENTS_SHOWN)
             .cloned()
             .collect()
@@ -139,23 +152,4 @@ pub(crate) async fn reset(
         }
         Err(error) => error.into_response(),
     }
-}
-
-/// The breaker a task's spec uses, as the registry shows it (`None` when the spec has none).
-pub(crate) async fn of_task(
-    state: &AppState,
-    namespace: &str,
-    id: &str,
-    spec: &Value,
-) -> Option<BreakerInfo> {
-    let breaker = spec.get("breaker")?;
-    let reference = match breaker.get("key").and_then(Value::as_str) {
-        Some(key) => {
-            BreakerRef { namespace: Some(namespace.into()), key: Some(key.into()), ..BreakerRef::default() }
-        }
-        None => {
-            BreakerRef { namespace: Some(namespace.into()), id: Some(id.into()), ..BreakerRef::default() }
-        }
-    };
-    serde_json::from_value(state.api.breaker("get", &reference).await.ok()?).ok()
 }

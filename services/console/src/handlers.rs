@@ -65,7 +65,6 @@ pub(crate) async fn task(
     };
     let spec = stored.get("task").cloned().unwrap_or(Value::Null);
     let revision = stored.get("revision").and_then(Value::as_u64).unwrap_or(0);
-    let breaker = crate::breakers::of_task(&state, &namespace, &id, &spec).await;
     let (runs, events) = {
         let activity = state.activity.read().expect("activity lock");
         let of_task = |e: &&Event| e.namespace == namespace && e.task_id == id;
@@ -81,7 +80,6 @@ pub(crate) async fn task(
         next: next.map_err(|e| e.to_string()),
         runs: &runs,
         events: &events,
-        breaker: breaker.as_ref(),
     };
     html(StatusCode::OK, pages::tasks::task(&state.ctx(), &view))
 }

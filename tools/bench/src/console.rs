@@ -16,7 +16,7 @@ use jetsched_registry::{Config, build};
 use jetsched_shared::names::Names;
 use jetsched_shared::topology::{self, TopologyArgs};
 use jetsched_shared::wire::{Event, EventKind, Trigger};
-use jetsched_tests::{NatsServer, admin_get, free_addr};
+use jetsched_tests::{NatsServer, admin_get, free_addr, memory_kib};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -49,11 +49,11 @@ fn task_id(n: usize) -> String {
 
 fn spec(n: usize) -> Bytes {
     let mut spec = json!({
-        "id": task_id(n), "namespace": NS, "schedule": {"every": if n % 2 == 0 { "1h" } else { "10m" }},
+        "id": task_id(n), "namespace": NS, "schedule": {"every": if n.is_multiple_of(2) { "1h" } else { "10m" }},
         "executor": {"kind": "http", "method": "POST", "url": "http://reports.internal/run"},
-        "labels": {"team": format!("t{}", n % 10)}, "paused": n % 7 == 0,
+        "labels": {"team": format!("t{}", n % 10)}, "paused": n.is_multiple_of(7),
     });
-    if n % BREAKER_EVERY == 0 {
+    if n.is_multiple_of(BREAKER_EVERY) {
         spec["breaker"] = json!({"key": format!("api-{}", n / BREAKER_EVERY % 10), "window": "2m"});
     }
     Bytes::from(serde_json::to_vec(&spec).expect("spec serializes"))
@@ -62,7 +62,7 @@ fn spec(n: usize) -> Bytes {
 /// Run `n` of `total`, at its place in the last 24 hours: every third failed.
 fn run_event(n: usize, total: usize, tasks: usize, start: DateTime<Utc>) -> Event {
     let time = start + chrono::Duration::milliseconds((n as i64) * 86_400_000 / total.max(1) as i64);
-    let failed = n % 3 == 0;
+    let failed = n.is_multiple_of(3);
     Event {
         time,
         nominal_time: Some(time),
@@ -96,20 +96,6 @@ async fn publish_runs(js: &jetstream::Context, names: &Names, args: &Args) -> an
         ack.context("publish a run event")?;
     }
     Ok(started.elapsed())
-}
-
-/// `VmRSS` and `VmHWM` (peak) of a process, in MiB.
-fn memory_mib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kib| kib.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:") / 1024, field("VmHWM:") / 1024)
 }
 
 /// The median of `requests` GETs of `path`, failing on any status but 200.
@@ -199,7 +185,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         }
         rows.push(json!({"page": what, "path": path, "median_ms": median.as_secs_f64() * 1000.0}));
     }
-    let (rss, peak) = memory_mib(pid);
+    let (rss, peak) = memory_kib(pid);
+    let (rss, peak) = (rss / 1024, peak / 1024);
     eprintln!("console: RSS {rss} MiB (peak {peak} MiB), target < {RSS_TARGET_MIB} MiB");
     if !misses.is_empty() {
         eprintln!("console: over {PAGE_TARGET:?}: {}", misses.join(", "));

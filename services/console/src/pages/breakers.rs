@@ -2,6 +2,7 @@
 //! when, runs held, tasks behind it, reset) and `/breakers/<key>` (one breaker, its settings,
 //! the runs it holds per task, its events).
 
+use jetsched_shared::names::breaker_task_key;
 use jetsched_shared::wire::{BreakerInfo, BreakerState, Event};
 use maud::{Markup, html};
 use serde_json::Value;
@@ -138,14 +139,16 @@ pub(crate) fn breaker(
     layout(&format!("Breaker {}", info.name), "/breakers", body)
 }
 
-/// The breaker line of a task's page: linked, with its state.
-pub(crate) fn of_task(info: Option<&BreakerInfo>) -> Markup {
-    html! {
-        @match info {
-            Some(info) => { a #task-breaker href=(breaker_href(&info.key)) { (info.name) } " " (state_badge(info.state)) }
-            None => "none",
-        }
-    }
+/// The breaker line of a task's page, from its spec alone (no request): its own breaker by
+/// bucket key, a named one as `<namespace>:<key>`, which the registry resolves (a key the
+/// workers share across namespaces included).
+pub(crate) fn of_task(namespace: &str, id: &str, spec: &Value) -> Markup {
+    let Some(breaker) = spec.get("breaker") else { return html! { "none" } };
+    let (href, name) = match breaker.get("key").and_then(Value::as_str) {
+        Some(key) => (breaker_href(&format!("{namespace}:{key}")), format!("{namespace}:{key}")),
+        None => (breaker_href(&breaker_task_key(namespace, id)), format!("{namespace}/{id} (its own)")),
+    };
+    html! { a #task-breaker href=(href) { (name) } }
 }
 
 #[cfg(test)]
@@ -193,6 +196,15 @@ mod tests {
         let page = breaker(&ctx, &row, &[("billing/charge".into(), Some(2))], &[]).into_string();
         assert!(page.contains("disabled") && page.contains("Failures in a row"), "{page}");
         assert!(page.contains("<td>2</td>"), "{page}");
+    }
+
+    #[test]
+    fn a_task_links_to_its_own_or_its_named_breaker() {
+        let own = of_task("billing", "charge", &json!({"breaker": {}})).into_string();
+        assert!(own.contains(r#"href="/breakers/task.billing.charge""#), "{own}");
+        let named = of_task("billing", "charge", &json!({"breaker": {"key": "card-api"}})).into_string();
+        assert!(named.contains(r#"href="/breakers/billing:card-api""#), "{named}");
+        assert_eq!(of_task("billing", "charge", &json!({})).into_string(), "none");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! (spec, next fires in UTC and the task's zone with DST changes marked, recent runs, events).
 
 use chrono::DateTime;
-use jetsched_shared::wire::{BreakerInfo, Event};
+use jetsched_shared::wire::Event;
 use maud::{Markup, html};
 use serde_json::Value;
 
@@ -113,8 +113,6 @@ pub(crate) struct TaskView<'a> {
     pub(crate) next: Result<Value, String>,
     pub(crate) runs: &'a [RunRow],
     pub(crate) events: &'a [Event],
-    /// The breaker its spec uses, as the registry shows it.
-    pub(crate) breaker: Option<&'a BreakerInfo>,
 }
 
 pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
@@ -127,7 +125,7 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
             @if paused { span.badge.paused #task-state { "paused" } } @else { span.badge.active #task-state { "active" } }
             @if let Some(reason) = view.spec.get("paused_reason").and_then(Value::as_str) { " " span #pause-reason { "(" (reason) ")" } }
             " · priority " span #task-priority { (view.spec.get("priority").and_then(Value::as_str).unwrap_or("normal")) }
-            " · breaker " (super::breakers::of_task(view.breaker))
+            " · breaker " (super::breakers::of_task(view.namespace, view.id, view.spec))
         }
         div.actions {
             @if paused { (action(ctx, &format!("{href}/resume"), "Resume", None)) }
@@ -236,7 +234,6 @@ mod tests {
             next: Err("<u>no registry</u>".into()),
             runs: &[],
             events: &events,
-            breaker: None,
         };
         let html = task(&ctx, &view).into_string();
         assert!(!html.contains("<b>bold") && !html.contains("<i>bad") && !html.contains("<u>no"), "{html}");

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use jetsched_shared::names::task_key;
 use jetsched_shared::topology::TopologyArgs;
 use jetsched_tests::{
-    ChildProcess, WithTopology, admin_get, eventually, free_addr, server_with_topology, spec,
+    ChildProcess, WithTopology, admin_get, eventually, free_addr, memory_kib, server_with_topology, spec,
 };
 use serde_json::json;
 
@@ -17,20 +17,6 @@ use super::browser::http_request;
 
 const BUDGET: Duration = Duration::from_millis(200);
 const RSS_LIMIT_KIB: u64 = 100 * 1024;
-
-/// `VmRSS` and `VmHWM` (peak) of a process, in KiB.
-fn memory_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read the process status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kib| kib.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_task_pages_stay_fast_and_small_with_many_tasks() {
