@@ -36,7 +36,9 @@ fn failed(title: &str, error: &CallError) -> Response {
 
 pub(crate) async fn overview(State(state): State<AppState>) -> Response {
     let tasks = state.index.read().expect("task index lock").len();
-    let overview = status::overview(&state.client, &state.js, &state.names, &state.activity, tasks).await;
+    let overview =
+        status::overview(&state.client, &state.js, &state.names, &state.activity, &state.replicas, tasks)
+            .await;
     html(StatusCode::OK, pages::overview::page(&overview))
 }
 

@@ -20,6 +20,7 @@ use crate::api::Api;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::http;
 use crate::index::{IndexFeed, TaskIndex};
+use crate::replicas::Replicas;
 use crate::state::AppState;
 
 /// Messages buffered per subscription: the tasks watch is flow-controlled by the server, so a
@@ -68,6 +69,7 @@ pub async fn build(config: Config) -> anyhow::Result<Console> {
     let state = AppState {
         index,
         activity: Arc::new(RwLock::new(Activity::new(config.recent_events))),
+        replicas: Replicas::default(),
         live,
         api: Api::new(client.clone(), names.clone()),
         access: Access::new(token, config.allow_actions),
@@ -104,6 +106,8 @@ impl Console {
             state.live.clone(),
             &shutdown,
         );
+        let replicas = state.replicas.clone().follow(client.clone(), state.names.clone(), shutdown.clone());
+        tracker.spawn(replicas);
         let follower = tracker.spawn(feed.follow(readiness, shutdown.clone()));
         tracing::info!(addr = %listener.local_addr()?, "console serving");
         let app = http::router(state);

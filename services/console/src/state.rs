@@ -15,12 +15,14 @@ use crate::activity::SharedActivity;
 use crate::api::Api;
 use crate::index::SharedIndex;
 use crate::pages::Ctx;
+use crate::replicas::Replicas;
 
 /// What every handler shares; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub(crate) index: SharedIndex,
     pub(crate) activity: SharedActivity,
+    pub(crate) replicas: Replicas,
     pub(crate) live: broadcast::Sender<Event>,
     pub(crate) api: Api,
     pub(crate) access: Access,

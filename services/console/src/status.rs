@@ -1,24 +1,18 @@
-//! The overview's live facts, read when the page is asked for: the leader lease, presence
-//! pings of every role, the dispatch consumers' depths and the dead-letter count; the rest
-//! comes from the recent activity kept in memory.
-
-use std::time::Duration;
+//! The overview's live facts, read when the page is asked for: the leader lease, the dispatch
+//! consumers' depths and the dead-letter count; the live replicas come from the last presence
+//! ping (see `replicas`), the rest from the recent activity kept in memory.
 
 use anyhow::Context;
 use async_nats::jetstream::{self, kv::Operation};
 use chrono::Utc;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
-use jetsched_shared::presence;
 use jetsched_shared::wire::LeaderRecord;
 
 use crate::activity::{HORIZON, SharedActivity};
 use crate::pages::overview::{Leader, Overview, QueueDepth};
+use crate::replicas::Replicas;
 
-/// The roles whose replicas the overview counts.
-const ROLES: [&str; 5] = ["registry", "scheduler", "worker", "alerter", "console"];
-/// How long presence pings collect answers.
-const PING_WAIT: Duration = Duration::from_millis(250);
 /// Recent failures listed.
 const FAILURES: usize = 10;
 
@@ -28,26 +22,20 @@ pub(crate) async fn overview(
     js: &jetstream::Context,
     names: &Names,
     activity: &SharedActivity,
+    replicas: &Replicas,
     tasks: usize,
 ) -> Overview {
     let mut overview = Overview { tasks, ..Overview::default() };
-    let pings = futures::future::join_all(ROLES.iter().map(|role| {
-        let service = names.presence_service(role);
-        async move { presence::ping(client, &service, PING_WAIT).await }
-    }));
-    let (pings, leader, queues, dead_letters) =
-        tokio::join!(pings, leader(js, names), queues(js, names), dead_letters(js, names));
-    for (role, found) in ROLES.iter().zip(pings) {
+    let (found, leader, queues, dead_letters) = tokio::join!(
+        replicas.found(client, names),
+        leader(js, names),
+        queues(js, names),
+        dead_letters(js, names)
+    );
+    for (role, found) in found {
         match found {
-            Ok(found) => {
-                let mut instances: Vec<String> = found
-                    .iter()
-                    .map(|r| r.metadata.get("instance").cloned().unwrap_or_else(|| r.id.clone()))
-                    .collect();
-                instances.sort();
-                overview.replicas.push((role.to_string(), instances));
-            }
-            Err(error) => overview.problems.push(format!("{role} presence: {error:#}")),
+            Ok(instances) => overview.replicas.push((role.to_string(), instances)),
+            Err(error) => overview.problems.push(format!("{role} presence: {error}")),
         }
     }
     match leader {

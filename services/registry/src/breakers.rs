@@ -41,6 +41,9 @@ use jetsched_shared::wire::{
     EventKind,
 };
 
+use tokio_util::sync::CancellationToken;
+
+use crate::breaker_users::{BreakerUsers, Users};
 use crate::codec::{Detail, Empty, decode, encode};
 use crate::failure::Failure;
 
@@ -177,6 +180,7 @@ pub struct BreakerApi {
     js: jetstream::Context,
     breakers: kv::Store,
     tasks: kv::Store,
+    users: BreakerUsers,
     events: EventSink,
     instance: String,
 }
@@ -189,7 +193,13 @@ impl BreakerApi {
         events: EventSink,
         instance: String,
     ) -> BreakerApi {
-        BreakerApi { js, breakers, tasks, events, instance }
+        BreakerApi { js, breakers, tasks, users: BreakerUsers::new(), events, instance }
+    }
+
+    /// Follows the tasks bucket for the tasks using each breaker until `shutdown` (see
+    /// [`BreakerUsers`]); until it has caught up, requests read the bucket themselves.
+    pub(crate) fn follow_tasks(&self, shutdown: CancellationToken) -> impl Future<Output = ()> + use<> {
+        self.users.clone().follow(self.tasks.clone(), shutdown)
     }
 
     /// Handles one request; returns the reply body.
@@ -289,22 +299,17 @@ impl BreakerApi {
 
     /// Bucket key → `<namespace>/<id>` of the tasks using it (sorted): a task's breaker (a
     /// named one in the task's namespace: see [`attribute`] for shared keys), and its own key
-    /// when it counts consecutive failures.
-    async fn users(&self) -> Result<BTreeMap<String, Vec<String>>, Failure> {
-        let mut users: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    /// when it counts consecutive failures. From the follower of the tasks bucket; read from
+    /// the bucket itself while the follower lags.
+    async fn users(&self) -> Result<Users, Failure> {
+        if let Some(users) = self.users.current(&self.js, &self.tasks).await {
+            return Ok(users);
+        }
+        let mut users = Users::new();
         for (_, (_, value)) in latest(&self.js, &self.tasks).await? {
             let Ok(spec) = TaskSpec::parse(&value) else { continue };
             let name = format!("{}/{}", spec.namespace, spec.id);
-            let mut keys = Vec::new();
-            if let Some(breaker) = &spec.breaker {
-                // Which keys the workers share is theirs to say: `attribute` reads the records.
-                keys.push(breaker.bucket_key(&spec.namespace, &spec.id, |_| false));
-            }
-            if spec.pause_after_failures.is_some() {
-                keys.push(breaker_task_key(&spec.namespace, &spec.id));
-            }
-            keys.dedup();
-            for key in keys {
+            for key in BreakerUsers::keys_of(&spec) {
                 users.entry(key).or_default().push(name.clone());
             }
         }

@@ -9,6 +9,7 @@
 //! [`failure::Failure`] until `endpoints` answers it with the error reply.
 
 mod api;
+mod breaker_users;
 pub mod breakers;
 pub mod codec;
 mod config;

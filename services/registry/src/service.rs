@@ -162,6 +162,7 @@ impl Registry {
             shutdown.clone(),
         ));
         let pause_task = tokio::spawn(pause::run(pauses, store, names, metrics.clone(), shutdown.clone()));
+        tracker.spawn(handlers.breakers.follow_tasks(shutdown.clone()));
         let permits = Arc::new(Semaphore::new(concurrency));
         // Shared by every request's task: cloning the stores themselves (each holds its
         // stream's info) cost an allocation per string and made every task kilobytes larger.

@@ -341,3 +341,46 @@ async fn bad_breaker_specs_are_refused_with_every_field_path() {
     let listed = api.task("list", json!({"namespace": "ap"})).await;
     assert_eq!(listed["tasks"], json!([]), "nothing stored: {listed}");
 }
+
+/// The tasks behind each breaker follow every change of the specs at once: a request made
+/// right after a write sees it (a breaker dropped from a spec, a task deleted), and a spec
+/// stored while the registry was down is listed as soon as it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_api_sees_every_spec_change_made_before_the_request() {
+    let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
+    let api = Api::new(&client);
+    let names = Names::default();
+    let tasks_using = |listed: &serde_json::Value, key: &str| {
+        let breakers = listed["breakers"].as_array().unwrap_or_else(|| panic!("{listed}"));
+        breakers.iter().find(|b| b["key"] == json!(key)).map(|b| b["tasks"].clone())
+    };
+    let registry = App::registry(crate::registry::config(&server.url(), 1)).await;
+    for (id, field, value) in
+        [("a", "breaker", json!({"key": "k1"})), ("b", "pause_after_failures", json!(3))]
+    {
+        let put = api.task("put", spec("bfollow", id).field(field, value).json()).await;
+        assert!(put["revision"].as_u64().is_some(), "{put}");
+    }
+    let listed = api.breaker("list", json!({})).await;
+    assert_eq!(tasks_using(&listed, "key.bfollow.k1"), Some(json!(["bfollow/a"])), "{listed}");
+    assert_eq!(tasks_using(&listed, "task.bfollow.b"), Some(json!(["bfollow/b"])), "{listed}");
+
+    let put = api.task("put", spec("bfollow", "a").json()).await;
+    assert!(put["revision"].as_u64().is_some(), "{put}");
+    let deleted = api.task("delete", json!({"namespace": "bfollow", "id": "b"})).await;
+    assert!(deleted.get("error").is_none(), "{deleted}");
+    let listed = api.breaker("list", json!({})).await;
+    assert_eq!(tasks_using(&listed, "key.bfollow.k1"), None, "{listed}");
+    assert_eq!(tasks_using(&listed, "task.bfollow.b"), None, "{listed}");
+
+    registry.stop().await;
+    let tasks = js.get_key_value(names.tasks_bucket()).await.expect("tasks bucket");
+    let stored = spec("bfollow", "c").field("breaker", json!({"key": "k2"})).json();
+    tasks
+        .put(jetsched_shared::names::task_key("bfollow", "c"), serde_json::to_vec(&stored).unwrap().into())
+        .await
+        .expect("spec stored");
+    let _registry = App::registry(crate::registry::config(&server.url(), 1)).await;
+    let listed = api.breaker("list", json!({})).await;
+    assert_eq!(tasks_using(&listed, "key.bfollow.k2"), Some(json!(["bfollow/c"])), "{listed}");
+}
