@@ -455,7 +455,7 @@ async fn workers(
     let mut handles = Vec::new();
     for i in 0..n {
         let mut config = Config::for_tests(url, &format!("bench-{i}"));
-        config.common.prefix = prefix.clone();
+        config.shared.common.prefix = prefix.clone();
         config.concurrency = args.concurrency;
         config.run_events = args.run_events;
         config.run_records = args.run_records;

@@ -278,7 +278,7 @@ pub(crate) async fn handover(args: HandoverArgs) -> anyhow::Result<serde_json::V
     }
     let replica = |instance: &str| {
         let mut config = config(&server.url(), DEFAULT_PUBLISH_WINDOW);
-        config.common.instance_id = Some(instance.to_string());
+        config.shared.common.instance_id = Some(instance.to_string());
         config
     };
     let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
