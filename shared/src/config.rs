@@ -1,10 +1,12 @@
 //! Configuration pieces every binary flattens into its clap `Config` (NATS connection and
-//! credentials, the admin listener, logging, prefix and instance id), and the validation
-//! every binary runs after parsing: [`Problems`] collects every invalid setting, and
-//! [`validate_shared`] checks the settings all services share.
+//! credentials, the admin listener, logging, prefix and instance id; [`ServiceArgs`] groups
+//! what every service shares), and the validation every binary runs after parsing:
+//! [`Problems`] collects every invalid setting, and [`ServiceArgs::problems`] checks the
+//! settings all services share.
 
 mod credentials;
 mod problems;
+mod service;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,9 +17,15 @@ use clap::{Args, ValueEnum};
 
 pub use self::credentials::{CredentialsError, NatsCredentials};
 pub use self::problems::{InvalidConfig, Problem, Problems};
+pub use self::service::ServiceArgs;
 pub use crate::flags::parse_duration;
 use crate::names::{DEFAULT_PREFIX, Names};
 use crate::topology::TopologyArgs;
+
+/// `127.0.0.1:<port>`: the default listeners of the services (admin, pages) are loopback only.
+pub const fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), port)
+}
 
 /// Exit status of a binary started with an invalid configuration (clap's own usage errors
 /// exit with the same status). A failure after a valid configuration exits with 1.
@@ -242,18 +250,8 @@ pub fn default_instance_id() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// Checks the settings every service shares: NATS connection and credentials, prefix,
-/// instance id and topology sizes and durations. Each service's validation extends this.
-pub fn validate_shared(nats: &NatsArgs, common: &CommonArgs, topology: &TopologyArgs) -> Problems {
-    let mut problems = Problems::new();
-    nats_problems(nats, &mut problems);
-    common_problems(common, &mut problems);
-    topology_problems(topology, &mut problems);
-    problems
-}
-
 impl NatsArgs {
-    /// The problems of the NATS connection settings alone (part of [`validate_shared`]).
+    /// The problems of the NATS connection settings alone (part of [`ServiceArgs::problems`]).
     pub fn problems(&self) -> Problems {
         let mut problems = Problems::new();
         nats_problems(self, &mut problems);
@@ -376,11 +374,7 @@ mod tests {
     #[command(name = "jetsched-test")]
     struct Shared {
         #[command(flatten)]
-        nats: NatsArgs,
-        #[command(flatten)]
-        common: CommonArgs,
-        #[command(flatten)]
-        topology: TopologyArgs,
+        args: ServiceArgs,
     }
 
     fn problems(args: &[&str]) -> Result<(), InvalidConfig> {
@@ -388,14 +382,13 @@ mod tests {
             std::iter::once("jetsched-test").chain(args.iter().copied()),
         )
         .expect("syntax is valid");
-        validate_shared(&parsed.nats, &parsed.common, &parsed.topology).finish::<Shared>()
+        parsed.args.problems().finish::<Shared>()
     }
 
     #[test]
     fn defaults_are_valid() {
         problems(&[]).unwrap();
-        let nats = NatsArgs::plain("nats://127.0.0.1:4222");
-        assert!(validate_shared(&nats, &CommonArgs::for_tests("x"), &TopologyArgs::default()).is_empty());
+        assert!(ServiceArgs::for_tests("nats://127.0.0.1:4222", "x").problems().is_empty());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use anyhow::Context;
 use async_nats::jetstream;
 
 use crate::admin::{AdminServer, Readiness};
-use crate::config::{CommonArgs, NatsArgs};
+use crate::config::{CommonArgs, DEFAULT_SUBSCRIPTION_CAPACITY, ServiceArgs};
 use crate::names::Names;
 use crate::topology::{self, Topology, TopologyArgs};
 
@@ -23,8 +23,21 @@ pub struct Role {
     /// The service's own readiness checks (not ready until it sets them), besides
     /// `topology` and the connection's.
     pub checks: &'static [&'static str],
-    /// Messages buffered per subscription (see [`NatsArgs::connect_buffered`]).
+    /// Messages buffered per subscription (see [`crate::config::NatsArgs::connect_buffered`]).
     pub subscription_capacity: usize,
+}
+
+impl Role {
+    /// Service `name` with its default admin address and its own readiness checks, buffering
+    /// async-nats' default per subscription.
+    pub const fn new(name: &'static str, default_admin: SocketAddr, checks: &'static [&'static str]) -> Role {
+        Role { name, default_admin, checks, subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY }
+    }
+
+    /// The same role buffering `capacity` messages per subscription.
+    pub const fn with_subscription_capacity(self, capacity: usize) -> Role {
+        Role { subscription_capacity: capacity, ..self }
+    }
 }
 
 /// A started service's common parts.
@@ -41,10 +54,10 @@ impl Base {
     /// Binds the admin port (serving `metrics`) and connects to NATS.
     pub async fn start(
         role: Role,
-        common: &CommonArgs,
-        nats: &NatsArgs,
+        args: &ServiceArgs,
         metrics: prometheus::Registry,
     ) -> anyhow::Result<Base> {
+        let ServiceArgs { nats, common, .. } = args;
         let names = common.names()?;
         let instance = common.instance_id();
         crate::telemetry::register_metrics(&metrics)?;
@@ -142,7 +155,7 @@ macro_rules! service_main {
             $crate::service::main(
                 $binary,
                 valid,
-                |config| &config.common,
+                |config| &config.shared.common,
                 $build,
                 |service, shutdown| service.run(shutdown),
             )

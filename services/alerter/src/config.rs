@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, Parser};
-use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, parse_duration, validate_shared};
-use jetsched_shared::topology::TopologyArgs;
+use jetsched_shared::config::{InvalidConfig, ServiceArgs, loopback, parse_duration};
 
 use crate::rules::throttle::ThrottleConfig;
 use crate::rules::{Rule, Thresholds};
@@ -22,11 +21,7 @@ use crate::state::MAX_DEDUP_WINDOW;
 #[command(name = "jetsched-alerter", version, after_help = jetsched_shared::telemetry::ENV_HELP)]
 pub struct Config {
     #[command(flatten)]
-    pub nats: NatsArgs,
-    #[command(flatten)]
-    pub common: CommonArgs,
-    #[command(flatten)]
-    pub topology: TopologyArgs,
+    pub shared: ServiceArgs,
 
     /// Optional JSON file of settings keyed by long flag name, e.g.
     /// `{"rate-limit": 20, "rules": ["run_dead", "no_leader"], "webhook-url": ["https://..."]}`;
@@ -117,8 +112,7 @@ pub struct Config {
 }
 
 /// Default admin listener of the alerter.
-pub const DEFAULT_ADMIN_ADDR: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9104);
+pub const DEFAULT_ADMIN_ADDR: SocketAddr = loopback(9104);
 
 impl Config {
     /// Parses the process arguments and environment, then the `--config` file.
@@ -209,9 +203,7 @@ impl Config {
         let ThrottleConfig { dedup_window, rate_per_minute, group_wait, summary_interval, .. } =
             ThrottleConfig::default();
         Config {
-            nats: NatsArgs::plain(url),
-            common: CommonArgs::for_tests("alerter-test"),
-            topology: TopologyArgs::default(),
+            shared: ServiceArgs::for_tests(url, "alerter-test"),
             config: None,
             rules,
             backlog_threshold,
@@ -241,7 +233,7 @@ impl Config {
 
     /// Checks every setting (the shared ones too) and reports every problem at once.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
-        let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
+        let mut problems = self.shared.problems();
         problems.check(!self.rules.is_empty(), "rules", "(none)", "at least one rule must be on");
         for (flag, value) in [
             ("backlog-for", self.backlog_for),

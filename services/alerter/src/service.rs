@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::Context;
 use chrono::Utc;
 use jetsched_shared::backoff::Backoff;
-use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::service::{Base, Role};
 use jetsched_shared::topology::{self, TopologyError};
 use prometheus::Registry as MetricsRegistry;
@@ -53,14 +52,9 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     config.validate()?;
     let registry = MetricsRegistry::new();
     let metrics = Metrics::register(&registry)?;
-    let role = Role {
-        name: "alerter",
-        default_admin: DEFAULT_ADMIN_ADDR,
-        checks: &["consumer", "lease_watch", "leader_events"],
-        subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
-    };
+    let role = Role::new("alerter", DEFAULT_ADMIN_ADDR, &["consumer", "lease_watch", "leader_events"]);
     let Base { names, instance, readiness, admin, client, js } =
-        Base::start(role, &config.common, &config.nats, registry).await?;
+        Base::start(role, &config.shared, registry).await?;
     let admin_addr = admin.local_addr();
     let admin_stop = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -75,7 +69,7 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
     let ensured = Backoff::new(CONFLICT_RETRY, CONFLICT_RETRY)
         .retry_until(
             deadline,
-            |_| topology::ensure(&js, &names, &config.topology),
+            |_| topology::ensure(&js, &names, &config.shared.topology),
             |error, _, _| {
                 let conflict = matches!(error, TopologyError::Conflict { .. });
                 if conflict {
@@ -100,7 +94,7 @@ pub async fn build(config: Config) -> anyhow::Result<Alerter> {
             error => return Err(error).context("ensure JetStream topology"),
         },
     };
-    let mut store = DedupStore::open(&js, &names, &config.topology, &instance).await?;
+    let mut store = DedupStore::open(&js, &names, &config.shared.topology, &instance).await?;
     readiness.set("topology", true);
 
     let consumers = feed::consumers(&js, &names, &config.rules).await?;

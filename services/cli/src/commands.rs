@@ -183,25 +183,32 @@ async fn control(api: &Api, endpoint: &str, task: &str, did: &str, json_out: boo
     Ok(())
 }
 
-/// `pause`, with the reason recorded as the task's `paused_reason`.
-async fn pause(api: &Api, task: &str, reason: Option<String>, json_out: bool) -> Result<(), Failure> {
+/// Calls task `endpoint` on `task` (`<namespace>/<id>`) with the string `field` of the
+/// request set to `value` when there is one.
+async fn task_call(
+    api: &Api,
+    endpoint: &str,
+    task: &str,
+    field: &str,
+    value: Option<String>,
+) -> Result<Value, Failure> {
     let reference = task_ref(task);
     let mut request = serde_json::json!({"namespace": reference.namespace, "id": reference.id});
-    if let Some(reason) = reason {
-        request["reason"] = Value::String(reason);
+    if let Some(value) = value {
+        request[field] = Value::String(value);
     }
-    let reply: Value = api.task_in("pause", &reference.namespace, &request).await?;
+    api.task_in(endpoint, &reference.namespace, &request).await
+}
+
+/// `pause`, with the reason recorded as the task's `paused_reason`.
+async fn pause(api: &Api, task: &str, reason: Option<String>, json_out: bool) -> Result<(), Failure> {
+    let reply = task_call(api, "pause", task, "reason", reason).await?;
     output::done(json_out, &reply, &format!("{task} paused"));
     Ok(())
 }
 
 async fn trigger(api: &Api, task: &str, priority: Option<String>, json_out: bool) -> Result<(), Failure> {
-    let reference = task_ref(task);
-    let mut body = serde_json::json!({ "namespace": reference.namespace, "id": reference.id });
-    if let Some(priority) = priority {
-        body["priority"] = Value::String(priority);
-    }
-    let reply: Value = api.task_in("trigger", &reference.namespace, &body).await?;
+    let reply = task_call(api, "trigger", task, "priority", priority).await?;
     let run: TriggerReply = serde_json::from_value(reply.clone()).context("trigger reply")?;
     output::done(json_out, &reply, &format!("{task} triggered: execution {}", run.execution_id));
     Ok(())

@@ -5,8 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, Problems, validate_shared};
-use jetsched_shared::topology::TopologyArgs;
+use jetsched_shared::config::{InvalidConfig, Problems, ServiceArgs, loopback};
 
 /// The jetsched web console: tasks, runs, dead letters, live events and the system's health,
 /// read from JetStream; actions (pause, resume, trigger, delete, replay, purge) through the
@@ -14,14 +13,10 @@ use jetsched_shared::topology::TopologyArgs;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "jetsched-console", version, after_help = jetsched_shared::telemetry::ENV_HELP)]
 pub struct Config {
+    // The topology settings are accepted (and checked) too, so one shared configuration
+    // serves the console as well; the console creates and changes nothing.
     #[command(flatten)]
-    pub nats: NatsArgs,
-    #[command(flatten)]
-    pub common: CommonArgs,
-    /// The topology settings every service shares, accepted (and checked) so one shared
-    /// configuration serves the console too; the console creates and changes nothing.
-    #[command(flatten)]
-    pub topology: TopologyArgs,
+    pub shared: ServiceArgs,
     /// Listener of the pages; port 0 picks a free port.
     #[arg(long, env = "JETSCHED_CONSOLE_HTTP_ADDR", default_value_t = DEFAULT_HTTP_ADDR)]
     pub http_addr: SocketAddr,
@@ -49,19 +44,15 @@ pub struct Config {
 }
 
 /// Default listener of the pages.
-pub const DEFAULT_HTTP_ADDR: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9180);
+pub const DEFAULT_HTTP_ADDR: SocketAddr = loopback(9180);
 /// Default admin listener of the console.
-pub const DEFAULT_ADMIN_ADDR: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9105);
+pub const DEFAULT_ADMIN_ADDR: SocketAddr = loopback(9105);
 
 impl Config {
     /// A configuration for a server at `url`: ephemeral ports, reading only (tests).
     pub fn for_tests(url: &str) -> Config {
         Config {
-            nats: NatsArgs::plain(url),
-            common: CommonArgs::for_tests("console-test"),
-            topology: TopologyArgs::default(),
+            shared: ServiceArgs::for_tests(url, "console-test"),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             allow_actions: false,
             auth_token: None,
@@ -73,7 +64,7 @@ impl Config {
 
     /// Checks every setting (the shared ones too) and reports every problem at once.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
-        let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
+        let mut problems = self.shared.problems();
         self.console_problems(&mut problems);
         problems.finish::<Config>()
     }

@@ -44,18 +44,14 @@ pub struct Console {
 /// binds the page and admin listeners.
 pub async fn build(config: Config) -> anyhow::Result<Console> {
     let token = config.token()?;
-    let role = Role {
-        name: "console",
-        default_admin: DEFAULT_ADMIN_ADDR,
-        checks: &["task_index"],
-        subscription_capacity: SUBSCRIPTION_CAPACITY,
-    };
-    let base = Base::start(role, &config.common, &config.nats, prometheus::Registry::new()).await?;
+    let role = Role::new("console", DEFAULT_ADMIN_ADDR, &["task_index"])
+        .with_subscription_capacity(SUBSCRIPTION_CAPACITY);
+    let base = Base::start(role, &config.shared, prometheus::Registry::new()).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
     // The console ensures no topology: it reads what the registry creates, and waits for it
     // (up to --topology-wait) when started first, saying so, as the other services wait for
     // JetStream.
-    let deadline = tokio::time::Instant::now() + config.topology.topology_wait;
+    let deadline = tokio::time::Instant::now() + config.shared.topology.topology_wait;
     let tasks = open_bucket(&js, &names.tasks_bucket(), deadline).await?;
     let runs = open_bucket(&js, &names.runs_bucket(), deadline).await?;
     readiness.set("topology", true);

@@ -4,8 +4,7 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
-use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, validate_shared};
-use jetsched_shared::topology::TopologyArgs;
+use jetsched_shared::config::{InvalidConfig, ServiceArgs, loopback};
 
 use crate::quota::Quotas;
 
@@ -15,11 +14,7 @@ use crate::quota::Quotas;
 #[command(name = "jetsched-registry", version, after_help = jetsched_shared::telemetry::ENV_HELP)]
 pub struct Config {
     #[command(flatten)]
-    pub nats: NatsArgs,
-    #[command(flatten)]
-    pub common: CommonArgs,
-    #[command(flatten)]
-    pub topology: TopologyArgs,
+    pub shared: ServiceArgs,
     /// Largest accepted spec (bytes); also capped by the server's max payload.
     #[arg(long, env = "JETSCHED_REGISTRY_MAX_SPEC_BYTES", default_value_t = 64 * 1024)]
     pub max_spec_bytes: usize,
@@ -35,16 +30,13 @@ pub struct Config {
 }
 
 /// Default admin listener of the registry.
-pub const DEFAULT_ADMIN_ADDR: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9101);
+pub const DEFAULT_ADMIN_ADDR: SocketAddr = loopback(9101);
 
 impl Config {
     /// A configuration for a server at `url` with defaults, an ephemeral admin port (tests).
     pub fn for_tests(url: &str) -> Config {
         Config {
-            nats: NatsArgs::plain(url),
-            common: CommonArgs::for_tests("registry-test"),
-            topology: TopologyArgs::default(),
+            shared: ServiceArgs::for_tests(url, "registry-test"),
             max_spec_bytes: 64 * 1024,
             quotas: Vec::new(),
             concurrency: 256,
@@ -58,7 +50,7 @@ impl Config {
 
     /// Checks every setting (the shared ones too) and reports every problem at once.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
-        let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
+        let mut problems = self.shared.problems();
         problems.at_least("max-spec-bytes", self.max_spec_bytes, 1);
         problems.at_least("concurrency", self.concurrency, 1);
         Quotas::parse(&self.quotas, &mut problems);

@@ -10,7 +10,6 @@ use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::service::ServiceExt;
 use futures::StreamExt;
 use jetsched_shared::admin::AdminServer;
-use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::events::{EventPublisher, EventPump};
 use jetsched_shared::names::Names;
 use jetsched_shared::service::{Base, Role};
@@ -53,14 +52,9 @@ pub struct Registry {
 pub async fn build(config: Config) -> anyhow::Result<Registry> {
     let registry = MetricsRegistry::new();
     let metrics = Metrics::register(&registry)?;
-    let role = Role {
-        name: "registry",
-        default_admin: DEFAULT_ADMIN_ADDR,
-        checks: &["api", "intake", "pause"],
-        subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
-    };
-    let base = Base::start(role, &config.common, &config.nats, registry.clone()).await?;
-    let topology = base.ensure_topology(&config.topology).await?;
+    let role = Role::new("registry", DEFAULT_ADMIN_ADDR, &["api", "intake", "pause"]);
+    let base = Base::start(role, &config.shared, registry.clone()).await?;
+    let topology = base.ensure_topology(&config.shared.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
 
     let max_payload = client.server_info().max_payload;

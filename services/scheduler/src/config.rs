@@ -5,8 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use jetsched_shared::config::{CommonArgs, InvalidConfig, NatsArgs, parse_duration, validate_shared};
-use jetsched_shared::topology::TopologyArgs;
+use jetsched_shared::config::{InvalidConfig, ServiceArgs, loopback, parse_duration};
 
 /// The jetsched scheduler: follows the tasks bucket, holds the leader lease and, while leader,
 /// dispatches every fire exactly once to the dispatch stream.
@@ -14,11 +13,7 @@ use jetsched_shared::topology::TopologyArgs;
 #[command(name = "jetsched-scheduler", version, after_help = jetsched_shared::telemetry::ENV_HELP)]
 pub struct Config {
     #[command(flatten)]
-    pub nats: NatsArgs,
-    #[command(flatten)]
-    pub common: CommonArgs,
-    #[command(flatten)]
-    pub topology: TopologyArgs,
+    pub shared: ServiceArgs,
     /// Dispatch publishes awaiting their ack at once (the bounded publish window).
     #[arg(long, env = "JETSCHED_SCHEDULER_PUBLISH_WINDOW", default_value_t = DEFAULT_PUBLISH_WINDOW)]
     pub publish_window: usize,
@@ -55,16 +50,13 @@ pub struct Config {
 pub const DEFAULT_PUBLISH_WINDOW: usize = 4096;
 
 /// Default admin listener of the scheduler.
-pub const DEFAULT_ADMIN_ADDR: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9102);
+pub const DEFAULT_ADMIN_ADDR: SocketAddr = loopback(9102);
 
 impl Config {
     /// A configuration for a server at `url` with defaults, an ephemeral admin port (tests).
     pub fn for_tests(url: &str) -> Config {
         Config {
-            nats: NatsArgs::plain(url),
-            common: CommonArgs::for_tests("scheduler-test"),
-            topology: TopologyArgs::default(),
+            shared: ServiceArgs::for_tests(url, "scheduler-test"),
             publish_window: DEFAULT_PUBLISH_WINDOW,
             state_flush: Duration::from_millis(50),
             lease_margin: Duration::from_millis(500),
@@ -78,11 +70,11 @@ impl Config {
 
     /// Checks every setting (the shared ones too) and reports every problem at once.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
-        let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
+        let mut problems = self.shared.problems();
         problems.at_least("publish-window", self.publish_window, 1);
         problems.positive("state-flush", self.state_flush);
         problems.positive("lease-margin", self.lease_margin);
-        problems.shorter("lease-margin", self.lease_margin, "lease", self.topology.lease);
+        problems.shorter("lease-margin", self.lease_margin, "lease", self.shared.topology.lease);
         problems.positive("misfire-threshold", self.misfire_threshold);
         problems.at_least("catchup-max", self.catchup_max, 1);
         problems.at_least("catchup-rate", self.catchup_rate, 1);

@@ -74,14 +74,10 @@ pub async fn build_with_clock(config: Config, clock: SharedClock) -> anyhow::Res
 async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::Result<Scheduler> {
     let registry = MetricsRegistry::new();
     let metrics = Metrics::register(&registry)?;
-    let role = Role {
-        name: "scheduler",
-        default_admin: DEFAULT_ADMIN_ADDR,
-        checks: &["tasks_loaded"],
-        subscription_capacity: WATCH_BUFFER,
-    };
-    let base = Base::start(role, &config.common, &config.nats, registry.clone()).await?;
-    let Topology { tasks, leader, state, runs, .. } = base.ensure_topology(&config.topology).await?;
+    let role = Role::new("scheduler", DEFAULT_ADMIN_ADDR, &["tasks_loaded"])
+        .with_subscription_capacity(WATCH_BUFFER);
+    let base = Base::start(role, &config.shared, registry.clone()).await?;
+    let Topology { tasks, leader, state, runs, .. } = base.ensure_topology(&config.shared.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
     let specs = Arc::new(Specs::default());
     let (feed, messages) = discovery::open_tasks(&tasks, specs.clone()).await?;
@@ -110,7 +106,7 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
         names.clone(),
         leader,
         instance.clone(),
-        Timing { lease: config.topology.lease, margin: config.lease_margin },
+        Timing { lease: config.shared.topology.lease, margin: config.lease_margin },
         clock.clone(),
         guard,
     )
@@ -132,7 +128,7 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
             tasks,
             state,
             runs: Arc::new(runs),
-            runs_ttl: config.topology.runs_ttl,
+            runs_ttl: config.shared.topology.runs_ttl,
         },
         report: Report { metrics, events, instance, fire_events: config.fire_events, readiness },
     };

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use jetsched_shared::{shutdown, telemetry};
+use jetsched_shared::service;
 use jetsched_worker::{Config, Handlers, Outcome, RunContext, build};
 
 /// Logs the payload and succeeds.
@@ -30,35 +30,22 @@ async fn flaky(run: RunContext) -> Outcome {
     }
 }
 
+/// The stock worker's start-up (configuration checked, telemetry, signals, `build`, `run`),
+/// with this program's handlers registered.
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    let telemetry = match telemetry::start("jetsched-worker-embedded", &config.common) {
-        Ok(telemetry) => telemetry,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::from(2);
-        }
-    };
-    let token = shutdown::on_signals();
+    let valid = config.validate().map(|()| config);
     let handlers = Handlers::new()
         .register("noop", |_run: RunContext| async { Outcome::ok() })
         .register("echo", echo)
         .register("flaky", flaky);
-    let worker = match build(config, handlers).await {
-        Ok(worker) => worker,
-        Err(error) => {
-            tracing::error!(error = format!("{error:#}"), "cannot start the worker");
-            return ExitCode::FAILURE;
-        }
-    };
-    let code = match worker.run(token).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!(error = format!("{error:#}"), "worker stopped with an error");
-            ExitCode::FAILURE
-        }
-    };
-    telemetry.shutdown().await;
-    code
+    service::main(
+        "jetsched-worker-embedded",
+        valid,
+        |config| &config.shared.common,
+        |config| build(config, handlers),
+        |worker, shutdown| worker.run(shutdown),
+    )
+    .await
 }

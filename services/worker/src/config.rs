@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use jetsched_shared::config::{
-    CommonArgs, InvalidConfig, NatsArgs, NatsCredentials, Problems, parse_duration, validate_shared,
+    InvalidConfig, NatsCredentials, Problems, ServiceArgs, loopback, parse_duration,
 };
 use jetsched_shared::priority::PerPriority;
 use jetsched_shared::spec::validate_id;
-use jetsched_shared::topology::TopologyArgs;
 
 use crate::executor::Scope;
 use crate::executor::http::destination::{HttpAllow, parse_network};
@@ -42,11 +41,7 @@ pub enum PolicyKind {
 #[command(name = "jetsched-worker", version, after_help = jetsched_shared::telemetry::ENV_HELP)]
 pub struct Config {
     #[command(flatten)]
-    pub nats: NatsArgs,
-    #[command(flatten)]
-    pub common: CommonArgs,
-    #[command(flatten)]
-    pub topology: TopologyArgs,
+    pub shared: ServiceArgs,
     /// Queues served by this worker (comma-separated or repeated).
     #[arg(
         help_heading = "Worker",
@@ -216,16 +211,13 @@ impl RunEvents {
 }
 
 /// Default admin listener of the worker.
-pub const DEFAULT_ADMIN_ADDR: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9103);
+pub const DEFAULT_ADMIN_ADDR: SocketAddr = loopback(9103);
 
 impl Config {
     /// A configuration for a server at `url` with defaults and an ephemeral admin port (tests).
     pub fn for_tests(url: &str, instance_id: &str) -> Config {
         Config {
-            nats: NatsArgs::plain(url),
-            common: CommonArgs::for_tests(instance_id),
-            topology: TopologyArgs::default(),
+            shared: ServiceArgs::for_tests(url, instance_id),
             queues: vec!["default".to_string()],
             concurrency: 32,
             ack_wait: Duration::from_secs(30),
@@ -286,7 +278,7 @@ impl Config {
 
     /// Checks every setting (the shared ones too) and reports every problem at once.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
-        let mut problems = validate_shared(&self.nats, &self.common, &self.topology);
+        let mut problems = self.shared.problems();
         problems.check(!self.queues.is_empty(), "queue", "(none)", "give at least one queue");
         check_names(&mut problems, "queue", &self.queues);
         problems.at_least("concurrency", self.concurrency, 1);

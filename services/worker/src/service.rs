@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use jetsched_shared::admin::AdminServer;
-use jetsched_shared::config::DEFAULT_SUBSCRIPTION_CAPACITY;
 use jetsched_shared::events::EventPublisher;
 use jetsched_shared::names::Names;
 use jetsched_shared::presence;
@@ -104,14 +103,9 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
     config.validate()?;
     let registry = MetricsRegistry::new();
     let metrics = Metrics::register(&registry)?;
-    let role = Role {
-        name: "worker",
-        default_admin: DEFAULT_ADMIN_ADDR,
-        checks: &["consumers"],
-        subscription_capacity: DEFAULT_SUBSCRIPTION_CAPACITY,
-    };
-    let base = Base::start(role, &config.common, &config.nats, registry.clone()).await?;
-    let topology = base.ensure_topology(&config.topology).await?;
+    let role = Role::new("worker", DEFAULT_ADMIN_ADDR, &["consumers"]);
+    let base = Base::start(role, &config.shared, registry.clone()).await?;
+    let topology = base.ensure_topology(&config.shared.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
 
     let mut queues = Vec::new();
@@ -143,7 +137,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         .with_batches(client.clone())
         .await?;
     let namespace_clients =
-        nats::connect_namespaces(&config.nats, &config.executor_credentials(), &instance).await?;
+        nats::connect_namespaces(&config.shared.nats, &config.executor_credentials(), &instance).await?;
     let executors = Executors {
         http: HttpExecutor::new(
             &config.http_allow(),

@@ -62,29 +62,17 @@ pub struct Dispatch<S = TaskSpec> {
 impl<S> Dispatch<S> {
     /// The same dispatch carrying `spec`.
     fn with_spec<T>(self, spec: T) -> Dispatch<T> {
-        let Dispatch {
-            execution_id,
-            namespace,
-            task_id,
-            nominal_time,
-            trigger,
-            term,
-            revision,
-            priority,
-            trace_id,
-            ..
-        } = self;
         Dispatch {
-            execution_id,
-            namespace,
-            task_id,
-            nominal_time,
-            trigger,
-            term,
-            revision,
-            priority,
+            execution_id: self.execution_id,
+            namespace: self.namespace,
+            task_id: self.task_id,
+            nominal_time: self.nominal_time,
+            trigger: self.trigger,
+            term: self.term,
+            revision: self.revision,
+            priority: self.priority,
             spec,
-            trace_id,
+            trace_id: self.trace_id,
         }
     }
 }

@@ -220,7 +220,7 @@ async fn status_shows_the_stored_term_acquisition_and_last_renewal() {
     let server = NatsServer::start().await;
     // A lease bucket whose entries outlive the test (the records are written by hand).
     let mut registry_config = config(&server.url(), 1);
-    registry_config.topology.lease = std::time::Duration::from_secs(120);
+    registry_config.shared.topology.lease = std::time::Duration::from_secs(120);
     let registry = App::registry(registry_config).await;
     let url = server.url();
     let js = jetstream::new(server.client().await);

@@ -295,14 +295,14 @@ async fn console_refuses_without_token_csrf_or_allowed_actions() {
 async fn console_user_of_the_secured_config_reads_every_page_without_a_violation() {
     let server = crate::deploy::SecureServer::start().await;
     let mut registry_config = jetsched_registry::Config::for_tests(&server.url);
-    registry_config.nats = server.nats_args("registry");
+    registry_config.shared.nats = server.nats_args("registry");
     let registry = App::registry(registry_config).await;
     eventually(WAIT, "the registry is ready", || registry.ready()).await;
     let api = Api::new(&server.connect("client").await.client);
     api.store(&spec("ops", "secured").every("1h").field("labels", json!({"team": "ops"})).json()).await;
 
     let mut config = jetsched_console::Config::for_tests(&server.url);
-    config.nats = server.nats_args("console");
+    config.shared.nats = server.nats_args("console");
     let console = jetsched_console::build(config).await.expect("the console builds as user console");
     let addr = console.http_addr();
     let app = App::spawn("console", console.admin_addr(), |shutdown| console.run(shutdown));

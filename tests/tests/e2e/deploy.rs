@@ -239,7 +239,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
 
     // The registry with its own user creates the topology and serves a client's put.
     let mut registry_config = jetsched_registry::Config::for_tests(&server.url);
-    registry_config.nats = server.nats_args("registry");
+    registry_config.shared.nats = server.nats_args("registry");
     let registry = App::registry(registry_config).await;
 
     let client = server.connect("client").await;
@@ -282,7 +282,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     let worker_js = jetstream::new(worker_probe.client.clone());
     let worker_config = {
         let mut config = jetsched_worker::Config::for_tests(&server.url, "secure-worker");
-        config.nats = server.nats_args("worker");
+        config.shared.nats = server.nats_args("worker");
         config.pull_expires = Duration::from_millis(500);
         config
     };
@@ -331,7 +331,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
 
     // The whole system on its own users: a scheduled task fires and is executed.
     let mut scheduler_config = jetsched_scheduler::Config::for_tests(&server.url);
-    scheduler_config.nats = server.nats_args("scheduler");
+    scheduler_config.shared.nats = server.nats_args("scheduler");
     let scheduler = App::scheduler(scheduler_config).await;
     let runs = Arc::new(Mutex::new(Vec::new()));
     let seen = runs.clone();
@@ -351,7 +351,7 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     .await;
 
     let mut alerter_config = jetsched_alerter::Config::for_tests(&server.url);
-    alerter_config.nats = server.nats_args("alerter");
+    alerter_config.shared.nats = server.nats_args("alerter");
     alerter_config.check_interval = Duration::from_secs(1);
     alerter_config.group_wait = Duration::from_millis(100);
     let alerter = App::alerter(alerter_config).await;

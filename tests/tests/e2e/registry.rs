@@ -24,7 +24,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 pub(crate) fn config(url: &str, replicas: usize) -> Config {
     let mut config = Config::for_tests(url);
-    config.topology.replicas = replicas;
+    config.shared.topology.replicas = replicas;
     config
 }
 
@@ -524,9 +524,9 @@ async fn topology_waits_for_a_cluster_without_quorum_and_gives_up_with_a_clear_e
 async fn several_registry_replicas_share_the_api_and_the_intake() {
     let server = NatsServer::start().await;
     let mut first = config(&server.url(), 1);
-    first.common.instance_id = Some("registry-a".into());
+    first.shared.common.instance_id = Some("registry-a".into());
     let mut second = config(&server.url(), 1);
-    second.common.instance_id = Some("registry-b".into());
+    second.shared.common.instance_id = Some("registry-b".into());
     let (a, b) = tokio::join!(App::registry(first), App::registry(second));
     let client = server.client().await;
     let (api, js) = (Api::new(&client), jetstream::new(client.clone()));

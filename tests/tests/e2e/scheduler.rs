@@ -42,8 +42,8 @@ pub(crate) struct Seen {
 
 fn scheduler_config(url: &str, instance: &str, lease: Duration) -> Config {
     let mut config = Config::for_tests(url);
-    config.common.instance_id = Some(instance.to_string());
-    config.topology.lease = lease;
+    config.shared.common.instance_id = Some(instance.to_string());
+    config.shared.topology.lease = lease;
     config.lease_margin = lease / 4;
     config
 }

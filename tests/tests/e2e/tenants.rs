@@ -59,13 +59,13 @@ impl Deployment {
     async fn start(quotas: &[&str], topology: jetsched_shared::topology::TopologyArgs) -> Deployment {
         let server = SecureServer::start().await;
         let mut registry_config = jetsched_registry::Config::for_tests(&server.url);
-        registry_config.nats = server.nats_args("registry");
+        registry_config.shared.nats = server.nats_args("registry");
         registry_config.quotas = quotas.iter().map(|q| q.to_string()).collect();
-        registry_config.topology = topology.clone();
+        registry_config.shared.topology = topology.clone();
         let registry = App::registry(registry_config).await;
         let mut scheduler_config = jetsched_scheduler::Config::for_tests(&server.url);
-        scheduler_config.nats = server.nats_args("scheduler");
-        scheduler_config.topology = topology.clone();
+        scheduler_config.shared.nats = server.nats_args("scheduler");
+        scheduler_config.shared.topology = topology.clone();
         let scheduler = App::scheduler(scheduler_config).await;
         let runs = Arc::new(Mutex::new(Vec::new()));
         let seen = runs.clone();
@@ -77,13 +77,13 @@ impl Deployment {
             }
         });
         let mut worker_config = jetsched_worker::Config::for_tests(&server.url, "tenants-worker");
-        worker_config.nats = server.nats_args("worker");
-        worker_config.topology = topology.clone();
+        worker_config.shared.nats = server.nats_args("worker");
+        worker_config.shared.topology = topology.clone();
         worker_config.pull_expires = Duration::from_millis(500);
         let worker = App::worker(worker_config, handlers).await;
         let mut alerter_config = jetsched_alerter::Config::for_tests(&server.url);
-        alerter_config.nats = server.nats_args("alerter");
-        alerter_config.topology = topology;
+        alerter_config.shared.nats = server.nats_args("alerter");
+        alerter_config.shared.topology = topology;
         let alerter = App::alerter(alerter_config).await;
         Deployment { server, names: Names::default(), registry, scheduler, worker, alerter, runs }
     }

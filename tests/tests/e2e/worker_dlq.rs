@@ -123,7 +123,7 @@ async fn a_full_dlq_leaves_the_run_in_place_until_the_dead_letter_is_stored() {
         }
     });
     let mut cfg = config(&server, "w-full");
-    cfg.topology.dlq_max_bytes = 64;
+    cfg.shared.topology.dlq_max_bytes = 64;
     cfg.dlq_retry_delay = Duration::from_millis(300);
     let worker = App::worker(cfg, handlers).await;
     let js = jetstream::new(server.client().await);

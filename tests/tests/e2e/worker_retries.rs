@@ -142,7 +142,7 @@ async fn workers_on_a_three_node_cluster_with_r3_retry_and_recognise_duplicates(
     let mut workers = Vec::new();
     for n in 0..2 {
         let mut config = Config::for_tests(&cluster.urls(), &format!("r3-{n}"));
-        config.topology.replicas = 3;
+        config.shared.topology.replicas = 3;
         config.pull_expires = Duration::from_millis(500);
         workers.push(App::worker(config, handlers(executions.clone())).await);
     }

@@ -18,6 +18,7 @@ use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::args::{Clients, Defaults, Rounds, Runs};
 use crate::registry::drive;
 use crate::stats::Figures;
 
@@ -28,15 +29,19 @@ pub(crate) struct Args {
     /// Requests per phase and path in each round.
     #[arg(long, default_value_t = 10_000)]
     pub(crate) requests: usize,
-    /// Runs (trigger to live event) per path in each round.
-    #[arg(long, default_value_t = 2_000)]
-    pub(crate) runs: usize,
-    /// Concurrent request loops.
-    #[arg(long, default_value_t = 32)]
-    pub(crate) clients: usize,
-    /// Rounds; each runs both paths, the order alternating.
-    #[arg(long, default_value_t = 3)]
-    pub(crate) rounds: usize,
+    // A run goes from its trigger to its live event, on each path.
+    #[command(flatten)]
+    pub(crate) runs: Runs<Args>,
+    #[command(flatten)]
+    pub(crate) clients: Clients<Args>,
+    // Each round runs both paths, the order alternating.
+    #[command(flatten)]
+    pub(crate) rounds: Rounds<Args>,
+}
+
+impl Defaults for Args {
+    const RUNS: &'static str = "2000";
+    const CLIENTS: &'static str = "32";
 }
 
 /// Accounts as the secured deployment has them, reduced to one team; connections without
@@ -96,7 +101,7 @@ async fn phase(
     let (samples, elapsed) = match what {
         "get" => {
             let subject = names.task_api_namespaced("get", NAMESPACE);
-            drive(args.clients, args.requests, move |i| {
+            drive(args.clients.clients, args.requests, move |i| {
                 let (client, subject) = (client.clone(), subject.clone());
                 async move {
                     let body = serde_json::to_vec(&json!({"id": format!("t{}", i % 100)}))?;
@@ -107,7 +112,7 @@ async fn phase(
         }
         "put" => {
             let subject = names.task_api_namespaced("put", NAMESPACE);
-            drive(args.clients, args.requests, move |i| {
+            drive(args.clients.clients, args.requests, move |i| {
                 let (client, subject) = (client.clone(), subject.clone());
                 async move {
                     let body = serde_json::to_vec(&spec(&format!("t{}", i % 100), round * 1_000_000 + i))?;
@@ -120,8 +125,8 @@ async fn phase(
             // A run's path: one subscription per loop on its own task's live events.
             let trigger = names.task_api_namespaced("trigger", NAMESPACE);
             let names = names.clone();
-            let loops = args.clients.min(100);
-            drive(loops, args.runs, move |i| {
+            let loops = args.clients.clients.min(100);
+            drive(loops, args.runs.runs, move |i| {
                 let (client, trigger, names) = (client.clone(), trigger.clone(), names.clone());
                 async move {
                     let task = format!("t{}", i % loops);
@@ -173,7 +178,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     for what in ["get", "put", "run"] {
         let mut throughput = Vec::new();
         let mut p50 = Vec::new();
-        for round in 0..args.rounds {
+        for round in 0..args.rounds.rounds {
             // Alternate which path goes first, so neither always meets a warmer server.
             let order = if round % 2 == 0 { [false, true] } else { [true, false] };
             let mut pair: [Option<Figures>; 2] = [None, None];
@@ -216,8 +221,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     }
     Ok(json!({
         "scenario": "accounts",
-        "clients": args.clients,
-        "rounds": args.rounds,
+        "clients": args.clients.clients,
+        "rounds": args.rounds.rounds,
         "phases": rows,
         "ratios": summary,
     }))

@@ -19,23 +19,20 @@ use jetsched_tests::NatsServer;
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
 
+use crate::args::{Defaults, Pool, Rounds, Runs};
 use crate::stats::Figures;
 use crate::system::{Workers, remove_phase};
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Args {
-    /// Runs per throughput round.
-    #[arg(long, default_value_t = 10_000)]
-    pub(crate) runs: usize,
-    /// Rounds of each variant (interleaved: without, with, without, ...).
-    #[arg(long, default_value_t = 3)]
-    pub(crate) rounds: usize,
-    /// In-process worker replicas.
-    #[arg(long, default_value_t = 2)]
-    pub(crate) workers: usize,
-    /// Concurrency of each worker.
-    #[arg(long, default_value_t = 64)]
-    pub(crate) concurrency: usize,
+    // Runs of each throughput measurement.
+    #[command(flatten)]
+    pub(crate) runs: Runs<Args>,
+    // Each round runs both variants (interleaved: without, with, without, ...).
+    #[command(flatten)]
+    pub(crate) rounds: Rounds<Args>,
+    #[command(flatten)]
+    pub(crate) pool: Pool<Args>,
     /// Trials of the stop measurement.
     #[arg(long, default_value_t = 30)]
     pub(crate) trials: usize,
@@ -43,6 +40,8 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 200)]
     pub(crate) rate: u64,
 }
+
+impl Defaults for Args {}
 
 /// Unacknowledged publishes in flight.
 const WINDOW: usize = 256;
@@ -56,7 +55,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let js = jetstream::new(server.client().await);
     let mut without = Vec::new();
     let mut with = Vec::new();
-    for round in 0..args.rounds {
+    for round in 0..args.rounds.rounds {
         for breaker in [false, true] {
             let rate = throughput(&js, &server.url(), &args, round, breaker).await?;
             let label = if breaker { "closed breaker" } else { "no breaker" };
@@ -77,9 +76,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     Figures::print_table(std::slice::from_ref(&stop));
     Ok(json!({
         "scenario": "breakers",
-        "runs": args.runs,
-        "workers": args.workers,
-        "concurrency": args.concurrency,
+        "runs": args.runs.runs,
+        "workers": args.pool.workers,
+        "concurrency": args.pool.concurrency,
         "without_breaker_runs_per_second": without,
         "closed_breaker_runs_per_second": with,
         "ratio": ratio,
@@ -107,7 +106,7 @@ async fn start_workers(
     args: &Args,
     calls: &Arc<Mutex<Vec<Instant>>>,
 ) -> anyhow::Result<Workers> {
-    Workers::start(url, prefix, args.workers, args.concurrency, || {
+    Workers::start(url, prefix, args.pool.workers, args.pool.concurrency, || {
         let calls = calls.clone();
         Handlers::new().register("noop", |_run: RunContext| async { Outcome::ok() }).register(
             "down",
@@ -120,7 +119,7 @@ async fn start_workers(
     .await
 }
 
-/// One throughput round: `args.runs` no-op runs, behind a closed breaker or not, drained by
+/// One throughput round: `--runs` no-op runs, behind a closed breaker or not, drained by
 /// the workers; runs per second from the first publish to an empty dispatch stream.
 async fn throughput(
     js: &jetstream::Context,
@@ -135,7 +134,7 @@ async fn throughput(
     // A breaker that never trips on no-op runs: every attempt is counted and merged all the same.
     let breaker = breaker.then(|| json!({"key": "bench", "min_runs": 1000000}));
     let task = spec("noop", "noop", breaker)?;
-    let messages = (0..args.runs as i64)
+    let messages = (0..args.runs.runs as i64)
         .map(|nominal_ms| {
             let origin = Origin::Scheduled { nominal_ms, term: 1, catchup: false };
             Ok(dispatch::build(&names, Target::of(&task, 1), origin, SpecBody::Spec(&task))?)
@@ -156,17 +155,17 @@ async fn throughput(
         ack.await?;
     }
     let mut stream = js.get_stream(names.dispatch_stream()).await?;
-    let deadline = Instant::now() + Duration::from_secs(120 + args.runs as u64 / 500);
+    let deadline = Instant::now() + Duration::from_secs(120 + args.runs.runs as u64 / 500);
     while stream.info().await?.state.messages > 0 {
         if Instant::now() > deadline {
-            bail!("workers did not drain {} runs in time", args.runs);
+            bail!("workers did not drain {} runs in time", args.runs.runs);
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
     workers.stop().await?;
     remove_phase(js, &names).await;
-    Ok(args.runs as f64 / elapsed.as_secs_f64())
+    Ok(args.runs.runs as f64 / elapsed.as_secs_f64())
 }
 
 /// Trials of a failing task behind a fresh breaker each: the time from the `MIN_RUNS`-th
@@ -212,7 +211,7 @@ async fn stop_latency(js: &jetstream::Context, url: &str, args: &Args) -> anyhow
         samples.push(last.saturating_duration_since(crossed));
     }
     let figures = Figures::from_samples(
-        &format!("threshold crossed → last call ({} workers)", args.workers),
+        &format!("threshold crossed → last call ({} workers)", args.pool.workers),
         samples,
         started.elapsed(),
     );

@@ -20,13 +20,14 @@ use jetsched_tests::{NatsServer, admin_get, free_addr, memory_kib};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::args::{Defaults, Tasks};
 use crate::system::{NS, service_bin, write_tasks};
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Args {
-    /// Task specs in the tasks bucket.
-    #[arg(long, default_value_t = 100_000)]
-    pub(crate) tasks: usize,
+    // Task specs put in the tasks bucket.
+    #[command(flatten)]
+    pub(crate) tasks: Tasks<Args>,
     /// Run events in the events stream, spread over the last 24 hours.
     #[arg(long, default_value_t = 1_000_000)]
     pub(crate) runs: usize,
@@ -34,6 +35,8 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 5)]
     pub(crate) requests: usize,
 }
+
+impl Defaults for Args {}
 
 /// Targets: every page's median, the console's resident memory.
 const PAGE_TARGET: Duration = Duration::from_millis(200);
@@ -86,7 +89,7 @@ async fn publish_runs(js: &jetstream::Context, names: &Names, args: &Args) -> an
     let start = Utc::now() - chrono::Duration::hours(24);
     let mut acks = futures::stream::iter(0..args.runs)
         .map(|n| {
-            let event = run_event(n, args.runs, args.tasks, start);
+            let event = run_event(n, args.runs, args.tasks.tasks, start);
             let subject = names.event_subject(event.kind.as_str(), &event.namespace, &event.task_id);
             let payload = Bytes::from(serde_json::to_vec(&event).expect("event serializes"));
             async move { js.publish(subject, payload).await?.await.map_err(anyhow::Error::from) }
@@ -119,9 +122,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     let js = jetstream::new(client);
     let names = Names::default();
     let topology = topology::ensure(&js, &names, &TopologyArgs::default()).await?;
-    let specs = (0..args.tasks).map(|n| (task_id(n), spec(n))).collect();
+    let specs = (0..args.tasks.tasks).map(|n| (task_id(n), spec(n))).collect();
     let tasks_put = write_tasks(&topology, specs).await?;
-    eprintln!("console: {} specs put in {tasks_put:.1?}", args.tasks);
+    eprintln!("console: {} specs put in {tasks_put:.1?}", args.tasks.tasks);
     let runs_put = publish_runs(&js, &names, &args).await?;
     eprintln!("console: {} run events published in {runs_put:.1?}", args.runs);
 
@@ -162,7 +165,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         ("tasks, first page", "/tasks".to_string()),
         ("tasks, id search", "/tasks?q=task-00012".to_string()),
         ("tasks, labels and state", "/tasks?label=team%3Dt3&state=paused".to_string()),
-        ("tasks, last page", format!("/tasks?page={}", args.tasks.div_ceil(50))),
+        ("tasks, last page", format!("/tasks?page={}", args.tasks.tasks.div_ceil(50))),
         ("a task", format!("/tasks/{NS}/{}", task_id(BREAKER_EVERY))),
         ("runs, newest", "/runs".to_string()),
         ("runs, failed", "/runs?outcome=failed".to_string()),
@@ -196,7 +199,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
     registry.await??;
     Ok(json!({
         "scenario": "console",
-        "tasks": args.tasks,
+        "tasks": args.tasks.tasks,
         "run_events": args.runs,
         "requests_per_page": args.requests,
         "tasks_put_s": tasks_put.as_secs_f64(),

@@ -32,14 +32,14 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::args::{Defaults, Rounds, Runs};
 use crate::stats::median;
 use crate::system::cpu_seconds;
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Args {
-    /// Runs per measurement.
-    #[arg(long, default_value_t = 20_000)]
-    pub(crate) runs: usize,
+    #[command(flatten)]
+    pub(crate) runs: Runs<Args>,
     /// Worker replica counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub(crate) workers: Vec<usize>,
@@ -52,23 +52,28 @@ pub(crate) struct Args {
     /// When run records are written: deferred, eager, lazy.
     #[arg(long, value_enum, default_value_t = RunRecords::Deferred)]
     pub(crate) run_records: RunRecords,
-    /// Times every phase is measured, one round after the other: with more than one, each
-    /// ratio is taken within its round and the median is reported beside every round's
-    /// share of the ceiling (the machine's speed drifts between phases more than a change moves it).
-    #[arg(long, default_value_t = 1)]
-    pub(crate) rounds: usize,
+    // Each round measures every phase: with more than one, each ratio is taken within its
+    // round and the median is reported beside every round's share of the ceiling (the
+    // machine's speed drifts between phases more than a change moves it).
+    #[command(flatten)]
+    pub(crate) rounds: Rounds<Args>,
+}
+
+impl Defaults for Args {
+    const RUNS: &'static str = "20000";
+    const ROUNDS: &'static str = "1";
 }
 
 impl Args {
     /// The default settings with `runs` runs and `workers` replica counts.
     pub(crate) fn sized(runs: usize, workers: Vec<usize>) -> Args {
         Args {
-            runs,
+            runs: Runs::new(runs),
             workers,
             concurrency: 64,
             run_events: RunEvents::All,
             run_records: RunRecords::Deferred,
-            rounds: 1,
+            rounds: Rounds::new(1),
         }
     }
 }
@@ -82,17 +87,17 @@ type Prepared = PublishMessage;
 pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let server = NatsServer::start().await;
     let js = jetstream::new(server.client().await);
-    let messages = dispatches(args.runs)?;
+    let messages = dispatches(args.runs.runs)?;
     let mut rounds = Vec::new();
-    for round in 1..=args.rounds.max(1) {
-        if args.rounds > 1 {
-            eprintln!("e2e: round {round} of {}", args.rounds);
+    for round in 1..=args.rounds.rounds.max(1) {
+        if args.rounds.rounds > 1 {
+            eprintln!("e2e: round {round} of {}", args.rounds.rounds);
         }
         rounds.push(one_round(&js, &server, &args, &messages).await?);
     }
     let mut report = json!({
         "scenario": "e2e",
-        "runs": args.runs,
+        "runs": args.runs.runs,
         "concurrency": args.concurrency,
         "run_events": format!("{:?}", args.run_events).to_lowercase(),
         "run_records": format!("{:?}", args.run_records).to_lowercase(),
@@ -154,7 +159,7 @@ async fn one_round(
     for &n in &args.workers {
         let cpu = Cpu::now(server).await;
         let rate = workers(js, &server.url(), args, n, messages).await?;
-        let used = Cpu::now(server).await.since(&cpu, args.runs);
+        let used = Cpu::now(server).await.since(&cpu, args.runs.runs);
         let overhead_us = 1e6 / rate - 1e6 / raw;
         eprintln!(
             "e2e: {n} worker(s): {rate:.0} runs/s = {:.1}% of raw, {:.1}% of the ceiling, {:.1}% of the floor, {:.1}% of the ceiling with an event (overhead {overhead_us:.1} µs/run){used}",
@@ -455,7 +460,7 @@ async fn workers(
     let mut handles = Vec::new();
     for i in 0..n {
         let mut config = Config::for_tests(url, &format!("bench-{i}"));
-        config.common.prefix = prefix.clone();
+        config.shared.common.prefix = prefix.clone();
         config.concurrency = args.concurrency;
         config.run_events = args.run_events;
         config.run_records = args.run_records;

@@ -16,6 +16,7 @@ use jetsched_tests::NatsServer;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::args::{Defaults, Rounds};
 use crate::e2e::Cpu;
 use crate::stats::median;
 
@@ -27,14 +28,16 @@ pub(crate) struct Args {
     /// Units of work in flight, each telling one event at a time.
     #[arg(long, default_value_t = 256)]
     pub(crate) units: usize,
-    /// Rounds of both phases, one after the other.
-    #[arg(long, default_value_t = 3)]
-    pub(crate) rounds: usize,
+    // Each round runs both phases, one after the other.
+    #[command(flatten)]
+    pub(crate) rounds: Rounds<Args>,
 }
+
+impl Defaults for Args {}
 
 pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let mut rounds = Vec::new();
-    for round in 1..=args.rounds.max(1) {
+    for round in 1..=args.rounds.rounds.max(1) {
         let alone = phase(&args, false).await?;
         let batched = phase(&args, true).await?;
         let ratio = |field: &str| batched[field].as_f64().zip(alone[field].as_f64()).map(|(b, a)| b / a);

@@ -17,10 +17,14 @@ use jetsched_shared::wire::HDR_LEADER_TERM;
 use jetsched_tests::NatsServer;
 use serde_json::json;
 
+use crate::args::{Defaults, Tasks};
 use crate::system::{Lag, service_bin, spec, write_tasks};
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Args {
+    // Tasks firing every second: the load the leaders dispatch.
+    #[command(flatten)]
+    pub(crate) tasks: Tasks<Args>,
     /// Leader kills.
     #[arg(long, default_value_t = 20)]
     pub(crate) kills: usize,
@@ -30,9 +34,10 @@ pub(crate) struct Args {
     /// Leader freezes (SIGSTOP, then SIGCONT once a new leader dispatches).
     #[arg(long, default_value_t = 3)]
     pub(crate) stops: usize,
-    /// Tasks firing every second.
-    #[arg(long, default_value_t = 100)]
-    pub(crate) tasks: usize,
+}
+
+impl Defaults for Args {
+    const TASKS: &'static str = "100";
 }
 
 struct Scheduler {
@@ -150,9 +155,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let topology_args = TopologyArgs { lease, ..TopologyArgs::default() };
     let topology = topology::ensure(&js, &names, &topology_args).await?;
     // Phases spread over the second: some fire is due every 1000 / tasks ms.
-    let specs = (0..args.tasks)
+    let specs = (0..args.tasks.tasks)
         .map(|i| {
-            let anchor = format!("1970-01-01T00:00:00.{:03}Z", (i * 1000 / args.tasks.max(1)) % 1000);
+            let anchor = format!("1970-01-01T00:00:00.{:03}Z", (i * 1000 / args.tasks.tasks.max(1)) % 1000);
             (format!("f{i}"), spec(&format!("f{i}"), json!({"every": "1s", "anchor": anchor})))
         })
         .collect();

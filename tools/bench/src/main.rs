@@ -3,6 +3,7 @@
 //! and a JSON report.
 
 mod accounts;
+mod args;
 mod breakers;
 mod console;
 mod e2e;
@@ -24,6 +25,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use jetsched_shared::config::LogFormat;
 use jetsched_shared::telemetry::{self, TraceSettings};
 use serde_json::{Value, json};
+
+use crate::args::{Clients, Rounds, Tasks};
 
 #[derive(Debug, Parser)]
 #[command(name = "jetsched-bench", about = "Measure jetsched against raw JetStream on this machine")]
@@ -49,7 +52,10 @@ enum Scenario {
     Burst(scheduler::BurstArgs),
     /// N interval tasks firing at a steady rate: lag percentiles.
     Steady(scheduler::SteadyArgs),
-    /// No-op runs end to end with 1, 2, 4 worker replicas, against raw publish + pull + ack.
+    /// No-op runs end to end with 1, 2, 4 worker replicas, against raw publish + pull + ack. With
+    /// more than one round, each ratio is taken within its round and the median is reported
+    /// beside every round's share of the ceiling (the machine's speed drifts between phases more
+    /// than a change moves it).
     E2e(e2e::Args),
     /// No-op runs behind a closed circuit breaker against none (A/B rounds), and the time from
     /// a breaker's threshold crossed to the last call of a failing task, over many trials.
@@ -59,7 +65,8 @@ enum Scenario {
     Events(events::Args),
     /// A critical stream behind a low backlog, against the same load on one lane (A/B rounds).
     Priority(priority::Args),
-    /// Leader kill -9 to the next dispatch, over repeated kills of real scheduler processes.
+    /// Leader kill -9 to the next dispatch, over repeated kills of real scheduler processes, with
+    /// tasks firing every second.
     Failover(failover::Args),
     /// Graceful leader stop during steady firing; a warm follower takes over: fire lag around it.
     Handover(scheduler::HandoverArgs),
@@ -115,14 +122,17 @@ async fn all(size: Size) -> anyhow::Result<Value> {
     report.insert("raw".into(), raw::run(raw::Args { messages: raw, window: 512 }).await?);
     report.insert(
         "registry".into(),
-        registry::run(registry::Args { puts, clients: 64, connections: 8, in_process: false }).await?,
+        registry::run(registry::Args { puts, clients: Clients::new(64), connections: 8, in_process: false })
+            .await?,
     );
-    report
-        .insert("burst".into(), scheduler::burst(scheduler::BurstArgs { tasks: burst, window: 512 }).await?);
+    report.insert(
+        "burst".into(),
+        scheduler::burst(scheduler::BurstArgs { tasks: Tasks::new(burst), window: 512 }).await?,
+    );
     report.insert(
         "steady".into(),
         scheduler::steady(scheduler::SteadyArgs {
-            firing: scheduler::Firing { tasks: steady, rate },
+            firing: scheduler::Firing { tasks: Tasks::new(steady), rate },
             seconds,
         })
         .await?,
@@ -130,7 +140,7 @@ async fn all(size: Size) -> anyhow::Result<Value> {
     report.insert("e2e".into(), e2e::run(e2e::Args::sized(runs, workers)).await?);
     report.insert(
         "failover".into(),
-        failover::run(failover::Args { kills, lease_ms: 3000, tasks: 100, stops: 3 }).await?,
+        failover::run(failover::Args { tasks: Tasks::new(100), kills, lease_ms: 3000, stops: 3 }).await?,
     );
     let (tasks, rate, seconds) = match size {
         Size::Tiny => (1_000, 200, 2),
@@ -139,11 +149,18 @@ async fn all(size: Size) -> anyhow::Result<Value> {
     };
     report.insert(
         "handover".into(),
-        scheduler::handover(scheduler::HandoverArgs { firing: scheduler::Firing { tasks, rate }, seconds })
-            .await?,
+        scheduler::handover(scheduler::HandoverArgs {
+            firing: scheduler::Firing { tasks: Tasks::new(tasks), rate },
+            seconds,
+        })
+        .await?,
     );
     let rounds = if matches!(size, Size::Full) { 3 } else { 1 };
-    report.insert("scale".into(), scheduler::scale(scheduler::ScaleArgs { tasks: scale, rounds }).await?);
+    report.insert(
+        "scale".into(),
+        scheduler::scale(scheduler::ScaleArgs { tasks: Tasks::new(scale), rounds: Rounds::new(rounds) })
+            .await?,
+    );
     print_summary(&report);
     Ok(json!({"size": format!("{size:?}").to_lowercase(), "scenarios": report}))
 }

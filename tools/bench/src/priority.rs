@@ -25,6 +25,7 @@ use jetsched_tests::NatsServer;
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::{Value, json};
 
+use crate::args::{Defaults, Pool, Rounds};
 use crate::e2e::publish_all;
 use crate::stats::Figures;
 use crate::system::{Workers, remove_phase};
@@ -37,15 +38,17 @@ pub(crate) struct Args {
     /// Critical runs per second, published while the backlog drains.
     #[arg(long, default_value_t = 20)]
     pub(crate) rate: u32,
-    /// Worker replicas.
-    #[arg(long, default_value_t = 4)]
-    pub(crate) workers: usize,
-    /// Concurrency of each replica (the worker's default).
-    #[arg(long, default_value_t = 32)]
-    pub(crate) concurrency: usize,
-    /// Rounds; each runs the lanes, then one lane.
-    #[arg(long, default_value_t = 3)]
-    pub(crate) rounds: usize,
+    // The worker's default concurrency.
+    #[command(flatten)]
+    pub(crate) pool: Pool<Args>,
+    // Each round runs the lanes, then one lane.
+    #[command(flatten)]
+    pub(crate) rounds: Rounds<Args>,
+}
+
+impl Defaults for Args {
+    const WORKERS: &'static str = "4";
+    const CONCURRENCY: &'static str = "32";
 }
 
 /// Which setup a phase measures.
@@ -94,12 +97,15 @@ struct Phase {
 }
 
 pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
-    anyhow::ensure!(args.rate > 0 && args.workers > 0 && args.rounds > 0, "rate, workers, rounds ≥ 1");
+    anyhow::ensure!(
+        args.rate > 0 && args.pool.workers > 0 && args.rounds.rounds > 0,
+        "rate, workers, rounds ≥ 1"
+    );
     let server = NatsServer::start().await;
     let js = jetstream::new(server.client().await);
     let mut rounds = Vec::new();
     let mut rows = Vec::new();
-    for round in 1..=args.rounds {
+    for round in 1..=args.rounds.rounds {
         let mut pair = serde_json::Map::new();
         for setup in [Setup::Lanes, Setup::OneLane] {
             let prefix = format!("prio{round}{}", if setup == Setup::Lanes { "l" } else { "n" });
@@ -152,8 +158,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         "scenario": "priority",
         "backlog": args.backlog,
         "critical_per_second": args.rate,
-        "workers": args.workers,
-        "concurrency": args.concurrency,
+        "workers": args.pool.workers,
+        "concurrency": args.pool.concurrency,
         "wait_measured": "publish to handler start",
         "rounds": rounds,
         "summary": summary,
@@ -221,7 +227,7 @@ async fn measure(
     let critical = Arc::new(Mutex::new(Critical::default()));
     let publishing = Arc::new(AtomicBool::new(true));
     let backlog_done = Arc::new(AtomicUsize::new(0));
-    let workers = Workers::start(url, prefix, args.workers, args.concurrency, || {
+    let workers = Workers::start(url, prefix, args.pool.workers, args.pool.concurrency, || {
         let (critical, backlog_done) = (critical.clone(), backlog_done.clone());
         Handlers::new().register("noop", move |run: RunContext| {
             if run.task_id == "critical" {

@@ -12,6 +12,7 @@ use jetsched_tests::NatsServer;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::args::{Clients, Defaults};
 use crate::stats::Figures;
 
 /// The registry under test.
@@ -25,9 +26,8 @@ pub(crate) struct Args {
     /// Puts per phase.
     #[arg(long, default_value_t = 50_000)]
     pub(crate) puts: usize,
-    /// Concurrent clients (each waits for its reply before sending the next put).
-    #[arg(long, default_value_t = 64)]
-    pub(crate) clients: usize,
+    #[command(flatten)]
+    pub(crate) clients: Clients<Args>,
     /// NATS connections the clients are spread over.
     #[arg(long, default_value_t = 8)]
     pub(crate) connections: usize,
@@ -36,6 +36,8 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) in_process: bool,
 }
+
+impl Defaults for Args {}
 
 fn spec(id: &str, generation: usize) -> Vec<u8> {
     serde_json::to_vec(&json!({
@@ -94,7 +96,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     // Raw: concurrent KV puts of a spec-sized value.
     let kv = topology.tasks.clone();
     let body = bytes::Bytes::from(spec("raw", 0));
-    let (samples, elapsed) = drive(args.clients, args.puts, move |i| {
+    let (samples, elapsed) = drive(args.clients.clients, args.puts, move |i| {
         let kv = kv.clone();
         let body = body.clone();
         async move {
@@ -143,7 +145,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         // Bodies are built before the clock starts: the phase measures the registry.
         let bodies: std::sync::Arc<Vec<bytes::Bytes>> =
             std::sync::Arc::new((0..args.puts).map(|i| spec(&format!("t{i}"), generation).into()).collect());
-        let (samples, elapsed) = drive(args.clients, args.puts, move |i| {
+        let (samples, elapsed) = drive(args.clients.clients, args.puts, move |i| {
             let client = clients[i % clients.len()].clone();
             let subject = subject.clone();
             let body = bodies[i].clone();
@@ -177,7 +179,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     eprintln!("registry new-task puts / raw KV puts = {ratio:.2}");
     Ok(json!({
         "scenario": "registry",
-        "clients": args.clients,
+        "clients": args.clients.clients,
         "connections": args.connections,
         "phases": rows,
         "ratio_to_raw": ratio,

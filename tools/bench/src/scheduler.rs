@@ -23,6 +23,7 @@ use jetsched_tests::NatsServer;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::args::{Defaults, Rounds, Tasks};
 use crate::schedules::{self, CpuMeter};
 use crate::system::{
     Lag, NS, cpu_seconds, dispatch_count, http_get, raw_publish_with_ids, read_dispatch_times, rss_mib,
@@ -31,9 +32,9 @@ use crate::system::{
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct BurstArgs {
-    /// One-shot tasks due at the same second.
-    #[arg(long, default_value_t = 100_000)]
-    pub(crate) tasks: usize,
+    // One-shot tasks due at the same second.
+    #[command(flatten)]
+    pub(crate) tasks: Tasks<BurstArgs>,
     /// Scheduler publish window (and the raw and schedule baselines'; at most 5000, the
     /// JetStream publishes async-nats lets await their ack at once; the scheduler's default)
     #[arg(long, default_value_t = DEFAULT_PUBLISH_WINDOW, value_parser = clap::builder::RangedI64ValueParser::<usize>::new().range(1..=5000))]
@@ -43,12 +44,35 @@ pub(crate) struct BurstArgs {
 /// Interval tasks firing at a steady rate (steady and handover).
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Firing {
-    /// Interval tasks, spread so that `rate` fire per second.
-    #[arg(long, default_value_t = 100_000)]
-    pub(crate) tasks: usize,
+    // Interval tasks, spread so that `rate` fire per second.
+    #[command(flatten)]
+    pub(crate) tasks: Tasks<Firing>,
     /// Fires per second over all the tasks.
     #[arg(long, default_value_t = 1000)]
     pub(crate) rate: usize,
+}
+
+impl Defaults for BurstArgs {}
+
+impl Defaults for Firing {}
+
+impl Defaults for ScaleArgs {
+    const TASKS: &'static str = "1000000";
+}
+
+impl Firing {
+    /// Writes the interval tasks (ids `<prefix><i>`) to the tasks bucket; returns their
+    /// interval in milliseconds.
+    async fn write(&self, topology: &Topology, prefix: &str) -> anyhow::Result<u64> {
+        let (interval_ms, schedules) = spread_schedules(self.tasks.tasks, self.rate);
+        let specs = schedules
+            .into_iter()
+            .enumerate()
+            .map(|(i, schedule)| (format!("{prefix}{i}"), spec(&format!("{prefix}{i}"), schedule)))
+            .collect();
+        write_tasks(topology, specs).await?;
+        Ok(interval_ms)
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -71,12 +95,13 @@ pub(crate) struct HandoverArgs {
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct ScaleArgs {
-    /// Registered tasks the scheduler loads.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub(crate) tasks: usize,
-    /// Rounds of raw watch, floor (watch + spec parse) and scheduler load over the same bucket; the report gives medians.
-    #[arg(long, default_value_t = 3)]
-    pub(crate) rounds: usize,
+    // Registered tasks the scheduler loads.
+    #[command(flatten)]
+    pub(crate) tasks: Tasks<ScaleArgs>,
+    // Each round runs the raw watch, the floor (watch + spec parse) and the scheduler's load
+    // over the same bucket.
+    #[command(flatten)]
+    pub(crate) rounds: Rounds<ScaleArgs>,
 }
 
 async fn start(url: &str) -> anyhow::Result<(Names, Topology, jetstream::Context)> {
@@ -94,7 +119,7 @@ fn config(url: &str, window: usize) -> Config {
 }
 
 pub(crate) async fn burst(args: BurstArgs) -> anyhow::Result<serde_json::Value> {
-    let n = args.tasks;
+    let n = args.tasks.tasks;
     // The server's own schedules first, on a server of their own, with bodies the size of
     // jetsched's dispatches.
     let body_len = dispatch_body_len()?;
@@ -198,20 +223,14 @@ fn dispatch_body_len() -> anyhow::Result<usize> {
 }
 
 pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value> {
-    let n = args.firing.tasks;
+    let n = args.firing.tasks.tasks;
     let server = NatsServer::start().await;
     let (names, topology, js) = start(&server.url()).await?;
     let scheduler = build(config(&server.url(), DEFAULT_PUBLISH_WINDOW)).await?;
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(scheduler.run(shutdown.clone()));
     wait_leader(&topology, &names).await?;
-    let (interval_ms, schedules) = spread_schedules(n, args.firing.rate);
-    let specs = schedules
-        .into_iter()
-        .enumerate()
-        .map(|(i, schedule)| (format!("s{i}"), spec(&format!("s{i}"), schedule)))
-        .collect();
-    write_tasks(&topology, specs).await?;
+    let interval_ms = args.firing.write(&topology, "s").await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let from = Utc::now().timestamp_millis();
     tokio::time::sleep(Duration::from_secs(args.seconds)).await;
@@ -247,16 +266,10 @@ pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value
 /// follower started beside it (its tasks and fire state already loaded) takes over: fire lag
 /// of the fires around the handover.
 pub(crate) async fn handover(args: HandoverArgs) -> anyhow::Result<serde_json::Value> {
-    let n = args.firing.tasks;
+    let n = args.firing.tasks.tasks;
     let server = NatsServer::start().await;
     let (names, topology, js) = start(&server.url()).await?;
-    let (_, schedules) = spread_schedules(n, args.firing.rate);
-    let specs = schedules
-        .into_iter()
-        .enumerate()
-        .map(|(i, schedule)| (format!("h{i}"), spec(&format!("h{i}"), schedule)))
-        .collect();
-    write_tasks(&topology, specs).await?;
+    args.firing.write(&topology, "h").await?;
     // One stored fire state per task (as after a long run), all at "now": nothing to catch up.
     let state = bytes::Bytes::from(serde_json::to_vec(&FireState {
         last_nominal_fire: Utc::now(),
@@ -278,7 +291,7 @@ pub(crate) async fn handover(args: HandoverArgs) -> anyhow::Result<serde_json::V
     }
     let replica = |instance: &str| {
         let mut config = config(&server.url(), DEFAULT_PUBLISH_WINDOW);
-        config.common.instance_id = Some(instance.to_string());
+        config.shared.common.instance_id = Some(instance.to_string());
         config
     };
     let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
@@ -322,7 +335,7 @@ pub(crate) async fn handover(args: HandoverArgs) -> anyhow::Result<serde_json::V
 }
 
 pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> {
-    let n = args.tasks;
+    let n = args.tasks.tasks;
     let server = NatsServer::start().await;
     let server_pid = server.pid().map(|pid| pid.to_string());
     let server_cpu = || server_pid.as_deref().and_then(cpu_seconds).unwrap_or(0.0);
@@ -341,7 +354,7 @@ pub(crate) async fn scale(args: ScaleArgs) -> anyhow::Result<serde_json::Value> 
     // Rounds alternate the raw watch, the floor and the scheduler, so all see the same
     // machine state.
     let mut rounds = Vec::new();
-    for round in 1..=args.rounds.max(1) {
+    for round in 1..=args.rounds.rounds.max(1) {
         // Raw: one ordered watch delivering the last value of every key.
         let raw = watch_all(&topology, false, &server_cpu).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -145,7 +145,7 @@ impl Workers {
         let mut handles = Vec::with_capacity(count);
         for i in 0..count {
             let mut config = Config::for_tests(url, &format!("{prefix}-{i}"));
-            config.common.prefix = prefix.to_string();
+            config.shared.common.prefix = prefix.to_string();
             config.concurrency = concurrency;
             let worker = build(config, handlers()).await?;
             handles.push(tokio::spawn(worker.run(shutdown.clone())));

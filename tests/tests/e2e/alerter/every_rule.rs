@@ -145,7 +145,7 @@ async fn clock_skew_from_a_skewed_scheduler() {
 
 fn scheduler_config(server: &NatsServer, instance: &str) -> jetsched_scheduler::Config {
     let mut config = jetsched_scheduler::Config::for_tests(&server.url());
-    config.common.instance_id = Some(instance.to_string());
+    config.shared.common.instance_id = Some(instance.to_string());
     config
 }
 
@@ -237,7 +237,7 @@ async fn queue_backlog_from_dispatches_nobody_pulls() {
 async fn dlq_full_from_a_nearly_full_dead_letter_stream() {
     let (server, _client, js, names) = start().await;
     let mut config = config(&server);
-    config.topology.dlq_max_bytes = 8 * 1024;
+    config.shared.topology.dlq_max_bytes = 8 * 1024;
     let alerter = App::alerter(config).await;
     let entry = "x".repeat(1024);
     for i in 0..16 {

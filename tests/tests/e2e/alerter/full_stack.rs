@@ -9,7 +9,7 @@ use super::{Hook, HookMode, Subscriber, WAIT, count, hooked_config, start};
 
 async fn start_scheduler(server: &NatsServer, instance: &str) -> App {
     let mut config = jetsched_scheduler::Config::for_tests(&server.url());
-    config.common.instance_id = Some(instance.to_string());
+    config.shared.common.instance_id = Some(instance.to_string());
     App::scheduler(config).await
 }
 

@@ -58,8 +58,8 @@ async fn two_replicas_send_each_alert_once() {
     let Setup { server: _server, js, names, subscriber, mut config } = subscribed().await;
     config.no_leader_after = Duration::from_millis(500);
     let mut second = config.clone();
-    config.common.instance_id = Some("alerter-a".into());
-    second.common.instance_id = Some("alerter-b".into());
+    config.shared.common.instance_id = Some("alerter-a".into());
+    second.shared.common.instance_id = Some("alerter-b".into());
     let a = App::alerter(config).await;
     let b = App::alerter(second).await;
 

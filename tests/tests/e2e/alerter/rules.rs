@@ -164,7 +164,7 @@ async fn condition_rules_fire_from_the_lease_queues_and_dlq() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nearly_full_dead_letter_stream_alerts() {
     let Setup { server: _server, js, names, subscriber, mut config } = subscribed().await;
-    config.topology.dlq_max_bytes = 8 * 1024;
+    config.shared.topology.dlq_max_bytes = 8 * 1024;
     let alerter = App::alerter(config).await;
     eventually(WAIT, "the limit is seen", || async {
         metric_value(&alerter.metrics().await, "jetsched_dlq_max_bytes") == Some(8192.0)

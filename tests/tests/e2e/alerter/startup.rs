@@ -28,7 +28,7 @@ async fn readyz_is_false_until_the_topology_is_ensured() {
         listener.local_addr().unwrap()
     };
     let mut config = config(&server);
-    config.common.admin_addr = Some(admin);
+    config.shared.common.admin_addr = Some(admin);
     let building = tokio::spawn(build(config));
     let not_ready = eventually(WAIT, "/readyz answers 503 during start-up", || async {
         admin_get(admin, "/readyz").await.ok().filter(|reply| reply.status == 503).map(|reply| reply.body)
