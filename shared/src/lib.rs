@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub(crate) mod field;
 pub(crate) mod flags;
+pub mod follow;
 pub mod metrics;
 pub mod names;
 pub mod presence;

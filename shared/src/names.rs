@@ -112,6 +112,11 @@ impl Names {
     pub fn breakers_bucket(&self) -> String {
         format!("{}_BREAKERS", self.upper)
     }
+    /// Queue states set by operators: `<queue>` → `{paused, reason, by, at}`. Workers follow it
+    /// and pull nothing from a paused queue's lanes.
+    pub fn queues_bucket(&self) -> String {
+        format!("{}_QUEUES", self.upper)
+    }
 
     /// The stream subject a KV bucket stores `key` under (`$KV.<bucket>.<key>`), for reads that
     /// must come from the stream leader rather than a possibly lagging replica.
@@ -490,6 +495,8 @@ mod tests {
     fn breaker_names_and_keys() {
         let names = Names::new("acme").unwrap();
         assert_eq!(names.breakers_bucket(), "ACME_BREAKERS");
+        assert_eq!(names.queues_bucket(), "ACME_QUEUES");
+        assert_eq!(names.queue_api_subject("pause"), "acme.api.queue.pause");
         assert_eq!(names.control_stream(), "ACME_CONTROL");
         assert_eq!(names.pause_request_subject("ns", "t"), "acme.control.pause.ns.t");
         assert_eq!(names.parse_pause_request_subject("acme.control.pause.ns.t"), Some(("ns", "t")));

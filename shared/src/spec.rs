@@ -37,6 +37,12 @@ use crate::field::{self, format_duration, truncate_ms};
 pub use crate::priority::Priority;
 use crate::schedule::Schedule;
 
+/// A queue name as a spec's `queue` field takes it: `[A-Za-z0-9_-]{1,64}` (`invalid_id` naming
+/// the field `queue` otherwise).
+pub fn validate_queue(queue: &str) -> Result<(), ApiError> {
+    validate_name("queue", queue, 64)
+}
+
 /// A validated task spec. See the README, "The task spec".
 #[derive(Debug, Clone, PartialEq, JsonSchema)]
 #[schemars(deny_unknown_fields, title = "jetsched task spec", transform = schema::task_spec_rules)]

@@ -118,6 +118,8 @@ pub struct Topology {
     pub runs: kv::Store,
     /// Circuit breakers and auto-pause counts shared by every worker.
     pub breakers: kv::Store,
+    /// Queue states (paused or not) set by operators, followed by every worker.
+    pub queues: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -197,6 +199,7 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         base(names.state_bucket(), "jetsched per-task fire state", 1, Duration::ZERO),
         base(names.runs_bucket(), "jetsched run records", 1, args.runs_ttl),
         base(names.breakers_bucket(), "jetsched circuit breakers and failure counts", 1, Duration::ZERO),
+        base(names.queues_bucket(), "jetsched queue states (paused by operators)", 1, Duration::ZERO),
     ]
 }
 
@@ -340,6 +343,14 @@ async fn ensure_once(
         stores.push(ensure_bucket(js, config, &mut changes).await?);
     }
     let mut stores = stores.into_iter();
-    let mut next = || stores.next().expect("five buckets");
-    Ok(Topology { tasks: next(), leader: next(), state: next(), runs: next(), breakers: next(), changes })
+    let mut next = || stores.next().expect("six buckets");
+    Ok(Topology {
+        tasks: next(),
+        leader: next(),
+        state: next(),
+        runs: next(),
+        breakers: next(),
+        queues: next(),
+        changes,
+    })
 }

@@ -81,6 +81,7 @@ mod dispatch;
 mod dlq_api;
 mod event;
 mod pause;
+mod queue;
 mod run;
 mod state;
 
@@ -99,5 +100,6 @@ pub use dispatch::{
 pub use dlq_api::DlqRequest;
 pub use event::{Event, EventKind};
 pub use pause::PauseRequest;
+pub use queue::{LaneInfo, QueueInfo, QueueListReply, QueueReply, QueueRequest, QueueState};
 pub use run::{AttemptOutcome, AttemptRecord, MAX_KEPT_ATTEMPTS, RunRecord, RunStatus};
 pub use state::{FireState, LeaderRecord};

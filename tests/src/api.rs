@@ -90,6 +90,11 @@ impl Api {
         self.call(self.names().breaker_api_subject(endpoint), body).await
     }
 
+    /// A queue endpoint (`list`, `pause`, `resume`).
+    pub async fn queue(&self, endpoint: &str, body: Value) -> Value {
+        self.call(self.names().queue_api_subject(endpoint), body).await
+    }
+
     /// A request with a JSON body on any API subject; panics when no reply comes.
     pub async fn call(&self, subject: String, body: Value) -> Value {
         self.call_with(subject, HeaderMap::new(), body).await

@@ -131,6 +131,15 @@ impl Api {
         self.call(endpoint, self.client.names().breaker_api_subject(endpoint), request).await
     }
 
+    /// A queue endpoint (`list`, `pause`, `resume`).
+    pub(crate) async fn queue<R: Serialize, T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        request: &R,
+    ) -> Result<T, Failure> {
+        self.call(endpoint, self.client.names().queue_api_subject(endpoint), request).await
+    }
+
     /// `endpoint` on `subject` with a typed request, its reply decoded as `T`.
     async fn call<R: Serialize, T: DeserializeOwned>(
         &self,

@@ -19,6 +19,7 @@ use crate::breakers::BreakerCommand;
 use crate::dlq::DlqCommand;
 use crate::files::read_specs;
 use crate::output::{self, outln};
+use crate::queues::QueueCommand;
 
 /// jetsched: submit, inspect and control scheduled tasks over NATS.
 #[derive(Debug, Parser)]
@@ -111,6 +112,11 @@ enum Command {
     /// One circuit breaker: show it, or reset it (closed, counts cleared).
     #[command(subcommand)]
     Breaker(BreakerCommand),
+    /// Every queue: paused or running, why, and the runs waiting and in flight in its lanes.
+    Queues,
+    /// Pause or resume a whole queue: workers stop pulling from a paused queue's lanes.
+    #[command(subcommand)]
+    Queue(QueueCommand),
 }
 
 #[derive(Debug, Args)]
@@ -164,6 +170,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Dlq(command) => crate::dlq::run(&api, command, json_out).await,
         Command::Breakers => crate::breakers::list(&api, json_out).await,
         Command::Breaker(command) => crate::breakers::run(&api, command, json_out).await,
+        Command::Queues => crate::queues::list(&api, json_out).await,
+        Command::Queue(command) => crate::queues::run(&api, command, json_out).await,
     };
     let _ = client.flush().await;
     result

@@ -9,6 +9,7 @@ mod dlq;
 mod files;
 mod inspect;
 mod output;
+mod queues;
 mod tenant;
 
 use std::process::ExitCode;

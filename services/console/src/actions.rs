@@ -22,6 +22,9 @@ pub(crate) struct ActionForm {
     /// The confirmation checkbox of destructive actions.
     #[serde(default)]
     confirm: String,
+    /// Why (a queue's pause).
+    #[serde(default)]
+    pub(crate) reason: String,
 }
 
 fn refused(status: StatusCode, why: &str) -> Response {

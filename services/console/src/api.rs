@@ -83,6 +83,12 @@ impl Api {
         Ok(self.client.request(subject, HeaderMap::new(), body).await?)
     }
 
+    /// A queue endpoint (`list`, `pause`, `resume`).
+    pub(crate) async fn queue(&self, endpoint: &str, body: Value) -> Result<Value, CallError> {
+        let subject = self.client.names().queue_api_subject(endpoint);
+        Ok(self.client.request(subject, HeaderMap::new(), body.to_string().into_bytes()).await?)
+    }
+
     /// A dead-letter endpoint (`list`, `get`, `replay`, `purge`).
     pub(crate) async fn dlq(&self, endpoint: &str, request: &DlqRequest) -> Result<Value, CallError> {
         Ok(self.client.dlq(endpoint, request).await?)

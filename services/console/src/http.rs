@@ -13,7 +13,7 @@ use serde::Deserialize;
 use crate::access::SESSION_COOKIE;
 use crate::pages;
 use crate::state::{AppState, html};
-use crate::{actions, breakers, handlers, history};
+use crate::{actions, breakers, handlers, history, queues};
 
 /// Every route of the console.
 pub(crate) fn router(state: AppState) -> Router {
@@ -30,6 +30,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/breakers", get(breakers::list))
         .route("/breakers/{key}", get(breakers::breaker))
         .route("/breakers/{key}/reset", post(breakers::reset))
+        .route("/queues", get(queues::list))
+        .route("/queues/{queue}/{action}", post(queues::act))
         .route("/events", get(handlers::events))
         .route("/events/stream", get(handlers::event_stream))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard));

@@ -13,6 +13,7 @@ mod history;
 mod http;
 mod index;
 mod pages;
+mod queues;
 mod replicas;
 mod runs;
 mod service;

@@ -6,6 +6,7 @@ pub(crate) mod dlq;
 pub(crate) mod events;
 pub(crate) mod history;
 pub(crate) mod overview;
+pub(crate) mod queues;
 pub(crate) mod runs;
 pub(crate) mod tasks;
 
@@ -39,6 +40,7 @@ fn page(title: &str, current: &str, refresh: Option<u32>, body: Markup) -> Marku
         ("/runs", "Runs"),
         ("/dlq", "Dead letters"),
         ("/breakers", "Breakers"),
+        ("/queues", "Queues"),
         ("/events", "Events"),
     ];
     html! {

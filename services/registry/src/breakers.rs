@@ -320,7 +320,7 @@ impl BreakerApi {
 
 /// The latest live value of every key of a bucket, through one ordered consumer that delivers
 /// the last message per key (fast, and consistent with writes that happen meanwhile).
-async fn latest(
+pub(crate) async fn latest(
     js: &jetstream::Context,
     store: &kv::Store,
 ) -> Result<BTreeMap<String, (u64, bytes::Bytes)>, Failure> {

@@ -16,6 +16,7 @@ use crate::codec::{self, Limits, TaskEndpoint};
 use crate::dlq::{DlqApi, DlqEndpoint};
 use crate::history::EventHistory;
 use crate::metrics::Metrics;
+use crate::queues::{QueueApi, QueueEndpoint};
 use crate::spans::{self, Tracing};
 use crate::tasks::TaskStore;
 use crate::{api, runs};
@@ -29,6 +30,8 @@ pub(crate) enum Endpoint {
     Dlq(DlqEndpoint),
     /// A breaker endpoint, served by [`crate::breakers`].
     Breaker(BreakerEndpoint),
+    /// A queue endpoint, served by [`crate::queues`].
+    Queue(QueueEndpoint),
     /// Reading a run record, served by [`crate::runs`].
     RunsGet,
     /// A namespace's event history, served by [`crate::history`].
@@ -46,6 +49,8 @@ pub(crate) enum Group {
     Dlq,
     /// `<prefix>.api.breaker`.
     Breaker,
+    /// `<prefix>.api.queue`.
+    Queue,
     /// `<prefix>.api.runs`.
     Runs,
     /// `<prefix>.api.events`.
@@ -60,6 +65,7 @@ impl Group {
             Group::Task => names.task_api_group(),
             Group::Dlq => names.dlq_api_group(),
             Group::Breaker => names.breaker_api_group(),
+            Group::Queue => names.queue_api_group(),
             Group::Runs => names.runs_api_group(),
             Group::Events => names.events_api_group(),
             Group::Api => names.api_wildcard(),
@@ -73,7 +79,7 @@ pub(crate) enum Reach {
     /// `<group>.<subject>` for administrators and `<group>.<subject>.<namespace>` (named
     /// `<name>-ns`) for teams confined to one namespace by NATS permissions.
     Both,
-    /// `<group>.<subject>` only: administrators (breakers span namespaces).
+    /// `<group>.<subject>` only: administrators (breakers and queues span namespaces).
     Admin,
     /// `<group>.<subject>.<namespace>` only: administrators read the bucket or stream directly.
     Namespaced,
@@ -109,8 +115,8 @@ pub(crate) struct Route {
 
 /// Every endpoint of the registry, in registration order.
 #[rustfmt::skip]
-pub(crate) static ROUTES: [Route; 18] = {
-    use {BreakerEndpoint as B, DlqEndpoint as D, Endpoint as E, Group as G, Reach as R, TaskEndpoint as T};
+pub(crate) static ROUTES: [Route; 21] = {
+    use {BreakerEndpoint as B, DlqEndpoint as D, Endpoint as E, Group as G, QueueEndpoint as Q, Reach as R, TaskEndpoint as T};
     const fn row(group: Group, subject: &'static str, name: &'static str, endpoint: Endpoint, reach: Reach, tracing: Tracing) -> Route {
         Route { group, subject, name, endpoint, reach, tracing }
     }
@@ -131,6 +137,9 @@ pub(crate) static ROUTES: [Route; 18] = {
         row(G::Breaker, "list",    "breaker-list",   E::Breaker(B::List),  R::Admin,      Tracing::None),
         row(G::Breaker, "get",     "breaker-get",    E::Breaker(B::Get),   R::Admin,      Tracing::None),
         row(G::Breaker, "reset",   "breaker-reset",  E::Breaker(B::Reset), R::Admin,      Tracing::None),
+        row(G::Queue,   "list",    "queue-list",     E::Queue(Q::List),    R::Admin,      Tracing::None),
+        row(G::Queue,   "pause",   "queue-pause",    E::Queue(Q::Pause),   R::Admin,      Tracing::None),
+        row(G::Queue,   "resume",  "queue-resume",   E::Queue(Q::Resume),  R::Admin,      Tracing::None),
         row(G::Runs,    "get",     "runs-get",       E::RunsGet,           R::Namespaced, Tracing::None),
         row(G::Events,  "history", "events-history", E::EventsHistory,     R::Namespaced, Tracing::None),
         row(G::Api,     "",        "unknown",        E::Unknown,           R::Rest,       Tracing::None),
@@ -229,6 +238,7 @@ pub(crate) struct Handlers {
     pub(crate) store: TaskStore,
     pub(crate) dlq: DlqApi,
     pub(crate) breakers: BreakerApi,
+    pub(crate) queues: QueueApi,
     pub(crate) runs: async_nats::jetstream::kv::Store,
     pub(crate) history: EventHistory,
     pub(crate) limits: Limits,
@@ -236,7 +246,7 @@ pub(crate) struct Handlers {
 
 /// Answers one request with its handler's reply or its error reply, counted and timed.
 pub(crate) async fn serve(handlers: Arc<Handlers>, metrics: &Metrics, (route, namespaced, request): Routed) {
-    let Handlers { store, dlq, breakers, runs, history, limits } = &*handlers;
+    let Handlers { store, dlq, breakers, queues, runs, history, limits } = &*handlers;
     let started = Instant::now();
     let message = &request.message;
     let scope = namespaced.then(|| message.subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
@@ -249,6 +259,7 @@ pub(crate) async fn serve(handlers: Arc<Handlers>, metrics: &Metrics, (route, na
             Endpoint::Task(endpoint) => Box::pin(api::handle(store, *limits, endpoint, scope, message)).await,
             Endpoint::Dlq(endpoint) => Box::pin(dlq.handle(endpoint, scope, payload)).await,
             Endpoint::Breaker(endpoint) => Box::pin(breakers.handle(endpoint, payload)).await,
+            Endpoint::Queue(endpoint) => Box::pin(queues.handle(endpoint, payload)).await,
             Endpoint::RunsGet => Box::pin(runs::get(runs, scope.unwrap_or_default(), payload)).await,
             Endpoint::EventsHistory => Box::pin(history.handle(scope.unwrap_or_default(), payload)).await,
             Endpoint::Unknown => Err(ApiError::new(
@@ -310,6 +321,7 @@ mod tests {
             format!("{}.demo", names.task_api_subject("put")),
             names.dlq_api_subject("replay"),
             names.breaker_api_subject("reset"),
+            names.queue_api_subject("pause"),
             names.runs_api_namespaced("get", "demo"),
             names.events_api_namespaced("history", "demo"),
         ] {

@@ -5,7 +5,7 @@
 //!
 //! A request goes from `endpoints` (the table of every endpoint, and the router) through the
 //! [`codec`] (decoded and validated at the edge) to its API (`api` for tasks, [`dlq`],
-//! [`breakers`], `runs`, `history`) and on to the store; a failure stays a typed
+//! [`breakers`], [`queues`], `runs`, `history`) and on to the store; a failure stays a typed
 //! [`failure::Failure`] until `endpoints` answers it with the error reply.
 
 mod api;
@@ -21,6 +21,7 @@ mod intake;
 mod metrics;
 mod pause;
 mod pull;
+pub mod queues;
 pub mod quota;
 mod runs;
 pub mod scope;

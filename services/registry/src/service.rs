@@ -26,6 +26,7 @@ use crate::dlq::DlqApi;
 use crate::endpoints::{self, Handlers, Requests, Routed};
 use crate::history::EventHistory;
 use crate::metrics::Metrics;
+use crate::queues::QueueApi;
 use crate::tasks::TaskStore;
 use crate::{intake, pause};
 
@@ -71,6 +72,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         events.clone(),
         instance.clone(),
     );
+    let queues = QueueApi::new(js.clone(), topology.queues.clone(), names.clone(), events.clone());
     let store = TaskStore::new(
         js.clone(),
         topology.tasks,
@@ -85,7 +87,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
 
     let service = client
         .service_builder()
-        .description("jetsched task registry: put/get/list/delete/pause/resume/trigger/next")
+        .description("jetsched task registry: tasks, dead letters, breakers and queues")
         .metadata([("instance".to_string(), instance.clone())].into())
         .start(names.service_name(), env!("CARGO_PKG_VERSION"))
         .await
@@ -110,6 +112,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             store,
             dlq: DlqApi::new(js.clone(), names.clone()),
             breakers,
+            queues,
             runs: topology.runs,
             history: EventHistory::new(js.clone(), names.clone()),
             limits,

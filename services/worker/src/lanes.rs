@@ -9,6 +9,10 @@
 //! message it holds and pulls the rest at once (no wait), sized to those permits. A message a
 //! probe brought waits for a permit in the loop: it gets progress acks so its ack_wait never
 //! runs out while more urgent lanes are served.
+//!
+//! While operators have paused the queue (its flag from [`crate::queues`]) the loop sends no
+//! pull and hands out no permit: nothing starts. A message a probe sent before the pause
+//! brings is held (with its progress acks) and starts after the resume.
 
 pub(crate) mod policy;
 
@@ -40,6 +44,8 @@ pub(crate) struct LanePulls {
     pub(crate) reserve: Reserve,
     /// How long a message may wait in the loop for a permit before it gets a progress ack.
     pub(crate) progress_interval: Duration,
+    /// Set while operators have paused the queue.
+    pub(crate) paused: watch::Receiver<bool>,
 }
 
 /// Counts freed permits of every queue, so a loop waiting on its reserve wakes when any run ends.
@@ -94,6 +100,8 @@ enum Event {
     Permit(OwnedSemaphorePermit),
     /// A held message is due for a progress ack.
     Refresh,
+    /// The queue was paused or resumed.
+    Paused,
 }
 
 /// The longest wait for a no-wait pull's answer (the server's end of the batch).
@@ -111,7 +119,16 @@ pub(crate) async fn run_lanes(
     tracker: TaskTracker,
     shutdown: CancellationToken,
 ) {
-    let LanePulls { queue, consumers, max_batch, expires, mut policy, reserve, progress_interval } = pulls;
+    let LanePulls {
+        queue,
+        consumers,
+        max_batch,
+        expires,
+        mut policy,
+        reserve,
+        progress_interval,
+        mut paused,
+    } = pulls;
     let queue: Arc<str> = Arc::from(queue.as_str());
     let mut lanes: Vec<Lane> = consumers
         .into_iter()
@@ -129,8 +146,9 @@ pub(crate) async fn run_lanes(
     let mut freed = frees.subscribe();
     let starter = Starter { parts: parts.clone(), queue: queue.clone(), tracker, frees: frees.clone() };
     loop {
+        let stopped = *paused.borrow_and_update();
         for (index, lane) in lanes.iter_mut().enumerate() {
-            if !lane.has_work() && !lane.probing {
+            if !stopped && !lane.has_work() && !lane.probing {
                 lane.probing = true;
                 let wait = lane.known.then_some(expires);
                 probes.spawn(probe(index, lane.consumer.clone(), wait, Duration::ZERO));
@@ -138,7 +156,8 @@ pub(crate) async fn run_lanes(
         }
         let running = running_of(&lanes);
         let free = permits.available_permits();
-        let wanted = lanes.iter().all(|lane| lane.known)
+        let wanted = !stopped
+            && lanes.iter().all(|lane| lane.known)
             && lanes
                 .iter()
                 .any(|lane| lane.has_work() && reserve.allows(lane.priority, running, free.max(1)));
@@ -146,6 +165,7 @@ pub(crate) async fn run_lanes(
         let event = tokio::select! {
             biased;
             _ = shutdown.cancelled() => Event::Shutdown,
+            Ok(()) = paused.changed() => Event::Paused,
             Ok(()) = freed.changed() => Event::Freed,
             Some(Ok(result)) = probes.join_next() => Event::Probe(Box::new(result)),
             Ok(permit) = permits.clone().acquire_owned(), if wanted => Event::Permit(permit),
@@ -154,7 +174,7 @@ pub(crate) async fn run_lanes(
         };
         match event {
             Event::Shutdown => break,
-            Event::Freed => {}
+            Event::Freed | Event::Paused => {}
             Event::Probe(probed) => {
                 let (index, result) = *probed;
                 let lane = &mut lanes[index];

@@ -31,6 +31,9 @@ pub(crate) struct Metrics {
     /// `jetsched_lane_depth{queue, priority}`: dispatches waiting in one lane, as reported with
     /// its latest delivery (0 once a pull finds it empty).
     pub(crate) lane_depth: prometheus::IntGaugeVec,
+    /// `jetsched_queue_paused{queue}`: 1 while operators have paused a queue this worker serves
+    /// (it pulls nothing from it), 0 otherwise.
+    pub(crate) queue_paused: prometheus::IntGaugeVec,
     /// `jetsched_worker_wait_seconds{queue, priority}`: from the dispatch being stored to its
     /// run starting here.
     pub(crate) wait: HistogramVec,
@@ -94,6 +97,12 @@ impl Metrics {
                 "jetsched_lane_depth",
                 "Dispatches waiting in one lane of a queue, as of its latest delivery",
                 &["queue", "priority"],
+            )?,
+            queue_paused: gauge_vec(
+                r,
+                "jetsched_queue_paused",
+                "1 while operators have paused the queue: this worker pulls nothing from it",
+                &["queue"],
             )?,
             wait: histogram_vec(
                 r,

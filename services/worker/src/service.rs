@@ -30,6 +30,7 @@ use crate::lanes::policy::{Policy, Reserve};
 use crate::lanes::{LanePulls, run_lanes};
 use crate::message::Answers;
 use crate::metrics::Metrics;
+use crate::queues::QueueStates;
 use crate::runs::{Recording, RunStore};
 
 /// A started worker, ready to run.
@@ -40,6 +41,9 @@ pub struct Worker {
     parts: Arc<Parts>,
     /// The breakers watch, loaded in `build`.
     breakers_watch: async_nats::jetstream::kv::Watch,
+    /// The queue states, loaded in `build` (before any pull), and their watch.
+    queue_states: Arc<QueueStates>,
+    queues_watch: async_nats::jetstream::kv::Watch,
     /// Each queue with its lanes' consumers, most urgent first.
     queues: Vec<(String, Vec<(Priority, PullConsumer)>)>,
     advisories: PullConsumer,
@@ -173,6 +177,8 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         config.shared_breakers.iter().cloned().collect(),
     ));
     let breakers_watch = breakers.load().await?;
+    let queue_states = Arc::new(QueueStates::new(topology.queues, &config.queues, metrics.clone()));
+    let queues_watch = queue_states.load().await?;
     let answers = Answers::new(config.progress_interval(), metrics.errors.with_label_values(&["ack"]));
     let parts = Arc::new(Parts {
         worker: instance.clone(),
@@ -204,7 +210,20 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         reserve: config.reserve(),
     };
     let grace = config.shutdown_grace;
-    Ok(Worker { client, presence, parts, breakers_watch, queues, advisories, mover, admin, pulling, grace })
+    Ok(Worker {
+        client,
+        presence,
+        parts,
+        breakers_watch,
+        queue_states,
+        queues_watch,
+        queues,
+        advisories,
+        mover,
+        admin,
+        pulling,
+        grace,
+    })
 }
 
 impl Worker {
@@ -220,6 +239,8 @@ impl Worker {
             presence,
             parts,
             breakers_watch,
+            queue_states,
+            queues_watch,
             queues,
             advisories,
             mover,
@@ -236,6 +257,8 @@ impl Worker {
         let breakers_stop = CancellationToken::new();
         background.spawn(parts.breakers.clone().follow(breakers_watch, breakers_stop.clone()));
         background.spawn(parts.breakers.clone().merge_loop(breakers_stop.clone()));
+        // The lanes read the queue states until they stop pulling, at shutdown.
+        background.spawn(queue_states.clone().follow(queues_watch, shutdown.clone()));
 
         let runs = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(concurrency));
@@ -244,6 +267,7 @@ impl Worker {
         let max_batch = (concurrency / queues.len().max(1)).max(1);
         let frees = Arc::new(tokio::sync::watch::Sender::new(0u64));
         for (queue, consumers) in queues {
+            let paused = queue_states.flag(&queue);
             let pulls = LanePulls {
                 queue,
                 consumers,
@@ -252,6 +276,7 @@ impl Worker {
                 policy: Policy::new(policy, weights),
                 reserve: Reserve(reserve),
                 progress_interval: parts.answers.progress_interval(),
+                paused,
             };
             let (permits, frees, runs) = (permits.clone(), frees.clone(), runs.clone());
             loops.spawn(run_lanes(parts.clone(), pulls, permits, frees, runs, shutdown.clone()));

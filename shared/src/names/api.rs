@@ -44,6 +44,15 @@ impl Names {
     pub fn breaker_api_subject(&self, endpoint: &str) -> String {
         format!("{}.{endpoint}", self.breaker_api_group())
     }
+    /// `jetsched.api.queue` — the group of the queue endpoints (`list`, `pause`, `resume`), for
+    /// operators only: a queue spans namespaces.
+    pub fn queue_api_group(&self) -> String {
+        format!("{}.api.queue", self.prefix)
+    }
+    /// `jetsched.api.queue.<endpoint>`.
+    pub fn queue_api_subject(&self, endpoint: &str) -> String {
+        format!("{}.{endpoint}", self.queue_api_group())
+    }
     /// `jetsched.api.runs` — run records read through the registry (namespaced only: a run
     /// record's key carries no namespace, so only the registry can check it).
     pub fn runs_api_group(&self) -> String {

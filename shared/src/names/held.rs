@@ -9,6 +9,12 @@ impl Names {
         format!("{}.delayed.*.{namespace}.{task_id}.>", self.prefix)
     }
 
+    /// The queue of a held run's subject (`None` for a subject of another layout).
+    pub fn parse_delayed_queue<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".delayed.")?;
+        rest.split_once('.').map(|(queue, _)| queue).filter(|queue| !queue.is_empty())
+    }
+
     /// The `(namespace, task_id)` of a held run's subject (`None` for a subject of another
     /// layout).
     pub fn parse_delayed_task<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str)> {
@@ -33,6 +39,8 @@ mod tests {
             Some(("billing", "nightly"))
         );
         assert_eq!(names.parse_delayed_task("acme.delayed.q.e1"), None);
+        assert_eq!(names.parse_delayed_queue("acme.delayed.q.billing.nightly.e1"), Some("q"));
+        assert_eq!(names.parse_delayed_queue("other.delayed.q.e1"), None);
         assert_eq!(names.parse_delayed_task("other.delayed.q.billing.nightly.e1"), None);
     }
 }

@@ -49,6 +49,12 @@ pub enum EventKind {
     LeaderAcquired,
     #[serde(rename = "leader.lost")]
     LeaderLost,
+    /// Operators paused a queue (namespace `_system`, the queue as the id, with its `reason` and
+    /// who asked in `instance`): workers pull nothing from it until it is resumed.
+    #[serde(rename = "queue.paused")]
+    QueuePaused,
+    #[serde(rename = "queue.resumed")]
+    QueueResumed,
     /// A scheduler replica's clock is off the server's by more than `--max-clock-skew`.
     #[serde(rename = "scheduler.clock_skew")]
     SchedulerClockSkew,
@@ -78,6 +84,8 @@ impl EventKind {
             EventKind::BreakerClosed => "breaker.closed",
             EventKind::LeaderAcquired => "leader.acquired",
             EventKind::LeaderLost => "leader.lost",
+            EventKind::QueuePaused => "queue.paused",
+            EventKind::QueueResumed => "queue.resumed",
             EventKind::SchedulerClockSkew => "scheduler.clock_skew",
         }
     }
@@ -111,7 +119,7 @@ pub struct Event {
     /// Why a fire was skipped (`misfire`, `overlap`, `paused`) or a spec rejected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// Scheduler instance for fire and leader events.
+    /// Scheduler instance for fire and leader events; who asked, for queue events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
     /// Leader term for fire and leader events.

@@ -424,3 +424,56 @@ async fn a_reader_that_goes_away_ends_the_output_quietly_with_exit_0() {
     }
     registry.stop().await;
 }
+
+#[tokio::test]
+async fn queues_lists_queues_and_queue_pause_and_resume_change_them() {
+    let Served { server, registry, js, .. } = served(|_| {}).await;
+    let url = server.url();
+    // A queue is listed once a worker has made its lanes' consumers, or once it has a state.
+    let worker_config = jetsched_worker::Config::for_tests(&url, "cli-queues");
+    jetsched_worker::ensure_queue_consumer(
+        &js,
+        &jetsched_shared::names::Names::default(),
+        "default",
+        &worker_config,
+    )
+    .await
+    .expect("the default queue's consumer");
+
+    let paused =
+        jetsched(&url, &["queue", "pause", "reports", "--reason", "nightly load", "--by", "alice"]).await;
+    assert!(paused.status.success(), "{}", stderr(&paused));
+    assert_eq!(stdout(&paused).trim(), "queue reports paused");
+    let again = jetsched(&url, &["queue", "pause", "reports"]).await;
+    assert_eq!(stdout(&again).trim(), "queue reports was paused already", "{}", stderr(&again));
+
+    let listed = json_out(&jetsched(&url, &["queues", "--json"]).await);
+    let queues = listed["queues"].as_array().expect("queues");
+    let names: Vec<&str> = queues.iter().filter_map(|q| q["queue"].as_str()).collect();
+    assert_eq!(names, ["default", "reports"], "{listed}");
+    assert_eq!(
+        (queues[1]["paused"].as_bool(), queues[1]["reason"].as_str()),
+        (Some(true), Some("nightly load"))
+    );
+    assert_eq!((queues[1]["by"].as_str(), queues[0]["paused"].as_bool()), (Some("alice"), Some(false)));
+    assert_eq!(queues[0]["lanes"][0]["priority"], "normal", "{listed}");
+    let table = stdout(&jetsched(&url, &["queues"]).await);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("QUEUE") && lines[0].contains("WAITING"), "{table}");
+    assert!(lines[1].starts_with("default") && lines[1].contains("running"), "{table}");
+    let reports = lines[2];
+    assert!(reports.starts_with("reports") && reports.contains("paused"), "{table}");
+    assert!(reports.contains("nightly load") && reports.contains("alice"), "{table}");
+
+    let resumed = json_out(&jetsched(&url, &["queue", "resume", "reports", "--json"]).await);
+    assert_eq!(
+        (resumed["changed"].as_bool(), resumed["queue"]["paused"].as_bool()),
+        (Some(true), Some(false))
+    );
+
+    // Every problem of a bad request is named, exit 1.
+    let bad = jetsched(&url, &["queue", "pause", "a b", "--reason", "", "--by", "x"]).await;
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("queue") && stderr(&bad).contains("reason"), "{}", stderr(&bad));
+    registry.stop().await;
+}

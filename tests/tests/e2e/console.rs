@@ -9,6 +9,7 @@
 pub(crate) mod browser;
 mod pages;
 mod perf;
+mod queues;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -232,9 +233,17 @@ async fn console_refuses_without_token_csrf_or_allowed_actions() {
     let bearer = format!("Authorization: Bearer {TOKEN}");
 
     // Every page needs the token: 401 without it or with a wrong one, a session after /login.
-    for path in
-        ["/", "/tasks", "/tasks/ops/cleanup", "/runs", "/dlq", "/events", "/events/stream", "/breakers"]
-    {
+    for path in [
+        "/",
+        "/tasks",
+        "/tasks/ops/cleanup",
+        "/runs",
+        "/dlq",
+        "/events",
+        "/events/stream",
+        "/breakers",
+        "/queues",
+    ] {
         assert_eq!(http_request(guarded, "GET", path, &[], "").await.status, 401, "{path}");
     }
     assert_eq!(
@@ -311,7 +320,7 @@ async fn console_user_of_the_secured_config_reads_every_page_without_a_violation
     let tasks = http_request(addr, "GET", "/tasks", &[], "").await;
     assert!(tasks.status == 200 && tasks.body.contains("secured"), "{}", tasks.body);
     let range = "/runs?from=2026-01-01T00:00&to=2099-01-01T00:00";
-    for path in ["/", "/tasks/ops/secured", "/runs", range, "/dlq", "/events", "/breakers"] {
+    for path in ["/", "/tasks/ops/secured", "/runs", range, "/dlq", "/events", "/breakers", "/queues"] {
         let page = http_request(addr, "GET", path, &[], "").await;
         assert_eq!(page.status, 200, "{path}: {}", page.body);
         assert!(!page.body.contains(r#"role="alert""#), "{path} reports a problem: {}", page.body);

@@ -25,6 +25,7 @@ mod local;
 mod nemesis;
 mod operator_truth;
 mod priorities;
+mod queues;
 mod registry;
 mod scheduler;
 mod tenants;

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::{layout, task_href, time};
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 21] = [
+pub(crate) const KINDS: [EventKind; 23] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -30,6 +30,8 @@ pub(crate) const KINDS: [EventKind; 21] = [
     EventKind::BreakerClosed,
     EventKind::LeaderAcquired,
     EventKind::LeaderLost,
+    EventKind::QueuePaused,
+    EventKind::QueueResumed,
     EventKind::SchedulerClockSkew,
 ];
 
@@ -206,7 +208,9 @@ mod tests {
                 BreakerClosed => 17,
                 LeaderAcquired => 18,
                 LeaderLost => 19,
-                SchedulerClockSkew => 20,
+                QueuePaused => 20,
+                QueueResumed => 21,
+                SchedulerClockSkew => 22,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

@@ -1,16 +1,14 @@
 //! Keeping the breakers in step with the bucket: the merge loop (this worker's counts into the
 //! records, every [`MERGE_EVERY`] while there are any) and the watch (every worker's writes
-//! into this worker's copy).
+//! into this worker's copy, through the shared follower).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use async_nats::jetstream::kv;
 use chrono::Utc;
-use futures::StreamExt;
-use jetsched_shared::backoff::Backoff;
+use jetsched_shared::follow;
 use tokio_util::sync::CancellationToken;
 
 use super::machine;
@@ -23,64 +21,21 @@ use super::store::{Versioned, decode};
 const MERGE_EVERY: Duration = Duration::from_millis(250);
 
 impl Breakers {
-    /// Opens the watch of the bucket and loads every record (the watch delivers the last value
-    /// per key, then every change; the load ends with the entry whose `delta` is 0).
+    /// Opens the watch of the bucket and loads every record ([`follow::load`]).
     pub(crate) async fn load(&self) -> anyhow::Result<kv::Watch> {
-        let kv = self.store.kv();
-        let mut watch =
-            kv.watch_with_history(">").await.with_context(|| format!("watch bucket {}", kv.name))?;
-        let mut stream = kv.stream.clone();
-        let info = stream.info().await.with_context(|| format!("read stream info of bucket {}", kv.name))?;
-        if info.state.messages == 0 {
-            return Ok(watch);
-        }
-        while let Some(entry) = watch.next().await {
-            let entry = entry.with_context(|| format!("load bucket {}", kv.name))?;
-            let last = entry.delta == 0;
-            self.seen(&entry);
-            if last {
-                break;
-            }
-        }
-        Ok(watch)
+        follow::load(self.store.kv(), |entry| self.seen(entry)).await
     }
 
     /// Follows the bucket until `stop`, re-opening the watch after an error.
-    pub(crate) async fn follow(self: Arc<Self>, mut watch: kv::Watch, stop: CancellationToken) {
-        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
-        loop {
-            let next = tokio::select! {
-                biased;
-                _ = stop.cancelled() => return,
-                next = watch.next() => next,
-            };
-            match next {
-                Some(Ok(entry)) => {
-                    backoff.reset();
-                    self.seen(&entry);
-                    continue;
-                }
-                Some(Err(error)) => {
-                    self.metrics.errors.with_label_values(&["breaker_watch"]).inc();
-                    tracing::warn!(%error, "breakers watch failed; re-opening it");
-                }
+    pub(crate) async fn follow(self: Arc<Self>, watch: kv::Watch, stop: CancellationToken) {
+        let failed = |error: Option<&kv::WatcherError>| {
+            self.metrics.errors.with_label_values(&["breaker_watch"]).inc();
+            match error {
+                Some(error) => tracing::warn!(%error, "breakers watch failed; re-opening it"),
                 None => tracing::warn!("breakers watch ended; re-opening it"),
             }
-            loop {
-                tokio::select! {
-                    biased;
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff.next_delay()) => {}
-                }
-                match self.store.kv().watch_with_history(">").await {
-                    Ok(fresh) => {
-                        watch = fresh;
-                        break;
-                    }
-                    Err(error) => tracing::warn!(%error, "re-opening the breakers watch"),
-                }
-            }
-        }
+        };
+        follow::follow(self.store.kv().clone(), watch, stop, |entry| self.seen(entry), failed).await;
     }
 
     fn seen(&self, entry: &kv::Entry) {

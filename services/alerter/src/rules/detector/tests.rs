@@ -39,6 +39,8 @@ fn every_kind() -> Vec<EventKind> {
         BreakerClosed,
         LeaderAcquired,
         LeaderLost,
+        QueuePaused,
+        QueueResumed,
         SchedulerClockSkew,
     ];
     for kind in all {
@@ -46,7 +48,7 @@ fn every_kind() -> Vec<EventKind> {
             TaskRegistered | TaskUpdated | TaskDeleted | TaskPaused | TaskResumed | TaskRejected
             | FireDispatched | FireSkipped | FireMissed | RunStarted | RunSucceeded | RunFailed
             | RunRetrying | RunDead | RunSkipped | BreakerOpened | BreakerHalfOpened | BreakerClosed
-            | LeaderAcquired | LeaderLost | SchedulerClockSkew => {}
+            | LeaderAcquired | LeaderLost | QueuePaused | QueueResumed | SchedulerClockSkew => {}
         }
     }
     all.to_vec()

@@ -1,0 +1,76 @@
+//! `/queues` and `POST /queues/<queue>/{pause,resume}`: every queue from the registry's queue
+//! API (paused or running, why, each lane's waiting and in-flight runs and its oldest waiting
+//! run), the runs an open breaker holds per queue, and the pause and resume (actions, through
+//! `queue.pause` and `queue.resume`).
+
+use std::collections::HashMap;
+
+use axum::Form;
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use futures::TryStreamExt;
+use jetsched_shared::wire::QueueListReply;
+use serde_json::json;
+
+use crate::actions::{ActionForm, check};
+use crate::pages;
+use crate::state::{AppState, html};
+
+/// Runs held by open breakers per queue: one listing of the held subjects of the dispatch stream.
+async fn held_by_queue(state: &AppState) -> Result<HashMap<String, u64>, String> {
+    let stream = state.js.get_stream(state.names.dispatch_stream()).await.map_err(|e| e.to_string())?;
+    let subjects =
+        stream.info_with_subjects(state.names.delayed_wildcard()).await.map_err(|e| e.to_string())?;
+    let listed: Vec<(String, usize)> = subjects.try_collect().await.map_err(|e| e.to_string())?;
+    let mut held = HashMap::new();
+    for (subject, count) in listed {
+        if let Some(queue) = state.names.parse_delayed_queue(&subject) {
+            *held.entry(queue.to_string()).or_default() += count as u64;
+        }
+    }
+    Ok(held)
+}
+
+pub(crate) async fn list(State(state): State<AppState>) -> Response {
+    let reply = match state.api.queue("list", json!({})).await {
+        Ok(reply) => reply,
+        Err(error) => return error.into_response(),
+    };
+    let queues = match serde_json::from_value::<QueueListReply>(reply) {
+        Ok(listed) => listed.queues,
+        Err(error) => return html(StatusCode::BAD_GATEWAY, pages::problem("Queues", &[error.to_string()])),
+    };
+    let held = held_by_queue(&state).await;
+    let problem = held.as_ref().err().map(|e| format!("held runs unavailable: {e}"));
+    let held = held.ok();
+    html(StatusCode::OK, pages::queues::list(&state.ctx(), &queues, held.as_ref(), problem.as_deref()))
+}
+
+/// `POST /queues/<queue>/pause` (with the form's `reason`) and `/resume`.
+pub(crate) async fn act(
+    State(state): State<AppState>,
+    Path((queue, action)): Path<(String, String)>,
+    form: Result<Form<ActionForm>, FormRejection>,
+) -> Response {
+    let form = form.map(|Form(form)| form).unwrap_or_default();
+    if !matches!(action.as_str(), "pause" | "resume") {
+        return html(StatusCode::NOT_FOUND, pages::problem("Refused", &["No such action.".into()]));
+    }
+    if let Some(refusal) = check(&state, &form, false) {
+        return refusal;
+    }
+    let mut body = json!({"queue": queue, "by": "console"});
+    let reason = form.reason.trim();
+    if action == "pause" && !reason.is_empty() {
+        body["reason"] = reason.into();
+    }
+    match state.api.queue(&action, body).await {
+        Ok(_) => {
+            tracing::info!(%queue, action, "console queue action");
+            Redirect::to("/queues").into_response()
+        }
+        Err(error) => error.into_response(),
+    }
+}
