@@ -241,7 +241,7 @@ async fn a_worker_started_while_its_queue_is_paused_pulls_nothing_until_the_resu
 async fn a_team_cannot_reach_the_queue_endpoints() {
     let server = SecureServer::start().await;
     let mut config = jetsched_registry::Config::for_tests(&server.url);
-    config.nats = server.nats_args("registry");
+    config.shared.nats = server.nats_args("registry");
     let registry = App::registry(config).await;
     let names = Names::default();
 
