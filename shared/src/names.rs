@@ -48,6 +48,9 @@ pub const SHARED_BREAKER_SCOPE: &str = "=shared";
 pub mod breaker_reason {
     /// `run.skipped`'s reason when the run's breaker was open (`on_open: skip`).
     pub const BREAKER_OPEN: &str = "breaker_open";
+    /// `run.skipped`'s reason (and the run record's) when the run was dispatched by the task's
+    /// schedule and had not started when a worker took it while the task was paused.
+    pub const PAUSED: &str = "paused";
     /// `task.paused`'s reason (and the task's `paused_reason`) when the registry paused the task
     /// after `pause_after_failures` consecutive failed runs.
     pub const CONSECUTIVE_FAILURES: &str = "consecutive_failures";

@@ -159,6 +159,9 @@ pub(crate) async fn runs(
             EventKind::RunFailed => run.outcome = "failed".into(),
             EventKind::RunRetrying => run.outcome = "retrying".into(),
             EventKind::RunDead => run.outcome = "dead-lettered".into(),
+            EventKind::RunSkipped => {
+                run.outcome = format!("skipped ({})", event.reason.as_deref().unwrap_or("?"))
+            }
             _ => {}
         }
     }

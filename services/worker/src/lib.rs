@@ -24,6 +24,7 @@ mod executor;
 mod lanes;
 mod message;
 mod metrics;
+mod pauses;
 pub mod runs;
 mod service;
 mod spans;

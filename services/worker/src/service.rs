@@ -31,6 +31,7 @@ use crate::lanes::policy::{Policy, Reserve};
 use crate::lanes::{LanePulls, run_lanes};
 use crate::message::Answers;
 use crate::metrics::Metrics;
+use crate::pauses::Pauses;
 use crate::runs::{Recording, RunStore};
 
 /// A started worker, ready to run.
@@ -41,6 +42,8 @@ pub struct Worker {
     parts: Arc<Parts>,
     /// The breakers watch, loaded in `build`.
     breakers_watch: async_nats::jetstream::kv::Watch,
+    /// The tasks watch (paused tasks), loaded in `build`.
+    pauses_watch: async_nats::jetstream::kv::Watch,
     /// Each queue with its lanes' consumers, most urgent first.
     queues: Vec<(String, Vec<(Priority, PullConsumer)>)>,
     advisories: PullConsumer,
@@ -179,6 +182,8 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         config.shared_breakers.iter().cloned().collect(),
     ));
     let breakers_watch = breakers.load().await?;
+    let pauses = Arc::new(Pauses::new(topology.tasks, metrics.errors.with_label_values(&["pause_watch"])));
+    let pauses_watch = pauses.load().await?;
     let answers = Answers::new(config.progress_interval(), metrics.errors.with_label_values(&["ack"]));
     let parts = Arc::new(Parts {
         worker: instance.clone(),
@@ -189,6 +194,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         runs,
         recording: Recording { mode: config.run_records, running_after: config.running_after },
         breakers,
+        pauses,
         executors,
         dlq,
         events,
@@ -210,7 +216,19 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         reserve: config.reserve(),
     };
     let grace = config.shutdown_grace;
-    Ok(Worker { client, presence, parts, breakers_watch, queues, advisories, mover, admin, pulling, grace })
+    Ok(Worker {
+        client,
+        presence,
+        parts,
+        breakers_watch,
+        pauses_watch,
+        queues,
+        advisories,
+        mover,
+        admin,
+        pulling,
+        grace,
+    })
 }
 
 impl Worker {
@@ -226,6 +244,7 @@ impl Worker {
             presence,
             parts,
             breakers_watch,
+            pauses_watch,
             queues,
             advisories,
             mover,
@@ -238,10 +257,12 @@ impl Worker {
         let admin_stop = CancellationToken::new();
         background.spawn(admin.serve(admin_stop.clone()));
         background.spawn(mover.run(advisories, shutdown.clone()));
-        // The breakers follow the bucket and merge counts until the last run has ended.
+        // The breakers follow their bucket and merge counts, and the paused tasks are followed,
+        // until the last run has ended.
         let breakers_stop = CancellationToken::new();
         background.spawn(parts.breakers.clone().follow(breakers_watch, breakers_stop.clone()));
         background.spawn(parts.breakers.clone().merge_loop(breakers_stop.clone()));
+        background.spawn(parts.pauses.clone().follow(pauses_watch, breakers_stop.clone()));
 
         let runs = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(concurrency));

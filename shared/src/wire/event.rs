@@ -36,7 +36,8 @@ pub enum EventKind {
     RunRetrying,
     #[serde(rename = "run.dead")]
     RunDead,
-    /// A run not executed because its breaker was open (`on_open: skip`; reason `breaker_open`).
+    /// A run not executed: its breaker was open (`on_open: skip`; reason `breaker_open`), or its
+    /// task was paused before the scheduled run started (reason `paused`).
     #[serde(rename = "run.skipped")]
     RunSkipped,
     #[serde(rename = "breaker.opened")]

@@ -23,7 +23,8 @@ pub enum RunStatus {
     Failed,
     /// Stored in the dead-letter stream.
     Dead,
-    /// Not executed: its circuit breaker was open and the task says `on_open: skip`.
+    /// Not executed: its circuit breaker was open and the task says `on_open: skip`, or the
+    /// task was paused before a scheduled run started (`reason` says which).
     Skipped,
 }
 
@@ -110,6 +111,10 @@ pub struct RunRecord {
     /// Error of the latest failed attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why a run ended without executing (`skipped`): `breaker_open` or `paused`
+    /// (`names::breaker_reason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// Attempts executed again because the one before was abandoned.
     #[serde(default)]
     pub reruns: u32,
@@ -141,6 +146,7 @@ impl RunRecord {
             first_started: now,
             finished: None,
             error: None,
+            reason: None,
             reruns: 0,
             failures: 0,
             attempts: vec![AttemptRecord::started(attempt, worker, now)],

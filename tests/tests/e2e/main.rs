@@ -24,6 +24,7 @@ mod invariants;
 mod local;
 mod nemesis;
 mod operator_truth;
+mod paused_runs;
 mod priorities;
 mod registry;
 mod scheduler;
