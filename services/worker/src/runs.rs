@@ -20,10 +20,9 @@ pub use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, RunRecord, RunSta
 use self::reads::Reads;
 use crate::config::RunRecords;
 
+mod held;
 mod reads;
-mod skip;
-
-pub(crate) use self::skip::Skip;
+pub(crate) mod skip;
 
 /// Compare-and-set rounds before giving up on a write.
 const CAS_ROUNDS: usize = 8;
@@ -227,7 +226,7 @@ impl RunStore {
                 RunStatus::Failed => {
                     return Ok(Begin::DeadLetterPending { record: Box::new(record), revision });
                 }
-                RunStatus::Running | RunStatus::Retrying => {}
+                RunStatus::Running | RunStatus::Retrying | RunStatus::Held => {}
             }
             let rerun = record.start_attempt(attempt, worker, now);
             match self.kv.update(key, encode(&record)?, revision).await {
@@ -348,6 +347,7 @@ mod tests {
             first_started: now,
             finished: None,
             error: None,
+            held_until: None,
             reason: None,
             reruns: 0,
             failures: 0,

@@ -9,6 +9,15 @@ impl Names {
         format!("{}.delayed.*.{namespace}.{task_id}.>", self.prefix)
     }
 
+    /// The queue of a held run's subject (`None` for a subject of another layout).
+    pub fn parse_delayed_queue<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".delayed.")?;
+        let mut parts = rest.splitn(4, '.');
+        let (queue, _namespace, _task_id, _execution) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        Some(queue)
+    }
+
     /// The `(namespace, task_id)` of a held run's subject (`None` for a subject of another
     /// layout).
     pub fn parse_delayed_task<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str)> {

@@ -40,6 +40,9 @@ pub enum EventKind {
     /// task was paused before the scheduled run started (reason `paused`).
     #[serde(rename = "run.skipped")]
     RunSkipped,
+    /// A run its open breaker holds (`on_open: delay`) until `held_until`.
+    #[serde(rename = "run.held")]
+    RunHeld,
     #[serde(rename = "breaker.opened")]
     BreakerOpened,
     #[serde(rename = "breaker.half_opened")]
@@ -74,6 +77,7 @@ impl EventKind {
             EventKind::RunRetrying => "run.retrying",
             EventKind::RunDead => "run.dead",
             EventKind::RunSkipped => "run.skipped",
+            EventKind::RunHeld => "run.held",
             EventKind::BreakerOpened => "breaker.opened",
             EventKind::BreakerHalfOpened => "breaker.half_opened",
             EventKind::BreakerClosed => "breaker.closed",
@@ -139,6 +143,9 @@ pub struct Event {
     /// Breaker events: when an open breaker lets probes through.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
     pub open_until: Option<DateTime<Utc>>,
+    /// `run.held`: when the server hands the run back to its queue.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub held_until: Option<DateTime<Utc>>,
 }
 
 impl Event {
@@ -167,6 +174,7 @@ impl Event {
             failures: None,
             runs: None,
             open_until: None,
+            held_until: None,
         }
     }
 }

@@ -19,6 +19,7 @@ mod event_batches;
 mod events;
 mod failover;
 mod full_disk_acks;
+mod held_runs;
 mod intake_recovery;
 mod invariants;
 mod local;

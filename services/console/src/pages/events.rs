@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::{layout, task_href, time};
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 21] = [
+pub(crate) const KINDS: [EventKind; 22] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -25,6 +25,7 @@ pub(crate) const KINDS: [EventKind; 21] = [
     EventKind::RunRetrying,
     EventKind::RunDead,
     EventKind::RunSkipped,
+    EventKind::RunHeld,
     EventKind::BreakerOpened,
     EventKind::BreakerHalfOpened,
     EventKind::BreakerClosed,
@@ -201,12 +202,13 @@ mod tests {
                 RunRetrying => 12,
                 RunDead => 13,
                 RunSkipped => 14,
-                BreakerOpened => 15,
-                BreakerHalfOpened => 16,
-                BreakerClosed => 17,
-                LeaderAcquired => 18,
-                LeaderLost => 19,
-                SchedulerClockSkew => 20,
+                RunHeld => 15,
+                BreakerOpened => 16,
+                BreakerHalfOpened => 17,
+                BreakerClosed => 18,
+                LeaderAcquired => 19,
+                LeaderLost => 20,
+                SchedulerClockSkew => 21,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

@@ -25,7 +25,7 @@ use jetsched_shared::wire::{
 
 use super::state::Delivery;
 use crate::breaker::Gate;
-use crate::runs::Skip;
+use crate::runs::skip::Skip;
 use crate::spans;
 
 /// When a delivery whose skip or delay could not be stored is delivered again.
@@ -104,6 +104,21 @@ impl Delivery<'_> {
             Ok(()) => {
                 parts.metrics.short_circuited.with_label_values(&[&gate.key, "delay"]).inc();
                 tracing::info!(key = gate.key, until = %format_time(at), "breaker open: run delayed");
+                // The record and the event say the run is held, and until when; the message
+                // held by the server is the run now, so a record not written is only logged.
+                match parts.runs.hold(self.dispatch, self.attempt, &parts.worker, at).await {
+                    Ok(true) => {
+                        let mut event = self.event(EventKind::RunHeld, self.attempt);
+                        event.held_until = Some(at);
+                        event.key = Some(gate.key.clone());
+                        self.tell(event).await;
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        parts.metrics.errors.with_label_values(&["run_record"]).inc();
+                        tracing::warn!(error = format!("{error:#}"), "cannot record the held run");
+                    }
+                }
                 parts.answers.send(&self.received.message, AckKind::Ack).await;
             }
             Err(error) => {
@@ -138,7 +153,13 @@ impl Delivery<'_> {
         headers.insert(HDR_DELAYS, HeaderValue::from(delays.to_string()));
         headers.insert(HDR_SCHEDULE, HeaderValue::from(format!("@at {}", format_time(at))));
         headers.insert(HDR_SCHEDULE_TARGET, HeaderValue::from(message.subject.to_string()));
-        let subject = self.parts.names.delayed_subject(self.queue, &self.dispatch.execution_id);
+        let dispatch = self.dispatch;
+        let subject = self.parts.names.delayed_subject(
+            self.queue,
+            &dispatch.namespace,
+            &dispatch.task_id,
+            &dispatch.execution_id,
+        );
         let js = &self.parts.js;
         let ack = js
             .publish_with_headers(subject.clone(), headers, message.payload.clone())

@@ -34,6 +34,7 @@ fn every_kind() -> Vec<EventKind> {
         RunRetrying,
         RunDead,
         RunSkipped,
+        RunHeld,
         BreakerOpened,
         BreakerHalfOpened,
         BreakerClosed,
@@ -45,8 +46,8 @@ fn every_kind() -> Vec<EventKind> {
         match kind {
             TaskRegistered | TaskUpdated | TaskDeleted | TaskPaused | TaskResumed | TaskRejected
             | FireDispatched | FireSkipped | FireMissed | RunStarted | RunSucceeded | RunFailed
-            | RunRetrying | RunDead | RunSkipped | BreakerOpened | BreakerHalfOpened | BreakerClosed
-            | LeaderAcquired | LeaderLost | SchedulerClockSkew => {}
+            | RunRetrying | RunDead | RunSkipped | RunHeld | BreakerOpened | BreakerHalfOpened
+            | BreakerClosed | LeaderAcquired | LeaderLost | SchedulerClockSkew => {}
         }
     }
     all.to_vec()
