@@ -48,6 +48,9 @@ pub const SHARED_BREAKER_SCOPE: &str = "=shared";
 pub mod breaker_reason {
     /// `run.skipped`'s reason when the run's breaker was open (`on_open: skip`).
     pub const BREAKER_OPEN: &str = "breaker_open";
+    /// `run.skipped`'s reason (and the run record's) when the run was dispatched by the task's
+    /// schedule and had not started when a worker took it while the task was paused.
+    pub const PAUSED: &str = "paused";
     /// `task.paused`'s reason (and the task's `paused_reason`) when the registry paused the task
     /// after `pause_after_failures` consecutive failed runs.
     pub const CONSECUTIVE_FAILURES: &str = "consecutive_failures";
@@ -205,11 +208,12 @@ impl Names {
     }
 
     /// A run delayed by its open breaker, held by the server until its time (one subject per
-    /// execution, since a schedule rolls up its subject): `jetsched.delayed.<queue>.<execution_id>`.
-    /// No worker consumer's filter matches it: at its time the server publishes a copy to the
-    /// run's dispatch subject.
-    pub fn delayed_subject(&self, queue: &str, execution_id: &str) -> String {
-        format!("{}.delayed.{queue}.{execution_id}", self.prefix)
+    /// execution, since a schedule rolls up its subject):
+    /// `jetsched.delayed.<queue>.<namespace>.<task_id>.<execution_id>`, so held runs are counted
+    /// per queue and per task with subject filters. No worker consumer's filter matches it: at
+    /// its time the server publishes a copy to the run's dispatch subject.
+    pub fn delayed_subject(&self, queue: &str, namespace: &str, task_id: &str, execution_id: &str) -> String {
+        format!("{}.delayed.{queue}.{namespace}.{task_id}.{execution_id}", self.prefix)
     }
     /// Every delayed run: `jetsched.delayed.>`.
     pub fn delayed_wildcard(&self) -> String {
@@ -502,7 +506,9 @@ mod tests {
         assert_eq!(names.parse_pause_request_subject("acme.control.pause.ns.t"), Some(("ns", "t")));
         assert_eq!(names.parse_pause_request_subject("acme.control.pause.ns"), None);
         assert_eq!(names.breaker_api_subject("reset"), "acme.api.breaker.reset");
-        assert_eq!(names.delayed_subject("q", "e1"), "acme.delayed.q.e1");
+        assert_eq!(names.delayed_subject("q", "ns", "t", "e1"), "acme.delayed.q.ns.t.e1");
+        assert_eq!(names.parse_delayed_task(&names.delayed_subject("q", "ns", "t", "e1")), Some(("ns", "t")));
+        assert_eq!(names.parse_delayed_queue(&names.delayed_subject("q", "ns", "t", "e1")), Some("q"));
         for priority in Priority::ALL {
             let subject = names.lane_subject("q", priority, "ns", "t");
             assert_eq!(names.parse_lane_subject(&subject), Some(("q", priority, "ns", "t")));

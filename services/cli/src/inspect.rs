@@ -159,6 +159,13 @@ pub(crate) async fn runs(
             EventKind::RunFailed => run.outcome = "failed".into(),
             EventKind::RunRetrying => run.outcome = "retrying".into(),
             EventKind::RunDead => run.outcome = "dead-lettered".into(),
+            EventKind::RunHeld => {
+                let until = event.held_until.map(format_time).unwrap_or_else(|| "?".into());
+                run.outcome = format!("held until {until}")
+            }
+            EventKind::RunSkipped => {
+                run.outcome = format!("skipped ({})", event.reason.as_deref().unwrap_or("?"))
+            }
             _ => {}
         }
     }

@@ -38,6 +38,15 @@ async fn held_by_task(state: &AppState) -> Result<HashMap<String, u64>, String> 
     Ok(held)
 }
 
+/// Held runs of one task: the held subjects of the dispatch stream under the task's filter.
+pub(crate) async fn held_of_task(state: &AppState, namespace: &str, id: &str) -> Result<u64, String> {
+    let stream = state.js.get_stream(state.names.dispatch_stream()).await.map_err(|e| e.to_string())?;
+    let filter = state.names.delayed_task_filter(namespace, id);
+    let subjects = stream.info_with_subjects(filter).await.map_err(|e| e.to_string())?;
+    let listed: Vec<(String, usize)> = subjects.try_collect().await.map_err(|e| e.to_string())?;
+    Ok(listed.iter().map(|(_, count)| *count as u64).sum())
+}
+
 /// The `breaker` settings of a task's spec (`<namespace>/<id>`), when the registry answers.
 async fn settings_of(state: &AppState, task: Option<&String>) -> Option<Value> {
     let (namespace, id) = task?.split_once('/')?;

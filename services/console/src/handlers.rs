@@ -59,8 +59,11 @@ pub(crate) async fn task(
     Path((namespace, id)): Path<(String, String)>,
 ) -> Response {
     let reference = json!({"namespace": namespace, "id": id});
-    let (stored, next) =
-        tokio::join!(state.api.task("get", &namespace, reference), state.api.next(&namespace, &id, 10));
+    let (stored, next, held) = tokio::join!(
+        state.api.task("get", &namespace, reference),
+        state.api.next(&namespace, &id, 10),
+        crate::breakers::held_of_task(&state, &namespace, &id)
+    );
     let stored = match stored {
         Ok(stored) => stored,
         Err(error) => return failed(&format!("Task {id}"), &error),
@@ -82,6 +85,7 @@ pub(crate) async fn task(
         next: next.map_err(|e| e.to_string()),
         runs: &runs,
         events: &events,
+        held,
     };
     html(StatusCode::OK, pages::tasks::task(&state.ctx(), &view))
 }

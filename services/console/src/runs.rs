@@ -67,6 +67,7 @@ pub(crate) fn runs_from_events<'a>(
         let outcome = match event.kind {
             EventKind::FireDispatched if run.outcome.is_empty() => "dispatched",
             EventKind::FireSkipped | EventKind::RunSkipped => "skipped",
+            EventKind::RunHeld => "held",
             EventKind::RunStarted => "running",
             EventKind::RunSucceeded => "succeeded",
             EventKind::RunFailed => "failed",
@@ -85,6 +86,7 @@ pub(crate) fn runs_from_events<'a>(
 fn stage(kind: EventKind) -> u8 {
     match kind {
         EventKind::FireDispatched => 0,
+        EventKind::RunHeld => 1,
         EventKind::RunStarted => 1,
         EventKind::RunRetrying => 2,
         EventKind::RunFailed => 3,

@@ -5,7 +5,7 @@
 use anyhow::Context;
 use async_nats::jetstream::{self, kv::Operation};
 use chrono::Utc;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use jetsched_shared::names::Names;
 use jetsched_shared::wire::LeaderRecord;
 
@@ -77,19 +77,45 @@ async fn leader(js: &jetstream::Context, names: &Names) -> anyhow::Result<Option
 
 async fn queues(js: &jetstream::Context, names: &Names) -> anyhow::Result<Vec<QueueDepth>> {
     let stream = js.get_stream(names.dispatch_stream()).await.context("open the dispatch stream")?;
+    let held = held_by_queue(&stream, names).await;
     let mut consumers = stream.consumers();
     let mut out = Vec::new();
     while let Some(consumer) = consumers.next().await {
         let consumer = consumer.context("list dispatch consumers")?;
-        let queue = names.queue_of_worker_consumer(&consumer.name).unwrap_or(&consumer.name).to_string();
+        // The held runs of a queue are shown once, on its `normal` lane's row.
+        let of_queue = names.queue_of_worker_consumer(&consumer.name);
+        let queue = of_queue.unwrap_or(&consumer.name).to_string();
+        let held = match (&held, of_queue) {
+            (Ok(held), Some(queue)) => Some(held.get(queue).copied().unwrap_or(0)),
+            (Ok(_), None) => Some(0),
+            (Err(_), _) => None,
+        };
         out.push(QueueDepth {
             queue,
             pending: consumer.num_pending,
             in_flight: consumer.num_ack_pending as u64,
+            held,
         });
     }
     out.sort_by(|a, b| a.queue.cmp(&b.queue));
     Ok(out)
+}
+
+/// Held runs per queue: one listing of the held subjects of the dispatch stream
+/// (`<prefix>.delayed.<queue>.<namespace>.<task>.<execution>`).
+async fn held_by_queue(
+    stream: &jetstream::stream::Stream,
+    names: &Names,
+) -> anyhow::Result<std::collections::HashMap<String, u64>> {
+    let subjects = stream.info_with_subjects(names.delayed_wildcard()).await.context("list held runs")?;
+    let listed: Vec<(String, usize)> = subjects.try_collect().await.context("list held runs")?;
+    let mut held = std::collections::HashMap::new();
+    for (subject, count) in listed {
+        if let Some(queue) = names.parse_delayed_queue(&subject) {
+            *held.entry(queue.to_string()).or_default() += count as u64;
+        }
+    }
+    Ok(held)
 }
 
 async fn dead_letters(js: &jetstream::Context, names: &Names) -> anyhow::Result<u64> {

@@ -200,12 +200,13 @@ pub enum RunEvents {
 impl RunEvents {
     /// Whether events of `kind` are published.
     pub fn wants(self, kind: jetsched_shared::wire::EventKind) -> bool {
-        use jetsched_shared::wire::EventKind::{RunSkipped, RunStarted, RunSucceeded};
+        use jetsched_shared::wire::EventKind::{RunHeld, RunSkipped, RunStarted, RunSucceeded};
         match self {
             RunEvents::All => true,
             RunEvents::Outcomes => kind != RunStarted,
-            // A run skipped by its open breaker did not fail (the breaker's events tell why).
-            RunEvents::Failures => !matches!(kind, RunStarted | RunSucceeded | RunSkipped),
+            // A run skipped or held by its open breaker did not fail (the breaker's events tell
+            // why).
+            RunEvents::Failures => !matches!(kind, RunStarted | RunSucceeded | RunSkipped | RunHeld),
         }
     }
 }

@@ -77,9 +77,17 @@ async fn refuse(parts: &Parts, message: &jetstream::Message, entry: &DeadLetter)
 }
 
 impl Delivery<'_> {
-    /// The breaker's admission, then either its shortcut or the attempt and its ending; the
-    /// run events told meanwhile are awaited last.
+    /// A paused task's scheduled run skipped; else the breaker's admission, then either its
+    /// shortcut or the attempt and its ending; the run events told meanwhile are awaited last.
     async fn deliver(mut self) {
+        let dispatch = self.dispatch;
+        if dispatch.trigger.is_scheduled()
+            && self.parts.pauses.is_paused(&dispatch.namespace, &dispatch.task_id)
+            && self.skip_paused().await
+        {
+            self.flush_events().await;
+            return;
+        }
         let gate = self.parts.breakers.admit(self.dispatch).await;
         match gate {
             Some(gate) if gate.admission == Admission::ShortCircuit => self.short_circuit(&gate).await,

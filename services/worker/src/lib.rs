@@ -24,6 +24,7 @@ mod executor;
 mod lanes;
 mod message;
 mod metrics;
+mod pauses;
 mod queues;
 pub mod runs;
 mod service;

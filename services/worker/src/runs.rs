@@ -20,7 +20,9 @@ pub use jetsched_shared::wire::{AttemptOutcome, AttemptRecord, RunRecord, RunSta
 use self::reads::Reads;
 use crate::config::RunRecords;
 
+mod held;
 mod reads;
+pub(crate) mod skip;
 
 /// Compare-and-set rounds before giving up on a write.
 const CAS_ROUNDS: usize = 8;
@@ -224,7 +226,7 @@ impl RunStore {
                 RunStatus::Failed => {
                     return Ok(Begin::DeadLetterPending { record: Box::new(record), revision });
                 }
-                RunStatus::Running | RunStatus::Retrying => {}
+                RunStatus::Running | RunStatus::Retrying | RunStatus::Held => {}
             }
             let rerun = record.start_attempt(attempt, worker, now);
             match self.kv.update(key, encode(&record)?, revision).await {
@@ -246,43 +248,6 @@ impl RunStore {
             Err(error) if is_already_exists(&error) => Ok(None),
             Err(error) => Err(error).with_context(|| format!("create run record {key}")),
         }
-    }
-
-    /// Records a run its open breaker skipped (`on_open: skip`): status `skipped`, finished
-    /// now. Returns false when the record says the run is final already (nothing written).
-    pub(crate) async fn skip(&self, dispatch: &Dispatch, attempt: u32, worker: &str) -> anyhow::Result<bool> {
-        let key = dispatch.execution_id.as_str();
-        let skip = |record: &mut RunRecord| {
-            let now = Utc::now();
-            record.status = RunStatus::Skipped;
-            record.worker = worker.to_string();
-            record.finished = Some(now);
-        };
-        for round in 0..CAS_ROUNDS {
-            match self.read(key, round > 0).await? {
-                Some((record, _)) if record.status.is_final() => return Ok(false),
-                Some((mut record, revision)) => {
-                    skip(&mut record);
-                    match self.kv.update(key, encode(&record)?, revision).await {
-                        Ok(_) => return Ok(true),
-                        Err(error) if is_revision_mismatch(&error) => continue,
-                        Err(error) => return Err(error).with_context(|| format!("update run record {key}")),
-                    }
-                }
-                None => {
-                    let mut record = RunRecord::new(dispatch, attempt, worker, Utc::now());
-                    // Nothing was executed.
-                    record.attempts.clear();
-                    skip(&mut record);
-                    match self.kv.create(key, encode(&record)?).await {
-                        Ok(_) => return Ok(true),
-                        Err(error) if is_already_exists(&error) => continue,
-                        Err(error) => return Err(error).with_context(|| format!("create run record {key}")),
-                    }
-                }
-            }
-        }
-        anyhow::bail!("run record {key}: compare-and-set kept failing")
     }
 
     /// Writes `record` (read at `revision`; 0 = not stored yet, create it), re-reading and re-applying `change` when someone
@@ -382,6 +347,8 @@ mod tests {
             first_started: now,
             finished: None,
             error: None,
+            held_until: None,
+            reason: None,
             reruns: 0,
             failures: 0,
             attempts: vec![AttemptRecord::started(1, "w1", now)],

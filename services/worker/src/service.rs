@@ -31,6 +31,7 @@ use crate::lanes::{LanePulls, run_lanes};
 use crate::message::Answers;
 use crate::metrics::Metrics;
 use crate::queues::QueueStates;
+use crate::pauses::Pauses;
 use crate::runs::{Recording, RunStore};
 
 /// A started worker, ready to run.
@@ -44,6 +45,8 @@ pub struct Worker {
     /// The queue states, loaded in `build` (before any pull), and their watch.
     queue_states: Arc<QueueStates>,
     queues_watch: async_nats::jetstream::kv::Watch,
+    /// The tasks watch (paused tasks), loaded in `build`.
+    pauses_watch: async_nats::jetstream::kv::Watch,
     /// Each queue with its lanes' consumers, most urgent first.
     queues: Vec<(String, Vec<(Priority, PullConsumer)>)>,
     advisories: PullConsumer,
@@ -179,6 +182,8 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
     let breakers_watch = breakers.load().await?;
     let queue_states = Arc::new(QueueStates::new(topology.queues, &config.queues, metrics.clone()));
     let queues_watch = queue_states.load().await?;
+    let pauses = Arc::new(Pauses::new(topology.tasks, metrics.errors.with_label_values(&["pause_watch"])));
+    let pauses_watch = pauses.load().await?;
     let answers = Answers::new(config.progress_interval(), metrics.errors.with_label_values(&["ack"]));
     let parts = Arc::new(Parts {
         worker: instance.clone(),
@@ -189,6 +194,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         runs,
         recording: Recording { mode: config.run_records, running_after: config.running_after },
         breakers,
+        pauses,
         executors,
         dlq,
         events,
@@ -217,6 +223,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         breakers_watch,
         queue_states,
         queues_watch,
+        pauses_watch,
         queues,
         advisories,
         mover,
@@ -241,6 +248,7 @@ impl Worker {
             breakers_watch,
             queue_states,
             queues_watch,
+            pauses_watch,
             queues,
             advisories,
             mover,
@@ -253,12 +261,14 @@ impl Worker {
         let admin_stop = CancellationToken::new();
         background.spawn(admin.serve(admin_stop.clone()));
         background.spawn(mover.run(advisories, shutdown.clone()));
-        // The breakers follow the bucket and merge counts until the last run has ended.
+        // The breakers follow their bucket and merge counts, and the paused tasks are followed,
+        // until the last run has ended.
         let breakers_stop = CancellationToken::new();
         background.spawn(parts.breakers.clone().follow(breakers_watch, breakers_stop.clone()));
         background.spawn(parts.breakers.clone().merge_loop(breakers_stop.clone()));
         // The lanes read the queue states until they stop pulling, at shutdown.
         background.spawn(queue_states.clone().follow(queues_watch, shutdown.clone()));
+        background.spawn(parts.pauses.clone().follow(pauses_watch, breakers_stop.clone()));
 
         let runs = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(concurrency));

@@ -30,6 +30,12 @@ impl Trigger {
             Trigger::Replay => "replay",
         }
     }
+
+    /// Whether the task's schedule dispatched the run (on time or caught up), rather than a
+    /// person (a manual trigger, a replay): a paused task's scheduled runs are skipped.
+    pub fn is_scheduled(self) -> bool {
+        matches!(self, Trigger::Schedule | Trigger::Catchup)
+    }
 }
 
 /// The body of a message on `JETSCHED_DISPATCH`: everything a worker needs, so it never reads

@@ -36,9 +36,13 @@ pub enum EventKind {
     RunRetrying,
     #[serde(rename = "run.dead")]
     RunDead,
-    /// A run not executed because its breaker was open (`on_open: skip`; reason `breaker_open`).
+    /// A run not executed: its breaker was open (`on_open: skip`; reason `breaker_open`), or its
+    /// task was paused before the scheduled run started (reason `paused`).
     #[serde(rename = "run.skipped")]
     RunSkipped,
+    /// A run its open breaker holds (`on_open: delay`) until `held_until`.
+    #[serde(rename = "run.held")]
+    RunHeld,
     #[serde(rename = "breaker.opened")]
     BreakerOpened,
     #[serde(rename = "breaker.half_opened")]
@@ -79,6 +83,7 @@ impl EventKind {
             EventKind::RunRetrying => "run.retrying",
             EventKind::RunDead => "run.dead",
             EventKind::RunSkipped => "run.skipped",
+            EventKind::RunHeld => "run.held",
             EventKind::BreakerOpened => "breaker.opened",
             EventKind::BreakerHalfOpened => "breaker.half_opened",
             EventKind::BreakerClosed => "breaker.closed",
@@ -146,6 +151,9 @@ pub struct Event {
     /// Breaker events: when an open breaker lets probes through.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
     pub open_until: Option<DateTime<Utc>>,
+    /// `run.held`: when the server hands the run back to its queue.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub held_until: Option<DateTime<Utc>>,
 }
 
 impl Event {
@@ -174,6 +182,7 @@ impl Event {
             failures: None,
             runs: None,
             open_until: None,
+            held_until: None,
         }
     }
 }

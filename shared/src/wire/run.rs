@@ -23,7 +23,11 @@ pub enum RunStatus {
     Failed,
     /// Stored in the dead-letter stream.
     Dead,
-    /// Not executed: its circuit breaker was open and the task says `on_open: skip`.
+    /// Held by its open breaker (`on_open: delay`) until `held_until`, when the server hands
+    /// it back to its queue.
+    Held,
+    /// Not executed: its circuit breaker was open and the task says `on_open: skip`, or the
+    /// task was paused before a scheduled run started (`reason` says which).
     Skipped,
 }
 
@@ -36,6 +40,7 @@ impl RunStatus {
             RunStatus::Failed => "failed",
             RunStatus::Dead => "dead",
             RunStatus::Skipped => "skipped",
+            RunStatus::Held => "held",
         }
     }
 
@@ -110,6 +115,13 @@ pub struct RunRecord {
     /// Error of the latest failed attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// While `held`: when the server hands the run back to its queue.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub held_until: Option<DateTime<Utc>>,
+    /// Why a run ended without executing (`skipped`): `breaker_open` or `paused`
+    /// (`names::breaker_reason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// Attempts executed again because the one before was abandoned.
     #[serde(default)]
     pub reruns: u32,
@@ -141,6 +153,8 @@ impl RunRecord {
             first_started: now,
             finished: None,
             error: None,
+            held_until: None,
+            reason: None,
             reruns: 0,
             failures: 0,
             attempts: vec![AttemptRecord::started(attempt, worker, now)],
@@ -161,6 +175,7 @@ impl RunRecord {
             self.reruns += 1;
         }
         self.status = RunStatus::Running;
+        self.held_until = None;
         self.attempt = attempt;
         self.worker = worker.to_string();
         self.started = now;

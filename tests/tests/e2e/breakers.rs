@@ -29,10 +29,10 @@ use crate::worker_support::{WAIT, config, dispatch_pending, wait_for_workers, wo
 
 /// One request the downstream received.
 #[derive(Debug, Clone)]
-struct Hit {
-    at: DateTime<Utc>,
-    execution: String,
-    ok: bool,
+pub(crate) struct Hit {
+    pub(crate) at: DateTime<Utc>,
+    pub(crate) execution: String,
+    pub(crate) ok: bool,
 }
 
 /// An HTTP downstream that fails (503) every request until told to recover, recording each.
@@ -73,11 +73,11 @@ impl Downstream {
         format!("http://{}/pay", self.addr)
     }
 
-    fn recover(&self) {
+    pub(crate) fn recover(&self) {
         self.healthy.store(true, Ordering::SeqCst);
     }
 
-    fn hits(&self) -> Vec<Hit> {
+    pub(crate) fn hits(&self) -> Vec<Hit> {
         self.hits.lock().unwrap().clone()
     }
 }

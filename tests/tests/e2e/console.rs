@@ -28,7 +28,11 @@ const WAIT: Duration = Duration::from_secs(20);
 const TOKEN: &str = "console-test-token";
 
 /// A console on the server, in-process; its pages' address.
-async fn console(server: &NatsServer, token: Option<&str>, allow_actions: bool) -> (App, SocketAddr) {
+pub(crate) async fn console(
+    server: &NatsServer,
+    token: Option<&str>,
+    allow_actions: bool,
+) -> (App, SocketAddr) {
     let mut config = jetsched_console::Config::for_tests(&server.url());
     config.auth_token = token.map(str::to_string);
     config.allow_actions = allow_actions;

@@ -399,7 +399,7 @@ async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_
         format!("$KV.{}.billing.payments", names.breakers_bucket()),
         names.dispatch_subject("default", "billing", "payroll"),
         names.lane_subject("default", Priority::High, "billing", "payroll"),
-        names.delayed_subject("default", "forged"),
+        names.delayed_subject("default", "billing", "payroll", "forged"),
         names.dlq_subject("default", "billing", "payroll"),
         names.event_subject("run.failed", "billing", "payroll"),
         names.submit_subject("billing", "planted"),
@@ -501,7 +501,7 @@ async fn nothing_a_team_shapes_is_trusted() {
         "$SYS.REQ.SERVER.PING".to_string(),
         "_INBOX.anything".to_string(),
         names.pause_request_subject("billing", "payroll"),
-        names.delayed_subject("default", "x"),
+        names.delayed_subject("default", "billing", "payroll", "x"),
     ] {
         let reply = put(json!({"id": "reach", "schedule": {"every": "1h"},
                                "executor": {"kind": "nats", "subject": subject}}))

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::{layout, task_href, time};
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 23] = [
+pub(crate) const KINDS: [EventKind; 24] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -25,6 +25,7 @@ pub(crate) const KINDS: [EventKind; 23] = [
     EventKind::RunRetrying,
     EventKind::RunDead,
     EventKind::RunSkipped,
+    EventKind::RunHeld,
     EventKind::BreakerOpened,
     EventKind::BreakerHalfOpened,
     EventKind::BreakerClosed,
@@ -203,14 +204,15 @@ mod tests {
                 RunRetrying => 12,
                 RunDead => 13,
                 RunSkipped => 14,
-                BreakerOpened => 15,
-                BreakerHalfOpened => 16,
-                BreakerClosed => 17,
-                LeaderAcquired => 18,
-                LeaderLost => 19,
-                QueuePaused => 20,
-                QueueResumed => 21,
-                SchedulerClockSkew => 22,
+                RunHeld => 15,
+                BreakerOpened => 16,
+                BreakerHalfOpened => 17,
+                BreakerClosed => 18,
+                LeaderAcquired => 19,
+                LeaderLost => 20,
+                QueuePaused => 21,
+                QueueResumed => 22,
+                SchedulerClockSkew => 23,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

@@ -23,6 +23,8 @@ pub(crate) struct QueueDepth {
     pub(crate) queue: String,
     pub(crate) pending: u64,
     pub(crate) in_flight: u64,
+    /// Runs of the queue an open breaker holds (`None`: unknown).
+    pub(crate) held: Option<u64>,
 }
 
 /// Everything the overview shows.
@@ -80,9 +82,9 @@ pub(crate) fn page(overview: &Overview) -> Markup {
                 section {
                     h2 { "Queues" }
                     @if overview.queues.is_empty() { p.empty { "No dispatch consumer yet." } } @else {
-                        table { thead { tr { th { "Queue" } th { "Waiting" } th { "In flight" } } }
+                        table #queues { thead { tr { th { "Queue" } th { "Waiting" } th { "Held" } th { "In flight" } } }
                             tbody { @for queue in &overview.queues {
-                                tr { td { (queue.queue) } td { (queue.pending) } td { (queue.in_flight) } }
+                                tr { td { (queue.queue) } td { (queue.pending) } td.held { (queue.held.map_or("?".to_string(), |n| n.to_string())) } td { (queue.in_flight) } }
                             } } }
                     }
                 }

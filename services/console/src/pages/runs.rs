@@ -1,7 +1,7 @@
 //! The runs table (the history page and a task's page) and `/runs/<execution id>` (every
 //! attempt of the run record, its events, the trace id).
 
-use jetsched_shared::wire::{Event, RunRecord, RunStatus};
+use jetsched_shared::wire::{Event, RunRecord};
 use maud::{Markup, html};
 
 use super::{layout, refreshing, task_href, time, time_opt};
@@ -41,10 +41,10 @@ pub(crate) fn table(rows: &[RunRow], with_task: bool) -> Markup {
 /// Seconds between reloads of a run's page until the run has finished.
 const RUN_REFRESH_SECONDS: u32 = 2;
 
-/// Whether a run may still change: no record yet (queued, or just triggered), or an attempt
-/// running or a retry waiting.
+/// Whether a run may still change: no record yet (queued, or just triggered), an attempt
+/// running, a retry waiting, or held by its breaker.
 fn unfinished(record: Option<&RunRecord>) -> bool {
-    record.is_none_or(|r| matches!(r.status, RunStatus::Running | RunStatus::Retrying))
+    record.is_none_or(|r| !r.status.is_final())
 }
 
 pub(crate) fn run(execution_id: &str, record: Option<&RunRecord>, events: &[Event]) -> Markup {
@@ -55,6 +55,8 @@ pub(crate) fn run(execution_id: &str, record: Option<&RunRecord>, events: &[Even
                     dl.facts {
                         dt { "Task" } dd { a href=(task_href(&record.namespace, &record.task_id)) { (record.namespace) "/" (record.task_id) } }
                         dt { "Status" } dd { span class={"badge " (record.status.as_str())} { (record.status.as_str()) } }
+                        @if let Some(until) = record.held_until { dt { "Held until" } dd #held-until { (time(until)) } }
+                        @if let Some(reason) = &record.reason { dt { "Reason" } dd #run-reason { (reason) } }
                         dt { "Nominal time" } dd { (time(record.nominal_time)) }
                         dt { "Trigger" } dd { (record.trigger.as_str()) }
                         dt { "Queue" } dd { (record.queue) }
@@ -97,6 +99,7 @@ pub(crate) fn run(execution_id: &str, record: Option<&RunRecord>, events: &[Even
 #[cfg(test)]
 mod tests {
     use super::*;
+    use jetsched_shared::wire::RunStatus;
 
     #[test]
     fn a_run_page_reloads_until_the_run_has_finished() {

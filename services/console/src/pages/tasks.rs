@@ -113,6 +113,8 @@ pub(crate) struct TaskView<'a> {
     pub(crate) next: Result<Value, String>,
     pub(crate) runs: &'a [RunRow],
     pub(crate) events: &'a [Event],
+    /// Runs of the task an open breaker holds now.
+    pub(crate) held: Result<u64, String>,
 }
 
 pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
@@ -126,6 +128,7 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
             @if let Some(reason) = view.spec.get("paused_reason").and_then(Value::as_str) { " " span #pause-reason { "(" (reason) ")" } }
             " · priority " span #task-priority { (view.spec.get("priority").and_then(Value::as_str).unwrap_or("normal")) }
             " · breaker " (super::breakers::of_task(view.namespace, view.id, view.spec))
+            " · held runs " span #task-held { (view.held.as_ref().map_or_else(|e| format!("? ({e})"), |n| n.to_string())) }
         }
         div.actions {
             @if paused { (action(ctx, &format!("{href}/resume"), "Resume", None)) }
@@ -234,10 +237,12 @@ mod tests {
             next: Err("<u>no registry</u>".into()),
             runs: &[],
             events: &events,
+            held: Ok(2),
         };
         let html = task(&ctx, &view).into_string();
         assert!(!html.contains("<b>bold") && !html.contains("<i>bad") && !html.contains("<u>no"), "{html}");
         assert!(html.contains("/tasks/ns/t/resume") && !html.contains("/tasks/ns/t/pause"));
         assert!(html.contains("revision 3"));
+        assert!(html.contains(r#"<span id="task-held">2</span>"#), "{html}");
     }
 }

@@ -15,6 +15,7 @@ use crate::dlq::DeadLetters;
 use crate::executor::Executors;
 use crate::message::Answers;
 use crate::metrics::Metrics;
+use crate::pauses::Pauses;
 use crate::runs::{Recording, RunStore};
 
 /// The parts a delivery uses, built once per worker.
@@ -31,6 +32,8 @@ pub(crate) struct Parts {
     pub(crate) runs: RunStore,
     pub(crate) recording: Recording,
     pub(crate) breakers: Arc<Breakers>,
+    /// The tasks paused now: their scheduled runs not started yet are skipped.
+    pub(crate) pauses: Arc<Pauses>,
     pub(crate) executors: Executors,
     pub(crate) dlq: DeadLetters,
     pub(crate) events: EventPublisher,

@@ -1,6 +1,8 @@
-//! A delivery its open breaker does not let through: skipped (`on_open: skip`: a final
-//! `skipped` run record and a `run.skipped` event) or delayed (`on_open: delay`: re-published
-//! as a message the server holds until the breaker lets calls through again, then acked).
+//! A delivery that does not run: a paused task's scheduled run not started yet, skipped (a
+//! final `skipped` run record and a `run.skipped` event, reason `paused`); or one its open
+//! breaker does not let through: skipped (`on_open: skip`, reason `breaker_open`) or delayed
+//! (`on_open: delay`: re-published as a message the server holds until the breaker lets calls
+//! through again, then acked).
 //!
 //! A delayed run is a new message: it holds no place in `max_ack_pending`, its delivery count
 //! starts again (so `max_deliver` and the dead-letter stream never see the delay), and it
@@ -23,6 +25,7 @@ use jetsched_shared::wire::{
 
 use super::state::Delivery;
 use crate::breaker::Gate;
+use crate::runs::skip::Skip;
 use crate::spans;
 
 /// When a delivery whose skip or delay could not be stored is delivered again.
@@ -38,22 +41,36 @@ impl Delivery<'_> {
         }
     }
 
+    /// Skips a scheduled run of a paused task, unless an attempt of it has executed already
+    /// (a retry goes on). Returns whether the delivery ended here.
+    pub(super) async fn skip_paused(&mut self) -> bool {
+        let skipped = self.end_skipped(breaker_reason::PAUSED, None, true).await;
+        if skipped == Some(Skip::Skipped) {
+            spans::outcome("skipped_paused");
+            tracing::info!("task paused: scheduled run skipped");
+        }
+        skipped != Some(Skip::Started)
+    }
+
     async fn skip(&mut self, gate: &Gate) {
+        if self.end_skipped(breaker_reason::BREAKER_OPEN, Some(gate.key.as_str()), false).await
+            == Some(Skip::Skipped)
+        {
+            self.parts.metrics.short_circuited.with_label_values(&[&gate.key, "skip"]).inc();
+            tracing::info!(key = gate.key, "breaker open: run skipped");
+        }
+    }
+
+    /// Records the run skipped for `reason` (by the breaker `key`), tells `run.skipped` and
+    /// acks the message; a run final already is acked; one whose record could not be written
+    /// is handed back (`None`). `unstarted_only`: a run with an executed attempt is left as it
+    /// is, its message unanswered.
+    async fn end_skipped(&mut self, reason: &str, key: Option<&str>, unstarted_only: bool) -> Option<Skip> {
         let parts = self.parts;
-        match parts.runs.skip(self.dispatch, self.attempt, &parts.worker).await {
-            Ok(skipped) => {
-                if skipped {
-                    parts.metrics.short_circuited.with_label_values(&[&gate.key, "skip"]).inc();
-                    let priority = self.dispatch.priority.as_str();
-                    parts.metrics.runs.with_label_values(&[self.queue, "skipped", priority]).inc();
-                    tracing::info!(key = gate.key, "breaker open: run skipped");
-                    let mut event = self.event(EventKind::RunSkipped, self.attempt);
-                    event.reason = Some(breaker_reason::BREAKER_OPEN.to_string());
-                    event.key = Some(gate.key.clone());
-                    self.tell(event).await;
-                }
-                parts.answers.send(&self.received.message, AckKind::Ack).await;
-            }
+        let skipped =
+            parts.runs.skip(self.dispatch, self.attempt, &parts.worker, reason, unstarted_only).await;
+        let skip = match skipped {
+            Ok(skip) => skip,
             Err(error) => {
                 parts.metrics.errors.with_label_values(&["run_record"]).inc();
                 tracing::warn!(
@@ -61,8 +78,23 @@ impl Delivery<'_> {
                     "cannot record the skipped run; handing it back"
                 );
                 parts.answers.send(&self.received.message, AckKind::Nak(Some(RETRY_DELAY))).await;
+                return None;
             }
+        };
+        match skip {
+            Skip::Started => return Some(skip),
+            Skip::Skipped => {
+                let priority = self.dispatch.priority.as_str();
+                parts.metrics.runs.with_label_values(&[self.queue, "skipped", priority]).inc();
+                let mut event = self.event(EventKind::RunSkipped, self.attempt);
+                event.reason = Some(reason.to_string());
+                event.key = key.map(str::to_string);
+                self.tell(event).await;
+            }
+            Skip::Final => {}
         }
+        parts.answers.send(&self.received.message, AckKind::Ack).await;
+        Some(skip)
     }
 
     async fn delay(&mut self, gate: &Gate) {
@@ -72,6 +104,21 @@ impl Delivery<'_> {
             Ok(()) => {
                 parts.metrics.short_circuited.with_label_values(&[&gate.key, "delay"]).inc();
                 tracing::info!(key = gate.key, until = %format_time(at), "breaker open: run delayed");
+                // The record and the event say the run is held, and until when; the message
+                // held by the server is the run now, so a record not written is only logged.
+                match parts.runs.hold(self.dispatch, self.attempt, &parts.worker, at).await {
+                    Ok(true) => {
+                        let mut event = self.event(EventKind::RunHeld, self.attempt);
+                        event.held_until = Some(at);
+                        event.key = Some(gate.key.clone());
+                        self.tell(event).await;
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        parts.metrics.errors.with_label_values(&["run_record"]).inc();
+                        tracing::warn!(error = format!("{error:#}"), "cannot record the held run");
+                    }
+                }
                 parts.answers.send(&self.received.message, AckKind::Ack).await;
             }
             Err(error) => {
@@ -106,7 +153,13 @@ impl Delivery<'_> {
         headers.insert(HDR_DELAYS, HeaderValue::from(delays.to_string()));
         headers.insert(HDR_SCHEDULE, HeaderValue::from(format!("@at {}", format_time(at))));
         headers.insert(HDR_SCHEDULE_TARGET, HeaderValue::from(message.subject.to_string()));
-        let subject = self.parts.names.delayed_subject(self.queue, &self.dispatch.execution_id);
+        let dispatch = self.dispatch;
+        let subject = self.parts.names.delayed_subject(
+            self.queue,
+            &dispatch.namespace,
+            &dispatch.task_id,
+            &dispatch.execution_id,
+        );
         let js = &self.parts.js;
         let ack = js
             .publish_with_headers(subject.clone(), headers, message.payload.clone())

@@ -34,6 +34,7 @@ fn every_kind() -> Vec<EventKind> {
         RunRetrying,
         RunDead,
         RunSkipped,
+        RunHeld,
         BreakerOpened,
         BreakerHalfOpened,
         BreakerClosed,
@@ -47,8 +48,9 @@ fn every_kind() -> Vec<EventKind> {
         match kind {
             TaskRegistered | TaskUpdated | TaskDeleted | TaskPaused | TaskResumed | TaskRejected
             | FireDispatched | FireSkipped | FireMissed | RunStarted | RunSucceeded | RunFailed
-            | RunRetrying | RunDead | RunSkipped | BreakerOpened | BreakerHalfOpened | BreakerClosed
-            | LeaderAcquired | LeaderLost | QueuePaused | QueueResumed | SchedulerClockSkew => {}
+            | RunRetrying | RunDead | RunSkipped | RunHeld | BreakerOpened | BreakerHalfOpened
+            | BreakerClosed | LeaderAcquired | LeaderLost | QueuePaused | QueueResumed
+            | SchedulerClockSkew => {}
         }
     }
     all.to_vec()
