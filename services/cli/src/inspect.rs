@@ -160,7 +160,7 @@ pub(crate) async fn runs(
             EventKind::RunRetrying => run.outcome = "retrying".into(),
             EventKind::RunDead => run.outcome = "dead-lettered".into(),
             EventKind::RunHeld => {
-                let until = event.held_until.map(format_time).unwrap_or_else(|| "?".into());
+                let until = event.release_at.map(format_time).unwrap_or_else(|| "?".into());
                 run.outcome = format!("held until {until}")
             }
             EventKind::RunSkipped => {

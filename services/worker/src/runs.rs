@@ -347,7 +347,7 @@ mod tests {
             first_started: now,
             finished: None,
             error: None,
-            held_until: None,
+            release_at: None,
             reason: None,
             reruns: 0,
             failures: 0,

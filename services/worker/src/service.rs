@@ -30,8 +30,8 @@ use crate::lanes::policy::{Policy, Reserve};
 use crate::lanes::{LanePulls, run_lanes};
 use crate::message::Answers;
 use crate::metrics::Metrics;
-use crate::queues::QueueStates;
 use crate::pauses::Pauses;
+use crate::queues::QueueStates;
 use crate::runs::{Recording, RunStore};
 
 /// A started worker, ready to run.

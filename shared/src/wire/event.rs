@@ -40,7 +40,7 @@ pub enum EventKind {
     /// task was paused before the scheduled run started (reason `paused`).
     #[serde(rename = "run.skipped")]
     RunSkipped,
-    /// A run its open breaker holds (`on_open: delay`) until `held_until`.
+    /// A run its open breaker holds (`on_open: delay`) until `release_at`.
     #[serde(rename = "run.held")]
     RunHeld,
     #[serde(rename = "breaker.opened")]
@@ -153,7 +153,7 @@ pub struct Event {
     pub open_until: Option<DateTime<Utc>>,
     /// `run.held`: when the server hands the run back to its queue.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
-    pub held_until: Option<DateTime<Utc>>,
+    pub release_at: Option<DateTime<Utc>>,
 }
 
 impl Event {
@@ -182,7 +182,7 @@ impl Event {
             failures: None,
             runs: None,
             open_until: None,
-            held_until: None,
+            release_at: None,
         }
     }
 }

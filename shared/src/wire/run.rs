@@ -23,7 +23,7 @@ pub enum RunStatus {
     Failed,
     /// Stored in the dead-letter stream.
     Dead,
-    /// Held by its open breaker (`on_open: delay`) until `held_until`, when the server hands
+    /// Held by its open breaker (`on_open: delay`) until `release_at`, when the server hands
     /// it back to its queue.
     Held,
     /// Not executed: its circuit breaker was open and the task says `on_open: skip`, or the
@@ -117,7 +117,7 @@ pub struct RunRecord {
     pub error: Option<String>,
     /// While `held`: when the server hands the run back to its queue.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
-    pub held_until: Option<DateTime<Utc>>,
+    pub release_at: Option<DateTime<Utc>>,
     /// Why a run ended without executing (`skipped`): `breaker_open` or `paused`
     /// (`names::breaker_reason`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,7 +153,7 @@ impl RunRecord {
             first_started: now,
             finished: None,
             error: None,
-            held_until: None,
+            release_at: None,
             reason: None,
             reruns: 0,
             failures: 0,
@@ -175,7 +175,7 @@ impl RunRecord {
             self.reruns += 1;
         }
         self.status = RunStatus::Running;
-        self.held_until = None;
+        self.release_at = None;
         self.attempt = attempt;
         self.worker = worker.to_string();
         self.started = now;

@@ -1,5 +1,5 @@
 //! Held runs are visible: runs an open breaker delays (`on_open: delay`) have a record `held`
-//! with `held_until` (not `dispatched` with no attempt) and a `run.held` event; the dispatch
+//! with `release_at` (not `dispatched` with no attempt) and a `run.held` event; the dispatch
 //! stream counts them per task and per queue, the console's overview and task page show the
 //! counts, and `jetsched runs` shows each held run with its release time; once released they
 //! run and the counts go back to 0.
@@ -29,7 +29,7 @@ async fn held_of(js: &async_nats::jetstream::Context, namespace: &str, id: &str)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn held_runs_are_held_until_their_release_in_records_events_counts_the_cli_and_the_console() {
+async fn held_runs_are_release_at_their_release_in_records_events_counts_the_cli_and_the_console() {
     let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
     let names = Names::default();
     let task =
@@ -54,7 +54,7 @@ async fn held_runs_are_held_until_their_release_in_records_events_counts_the_cli
     let runs = [dispatch(&js, &names, &spec, base).await, dispatch(&js, &names, &spec, base + 1).await];
     for execution in &runs {
         let record = wait_run_status(&js, &names, execution, RunStatus::Held, WAIT).await;
-        let until = record.held_until.unwrap_or_else(|| panic!("no held_until: {record:?}"));
+        let until = record.release_at.unwrap_or_else(|| panic!("no release_at: {record:?}"));
         assert!(until > Utc::now() - chrono::Duration::seconds(1), "{record:?}");
         assert!(record.attempts.is_empty(), "{record:?}");
     }
@@ -63,7 +63,7 @@ async fn held_runs_are_held_until_their_release_in_records_events_counts_the_cli
         (found.len() >= 2).then_some(found)
     })
     .await;
-    assert!(told.iter().all(|e| e.held_until.is_some()), "{told:?}");
+    assert!(told.iter().all(|e| e.release_at.is_some()), "{told:?}");
     assert_eq!(held_of(&js, "hd", "report").await, 2);
 
     let overview = http_request(addr, "GET", "/", &[], "").await;

@@ -55,7 +55,7 @@ pub(crate) fn run(execution_id: &str, record: Option<&RunRecord>, events: &[Even
                     dl.facts {
                         dt { "Task" } dd { a href=(task_href(&record.namespace, &record.task_id)) { (record.namespace) "/" (record.task_id) } }
                         dt { "Status" } dd { span class={"badge " (record.status.as_str())} { (record.status.as_str()) } }
-                        @if let Some(until) = record.held_until { dt { "Held until" } dd #held-until { (time(until)) } }
+                        @if let Some(until) = record.release_at { dt { "Held until" } dd #held-until { (time(until)) } }
                         @if let Some(reason) = &record.reason { dt { "Reason" } dd #run-reason { (reason) } }
                         dt { "Nominal time" } dd { (time(record.nominal_time)) }
                         dt { "Trigger" } dd { (record.trigger.as_str()) }

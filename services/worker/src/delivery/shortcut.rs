@@ -109,7 +109,7 @@ impl Delivery<'_> {
                 match parts.runs.hold(self.dispatch, self.attempt, &parts.worker, at).await {
                     Ok(true) => {
                         let mut event = self.event(EventKind::RunHeld, self.attempt);
-                        event.held_until = Some(at);
+                        event.release_at = Some(at);
                         event.key = Some(gate.key.clone());
                         self.tell(event).await;
                     }

@@ -9,7 +9,7 @@ use jetsched_shared::wire::Dispatch;
 use super::{CAS_ROUNDS, RunRecord, RunStatus, RunStore, encode};
 
 impl RunStore {
-    /// Records a run held until `until`: status `held`, `held_until`. Returns false when the
+    /// Records a run held until `until`: status `held`, `release_at`. Returns false when the
     /// record says the run is final already (nothing written).
     pub(crate) async fn hold(
         &self,
@@ -21,7 +21,7 @@ impl RunStore {
         let key = dispatch.execution_id.as_str();
         let hold = |record: &mut RunRecord| {
             record.status = RunStatus::Held;
-            record.held_until = Some(until);
+            record.release_at = Some(until);
             record.worker = worker.to_string();
         };
         for round in 0..CAS_ROUNDS {
