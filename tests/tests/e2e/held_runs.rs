@@ -29,7 +29,7 @@ async fn held_of(js: &async_nats::jetstream::Context, namespace: &str, id: &str)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn held_runs_are_release_at_their_release_in_records_events_counts_the_cli_and_the_console() {
+async fn held_runs_carry_their_release_time_in_records_events_counts_the_cli_and_the_console() {
     let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
     let names = Names::default();
     let task =
