@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use async_nats::jetstream::kv;
 use futures::StreamExt;
+use prometheus::IntCounter;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
@@ -34,7 +35,7 @@ pub async fn load(kv: &kv::Store, mut seen: impl FnMut(&kv::Entry)) -> anyhow::R
 }
 
 /// Hands every change of `kv` to `seen` until `stop`, starting from `watch` (from [`load`]).
-/// An error or the end of the watch is told to `failed` (to log and count), then the watch is
+/// An error or the end of the watch is logged and counted in `errors`, then the watch is
 /// re-opened with backoff; a re-opened watch delivers every key's latest value again, so
 /// nothing written meanwhile is missed.
 pub async fn follow(
@@ -42,7 +43,7 @@ pub async fn follow(
     mut watch: kv::Watch,
     stop: CancellationToken,
     mut seen: impl FnMut(&kv::Entry),
-    mut failed: impl FnMut(Option<&kv::WatcherError>),
+    errors: IntCounter,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
@@ -57,9 +58,10 @@ pub async fn follow(
                 seen(&entry);
                 continue;
             }
-            Some(Err(error)) => failed(Some(&error)),
-            None => failed(None),
+            Some(Err(error)) => tracing::warn!(%error, bucket = %kv.name, "watch failed; re-opening it"),
+            None => tracing::warn!(bucket = %kv.name, "watch ended; re-opening it"),
         }
+        errors.inc();
         loop {
             tokio::select! {
                 biased;

@@ -14,7 +14,8 @@ use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::names::{Names, task_key};
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{
-    DeadLetter, Event, EventKind, HDR_EXECUTION_ID, HDR_STATUS, RunRecord, RunStatus, scheduled_execution_id,
+    BreakerRecord, BreakerState, DeadLetter, Event, EventKind, HDR_EXECUTION_ID, HDR_STATUS, RunRecord,
+    RunStatus, scheduled_execution_id,
 };
 use serde_json::{Value, json};
 
@@ -397,4 +398,24 @@ pub async fn events_about(
         .filter_map(|m| serde_json::from_slice::<Event>(&m.payload).ok())
         .filter(|e| e.kind == kind && e.namespace == namespace && e.task_id == id)
         .collect()
+}
+
+/// Stores the breaker `key` (a bucket key: `task.<namespace>.<id>`, `key.<namespace>.<key>`)
+/// open for `open_for` from now, as a worker writes it when 8 of 10 attempts failed; returns
+/// the record.
+pub async fn open_breaker(js: &jetstream::Context, key: &str, open_for: Duration) -> BreakerRecord {
+    let names = Names::default();
+    let breakers = js.get_key_value(names.breakers_bucket()).await.expect("breakers bucket");
+    let record = BreakerRecord {
+        state: BreakerState::Open,
+        open_until: Some(chrono::Utc::now() + open_for),
+        opened_runs: 10,
+        opened_failures: 8,
+        ..BreakerRecord::default()
+    };
+    breakers
+        .put(key, serde_json::to_vec(&record).expect("a record encodes").into())
+        .await
+        .expect("record stored");
+    record
 }

@@ -31,24 +31,37 @@ fn refused(status: StatusCode, why: &str) -> Response {
     html(status, pages::problem("Refused", &[why.to_string()]))
 }
 
-/// Why the action may not run, if it may not.
-pub(crate) fn check(state: &AppState, form: &ActionForm, destructive: bool) -> Option<Response> {
+/// The form of `action` once it may run; otherwise the refusal to answer: an action not among
+/// `known` (404), actions off or a missing or stale CSRF token (403), an action among
+/// `destructive` without its confirmation (400).
+#[allow(clippy::result_large_err, reason = "the error is the response itself, returned at once")]
+pub(crate) fn accept(
+    state: &AppState,
+    form: Result<Form<ActionForm>, FormRejection>,
+    action: &str,
+    known: &[&str],
+    destructive: &[&str],
+) -> Result<ActionForm, Response> {
+    let form = form.map(|Form(form)| form).unwrap_or_default();
+    if !known.contains(&action) {
+        return Err(refused(StatusCode::NOT_FOUND, "No such action."));
+    }
     if !state.access.allow_actions {
-        return Some(refused(
+        return Err(refused(
             StatusCode::FORBIDDEN,
             "Actions are off: the console was started without --allow-actions.",
         ));
     }
     if !state.access.csrf_ok(&form.csrf) {
-        return Some(refused(
+        return Err(refused(
             StatusCode::FORBIDDEN,
             "The form's CSRF token is missing or stale: reload the page.",
         ));
     }
-    if destructive && form.confirm != "yes" {
-        return Some(refused(StatusCode::BAD_REQUEST, "Tick the confirmation box first."));
+    if destructive.contains(&action) && form.confirm != "yes" {
+        return Err(refused(StatusCode::BAD_REQUEST, "Tick the confirmation box first."));
     }
-    None
+    Ok(form)
 }
 
 pub(crate) async fn task(
@@ -56,11 +69,8 @@ pub(crate) async fn task(
     Path((namespace, id, action)): Path<(String, String, String)>,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Response {
-    let form = form.map(|Form(form)| form).unwrap_or_default();
-    if !matches!(action.as_str(), "pause" | "resume" | "trigger" | "delete") {
-        return refused(StatusCode::NOT_FOUND, "No such action.");
-    }
-    if let Some(refusal) = check(&state, &form, action == "delete") {
+    let known = ["pause", "resume", "trigger", "delete"];
+    if let Err(refusal) = accept(&state, form, &action, &known, &["delete"]) {
         return refusal;
     }
     let reference = json!({"namespace": namespace, "id": id});
@@ -85,11 +95,7 @@ pub(crate) async fn dlq(
     Path((sequence, action)): Path<(u64, String)>,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Response {
-    let form = form.map(|Form(form)| form).unwrap_or_default();
-    if !matches!(action.as_str(), "replay" | "purge") {
-        return refused(StatusCode::NOT_FOUND, "No such action.");
-    }
-    if let Some(refusal) = check(&state, &form, action == "purge") {
+    if let Err(refusal) = accept(&state, form, &action, &["replay", "purge"], &["purge"]) {
         return refusal;
     }
     match state.api.dlq(&action, &DlqRequest::entry(sequence)).await {

@@ -9,13 +9,13 @@ use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use jetsched_shared::wire::{BreakerInfo, BreakerListReply, BreakerRef, Event};
 use serde_json::{Value, json};
 
-use crate::actions::{ActionForm, check};
+use crate::actions::{ActionForm, accept};
 use crate::pages::{self, breakers::BreakerRow};
-use crate::state::{AppState, html, is_valid_key};
+use crate::state::{AppState, decoded, held_subjects, html, is_valid_key};
 
 /// Task specs read at once for the breakers' settings.
 const SPEC_READS: usize = 16;
@@ -25,12 +25,8 @@ const EVENTS_SHOWN: usize = 50;
 /// Held runs per task (`<namespace>/<id>`): one listing of the held subjects of the dispatch
 /// stream, whatever the number of breakers.
 async fn held_by_task(state: &AppState) -> Result<HashMap<String, u64>, String> {
-    let stream = state.js.get_stream(state.names.dispatch_stream()).await.map_err(|e| e.to_string())?;
-    let subjects =
-        stream.info_with_subjects(state.names.delayed_wildcard()).await.map_err(|e| e.to_string())?;
-    let listed: Vec<(String, usize)> = subjects.try_collect().await.map_err(|e| e.to_string())?;
     let mut held = HashMap::new();
-    for (subject, count) in listed {
+    for (subject, count) in held_subjects(state, state.names.delayed_wildcard()).await? {
         if let Some((namespace, id)) = state.names.parse_delayed_task(&subject) {
             *held.entry(format!("{namespace}/{id}")).or_default() += count as u64;
         }
@@ -40,10 +36,7 @@ async fn held_by_task(state: &AppState) -> Result<HashMap<String, u64>, String> 
 
 /// Held runs of one task: the held subjects of the dispatch stream under the task's filter.
 pub(crate) async fn held_of_task(state: &AppState, namespace: &str, id: &str) -> Result<u64, String> {
-    let stream = state.js.get_stream(state.names.dispatch_stream()).await.map_err(|e| e.to_string())?;
-    let filter = state.names.delayed_task_filter(namespace, id);
-    let subjects = stream.info_with_subjects(filter).await.map_err(|e| e.to_string())?;
-    let listed: Vec<(String, usize)> = subjects.try_collect().await.map_err(|e| e.to_string())?;
+    let listed = held_subjects(state, state.names.delayed_task_filter(namespace, id)).await?;
     Ok(listed.iter().map(|(_, count)| *count as u64).sum())
 }
 
@@ -65,13 +58,10 @@ fn row(
 }
 
 pub(crate) async fn list(State(state): State<AppState>) -> Response {
-    let reply = match state.api.breaker("list", &BreakerRef::default()).await {
-        Ok(reply) => reply,
-        Err(error) => return error.into_response(),
-    };
-    let breakers = match serde_json::from_value::<BreakerListReply>(reply) {
+    let reply = state.api.breaker("list", &BreakerRef::default()).await;
+    let breakers = match decoded::<BreakerListReply>(reply, "Breakers") {
         Ok(listed) => listed.breakers,
-        Err(error) => return html(StatusCode::BAD_GATEWAY, pages::problem("Breakers", &[error.to_string()])),
+        Err(response) => return response,
     };
     let held = held_by_task(&state).await;
     let first_tasks: Vec<Option<String>> = breakers.iter().map(|b| b.tasks.first().cloned()).collect();
@@ -143,8 +133,7 @@ pub(crate) async fn reset(
     Path(key): Path<String>,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Response {
-    let form = form.map(|Form(form)| form).unwrap_or_default();
-    if let Some(refusal) = check(&state, &form, false) {
+    if let Err(refusal) = accept(&state, form, "reset", &["reset"], &[]) {
         return refusal;
     }
     if !is_valid_key(&key) {

@@ -10,22 +10,17 @@ use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use futures::TryStreamExt;
 use jetsched_shared::wire::QueueListReply;
 use serde_json::json;
 
-use crate::actions::{ActionForm, check};
+use crate::actions::{ActionForm, accept};
 use crate::pages;
-use crate::state::{AppState, html};
+use crate::state::{AppState, decoded, held_subjects, html};
 
 /// Runs held by open breakers per queue: one listing of the held subjects of the dispatch stream.
 async fn held_by_queue(state: &AppState) -> Result<HashMap<String, u64>, String> {
-    let stream = state.js.get_stream(state.names.dispatch_stream()).await.map_err(|e| e.to_string())?;
-    let subjects =
-        stream.info_with_subjects(state.names.delayed_wildcard()).await.map_err(|e| e.to_string())?;
-    let listed: Vec<(String, usize)> = subjects.try_collect().await.map_err(|e| e.to_string())?;
     let mut held = HashMap::new();
-    for (subject, count) in listed {
+    for (subject, count) in held_subjects(state, state.names.delayed_wildcard()).await? {
         if let Some(queue) = state.names.parse_delayed_queue(&subject) {
             *held.entry(queue.to_string()).or_default() += count as u64;
         }
@@ -34,13 +29,9 @@ async fn held_by_queue(state: &AppState) -> Result<HashMap<String, u64>, String>
 }
 
 pub(crate) async fn list(State(state): State<AppState>) -> Response {
-    let reply = match state.api.queue("list", json!({})).await {
-        Ok(reply) => reply,
-        Err(error) => return error.into_response(),
-    };
-    let queues = match serde_json::from_value::<QueueListReply>(reply) {
+    let queues = match decoded::<QueueListReply>(state.api.queue("list", json!({})).await, "Queues") {
         Ok(listed) => listed.queues,
-        Err(error) => return html(StatusCode::BAD_GATEWAY, pages::problem("Queues", &[error.to_string()])),
+        Err(response) => return response,
     };
     let held = held_by_queue(&state).await;
     let problem = held.as_ref().err().map(|e| format!("held runs unavailable: {e}"));
@@ -54,13 +45,10 @@ pub(crate) async fn act(
     Path((queue, action)): Path<(String, String)>,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Response {
-    let form = form.map(|Form(form)| form).unwrap_or_default();
-    if !matches!(action.as_str(), "pause" | "resume") {
-        return html(StatusCode::NOT_FOUND, pages::problem("Refused", &["No such action.".into()]));
-    }
-    if let Some(refusal) = check(&state, &form, false) {
-        return refusal;
-    }
+    let form = match accept(&state, form, &action, &["pause", "resume"], &[]) {
+        Ok(form) => form,
+        Err(refusal) => return refusal,
+    };
     let mut body = json!({"queue": queue, "by": "console"});
     let reason = form.reason.trim();
     if action == "pause" && !reason.is_empty() {

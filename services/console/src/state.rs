@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 
 use crate::access::Access;
 use crate::activity::SharedActivity;
-use crate::api::Api;
+use crate::api::{Api, CallError};
 use crate::index::SharedIndex;
 use crate::pages::Ctx;
 use crate::replicas::Replicas;
@@ -40,6 +40,28 @@ impl AppState {
 }
 
 /// An HTML response.
+/// The subjects of the runs open breakers hold in the dispatch stream under `filter` (all of
+/// them: `names.delayed_wildcard()`), each with its count: one listing, whatever the number of
+/// queues, tasks and breakers.
+pub(crate) async fn held_subjects(state: &AppState, filter: String) -> Result<Vec<(String, usize)>, String> {
+    use futures::TryStreamExt;
+    let stream = state.js.get_stream(state.names.dispatch_stream()).await.map_err(|e| e.to_string())?;
+    let subjects = stream.info_with_subjects(filter).await.map_err(|e| e.to_string())?;
+    subjects.try_collect().await.map_err(|e| e.to_string())
+}
+
+/// A registry reply decoded as `T`, or the response to send instead: the call's error, or a
+/// 502 page (titled `page`) saying what did not decode.
+#[allow(clippy::result_large_err, reason = "the error is the response itself, returned at once")]
+pub(crate) fn decoded<T: serde::de::DeserializeOwned>(
+    reply: Result<serde_json::Value, CallError>,
+    page: &str,
+) -> Result<T, Response> {
+    let reply = reply.map_err(IntoResponse::into_response)?;
+    serde_json::from_value(reply)
+        .map_err(|error| html(StatusCode::BAD_GATEWAY, crate::pages::problem(page, &[error.to_string()])))
+}
+
 pub(crate) fn html(status: StatusCode, markup: Markup) -> Response {
     (status, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], markup.into_string()).into_response()
 }

@@ -47,14 +47,8 @@ impl QueueStates {
 
     /// Follows the bucket until `stop`.
     pub(crate) async fn follow(self: Arc<Self>, watch: kv::Watch, stop: CancellationToken) {
-        let failed = |error: Option<&kv::WatcherError>| {
-            self.metrics.errors.with_label_values(&["queue_watch"]).inc();
-            match error {
-                Some(error) => tracing::warn!(%error, "queue states watch failed; re-opening it"),
-                None => tracing::warn!("queue states watch ended; re-opening it"),
-            }
-        };
-        follow::follow(self.kv.clone(), watch, stop, |entry| self.seen(entry), failed).await;
+        let errors = self.metrics.errors.with_label_values(&["queue_watch"]);
+        follow::follow(self.kv.clone(), watch, stop, |entry| self.seen(entry), errors).await;
     }
 
     /// A key's new value: paused when it holds a state saying so. A deleted key, or a value

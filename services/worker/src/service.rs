@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use async_nats::jetstream::kv::Watch;
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use jetsched_shared::admin::AdminServer;
 use jetsched_shared::events::EventPublisher;
@@ -40,13 +41,7 @@ pub struct Worker {
     /// Presence (`jetsched-worker` micro service): `jetsched status` counts live replicas.
     presence: async_nats::service::Service,
     parts: Arc<Parts>,
-    /// The breakers watch, loaded in `build`.
-    breakers_watch: async_nats::jetstream::kv::Watch,
-    /// The queue states, loaded in `build` (before any pull), and their watch.
-    queue_states: Arc<QueueStates>,
-    queues_watch: async_nats::jetstream::kv::Watch,
-    /// The tasks watch (paused tasks), loaded in `build`.
-    pauses_watch: async_nats::jetstream::kv::Watch,
+    follows: Follows,
     /// Each queue with its lanes' consumers, most urgent first.
     queues: Vec<(String, Vec<(Priority, PullConsumer)>)>,
     advisories: PullConsumer,
@@ -54,6 +49,15 @@ pub struct Worker {
     admin: AdminServer,
     pulling: Pulling,
     grace: Duration,
+}
+
+/// What the worker follows, loaded in `build` (before any pull) and followed in `run`: the
+/// breakers' watch, the queue states and their watch, the tasks watch (paused tasks).
+struct Follows {
+    breakers: Watch,
+    queue_states: Arc<QueueStates>,
+    queues: Watch,
+    pauses: Watch,
 }
 
 /// How the lanes of every queue pull and share the permits.
@@ -216,21 +220,9 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         reserve: config.reserve(),
     };
     let grace = config.shutdown_grace;
-    Ok(Worker {
-        client,
-        presence,
-        parts,
-        breakers_watch,
-        queue_states,
-        queues_watch,
-        pauses_watch,
-        queues,
-        advisories,
-        mover,
-        admin,
-        pulling,
-        grace,
-    })
+    let follows =
+        Follows { breakers: breakers_watch, queue_states, queues: queues_watch, pauses: pauses_watch };
+    Ok(Worker { client, presence, parts, follows, queues, advisories, mover, admin, pulling, grace })
 }
 
 impl Worker {
@@ -241,21 +233,8 @@ impl Worker {
     /// Executes runs until `shutdown`; then stops pulling, lets in-flight runs finish within
     /// the grace period, hands the rest back (`Nak`) and drains the connection.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Worker {
-            client,
-            presence,
-            parts,
-            breakers_watch,
-            queue_states,
-            queues_watch,
-            pauses_watch,
-            queues,
-            advisories,
-            mover,
-            admin,
-            pulling,
-            grace,
-        } = self;
+        let Worker { client, presence, parts, follows, queues, advisories, mover, admin, pulling, grace } =
+            self;
         let Pulling { concurrency, expires, policy, weights, reserve } = pulling;
         let background = TaskTracker::new();
         let admin_stop = CancellationToken::new();
@@ -264,6 +243,8 @@ impl Worker {
         // The breakers follow their bucket and merge counts, and the paused tasks are followed,
         // until the last run has ended.
         let breakers_stop = CancellationToken::new();
+        let Follows { breakers: breakers_watch, queue_states, queues: queues_watch, pauses: pauses_watch } =
+            follows;
         background.spawn(parts.breakers.clone().follow(breakers_watch, breakers_stop.clone()));
         background.spawn(parts.breakers.clone().merge_loop(breakers_stop.clone()));
         // The lanes read the queue states until they stop pulling, at shutdown.

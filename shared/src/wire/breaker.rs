@@ -68,56 +68,48 @@ pub struct BreakerSlot {
 
 /// The value of one key of `JETSCHED_BREAKERS`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct BreakerRecord {
-    #[serde(default)]
     pub state: BreakerState,
     /// Counted attempts of the sliding window, oldest first; slots older than the window are
     /// dropped by the next merge (so a reader should ignore slots older than the window).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub slots: Vec<BreakerSlot>,
     /// Window length in milliseconds the slots were counted with (for readers such as the CLI).
-    #[serde(default)]
     pub window_ms: u64,
     /// When the breaker last opened.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    #[serde(skip_serializing_if = "Option::is_none", with = "millis::option")]
     pub opened_at: Option<DateTime<Utc>>,
     /// When an open breaker lets probes through.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    #[serde(skip_serializing_if = "Option::is_none", with = "millis::option")]
     pub open_until: Option<DateTime<Utc>>,
     /// The current open period in milliseconds (doubles after each failed probe round, up to
     /// `max_open_for`; back to `open_for` when the breaker closes). 0 = not opened yet.
-    #[serde(default)]
     pub open_for_ms: u64,
     /// Half-open rounds so far: a probe's verdict counts only in the round that granted it.
-    #[serde(default)]
     pub probe_round: u64,
     /// Probe attempts granted in the current half-open round.
-    #[serde(default)]
     pub probes_granted: u32,
     /// Probe attempts of the current round that succeeded.
-    #[serde(default)]
     pub probes_succeeded: u32,
     /// Granted probes that have not reported by then are given up (their worker died), so
     /// the round can grant others.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    #[serde(skip_serializing_if = "Option::is_none", with = "millis::option")]
     pub probe_deadline: Option<DateTime<Utc>>,
     /// Attempts and failures of the window when the breaker last opened (what the event said).
-    #[serde(default)]
     pub opened_runs: u64,
-    #[serde(default)]
     pub opened_failures: u64,
     /// Runs of the task that ended `failed` or `dead` in a row (task keys only; a success
     /// resets it). Drives `pause_after_failures`.
-    #[serde(default)]
     pub consecutive_failures: u32,
     /// Execution id of the run that last changed `consecutive_failures` (so a redelivered
     /// ending is not counted twice).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub last_execution_id: Option<String>,
     /// When and by which worker instance the record was last written.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    #[serde(skip_serializing_if = "Option::is_none", with = "millis::option")]
     pub updated_at: Option<DateTime<Utc>>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub updated_by: String,
 }
 

@@ -116,8 +116,8 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     page.goto(&format!("{base}/tasks")).await.unwrap();
     assert!(browser.text("main").await.contains("Sign in"), "{}", browser.text("main").await);
     assert!(task_rows(&browser).await.is_empty(), "no task is shown before signing in");
-    page.find(Locator::Css("input[name=token]")).await.unwrap().send_keys(TOKEN).await.unwrap();
-    page.find(Locator::Css("form[action='/login'] button")).await.unwrap().click().await.unwrap();
+    browser.type_into("input[name=token]", TOKEN).await;
+    browser.click("form[action='/login'] button").await;
 
     // The task list shows the applied tasks (back on /tasks after signing in).
     let rows = eventually(WAIT, "the task list shows the four tasks", || async {
@@ -133,7 +133,7 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     browser.screenshot(shots.as_ref(), "tasks").await;
 
     // Searching filters as one types (htmx), and the label filter narrows further.
-    page.find(Locator::Css("input[name=q]")).await.unwrap().send_keys("report").await.unwrap();
+    browser.type_into("input[name=q]", "report").await;
     eventually(WAIT, "the search keeps only nightly-report", || async {
         let rows = task_rows(&browser).await;
         rows.len() == 1 && rows[0].contains("nightly-report")
@@ -153,12 +153,7 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
     browser.screenshot(shots.as_ref(), "task").await;
 
     // Pause from the page: the registry's API confirms.
-    page.find(Locator::Css("form[action='/tasks/billing/monthly-close/pause'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("form[action='/tasks/billing/monthly-close/pause'] button").await;
     eventually(WAIT, "the page shows the task paused", || async {
         browser.text("#task-state").await == "paused"
     })
@@ -178,12 +173,12 @@ async fn console_in_a_browser_lists_searches_pauses_replays_and_tails_events() {
         .await;
     assert!(browser.text("#dlq-entries").await.contains("export refused: <b>quota</b> exceeded"));
     browser.screenshot(shots.as_ref(), "dlq").await;
-    page.find(Locator::Css("#dlq-entries tbody tr a")).await.unwrap().click().await.unwrap();
+    browser.click("#dlq-entries tbody tr a").await;
     let attempts = browser.text("#attempts").await;
     assert!(attempts.contains("permanent") && attempts.contains("w-console"), "{attempts}");
     browser.screenshot(shots.as_ref(), "dlq-entry").await;
     assert_eq!(system.rejected.load(Ordering::SeqCst), 1);
-    page.find(Locator::Css("form[action$='/replay'] button")).await.unwrap().click().await.unwrap();
+    browser.click("form[action$='/replay'] button").await;
     eventually(WAIT, "the replayed run executes again", || async {
         system.rejected.load(Ordering::SeqCst) == 2
     })

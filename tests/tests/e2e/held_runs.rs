@@ -4,11 +4,13 @@
 //! counts, and `jetsched runs` shows each held run with its release time; once released they
 //! run and the counts go back to 0.
 
+use std::time::Duration;
+
 use chrono::Utc;
 use futures::TryStreamExt;
 use jetsched_shared::names::Names;
-use jetsched_shared::wire::{BreakerRecord, BreakerState, EventKind, RunStatus};
-use jetsched_tests::fixtures::{dispatch, events_about, spec, wait_run_status};
+use jetsched_shared::wire::{EventKind, RunStatus};
+use jetsched_tests::fixtures::{dispatch, events_about, open_breaker, spec, wait_run_status};
 use jetsched_tests::{App, eventually};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
@@ -37,15 +39,7 @@ async fn held_runs_carry_their_release_time_in_records_events_counts_the_cli_and
     api.store(&task.json()).await;
     let spec = task.task();
     // The task's breaker is open for 6 s, as a worker writes it.
-    let breakers = js.get_key_value(names.breakers_bucket()).await.expect("breakers bucket");
-    let record = BreakerRecord {
-        state: BreakerState::Open,
-        open_until: Some(Utc::now() + chrono::Duration::seconds(6)),
-        opened_runs: 10,
-        opened_failures: 8,
-        ..BreakerRecord::default()
-    };
-    breakers.put("task.hd.report", serde_json::to_vec(&record).unwrap().into()).await.expect("record stored");
+    open_breaker(&js, "task.hd.report", Duration::from_secs(6)).await;
     let handlers = Handlers::new().register("ok", |_run: RunContext| async { Outcome::ok() });
     let _worker = App::worker(config(&server, "hd-w"), handlers).await;
     let (_console, addr) = crate::console::console(&server, None, false).await;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::TryStreamExt;
 use jetsched_shared::names::{Names, breaker_reason};
-use jetsched_shared::wire::{BreakerRecord, BreakerState, EventKind, RunStatus};
+use jetsched_shared::wire::{EventKind, RunStatus};
 use jetsched_tests::eventually;
-use jetsched_tests::fixtures::{dispatch, events_about, spec, wait_run_status};
+use jetsched_tests::fixtures::{dispatch, events_about, open_breaker, spec, wait_run_status};
 use serde_json::json;
 
 use crate::breakers::Downstream;
@@ -39,15 +39,7 @@ async fn a_paused_tasks_queued_and_held_runs_are_skipped_and_a_manual_trigger_ru
     let spec = task.task();
 
     // The task's breaker is open for 8 s, as a worker writes it.
-    let breakers = js.get_key_value(names.breakers_bucket()).await.expect("breakers bucket");
-    let record = BreakerRecord {
-        state: BreakerState::Open,
-        open_until: Some(Utc::now() + chrono::Duration::seconds(8)),
-        opened_runs: 10,
-        opened_failures: 8,
-        ..BreakerRecord::default()
-    };
-    breakers.put("task.pz.report", serde_json::to_vec(&record).unwrap().into()).await.expect("record stored");
+    open_breaker(&js, "task.pz.report", Duration::from_secs(8)).await;
 
     // Two scheduled runs held by the open breaker, then the worker goes away.
     let flags = ["--http-allow", "*=127.0.0.0/8"];

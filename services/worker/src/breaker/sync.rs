@@ -28,14 +28,8 @@ impl Breakers {
 
     /// Follows the bucket until `stop`, re-opening the watch after an error.
     pub(crate) async fn follow(self: Arc<Self>, watch: kv::Watch, stop: CancellationToken) {
-        let failed = |error: Option<&kv::WatcherError>| {
-            self.metrics.errors.with_label_values(&["breaker_watch"]).inc();
-            match error {
-                Some(error) => tracing::warn!(%error, "breakers watch failed; re-opening it"),
-                None => tracing::warn!("breakers watch ended; re-opening it"),
-            }
-        };
-        follow::follow(self.store.kv().clone(), watch, stop, |entry| self.seen(entry), failed).await;
+        let errors = self.metrics.errors.with_label_values(&["breaker_watch"]);
+        follow::follow(self.store.kv().clone(), watch, stop, |entry| self.seen(entry), errors).await;
     }
 
     fn seen(&self, entry: &kv::Entry) {

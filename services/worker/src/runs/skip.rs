@@ -31,13 +31,28 @@ impl RunStore {
         reason: &str,
         unstarted_only: bool,
     ) -> anyhow::Result<Skip> {
-        let key = dispatch.execution_id.as_str();
         let skip = |record: &mut RunRecord| {
             record.status = RunStatus::Skipped;
             record.reason = Some(reason.to_string());
             record.worker = worker.to_string();
             record.finished = Some(Utc::now());
         };
+        self.write_unexecuted(dispatch, attempt, worker, unstarted_only, skip).await
+    }
+
+    /// Writes the record of a run that has not executed (yet), as `change` says, with
+    /// compare-and-set: a new record when there is none (no attempt in it), `Skip::Skipped`
+    /// once written; `Skip::Final` when the run is final already, `Skip::Started` when
+    /// `unstarted_only` and an attempt has executed (nothing written in both cases).
+    pub(super) async fn write_unexecuted(
+        &self,
+        dispatch: &Dispatch,
+        attempt: u32,
+        worker: &str,
+        unstarted_only: bool,
+        change: impl Fn(&mut RunRecord),
+    ) -> anyhow::Result<Skip> {
+        let key = dispatch.execution_id.as_str();
         for round in 0..CAS_ROUNDS {
             match self.read(key, round > 0).await? {
                 Some((record, _)) if record.status.is_final() => return Ok(Skip::Final),
@@ -45,7 +60,7 @@ impl RunStore {
                     return Ok(Skip::Started);
                 }
                 Some((mut record, revision)) => {
-                    skip(&mut record);
+                    change(&mut record);
                     match self.kv.update(key, encode(&record)?, revision).await {
                         Ok(_) => return Ok(Skip::Skipped),
                         Err(error) if is_revision_mismatch(&error) => continue,
@@ -56,7 +71,7 @@ impl RunStore {
                     let mut record = RunRecord::new(dispatch, attempt, worker, Utc::now());
                     // Nothing was executed.
                     record.attempts.clear();
-                    skip(&mut record);
+                    change(&mut record);
                     match self.kv.create(key, encode(&record)?).await {
                         Ok(_) => return Ok(Skip::Skipped),
                         Err(error) if is_already_exists(&error) => continue,

@@ -67,6 +67,18 @@ impl Browser {
         }
     }
 
+    /// Clicks the first element matching `css`; fails when there is none.
+    pub(crate) async fn click(&self, css: &str) {
+        let element = self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("no {css}: {e}"));
+        element.click().await.unwrap_or_else(|e| panic!("click {css}: {e}"));
+    }
+
+    /// Types `text` into the first element matching `css`; fails when there is none.
+    pub(crate) async fn type_into(&self, css: &str, text: &str) {
+        let element = self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("no {css}: {e}"));
+        element.send_keys(text).await.unwrap_or_else(|e| panic!("type into {css}: {e}"));
+    }
+
     /// Refreshes the page until `ready` holds for the text of the first element matching
     /// `css`; fails naming `what` after `within`.
     pub(crate) async fn refresh_until(

@@ -3,7 +3,6 @@
 //! written to the events stream with older times.
 
 use chrono::{DateTime, Duration as Span, Utc};
-use fantoccini::Locator;
 use jetsched_shared::wire::{Event, EventKind, Trigger};
 use jetsched_tests::{Api, App, NatsServer, WithTopology, eventually, server_with_topology, spec};
 use jetsched_worker::Handlers;
@@ -61,7 +60,7 @@ async fn console_in_a_browser_shows_an_open_breaker_and_resets_it() {
     // The task page names its breaker (linked), its priority; the breaker's page its events.
     page.goto(&format!("{base}/tasks/payments/charge")).await.unwrap();
     assert_eq!(browser.text("#task-priority").await, "high");
-    page.find(Locator::Css("#task-breaker")).await.unwrap().click().await.unwrap();
+    browser.click("#task-breaker").await;
     browser
         .refresh_until(WAIT, "the breaker's page lists its opening", "#event-rows", |text| {
             text.contains("breaker.opened")
@@ -71,12 +70,7 @@ async fn console_in_a_browser_shows_an_open_breaker_and_resets_it() {
     assert!(browser.text("#breaker-tasks").await.contains("payments/charge"));
 
     // Reset from the page: the API confirms the breaker closed.
-    page.find(Locator::Css("form[action='/breakers/key.payments.card-api/reset'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("form[action='/breakers/key.payments.card-api/reset'] button").await;
     eventually(WAIT, "the page shows the breaker closed", || async {
         browser.text("#breaker-state").await == "closed"
     })
@@ -178,7 +172,7 @@ async fn console_in_a_browser_pages_run_history_back_past_one_hour_within_a_time
 
     let browser = Browser::start().await;
     browser.client.goto(&format!("http://{addr}/runs?namespace=hist&{range}")).await.unwrap();
-    browser.client.find(Locator::Css("#older")).await.unwrap().click().await.unwrap();
+    browser.click("#older").await;
     eventually(WAIT, "the older page follows the first one", || async {
         let text = browser.text("main").await;
         text.contains("old-069") && !text.contains("old-070")

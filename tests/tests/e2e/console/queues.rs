@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use fantoccini::Locator;
 use jetsched_tests::{Api, App, NatsServer, always, eventually, spec};
 use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
@@ -38,18 +37,8 @@ async fn a_queue_paused_from_the_page_starts_nothing_until_resumed_from_the_page
     page.goto(&format!("http://{addr}/queues")).await.unwrap();
     let default = "#queues tr[data-queue='default']";
     assert!(browser.text(default).await.contains("running"), "{}", browser.text("main").await);
-    page.find(Locator::Css("form[action='/queues/default/pause'] input[name=reason]"))
-        .await
-        .unwrap()
-        .send_keys("nightly deploy")
-        .await
-        .unwrap();
-    page.find(Locator::Css("form[action='/queues/default/pause'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.type_into("form[action='/queues/default/pause'] input[name=reason]", "nightly deploy").await;
+    browser.click("form[action='/queues/default/pause'] button").await;
     eventually(WAIT, "the page shows the queue paused", || async {
         let row = browser.text(default).await;
         row.contains("paused") && row.contains("nightly deploy") && row.contains("by console")
@@ -84,12 +73,7 @@ async fn a_queue_paused_from_the_page_starts_nothing_until_resumed_from_the_page
     .await;
     browser.screenshot(screenshots().as_ref(), "queues").await;
 
-    page.find(Locator::Css("form[action='/queues/default/resume'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("form[action='/queues/default/resume'] button").await;
     eventually(WAIT, "the resume releases the three runs", || async { ran.load(Ordering::SeqCst) == 3 })
         .await;
     let listed = api.queue("list", json!({})).await;
