@@ -327,33 +327,16 @@ fn encode(record: &RunRecord) -> anyhow::Result<bytes::Bytes> {
 
 #[cfg(test)]
 mod tests {
-    use jetsched_shared::wire::{MAX_KEPT_ATTEMPTS, Trigger};
+    use jetsched_shared::wire::MAX_KEPT_ATTEMPTS;
 
     use super::*;
 
     fn record() -> RunRecord {
-        let now = Utc::now();
-        RunRecord {
-            execution_id: "e".into(),
-            namespace: "ns".into(),
-            task_id: "t".into(),
-            queue: "default".into(),
-            nominal_time: now,
-            trigger: Trigger::Schedule,
-            status: RunStatus::Running,
-            attempt: 1,
-            worker: "w1".into(),
-            started: now,
-            first_started: now,
-            finished: None,
-            error: None,
-            release_at: None,
-            reason: None,
-            reruns: 0,
-            failures: 0,
-            attempts: vec![AttemptRecord::started(1, "w1", now)],
-            trace_id: None,
-        }
+        let dispatch: Dispatch = serde_json::from_str(
+            r#"{"execution_id":"e","namespace":"ns","task_id":"t","nominal_time":"2026-01-01T00:00:00.000Z","trigger":"schedule","term":0,"revision":1,"spec":{"id":"t","namespace":"ns","schedule":{"every":"1m"},"executor":{"kind":"handler","name":"x"}}}"#,
+        )
+        .expect("a dispatch");
+        RunRecord::new(&dispatch, 1, "w1", Utc::now())
     }
 
     /// Closes `attempt` of `r` now, as a verdict does.
