@@ -419,3 +419,24 @@ pub async fn open_breaker(js: &jetstream::Context, key: &str, open_for: Duration
         .expect("record stored");
     record
 }
+
+/// Handlers with one handler, `name`, that notes `note(&run)` of every run it is given (in the
+/// order they came), then answers as `answer` does; returns the handlers and the notes.
+pub fn noting<T, Fut>(
+    name: &str,
+    note: impl Fn(&jetsched_worker::RunContext) -> T + Send + Sync + 'static,
+    answer: impl Fn(jetsched_worker::RunContext) -> Fut + Send + Sync + 'static,
+) -> (jetsched_worker::Handlers, Arc<Mutex<Vec<T>>>)
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = jetsched_worker::Outcome> + Send + 'static,
+{
+    let notes = Arc::new(Mutex::new(Vec::new()));
+    let seen = notes.clone();
+    let handlers =
+        jetsched_worker::Handlers::new().register(name, move |run: jetsched_worker::RunContext| {
+            seen.lock().expect("notes lock").push(note(&run));
+            answer(run)
+        });
+    (handlers, notes)
+}

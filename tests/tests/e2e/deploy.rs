@@ -19,10 +19,11 @@ use async_nats::jetstream;
 use async_nats::jetstream::consumer::PullConsumer;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
+use jetsched_tests::fixtures::noting;
 use jetsched_tests::{
     Api, App, ChildProcess, SpecBuilder, eventually, init_test_logging, metric_value, spec, workspace_bin,
 };
-use jetsched_worker::{Handlers, Outcome, RunContext};
+use jetsched_worker::Outcome;
 use serde_json::{Value, json};
 
 pub(crate) const WAIT: Duration = Duration::from_secs(20);
@@ -333,15 +334,13 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
     let mut scheduler_config = jetsched_scheduler::Config::for_tests(&server.url);
     scheduler_config.shared.nats = server.nats_args("scheduler");
     let scheduler = App::scheduler(scheduler_config).await;
-    let runs = Arc::new(Mutex::new(Vec::new()));
-    let seen = runs.clone();
-    let handlers = Handlers::new().register("probe", move |run: RunContext| {
-        let seen = seen.clone();
-        async move {
-            seen.lock().expect("runs lock").push(run.task_id.clone());
+    let (handlers, runs) = noting(
+        "probe",
+        |run| run.task_id.clone(),
+        |run| async move {
             if run.task_id == "doomed" { Outcome::permanent("refused on purpose") } else { Outcome::ok() }
-        }
-    });
+        },
+    );
     let worker = App::worker(worker_config, handlers).await;
     let put = api.task("put", secured("ticking").every("1s").json()).await;
     assert!(put["revision"].is_u64(), "{put}");

@@ -12,13 +12,12 @@ use serde_json::{Value, json};
 
 use crate::cli::jetsched;
 use crate::console::browser::http_request;
-use crate::registry::config;
+use crate::registry::{Served, config, served};
 
 #[tokio::test]
 async fn events_of_a_task_are_its_last_ones_whatever_else_happened_in_between() {
     init_test_logging();
-    let server = NatsServer::start().await;
-    let _registry = App::registry(config(&server.url(), 1)).await;
+    let Served { server, registry: _registry, .. } = served(|_| {}).await;
     let url = server.url();
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("specs.json");
@@ -57,8 +56,7 @@ async fn events_of_a_task_are_its_last_ones_whatever_else_happened_in_between() 
 #[tokio::test]
 async fn status_fails_while_no_scheduler_holds_the_lease() {
     init_test_logging();
-    let server = NatsServer::start().await;
-    let _registry = App::registry(config(&server.url(), 1)).await;
+    let Served { server, registry: _registry, .. } = served(|_| {}).await;
     let url = server.url();
 
     let out = jetsched(&url, &["status"]).await;

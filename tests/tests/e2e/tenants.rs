@@ -14,9 +14,9 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::Priority;
-use jetsched_tests::fixtures::{dead_letter_entry, store_dead_letter};
+use jetsched_tests::fixtures::{dead_letter_entry, noting, store_dead_letter};
 use jetsched_tests::{App, SpecBuilder, always, eventually, spec, stream_info};
-use jetsched_worker::{Handlers, Outcome, RunContext};
+use jetsched_worker::Outcome;
 use serde_json::{Value, json};
 
 use crate::deploy::{DENIED_WAIT, SecureServer, WAIT};
@@ -67,15 +67,8 @@ impl Deployment {
         scheduler_config.shared.nats = server.nats_args("scheduler");
         scheduler_config.shared.topology = topology.clone();
         let scheduler = App::scheduler(scheduler_config).await;
-        let runs = Arc::new(Mutex::new(Vec::new()));
-        let seen = runs.clone();
-        let handlers = Handlers::new().register("probe", move |run: RunContext| {
-            let seen = seen.clone();
-            async move {
-                seen.lock().expect("runs").push(format!("{}/{}", run.namespace, run.task_id));
-                Outcome::ok()
-            }
-        });
+        let (handlers, runs) =
+            noting("probe", |run| format!("{}/{}", run.namespace, run.task_id), |_| async { Outcome::ok() });
         let mut worker_config = jetsched_worker::Config::for_tests(&server.url, "tenants-worker");
         worker_config.shared.nats = server.nats_args("worker");
         worker_config.shared.topology = topology.clone();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use jetsched_shared::names::Names;
-use jetsched_tests::fixtures::{dead_letters, dispatch, wait_run_status};
+use jetsched_tests::fixtures::{dead_letters, dispatch, noting, wait_run_status};
 use jetsched_tests::{App, NatsServer, eventually, spec};
 use jetsched_worker::runs::{AttemptOutcome, RunStatus};
 use jetsched_worker::{Config, Handlers, Outcome, RunContext};
@@ -19,19 +19,17 @@ use crate::worker_support::{WAIT, config, dispatch_pending, outcomes, redispatch
 #[tokio::test]
 async fn worker_retries_with_backoff_and_jitter_then_succeeds() {
     let server = NatsServer::start().await;
-    let calls: Arc<Mutex<Vec<(u32, Instant)>>> = Arc::default();
-    let seen = calls.clone();
-    let handlers = Handlers::new().register("flaky", move |run: RunContext| {
-        let seen = seen.clone();
-        async move {
-            seen.lock().unwrap().push((run.attempt, Instant::now()));
+    let (handlers, calls) = noting(
+        "flaky",
+        |run| (run.attempt, Instant::now()),
+        |run| async move {
             if run.attempt <= 2 {
                 Outcome::retry(format!("attempt {} fails", run.attempt))
             } else {
                 Outcome::ok()
             }
-        }
-    });
+        },
+    );
     let worker = App::worker(config(&server, "w-retry"), handlers).await;
     let js = jetstream::new(server.client().await);
     let names = Names::default();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use jetsched_shared::names::Names;
-use jetsched_tests::fixtures::{dispatch, publish_dispatch, run_record, wait_run_status};
+use jetsched_tests::fixtures::{dispatch, noting, publish_dispatch, run_record, wait_run_status};
 use jetsched_tests::{App, ChildProcess, NatsServer, WithTopology, eventually, server_with_topology, spec};
 use jetsched_worker::runs::{AttemptOutcome, RunStatus};
 use jetsched_worker::{Handlers, Outcome, RunContext};
@@ -115,17 +115,15 @@ async fn graceful_shutdown_under_load_loses_nothing() {
 #[tokio::test]
 async fn graceful_shutdown_hands_back_runs_that_outlast_the_grace_period() {
     let server = NatsServer::start().await;
-    let executed: Arc<Mutex<Vec<(String, u32)>>> = Arc::default();
-    let seen = executed.clone();
-    let handlers = Handlers::new().register("slow", move |run: RunContext| {
-        let seen = seen.clone();
-        async move {
-            seen.lock().unwrap().push((run.execution_id.clone(), run.attempt));
+    let (handlers, executed) = noting(
+        "slow",
+        |run| (run.execution_id.clone(), run.attempt),
+        |run| async move {
             let wait = if run.attempt == 1 { Duration::from_secs(30) } else { Duration::from_millis(10) };
             tokio::time::sleep(wait).await;
             Outcome::ok()
-        }
-    });
+        },
+    );
     let mut short = config(&server, "grace-1");
     short.shutdown_grace = Duration::from_millis(300);
     let short = App::worker(short, handlers.clone()).await;
