@@ -3,15 +3,14 @@
 //! under load that loses and repeats nothing, and runs outlasting the grace period handed back.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use jetsched_shared::names::Names;
 use jetsched_tests::fixtures::{dispatch, noting, publish_dispatch, run_record, wait_run_status};
 use jetsched_tests::{App, ChildProcess, NatsServer, WithTopology, eventually, server_with_topology, spec};
+use jetsched_worker::Outcome;
 use jetsched_worker::runs::{AttemptOutcome, RunStatus};
-use jetsched_worker::{Handlers, Outcome, RunContext};
 
 use crate::worker_support::{
     WAIT, config, counting_responder, dispatch_pending, outcomes, wait_for_workers, worker_process,
@@ -73,41 +72,45 @@ async fn kill9_mid_long_runs_they_complete_on_another_worker_after_ack_wait() {
 #[tokio::test]
 async fn graceful_shutdown_under_load_loses_nothing() {
     let server = NatsServer::start().await;
-    let executed: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
-    let handlers = |executed: Arc<Mutex<HashMap<String, u32>>>| {
-        Handlers::new().register("work", move |run: RunContext| {
-            let executed = executed.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                *executed.lock().unwrap().entry(run.execution_id).or_default() += 1;
-                Outcome::ok()
-            }
-        })
+    let (handlers, started) = noting(
+        "work",
+        |run| run.execution_id.clone(),
+        |_| async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Outcome::ok()
+        },
+    );
+    // Executions of each run (a graceful stop lets every started run finish: one each).
+    let executed = || {
+        let mut counts: HashMap<String, u32> = HashMap::new();
+        for id in started.lock().unwrap().iter() {
+            *counts.entry(id.clone()).or_default() += 1;
+        }
+        counts
     };
     let mut first = config(&server, "g-1");
     first.concurrency = 8;
-    let first = App::worker(first, handlers(executed.clone())).await;
+    let first = App::worker(first, handlers.clone()).await;
     let js = jetstream::new(server.client().await);
     let names = Names::default();
     let task = spec("wk", "graceful").handler("work").fast_retry(1).timeout("5s").task();
     for n in 0..300 {
         publish_dispatch(&js, &names, &task, n).await.await.expect("stored");
     }
-    eventually(WAIT, "the first worker is busy", || async { executed.lock().unwrap().len() >= 16 }).await;
+    eventually(WAIT, "the first worker is busy", || async { executed().len() >= 16 }).await;
     let mut second = config(&server, "g-2");
     second.concurrency = 8;
-    let second = App::worker(second, handlers(executed.clone())).await;
+    let second = App::worker(second, handlers).await;
     // Stop the first worker under load: in-flight runs finish, nothing is left unacked.
     let took = first.stop().await;
     assert!(took < Duration::from_secs(3), "stops promptly: {took:?}");
     eventually(Duration::from_secs(30), "all 300 runs executed", || async {
-        let n = executed.lock().unwrap().len();
+        let n = executed().len();
         if n == 300 { Ok(()) } else { Err(n) }
     })
     .await;
     eventually(WAIT, "all acked", || async { dispatch_pending(&js).await == 0 }).await;
-    let twice: Vec<_> =
-        executed.lock().unwrap().iter().filter(|(_, n)| **n != 1).map(|(k, _)| k.clone()).collect();
+    let twice: Vec<_> = executed().into_iter().filter(|(_, n)| *n != 1).map(|(k, _)| k).collect();
     assert!(twice.is_empty(), "a graceful stop executes nothing twice: {twice:?}");
     second.stop().await;
 }
