@@ -62,7 +62,13 @@ pub(crate) struct Filter {
     pub(crate) from: Option<DateTime<Utc>>,
     pub(crate) to: Option<DateTime<Utc>>,
     pub(crate) before: Option<u64>,
+    /// A task without its namespace: the subjects have a wildcard for the namespace, and the
+    /// stream is asked which literal subjects match before reading (see [`narrowed`]).
+    pub(crate) narrow: bool,
 }
+
+/// Most literal subjects a narrowed filter becomes; past it, the wildcard filter is kept.
+const MAX_NARROWED: usize = 64;
 
 /// The event kinds of each outcome the filter offers (the final events of a run).
 fn kinds(outcome: &str) -> Option<&'static [&'static str]> {
@@ -111,6 +117,7 @@ impl HistoryQuery {
         };
         let namespace = token("namespace", &self.namespace);
         let task = token("task", &self.task);
+        let narrow = namespace == "*" && task != "*";
         let mut instant = |field: &str, text: &str| {
             if text.trim().is_empty() {
                 return None;
@@ -132,7 +139,7 @@ impl HistoryQuery {
             return Err(problems);
         }
         let subjects = kinds.iter().map(|kind| names.event_subject(kind, &namespace, &task)).collect();
-        Ok(Filter { subjects, from, to, before: self.before })
+        Ok(Filter { subjects, from, to, before: self.before, narrow })
     }
 }
 
@@ -160,6 +167,11 @@ pub(crate) async fn page(
     if state.messages == 0 {
         return Ok(HistoryPage::default());
     }
+    let subjects = match narrowed(&stream, filter).await? {
+        Some(subjects) if subjects.is_empty() => return Ok(HistoryPage::default()),
+        Some(subjects) => subjects,
+        None => filter.subjects.clone(),
+    };
     let end = state.last_sequence + 1;
     let first = state.first_sequence.max(1);
     let lower = match filter.from {
@@ -177,7 +189,7 @@ pub(crate) async fn page(
     let (mut start, mut window, mut scanned) = (upper, PAGE as u64 * FIRST_WINDOW_PER_RUN, 0u64);
     while start > lower && scanned < MAX_SCAN && executions(&found) < PAGE {
         let from = start.saturating_sub(window).max(lower);
-        let mut older = read(&stream, &filter.subjects, from, start).await?;
+        let mut older = read(&stream, &subjects, from, start).await?;
         scanned += start - from;
         older.append(&mut found);
         found = older;
@@ -193,6 +205,31 @@ pub(crate) async fn page(
     let older = cut.or((start > lower).then_some(start));
     let rows = runs_from_events(kept.iter().map(|(_, e)| e), |_| true);
     Ok(HistoryPage { rows, older, scanned })
+}
+
+/// The literal subjects a task's filter matches in the stream (at most [`MAX_NARROWED`]), when
+/// the filter names a task but not its namespace; `None` to keep the filter as it is. The
+/// server answers from its subject index, and a consumer filtered on literal subjects counts
+/// and skips without matching a wildcard against every subject of the range it reads: one
+/// task among 100,000 costs a few reads instead of a scan.
+async fn narrowed(
+    stream: &jetstream::stream::Stream,
+    filter: &Filter,
+) -> anyhow::Result<Option<Vec<String>>> {
+    use futures::TryStreamExt;
+    if !filter.narrow {
+        return Ok(None);
+    }
+    let mut literal = Vec::new();
+    for subject in &filter.subjects {
+        let matches: Vec<(String, usize)> = stream.info_with_subjects(subject).await?.try_collect().await?;
+        literal.extend(matches.into_iter().map(|(subject, _)| subject));
+        if literal.len() > MAX_NARROWED {
+            return Ok(None);
+        }
+    }
+    literal.sort();
+    Ok(Some(literal))
 }
 
 fn executions(events: &[Stored]) -> usize {
@@ -335,6 +372,7 @@ mod tests {
             .check(&names)
             .expect("valid");
         assert_eq!(filter.subjects, ["js.event.run.failed.billing.*"]);
+        assert!(!filter.narrow, "a namespace without a task is not narrowed");
         assert_eq!(
             filter.from,
             DateTime::parse_from_rfc3339("2026-12-04T10:00:00Z").ok().map(|t| t.to_utc())
@@ -343,6 +381,9 @@ mod tests {
         let any = query("", "", "nightly", "", "").check(&names).expect("valid");
         assert_eq!(any.subjects.len(), 4);
         assert!(any.subjects.iter().all(|s| s.ends_with(".*.nightly")), "{:?}", any.subjects);
+        assert!(any.narrow, "a task without its namespace is narrowed to literal subjects");
+        let both = query("", "billing", "nightly", "", "").check(&names).expect("valid");
+        assert!(!both.narrow, "already literal");
     }
 
     #[test]

@@ -121,6 +121,10 @@ async fn console_in_a_browser_pages_run_history_back_past_one_hour_within_a_time
     let mut events: Vec<Event> =
         (0..130).map(|n| run_event(&format!("old-{n:03}"), start + Span::minutes(n), n % 3 == 0)).collect();
     events.extend((0..5).map(|n| run_event(&format!("new-{n}"), now, false)));
+    // The same task id in another namespace, and another task: a task filter without its
+    // namespace finds the first, not the second.
+    events.push(Event { namespace: "elsewhere".into(), ..run_event("far-0", now - Span::minutes(1), false) });
+    events.push(Event { task_id: "digest".into(), ..run_event("digest-0", now - Span::minutes(1), false) });
     for event in &events {
         let subject = names.event_subject(event.kind.as_str(), &event.namespace, &event.task_id);
         let payload = serde_json::to_vec(event).unwrap();
@@ -133,6 +137,11 @@ async fn console_in_a_browser_pages_run_history_back_past_one_hour_within_a_time
     assert_eq!(newest.status, 200, "{}", newest.body);
     let (executions, _) = listed(&newest.body);
     assert!(executions[..5].iter().all(|e| e.starts_with("new-")), "{executions:?}");
+    assert_eq!(executions[5], "far-0", "the task's runs in every namespace");
+    assert!(!executions.iter().any(|e| e == "digest-0"), "{executions:?}");
+    let absent = http_request(addr, "GET", "/runs?task=absent", &[], "").await;
+    assert_eq!(absent.status, 200, "{}", absent.body);
+    assert!(listed(&absent.body).0.is_empty(), "{}", absent.body);
 
     // From 3 h 1 min to 1 h ago: the runs of that range, newest first, 50 a page.
     let format = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%S").to_string();
