@@ -138,6 +138,33 @@ impl DirectBatch {
     }
 }
 
+/// The latest live value of each of `keys` in KV bucket `bucket` that has one (deleted keys
+/// and keys never written are left out), by key: one request per [`MAX_SUBJECTS`] keys.
+pub async fn latest_values(
+    client: &Client,
+    bucket: &str,
+    keys: &[String],
+) -> Result<std::collections::HashMap<String, Bytes>, DirectBatchError> {
+    let mut found = std::collections::HashMap::with_capacity(keys.len());
+    if keys.is_empty() {
+        return Ok(found);
+    }
+    let mut reader = DirectBatch::new(client.clone(), &Names::kv_stream(bucket)).await?;
+    let prefix = Names::kv_subject(bucket, "");
+    for chunk in keys.chunks(MAX_SUBJECTS) {
+        let subjects: Vec<String> = chunk.iter().map(|key| Names::kv_subject(bucket, key)).collect();
+        for message in reader.last_of(&subjects).await? {
+            if message.is_kv_marker() {
+                continue;
+            }
+            if let Some(key) = message.subject.strip_prefix(&prefix) {
+                found.insert(key.to_string(), message.payload);
+            }
+        }
+    }
+    Ok(found)
+}
+
 fn decode(message: async_nats::Message) -> Result<LastMessage, DirectBatchError> {
     let headers = message.headers.ok_or(DirectBatchError::Malformed("headers"))?;
     let subject =

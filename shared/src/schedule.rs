@@ -147,6 +147,40 @@ impl Schedule {
         out
     }
 
+    /// The last `n` fire instants at or before `up_to`, oldest first (fewer when the schedule
+    /// has fewer). Searched forward over windows growing fourfold back from `up_to`, so the
+    /// work stays near `n` steps for a regular schedule, and bounded for any.
+    pub fn fires_up_to(&self, up_to: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
+        /// Most fire instants one search steps through.
+        const MAX_STEPS: usize = 100_000;
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut span = TimeDelta::seconds(1);
+        let mut steps = 0;
+        loop {
+            let start = up_to.checked_sub_signed(span).unwrap_or(DateTime::<Utc>::MIN_UTC);
+            let mut found = std::collections::VecDeque::with_capacity(n);
+            let mut cursor = start;
+            while let Some(next) = self.next_after(cursor).filter(|next| *next <= up_to) {
+                steps += 1;
+                if steps > MAX_STEPS {
+                    return Vec::new();
+                }
+                if found.len() == n {
+                    found.pop_front();
+                }
+                found.push_back(next);
+                cursor = next;
+            }
+            // Enough, or back 400 days (no schedule in use is sparser than yearly).
+            if found.len() == n || span > TimeDelta::days(400) {
+                return found.into();
+            }
+            span = span * 4;
+        }
+    }
+
     /// The canonical JSON form (timezone and anchor always present).
     pub fn to_json(&self) -> Value {
         match self {

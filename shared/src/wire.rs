@@ -31,6 +31,11 @@ pub fn format_time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// Reads an RFC 3339 instant (any offset) as UTC; `None` when it is not one.
+pub fn parse_time(text: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(text).ok().map(|t| t.with_timezone(&Utc))
+}
+
 /// Serde helpers for millisecond RFC 3339 timestamps.
 pub mod millis {
     use chrono::{DateTime, Utc};
@@ -102,4 +107,4 @@ pub use event::{Event, EventKind};
 pub use pause::PauseRequest;
 pub use queue::{LaneInfo, QueueInfo, QueueListReply, QueueReply, QueueRequest, QueueState};
 pub use run::{AttemptOutcome, AttemptRecord, MAX_KEPT_ATTEMPTS, RunRecord, RunStatus};
-pub use state::{FireState, LeaderRecord};
+pub use state::{FireState, LeaderRecord, RECENT_RUNS, TaskState, TaskStatus};

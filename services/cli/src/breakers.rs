@@ -16,10 +16,16 @@ use crate::output;
 pub(crate) enum BreakerCommand {
     /// Show one breaker: a namespace's named key (`billing:payments-api`), a task's own
     /// (`billing/charge-cards`), or a key alone (`payments-api`: shared, or used by one namespace).
-    Show { key: String },
+    Show {
+        /// `namespace:key`, `namespace/id` or a key alone.
+        key: String,
+    },
     /// Close a breaker and clear its counts (and a task's consecutive-failure count); named as
     /// for `show`.
-    Reset { key: String },
+    Reset {
+        /// `namespace:key`, `namespace/id` or a key alone.
+        key: String,
+    },
 }
 
 /// What the user typed: a task's own breaker as `namespace/id`, a namespace's named breaker as

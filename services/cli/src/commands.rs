@@ -10,8 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
 use jetsched_shared::config::NatsArgs;
 use jetsched_shared::names::{DEFAULT_PREFIX, Names};
-use jetsched_shared::wire::{ListRequest, NextReply, NextRequest, TriggerReply};
-use serde::Deserialize;
+use jetsched_shared::wire::{NextReply, NextRequest, TriggerReply};
 use serde_json::Value;
 
 use crate::api::{Api, Failure, task_ref};
@@ -20,6 +19,7 @@ use crate::dlq::DlqCommand;
 use crate::files::read_specs;
 use crate::output::{self, outln};
 use crate::queues::QueueCommand;
+use crate::tasks::{Filters, StateFilter, Stored};
 
 /// jetsched: submit, inspect and control scheduled tasks over NATS.
 #[derive(Debug, Parser)]
@@ -30,7 +30,7 @@ pub(crate) struct Cli {
     /// Prefix of every subject, stream and bucket.
     #[arg(long, env = "JETSCHED_PREFIX", default_value = DEFAULT_PREFIX, global = true)]
     prefix: String,
-    /// Print raw JSON instead of tables.
+    /// Print JSON, exactly as the API answers, instead of readable text and tables.
     #[arg(long, global = true)]
     json: bool,
     /// Prefix of reply subjects (default `_INBOX`). A team confined to one namespace is
@@ -46,35 +46,62 @@ enum Command {
     /// Create or update tasks from JSON or YAML files (one spec, an array, or YAML `---`
     /// documents), a directory of *.json/*.yaml/*.yml, or `-` for stdin.
     Apply {
+        /// A spec file (JSON or YAML), a directory of them, or `-` for stdin; repeat for more.
         #[arg(short = 'f', long = "file", required = true)]
         files: Vec<PathBuf>,
         /// Fail for tasks that already exist instead of updating them.
         #[arg(long)]
         create_only: bool,
     },
-    /// Show one task (`namespace/id`, or `id` in namespace `default`).
-    Get { task: String },
-    /// List tasks.
+    /// Show one task (`namespace/id`, or `id` in namespace `default`): its state, schedule in
+    /// words, executor and settings as aligned lines; the stored spec with `--json`.
+    Get {
+        /// The task: `namespace/id`, or `id` in namespace `default`.
+        task: String,
+    },
+    /// List tasks: schedule, state (active, paused, completed), next and last fire, last
+    /// outcome, success rate over the last runs, priority, breaker and queue.
     Ls {
+        /// Only tasks of this namespace.
         #[arg(long, short = 'n')]
         namespace: Option<String>,
         /// `key=value`; repeat to require several labels.
         #[arg(long = "label", short = 'l')]
         labels: Vec<String>,
+        /// Only tasks in this state.
+        #[arg(long, value_enum)]
+        state: Option<StateFilter>,
+        /// Only tasks of this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Only tasks of this priority.
+        #[arg(long, value_parser = ["critical", "high", "normal", "low"])]
+        priority: Option<String>,
     },
-    /// Delete a task.
-    Rm { task: String },
+    /// Delete a task. Asks first on a terminal; elsewhere `--yes` is required.
+    Rm {
+        /// The task: `namespace/id`, or `id` in namespace `default`.
+        task: String,
+        /// Delete without asking (required when standard input is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
     /// Pause a task: it stops firing until resumed.
     Pause {
+        /// The task: `namespace/id`, or `id` in namespace `default`.
         task: String,
         /// Why (shown by `get` and `ls` until the task is resumed).
         #[arg(long)]
         reason: Option<String>,
     },
     /// Resume a paused task.
-    Resume { task: String },
+    Resume {
+        /// The task: `namespace/id`, or `id` in namespace `default`.
+        task: String,
+    },
     /// Dispatch one run of a task now.
     Trigger {
+        /// The task: `namespace/id`, or `id` in namespace `default`.
         task: String,
         /// The lane of this run (critical, high, normal, low) instead of the task's priority.
         #[arg(long)]
@@ -82,24 +109,32 @@ enum Command {
     },
     /// Preview the next fire times of a stored task, or of a spec file with --file.
     Next {
+        /// A stored task: `namespace/id`, or `id` in namespace `default`.
         task: Option<String>,
+        /// A spec file (JSON or YAML) holding one spec, instead of a stored task.
         #[arg(long = "file", short = 'f', conflicts_with = "task")]
         file: Option<PathBuf>,
+        /// How many fire times to show.
         #[arg(short = 'c', long = "count", default_value_t = 10)]
         count: usize,
         /// RFC 3339 instant to start from [default: now].
         #[arg(long, value_parser = parse_instant)]
         after: Option<DateTime<Utc>>,
     },
-    /// Show events (task changes, fires, runs, leader changes) from the event stream.
+    /// Show events (task changes, fires, runs, leader changes) from the event stream, one line
+    /// each (time, kind, task, execution, detail); one JSON object per line with `--json`.
     Events(EventsArgs),
-    /// Recent executions of a task, from the event stream: nominal vs actual time, attempts,
-    /// worker, outcome.
+    /// Recent executions of a task, from the event stream: nominal time and dispatch lag,
+    /// attempts, worker, outcome, the whole run's duration; within 100 columns unless --wide.
     Runs {
+        /// The task: `namespace/id`, or `id` in namespace `default`.
         task: String,
         /// How many past events of the task to read.
         #[arg(long, default_value_t = 500)]
         last: u64,
+        /// Every id and time in full, with the trace id, however wide the table gets.
+        #[arg(long)]
+        wide: bool,
     },
     /// Leader and term, live replicas, queue depths, dead letters and streams.
     Status,
@@ -139,32 +174,38 @@ struct EventsArgs {
 
 pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let names = Names::new(&cli.prefix)?;
+    // Asked (or refused) before connecting: nothing is sent unless the deletion is confirmed.
+    if let Command::Rm { task, yes } = &cli.command {
+        confirm_delete(task, *yes)?;
+    }
     let client = cli.nats.connect_with_inbox_prefix("jetsched-cli", cli.inbox_prefix.as_deref()).await?;
     let api = Api::new(client.clone(), names.clone());
     let json_out = cli.json;
     let result = match cli.command {
         Command::Apply { files, create_only } => apply(&api, &files, create_only, json_out).await,
-        Command::Get { task } => {
-            let task = task_ref(&task);
-            api.task_in::<_, Value>("get", &task.namespace, &task).await.map(|v| output::pretty(&v))
+        Command::Get { task } => crate::tasks::get(&api, &task, json_out).await,
+        Command::Ls { namespace, labels, state, queue, priority } => {
+            let filters = Filters { state, queue, priority };
+            crate::tasks::list(&api, namespace, &labels, &filters, json_out).await
         }
-        Command::Ls { namespace, labels } => list(&api, namespace, &labels, json_out).await,
-        Command::Rm { task } => control(&api, "delete", &task, "deleted", json_out).await,
+        Command::Rm { task, .. } => control(&api, "delete", &task, "deleted", json_out).await,
         Command::Pause { task, reason } => pause(&api, &task, reason, json_out).await,
         Command::Resume { task } => control(&api, "resume", &task, "resumed", json_out).await,
         Command::Trigger { task, priority } => trigger(&api, &task, priority, json_out).await,
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
         // One namespace or one task: the registry reads the last events of just those.
         Command::Events(EventsArgs { namespace: Some(namespace), task, last, follow }) => {
-            crate::tenant::events(&api, &client, &names, &namespace, task.as_deref(), last, follow).await
+            let task = task.as_deref();
+            crate::tenant::events(&api, &client, &names, &namespace, task, last, follow, json_out).await
         }
         Command::Events(EventsArgs { namespace: None, task: Some(task), last, follow }) => {
             let namespace = task_ref(&task).namespace;
-            crate::tenant::events(&api, &client, &names, &namespace, Some(&task), last, follow).await
+            crate::tenant::events(&api, &client, &names, &namespace, Some(&task), last, follow, json_out)
+                .await
         }
-        Command::Events(args) => events(&client, &names, args).await,
-        Command::Runs { task, last } => {
-            crate::inspect::runs(&api, &client, &names, &task, last, json_out).await
+        Command::Events(args) => events(&client, &names, args, json_out).await,
+        Command::Runs { task, last, wide } => {
+            crate::runs::runs(&api, &client, &names, &task, last, wide, json_out).await
         }
         Command::Status => crate::inspect::status(&client, &names, json_out).await,
         Command::Dlq(command) => crate::dlq::run(&api, command, json_out).await,
@@ -181,6 +222,30 @@ fn parse_instant(text: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(text)
         .map(|t| t.with_timezone(&Utc))
         .map_err(|e| format!("not an RFC 3339 instant ({e}), e.g. 2026-03-07T00:00:00Z"))
+}
+
+/// `rm` asks `delete ns/id? [y/N]` on a terminal unless `--yes`; without a terminal and without
+/// `--yes` it refuses (exit 2), so a script never deletes by accident nor hangs on a prompt.
+fn confirm_delete(task: &str, yes: bool) -> Result<(), Failure> {
+    if yes {
+        return Ok(());
+    }
+    let reference = task_ref(task);
+    let name = format!("{}/{}", reference.namespace, reference.id);
+    let stdin = std::io::stdin();
+    if !std::io::IsTerminal::is_terminal(&stdin) {
+        return Err(anyhow::anyhow!(
+            "not deleting {name}: standard input is not a terminal to confirm on; pass --yes to delete"
+        )
+        .into());
+    }
+    eprint!("delete {name}? [y/N] ");
+    let mut answer = String::new();
+    stdin.read_line(&mut answer).context("read the answer")?;
+    match answer.trim() {
+        "y" | "Y" | "yes" | "Yes" | "YES" => Ok(()),
+        _ => Err(Failure::Reported(format!("{name} not deleted"))),
+    }
 }
 
 /// `delete`, `pause` or `resume` one task.
@@ -222,32 +287,6 @@ async fn trigger(api: &Api, task: &str, priority: Option<String>, json_out: bool
     Ok(())
 }
 
-/// The fields of a stored task (`{"task": spec, "revision": n}`) that `apply` and `ls` show;
-/// tolerant of spec fields this CLI does not know.
-#[derive(Deserialize)]
-struct Stored {
-    task: TaskView,
-    revision: u64,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default)]
-struct TaskView {
-    namespace: String,
-    id: String,
-    schedule: Value,
-    executor: ExecutorView,
-    queue: String,
-    paused: bool,
-    paused_reason: Option<String>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(default)]
-struct ExecutorView {
-    kind: String,
-}
-
 async fn apply(api: &Api, files: &[PathBuf], create_only: bool, json_out: bool) -> Result<(), Failure> {
     let mut specs = Vec::new();
     for file in files {
@@ -274,7 +313,7 @@ async fn apply(api: &Api, files: &[PathBuf], create_only: bool, json_out: bool) 
         match result {
             Ok(reply) if json_out => print(reply.to_string()),
             Ok(reply) => {
-                let Stored { task, revision } = serde_json::from_value(reply).context("put reply")?;
+                let Stored { task, revision, .. } = serde_json::from_value(reply).context("put reply")?;
                 print(format!("{}/{} applied (revision {revision})", task.namespace, task.id));
             }
             Err(Failure::Api(problems)) => {
@@ -305,59 +344,6 @@ async fn apply(api: &Api, files: &[PathBuf], create_only: bool, json_out: bool) 
             rejected.join(", ")
         ))),
     }
-}
-
-async fn list(
-    api: &Api,
-    namespace: Option<String>,
-    labels: &[String],
-    json_out: bool,
-) -> Result<(), Failure> {
-    let mut request = ListRequest { namespace, limit: Some(1000), ..ListRequest::default() };
-    for label in labels {
-        let (k, v) =
-            label.split_once('=').ok_or_else(|| anyhow::anyhow!("--label {label:?}: use key=value"))?;
-        request.labels.insert(k.to_string(), v.to_string());
-    }
-    /// A page of `list`, its tasks kept as JSON for `--json`.
-    #[derive(Deserialize)]
-    struct Page {
-        #[serde(default)]
-        tasks: Vec<Value>,
-        #[serde(default)]
-        next_cursor: Option<String>,
-    }
-    let tasks = crate::api::every_page(async |cursor| {
-        request.cursor = cursor;
-        let page: Page = match request.namespace.clone() {
-            Some(namespace) => api.task_in("list", &namespace, &request).await?,
-            None => api.task("list", &request).await?,
-        };
-        Ok((page.tasks, page.next_cursor))
-    })
-    .await?;
-    if json_out {
-        output::pretty(&Value::Array(tasks));
-        return Ok(());
-    }
-    let mut rows = Vec::with_capacity(tasks.len());
-    for task in tasks {
-        let Stored { task, revision } = serde_json::from_value(task).context("list reply")?;
-        rows.push(vec![
-            format!("{}/{}", task.namespace, task.id),
-            output::schedule(&task.schedule),
-            task.executor.kind,
-            task.queue,
-            match (task.paused, task.paused_reason) {
-                (true, Some(reason)) => format!("paused: {reason}"),
-                (true, None) => "paused".to_string(),
-                (false, _) => "active".to_string(),
-            },
-            revision.to_string(),
-        ]);
-    }
-    output::table(&["TASK", "SCHEDULE", "EXECUTOR", "QUEUE", "STATE", "REVISION"], &rows);
-    Ok(())
 }
 
 async fn next(
@@ -415,7 +401,12 @@ async fn next(
     Ok(())
 }
 
-async fn events(client: &async_nats::Client, names: &Names, args: EventsArgs) -> Result<(), Failure> {
+async fn events(
+    client: &async_nats::Client,
+    names: &Names,
+    args: EventsArgs,
+    json_out: bool,
+) -> Result<(), Failure> {
     let js = jetstream::new(client.clone());
     let mut stream = js.get_stream(names.events_stream()).await.context("open the events stream")?;
     let info = stream.info().await.context("events stream info")?;
@@ -451,10 +442,41 @@ async fn events(client: &async_nats::Client, names: &Names, args: EventsArgs) ->
         let message = message.context("read event")?;
         let pending = message.info().map(|i| i.pending).unwrap_or(0);
         let event: Value = serde_json::from_slice(&message.payload).unwrap_or(Value::Null);
-        outln!("{}", event);
+        crate::text::print_event(&event, json_out);
         if !args.follow && pending == 0 {
             break;
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Every subcommand, positional and flag says what it is for in `--help`.
+    #[test]
+    fn every_subcommand_and_argument_has_help() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for argument in command.get_arguments() {
+                if argument.get_help().is_none() && argument.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", argument.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                let here = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(here.clone());
+                }
+                walk(sub, &here, missing);
+            }
+        }
+        let mut command = Cli::command();
+        command.build();
+        let mut missing = Vec::new();
+        walk(&command, "jetsched", &mut missing);
+        assert!(missing.is_empty(), "without help: {missing:#?}");
+    }
 }

@@ -15,8 +15,10 @@ pub(crate) enum DlqCommand {
         #[command(flatten)]
         filter: DlqFilter,
     },
-    /// Show one dead letter with its whole attempt history.
+    /// Show one dead letter: its facts, its spec in words and every attempt (`--json`: the
+    /// entry as stored).
     Show {
+        /// The entry's sequence in the dead-letter stream (as `dlq ls` shows it).
         sequence: u64,
         /// The entry's namespace: the request goes to that namespace's subject, and the entry
         /// must belong to it.
@@ -26,6 +28,7 @@ pub(crate) enum DlqCommand {
     /// Run dead letters again (new execution id, trigger `replay`) and remove them from the DLQ:
     /// one by sequence, or every entry matching a filter at a bounded rate.
     Replay {
+        /// One entry's sequence (as `dlq ls` shows it), instead of a filter.
         sequence: Option<u64>,
         #[command(flatten)]
         filter: DlqFilter,
@@ -38,9 +41,11 @@ pub(crate) enum DlqCommand {
     },
     /// Delete dead letters: one by sequence, every entry matching a filter, or --all.
     Purge {
+        /// One entry's sequence (as `dlq ls` shows it), instead of a filter or --all.
         sequence: Option<u64>,
         #[command(flatten)]
         filter: DlqFilter,
+        /// Every dead letter.
         #[arg(long)]
         all: bool,
     },
@@ -134,7 +139,12 @@ pub(crate) async fn run(api: &Api, command: DlqCommand, json_out: bool) -> Resul
         DlqCommand::Ls { filter } => list(api, &filter, json_out).await,
         DlqCommand::Show { sequence, namespace } => {
             let request = DlqRequest { sequence: Some(sequence), namespace, ..DlqRequest::default() };
-            output::pretty(&api.dlq::<Value>("get", &request).await?);
+            let reply = api.dlq::<Value>("get", &request).await?;
+            if json_out {
+                output::pretty(&reply)
+            } else {
+                crate::text::dead_letter(&reply)
+            }
             Ok(())
         }
         DlqCommand::Replay { sequence, filter, rate, priority } => {

@@ -1,223 +1,25 @@
-//! Read-only views assembled from JetStream: a task's recent runs (from the event stream) and
-//! the system status (lease, presence pings, consumers, streams).
+//! The system status assembled from JetStream: lease, presence pings, consumers, streams.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context;
-use async_nats::jetstream::{self, consumer::DeliverPolicy};
+use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use jetsched_shared::names::Names;
 use jetsched_shared::presence;
 use jetsched_shared::priority::Priority;
-use jetsched_shared::wire::{Event, EventKind, LeaderRecord, format_time};
+use jetsched_shared::wire::{LeaderRecord, format_time};
 use serde::Serialize;
-use serde_json::{Value, json};
 
-use crate::api::{Api, Failure, task_ref};
+use crate::api::Failure;
 use crate::output::{self, outln};
 
 /// The roles `status` looks for, in the order it shows them.
 const ROLES: [&str; 4] = ["registry", "scheduler", "worker", "alerter"];
 /// Width of the labels of `status`'s summary lines.
 const LABEL: usize = 14;
-/// How long `runs` waits for the events stream's information before reading the task's events
-/// the way a user confined to its namespace may.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Reads up to `last` events matching `filter`, oldest first, without waiting for new ones.
-async fn recent_events(
-    js: &jetstream::Context,
-    names: &Names,
-    filter: String,
-    last: u64,
-) -> anyhow::Result<Vec<Event>> {
-    let mut stream = js.get_stream(names.events_stream()).await.context("open the events stream")?;
-    let state = stream.info().await.context("events stream info")?.state.clone();
-    if state.messages == 0 {
-        return Ok(Vec::new());
-    }
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig {
-            filter_subject: filter,
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: state.last_sequence.saturating_sub(last.saturating_mul(20)).max(1),
-            },
-            ..Default::default()
-        })
-        .await
-        .context("create an ordered consumer on the events stream")?;
-    let mut messages = consumer.messages().await.context("read events")?;
-    let mut out = Vec::new();
-    while let Ok(Some(message)) = tokio::time::timeout(Duration::from_millis(500), messages.next()).await {
-        let message = message.context("read event")?;
-        if let Ok(event) = serde_json::from_slice::<Event>(&message.payload) {
-            out.push(event);
-        }
-        if message.info().map(|i| i.pending).unwrap_or(0) == 0 {
-            break;
-        }
-    }
-    let keep = out.len().saturating_sub(last as usize);
-    Ok(out.split_off(keep))
-}
-
-/// Whether a JetStream request failed because this user cannot reach the events stream: the
-/// server refused the subject (the request then times out or reports a permissions violation,
-/// depending on the server), or the user's account has no such stream.
-fn is_permission_error(error: &anyhow::Error) -> bool {
-    let text = format!("{error:#}").to_lowercase();
-    // A team's own account has a JetStream of its own, without the events stream.
-    text.contains("permission")
-        || text.contains("timed out")
-        || text.contains("no responders")
-        || text.contains("stream not found")
-}
-
-#[derive(Default)]
-struct RunView {
-    nominal: Option<String>,
-    dispatched: Option<String>,
-    trigger: String,
-    attempts: u32,
-    worker: String,
-    outcome: String,
-    duration_ms: Option<u64>,
-    error: String,
-    trace_id: Option<String>,
-}
-
-pub(crate) async fn runs(
-    api: &Api,
-    client: &async_nats::Client,
-    names: &Names,
-    task: &str,
-    last: u64,
-    json_out: bool,
-) -> Result<(), Failure> {
-    let task = task_ref(task);
-    // The stream's information answers within milliseconds when this user may read it; a user
-    // confined to a namespace is refused (the request then waits for its timeout), so keep the
-    // wait short.
-    let mut js = jetstream::new(client.clone());
-    js.set_timeout(PROBE_TIMEOUT);
-    let subject = names.event_subject("*.*", &task.namespace, &task.id);
-    let events = match recent_events(&js, names, subject.clone(), last).await {
-        Ok(events) => events,
-        // A team (an account of its own, or a user confined to its namespace) cannot read the
-        // events stream: the registry reads the task's history for it.
-        Err(error) if is_permission_error(&error) => api
-            .event_history(&task.namespace, Some(&task.id), last)
-            .await?
-            .into_iter()
-            .filter_map(|event| serde_json::from_value::<Event>(event).ok())
-            .collect(),
-        Err(error) => return Err(error.into()),
-    };
-    let mut runs: BTreeMap<String, RunView> = BTreeMap::new();
-    let mut order = Vec::new();
-    for event in events {
-        let Some(execution) = event.execution_id.clone() else { continue };
-        let run = runs.entry(execution.clone()).or_insert_with(|| {
-            order.push(execution.clone());
-            RunView::default()
-        });
-        if let Some(nominal) = event.nominal_time {
-            run.nominal = Some(format_time(nominal));
-        }
-        if let Some(trigger) = event.trigger {
-            run.trigger = trigger.as_str().to_string();
-        }
-        if let Some(worker) = &event.worker {
-            run.worker = worker.clone();
-        }
-        if let Some(attempt) = event.attempt {
-            run.attempts = run.attempts.max(attempt);
-        }
-        if event.duration_ms.is_some() {
-            run.duration_ms = event.duration_ms;
-        }
-        if let Some(error) = &event.error {
-            run.error = error.clone();
-        }
-        if event.trace_id.is_some() {
-            run.trace_id = event.trace_id.clone();
-        }
-        match event.kind {
-            EventKind::FireDispatched => {
-                run.dispatched = Some(format_time(event.time));
-                if run.outcome.is_empty() {
-                    run.outcome = "dispatched".into();
-                }
-            }
-            EventKind::FireSkipped => {
-                run.outcome = format!("skipped ({})", event.reason.as_deref().unwrap_or("?"))
-            }
-            EventKind::RunStarted => run.outcome = "running".into(),
-            EventKind::RunSucceeded => run.outcome = "succeeded".into(),
-            EventKind::RunFailed => run.outcome = "failed".into(),
-            EventKind::RunRetrying => run.outcome = "retrying".into(),
-            EventKind::RunDead => run.outcome = "dead-lettered".into(),
-            EventKind::RunHeld => {
-                let until = event.release_at.map(format_time).unwrap_or_else(|| "?".into());
-                run.outcome = format!("held until {until}")
-            }
-            EventKind::RunSkipped => {
-                run.outcome = format!("skipped ({})", event.reason.as_deref().unwrap_or("?"))
-            }
-            _ => {}
-        }
-    }
-    let views: Vec<(String, RunView)> =
-        order.into_iter().filter_map(|id| runs.remove(&id).map(|view| (id, view))).collect();
-    if json_out {
-        let list: Vec<Value> = views
-            .iter()
-            .map(|(id, r)| {
-                json!({"execution_id": id, "nominal_time": r.nominal, "dispatched_at": r.dispatched,
-                       "trigger": r.trigger, "attempts": r.attempts, "worker": r.worker,
-                       "outcome": r.outcome, "duration_ms": r.duration_ms, "error": r.error,
-                       "trace_id": r.trace_id})
-            })
-            .collect();
-        output::pretty(&Value::Array(list));
-        return Ok(());
-    }
-    let rows: Vec<Vec<String>> = views
-        .into_iter()
-        .map(|(id, r)| {
-            vec![
-                id,
-                r.nominal.unwrap_or_default(),
-                r.dispatched.unwrap_or_default(),
-                r.trigger,
-                r.attempts.to_string(),
-                r.worker,
-                r.outcome,
-                r.duration_ms.map(|d| format!("{d} ms")).unwrap_or_default(),
-                r.trace_id.unwrap_or_default(),
-                r.error.chars().take(60).collect(),
-            ]
-        })
-        .collect();
-    output::table(
-        &[
-            "EXECUTION",
-            "NOMINAL",
-            "DISPATCHED",
-            "TRIGGER",
-            "ATTEMPTS",
-            "WORKER",
-            "OUTCOME",
-            "DURATION",
-            "TRACE",
-            "ERROR",
-        ],
-        &rows,
-    );
-    Ok(())
-}
 
 /// The lease holder as `status` reports it.
 #[derive(Serialize)]

@@ -10,7 +10,10 @@ mod files;
 mod inspect;
 mod output;
 mod queues;
+mod runs;
+mod tasks;
 mod tenant;
+mod text;
 
 use std::process::ExitCode;
 

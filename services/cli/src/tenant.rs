@@ -11,10 +11,10 @@ use jetsched_shared::names::Names;
 use serde_json::Value;
 
 use crate::api::{Api, Failure, task_ref};
-use crate::output::outln;
 
 /// Prints the last `last` events of `namespace` (or of one of its tasks), then, with `follow`,
-/// every new one.
+/// every new one: a line of text each, or of JSON with `json_out`.
+#[allow(clippy::too_many_arguments)] // each is one setting of `jetsched events`
 pub(crate) async fn events(
     api: &Api,
     client: &async_nats::Client,
@@ -23,6 +23,7 @@ pub(crate) async fn events(
     task: Option<&str>,
     last: u64,
     follow: bool,
+    json_out: bool,
 ) -> Result<(), Failure> {
     let task = task.map(task_ref);
     let filter = match &task {
@@ -47,7 +48,7 @@ pub(crate) async fn events(
     let mut printed: HashSet<String> = HashSet::new();
     for event in history {
         let line = event.to_string();
-        outln!("{line}");
+        crate::text::print_event(&event, json_out);
         printed.insert(line);
     }
     let Some(live) = live.as_mut() else { return Ok(()) };
@@ -55,7 +56,7 @@ pub(crate) async fn events(
         let event: Value = serde_json::from_slice(&message.payload).unwrap_or(Value::Null);
         let line = event.to_string();
         if !printed.remove(&line) {
-            outln!("{line}");
+            crate::text::print_event(&event, json_out);
         }
     }
     Ok(())

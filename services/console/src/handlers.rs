@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
-use jetsched_shared::wire::{DlqRequest, Event, RunRecord};
+use jetsched_shared::wire::{DlqRequest, Event, RunRecord, TaskState, TaskStatus};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
@@ -51,7 +51,8 @@ pub(crate) async fn tasks(
         let index = state.index.read().expect("task index lock");
         (index.search(&query, state.page_size), index.queues())
     };
-    html(StatusCode::OK, pages::tasks::list(&page, &query, raw.as_deref().unwrap_or(""), &queues))
+    let states = crate::status::task_states(&state.client, &state.names, &page.tasks).await;
+    html(StatusCode::OK, pages::tasks::list(&page, &states, &query, raw.as_deref().unwrap_or(""), &queues))
 }
 
 pub(crate) async fn task(
@@ -70,6 +71,12 @@ pub(crate) async fn task(
     };
     let spec = stored.get("task").cloned().unwrap_or(Value::Null);
     let revision = stored.get("revision").and_then(Value::as_u64).unwrap_or(0);
+    // The registry's state by the shared rule (a fired one-shot is completed).
+    let task_state = stored.get("status").and_then(|s| serde_json::from_value::<TaskStatus>(s.clone()).ok());
+    let paused = spec.get("paused").and_then(Value::as_bool).unwrap_or(false);
+    let task_state = task_state.map(|s| s.state).unwrap_or_else(|| {
+        TaskState::derive(spec.get("schedule").and_then(TaskState::one_shot_at), paused, None)
+    });
     let (runs, events) = {
         let activity = state.activity.read().expect("activity lock");
         let of_task = |e: &&Event| e.namespace == namespace && e.task_id == id;
@@ -82,6 +89,7 @@ pub(crate) async fn task(
         id: &id,
         spec: &spec,
         revision,
+        state: task_state,
         next: next.map_err(|e| e.to_string()),
         runs: &runs,
         events: &events,

@@ -11,6 +11,7 @@ use async_nats::jetstream::kv::{self, Operation};
 use futures::StreamExt;
 use jetsched_shared::admin::Readiness;
 use jetsched_shared::names::split_task_key;
+use jetsched_shared::wire::parse_time;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +29,8 @@ pub struct TaskSummary {
     pub executor: &'static str,
     pub queue: Arc<str>,
     pub schedule: Box<str>,
+    /// The instant of a one-shot (`at`): with its fire state it tells whether it completed.
+    pub one_shot_at: Option<chrono::DateTime<chrono::Utc>>,
     pub revision: u64,
 }
 
@@ -85,6 +88,7 @@ impl TaskSummary {
             paused: view.paused,
             executor: EXECUTORS.into_iter().find(|known| *known == kind).unwrap_or("?"),
             queue: Arc::from(view.queue.as_deref().unwrap_or("default")),
+            one_shot_at: view.schedule.as_ref().and_then(|s| s.at.as_deref()).and_then(parse_time),
             schedule: view.schedule.map(|s| schedule_text(&s)).unwrap_or_default().into(),
             revision,
         })

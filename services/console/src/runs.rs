@@ -19,6 +19,7 @@ pub(crate) struct RunRow {
     pub(crate) attempts: u32,
     pub(crate) worker: String,
     pub(crate) outcome: String,
+    /// The whole run's duration (first attempt's start to its final status), once final.
     pub(crate) duration_ms: Option<u64>,
     pub(crate) error: String,
     pub(crate) trace_id: String,
@@ -55,8 +56,8 @@ pub(crate) fn runs_from_events<'a>(
         if let Some(attempt) = event.attempt {
             run.attempts = run.attempts.max(attempt);
         }
-        if event.duration_ms.is_some() {
-            run.duration_ms = event.duration_ms;
+        if event.run_duration_ms.is_some() {
+            run.duration_ms = event.run_duration_ms;
         }
         if let Some(error) = &event.error {
             run.error.clone_from(error);

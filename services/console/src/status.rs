@@ -1,20 +1,42 @@
 //! The overview's live facts, read when the page is asked for: the leader lease, the dispatch
 //! consumers' depths and the dead-letter count; the live replicas come from the last presence
-//! ping (see `replicas`), the rest from the recent activity kept in memory.
+//! ping (see `replicas`), the rest from the recent activity kept in memory. Also the state of
+//! the tasks a list page shows.
 
 use anyhow::Context;
 use async_nats::jetstream::{self, kv::Operation};
 use chrono::Utc;
 use futures::{StreamExt, TryStreamExt};
-use jetsched_shared::names::Names;
-use jetsched_shared::wire::LeaderRecord;
+use jetsched_shared::direct_batch::latest_values;
+use jetsched_shared::names::{Names, task_key};
+use jetsched_shared::wire::{FireState, LeaderRecord, TaskState};
 
 use crate::activity::{HORIZON, SharedActivity};
+use crate::index::TaskSummary;
 use crate::pages::overview::{Leader, Overview, QueueDepth};
 use crate::replicas::Replicas;
 
 /// Recent failures listed.
 const FAILURES: usize = 10;
+
+/// The state of each of `tasks` by the shared rule. Only a one-shot's depends on its fire state
+/// (a fired one is completed): those are read in one batched request; one that cannot be read
+/// shows what its spec alone tells.
+pub(crate) async fn task_states(
+    client: &async_nats::Client,
+    names: &Names,
+    tasks: &[TaskSummary],
+) -> Vec<TaskState> {
+    let keys: Vec<String> =
+        tasks.iter().filter(|t| t.one_shot_at.is_some()).map(|t| task_key(t.namespace(), t.id())).collect();
+    let fires = latest_values(client, &names.state_bucket(), &keys).await.unwrap_or_else(|error| {
+        tracing::warn!(%error, "cannot read the fire states of one-shots");
+        Default::default()
+    });
+    let fire_of = |t: &TaskSummary| fires.get(&task_key(t.namespace(), t.id())).cloned();
+    let decoded = |t: &TaskSummary| fire_of(t).and_then(|v| serde_json::from_slice::<FireState>(&v).ok());
+    tasks.iter().map(|t| TaskState::derive(t.one_shot_at, t.paused, decoded(t).as_ref())).collect()
+}
 
 /// Reads everything the overview shows; what cannot be read is named in `problems`.
 pub(crate) async fn overview(

@@ -43,8 +43,16 @@ pub(crate) async fn handle(
 async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec<u8>, Failure> {
     match request {
         ApiRequest::Put { spec, precondition } => Ok(store.put(*spec, precondition).await?.reply_json()),
-        ApiRequest::Get(task) => encode(&store.get(&task.namespace, &task.id).await?),
-        ApiRequest::List(request) => encode(&store.list(&request).await?),
+        ApiRequest::Get(task) => {
+            let mut reply = store.get(&task.namespace, &task.id).await?;
+            store.fill_status(std::slice::from_mut(&mut reply)).await?;
+            encode(&reply)
+        }
+        ApiRequest::List(request) => {
+            let mut reply = store.list(&request).await?;
+            store.fill_status(&mut reply.tasks).await?;
+            encode(&reply)
+        }
         ApiRequest::Delete(task) => encode(&store.delete(&task.namespace, &task.id).await?),
         ApiRequest::Pause { task, reason } => {
             encode(&store.pause(&task.namespace, &task.id, reason.as_deref()).await?)

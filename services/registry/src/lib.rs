@@ -27,6 +27,7 @@ mod runs;
 pub mod scope;
 mod service;
 mod spans;
+mod status;
 pub mod tasks;
 
 pub use config::{Config, DEFAULT_ADMIN_ADDR};

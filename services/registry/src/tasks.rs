@@ -276,7 +276,12 @@ impl TaskStore {
 
     pub async fn get(&self, namespace: &str, id: &str) -> Result<TaskReply, Failure> {
         let entry = self.entry(&task_key(namespace, id)).await?.ok_or_else(|| not_found(namespace, id))?;
-        Ok(TaskReply { task: decode(&entry)?, revision: entry.revision })
+        Ok(TaskReply { task: decode(&entry)?, revision: entry.revision, status: None })
+    }
+
+    /// Sets each task's status (state, fires, recent outcomes) in a few batched reads.
+    pub async fn fill_status(&self, tasks: &mut [TaskReply]) -> Result<(), Failure> {
+        crate::status::fill(&self.js.client(), &self.names, tasks).await
     }
 
     /// Lists tasks in key order, filtered by namespace and labels, one page at a time.
@@ -297,7 +302,7 @@ impl TaskStore {
             let Some(entry) = self.entry(&key).await? else { continue };
             let task = decode(&entry)?;
             if matches_labels(&task.labels, &request.labels) {
-                tasks.push(TaskReply { task, revision: entry.revision });
+                tasks.push(TaskReply { task, revision: entry.revision, status: None });
             }
         }
         Ok(ListReply { tasks, next_cursor })
@@ -352,7 +357,7 @@ impl TaskStore {
             let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
             let mut task = decode(&entry)?;
             if task.paused == paused && (paused || task.paused_reason.is_none()) {
-                return Ok(TaskReply { task, revision: entry.revision });
+                return Ok(TaskReply { task, revision: entry.revision, status: None });
             }
             task.paused = paused;
             task.paused_reason = reason.filter(|_| paused).map(str::to_owned);
@@ -369,7 +374,7 @@ impl TaskStore {
                     if !paused {
                         self.restart_failure_count(namespace, id).await;
                     }
-                    return Ok(TaskReply { task, revision });
+                    return Ok(TaskReply { task, revision, status: None });
                 }
                 Err(e) if is_revision_mismatch(&e) => continue,
                 Err(e) => return Err(Failure::unavailable("write tasks bucket", e)),

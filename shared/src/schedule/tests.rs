@@ -38,6 +38,24 @@ fn next(schedule: &Schedule, after: &str) -> Option<String> {
 // DST: America/New_York (gap 2026-03-08 02:00 EST -> 03:00 EDT at 07:00Z;
 //                        fold 2026-11-01 02:00 EDT -> 01:00 EST at 06:00Z)
 
+/// The last fires up to an instant are the ones `upcoming` finds forward, for an interval, a
+/// zoned cron across a DST change, and a schedule with fewer fires than asked.
+#[test]
+fn the_last_fires_up_to_an_instant_match_the_forward_ones() {
+    let text = |fires: Vec<DateTime<Utc>>| -> Vec<String> {
+        fires.into_iter().map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)).collect()
+    };
+    let every = Schedule::Every { interval: Duration::from_secs(5), anchor: utc("2026-01-01T00:00:00Z") };
+    let last = text(every.fires_up_to(utc("2026-01-01T00:01:00Z"), 3));
+    assert_eq!(last, ["2026-01-01T00:00:50Z", "2026-01-01T00:00:55Z", "2026-01-01T00:01:00Z"]);
+    assert_eq!(every.fires_up_to(utc("2026-01-01T00:00:07Z"), 10).len(), 2, "the anchor and 5 s later");
+    let nightly = cron("0 30 2 * * *", "America/New_York");
+    let forward = fires(&nightly, "2026-03-05T00:00:00Z", 6);
+    assert_eq!(text(nightly.fires_up_to(utc(&forward[5]), 6)), forward);
+    let once = Schedule::At(utc("2026-01-01T00:00:00Z"));
+    assert_eq!(once.fires_up_to(utc("2026-06-01T00:00:00Z"), 10), [utc("2026-01-01T00:00:00Z")]);
+}
+
 #[test]
 fn new_york_gap_fires_once_at_the_transition() {
     let s = cron("0 30 2 * * *", "America/New_York");

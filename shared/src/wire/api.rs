@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::millis;
+use super::{TaskStatus, millis};
 use crate::spec::TaskSpec;
 
 fn default_namespace() -> String {
@@ -21,11 +21,14 @@ pub struct TaskRef {
     pub id: String,
 }
 
-/// A stored task and its revision: the reply of `put`, `get`, `pause`, `resume`.
+/// A stored task and its revision: the reply of `put`, `get`, `pause`, `resume`; `get` and
+/// each task of `list` carry its status as well.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TaskReply {
     pub task: TaskSpec,
     pub revision: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<TaskStatus>,
 }
 
 /// `list`: optional namespace and label filters, a page size and the cursor of the previous page.

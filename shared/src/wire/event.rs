@@ -116,8 +116,13 @@ pub struct Event {
     pub worker: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Run events: how long the attempt the event is about took (the last attempt's own time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
+    /// Final run events: how long the whole run took, first attempt's start to the final
+    /// status ([`super::RunRecord::duration`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_duration_ms: Option<u64>,
     /// Spec revision for task events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<u64>,
@@ -171,6 +176,7 @@ impl Event {
             worker: None,
             error: None,
             duration_ms: None,
+            run_duration_ms: None,
             revision: None,
             reason: None,
             instance: None,

@@ -162,6 +162,19 @@ impl RunRecord {
         }
     }
 
+    /// How long the whole run took: from the start of its first attempt to its final status,
+    /// or to `now` while it is not final (running, retrying, held). Not the latest attempt's
+    /// time: a run that failed twice and then succeeded took all three attempts and the waits
+    /// between them.
+    pub fn duration(&self, now: DateTime<Utc>) -> chrono::Duration {
+        let end = match (self.status.is_final(), self.finished) {
+            (true, Some(finished)) => finished,
+            (true, None) => self.attempts.last().and_then(|a| a.finished).unwrap_or(now),
+            (false, _) => now,
+        };
+        (end - self.first_started).max(chrono::Duration::zero())
+    }
+
     /// Records the start of attempt `attempt`; an attempt still open (no verdict) is marked
     /// abandoned. Returns whether this is a rerun after an abandoned attempt.
     pub fn start_attempt(&mut self, attempt: u32, worker: &str, now: DateTime<Utc>) -> bool {
@@ -240,5 +253,52 @@ impl AttemptRecord {
             error: None,
             detail: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + seconds, 0).expect("an instant")
+    }
+
+    /// A run that failed twice and succeeded on its third attempt: its duration runs from the
+    /// first attempt's start to the success, not over the last attempt alone.
+    #[test]
+    fn a_runs_duration_spans_every_attempt_and_runs_to_now_until_final() {
+        let mut record = RunRecord {
+            execution_id: "e".into(),
+            namespace: "ns".into(),
+            task_id: "t".into(),
+            queue: "default".into(),
+            nominal_time: at(0),
+            trigger: Trigger::Schedule,
+            status: RunStatus::Running,
+            attempt: 1,
+            worker: "w1".into(),
+            started: at(1),
+            first_started: at(1),
+            finished: None,
+            error: None,
+            release_at: None,
+            reason: None,
+            reruns: 0,
+            failures: 0,
+            attempts: vec![AttemptRecord::started(1, "w1", at(1))],
+            trace_id: None,
+        };
+        assert_eq!(record.duration(at(4)).num_seconds(), 3, "running: to now");
+        record.end_attempt(1, AttemptOutcome::Failed, Some("503".into()), None, RunStatus::Retrying, at(3));
+        assert_eq!(record.duration(at(6)).num_seconds(), 5, "retrying: still to now");
+        record.start_attempt(2, "w2", at(7));
+        record.end_attempt(2, AttemptOutcome::Failed, Some("503".into()), None, RunStatus::Retrying, at(9));
+        record.start_attempt(3, "w1", at(15));
+        record.end_attempt(3, AttemptOutcome::Succeeded, None, None, RunStatus::Succeeded, at(17));
+        assert_eq!(record.duration(at(100)).num_seconds(), 16, "first start to the success");
+        let last = record.attempts.last().expect("an attempt");
+        let last_attempt = last.finished.expect("finished") - last.started;
+        assert_eq!(last_attempt.num_seconds(), 2, "the last attempt alone is shorter");
     }
 }

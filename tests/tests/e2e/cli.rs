@@ -61,9 +61,9 @@ async fn every_subcommand_against_a_running_registry() {
     assert_eq!(ops[0]["task"]["id"], "pulse");
     let table = jetsched(&url, &["ls"]).await;
     assert!(stdout(&table).starts_with("TASK"), "{}", stdout(&table));
-    assert!(stdout(&table).contains("cron 0 30 2 * * * (America/New_York)"), "{}", stdout(&table));
+    assert!(stdout(&table).contains("cron 0 30 2 * * * in America/New_York"), "{}", stdout(&table));
 
-    let got = json_out(&jetsched(&url, &["get", "billing/nightly"]).await);
+    let got = json_out(&jetsched(&url, &["get", "billing/nightly", "--json"]).await);
     assert_eq!(got["task"]["schedule"]["timezone"], "America/New_York");
 
     // Next fires across the spring-forward day: 02:30 does not exist on 2026-03-08.
@@ -83,14 +83,14 @@ async fn every_subcommand_against_a_running_registry() {
 
     let paused = jetsched(&url, &["pause", "billing/pulse", "--reason", "card processor maintenance"]).await;
     assert!(stdout(&paused).contains("billing/pulse paused"), "{}", stderr(&paused));
-    let state = json_out(&jetsched(&url, &["get", "billing/pulse"]).await);
+    let state = json_out(&jetsched(&url, &["get", "billing/pulse", "--json"]).await);
     assert_eq!(state["task"]["paused"], true);
     assert_eq!(state["task"]["paused_reason"], "card processor maintenance");
     let table = stdout(&jetsched(&url, &["ls", "--namespace", "billing"]).await);
     assert!(table.contains("paused: card processor maintenance"), "{table}");
     let resumed = jetsched(&url, &["resume", "billing/pulse"]).await;
     assert!(resumed.status.success(), "{}", stderr(&resumed));
-    let state = json_out(&jetsched(&url, &["get", "billing/pulse"]).await);
+    let state = json_out(&jetsched(&url, &["get", "billing/pulse", "--json"]).await);
     assert!(state["task"].get("paused_reason").is_none(), "resume clears the reason: {state}");
 
     // Breakers: the task's own breaker is listed (no record yet: closed), shown and reset.
@@ -156,12 +156,13 @@ async fn every_subcommand_against_a_running_registry() {
     let listed = json_out(&jetsched(&url, &["ls", "--namespace", "yaml", "--json"]).await);
     assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
 
-    let events = stdout(&jetsched(&url, &["events", "--task", "billing/pulse", "--last", "50"]).await);
+    let events =
+        stdout(&jetsched(&url, &["events", "--task", "billing/pulse", "--last", "50", "--json"]).await);
     for kind in ["task.registered", "task.paused", "task.resumed", "fire.dispatched"] {
         assert!(events.contains(&format!("\"kind\":\"{kind}\"")), "{kind} in {events}");
     }
 
-    let removed = jetsched(&url, &["rm", "billing/pulse"]).await;
+    let removed = jetsched(&url, &["rm", "billing/pulse", "--yes"]).await;
     assert!(removed.status.success(), "{}", stderr(&removed));
     let gone = jetsched(&url, &["get", "billing/pulse"]).await;
     assert_eq!(gone.status.code(), Some(1));
@@ -346,7 +347,7 @@ async fn dlq_subcommands_list_show_replay_and_purge() {
     assert!(table.starts_with("SEQ") && table.contains("ops/sync") && table.contains("HTTP 503"), "{table}");
 
     let first = listed[0]["sequence"].as_u64().unwrap();
-    let shown = json_out(&jetsched(&url, &["dlq", "show", &first.to_string()]).await);
+    let shown = json_out(&jetsched(&url, &["dlq", "show", &first.to_string(), "--json"]).await);
     assert_eq!(shown["entry"]["execution_id"], "e1");
     assert_eq!(shown["entry"]["attempts"][0]["error"], "HTTP 503");
 

@@ -7,6 +7,7 @@ mod bench;
 mod breakers;
 mod chaos;
 mod cli;
+mod cli_human;
 
 mod clock_guard;
 mod config;

@@ -44,7 +44,7 @@ async fn events_of_a_task_are_its_last_ones_whatever_else_happened_in_between() 
     })
     .await;
 
-    let out = jetsched(&url, &["events", "--task", "ops/a", "--last", "10"]).await;
+    let out = jetsched(&url, &["events", "--task", "ops/a", "--last", "10", "--json"]).await;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let events: Vec<Value> =

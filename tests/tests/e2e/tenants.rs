@@ -293,7 +293,7 @@ async fn a_team_reaches_its_namespace_through_its_account_and_nothing_else() {
         vec!["next", "demo/report"],
         vec!["dlq", "ls", "--namespace", "demo"],
         vec!["events", "--namespace", "demo", "--last", "5"],
-        vec!["runs", "demo/report"],
+        vec!["runs", "demo/report", "--wide"],
     ] {
         let stdout = server.cli(TENANT, &args).await;
         assert!(!stdout.contains("billing"), "jetsched {} showed billing: {stdout}", args.join(" "));

@@ -57,6 +57,7 @@ pub(crate) fn run(execution_id: &str, record: Option<&RunRecord>, events: &[Even
                         dt { "Status" } dd { span class={"badge " (record.status.as_str())} { (record.status.as_str()) } }
                         @if let Some(until) = record.release_at { dt { "Held until" } dd #held-until { (time(until)) } }
                         @if let Some(reason) = &record.reason { dt { "Reason" } dd #run-reason { (reason) } }
+                        dt { "Duration" } dd #run-duration { (record.duration(chrono::Utc::now()).num_milliseconds()) " ms" @if !record.status.is_final() { " so far" } }
                         dt { "Nominal time" } dd { (time(record.nominal_time)) }
                         dt { "Trigger" } dd { (record.trigger.as_str()) }
                         dt { "Queue" } dd { (record.queue) }

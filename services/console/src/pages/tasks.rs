@@ -2,7 +2,7 @@
 //! (spec, next fires in UTC and the task's zone with DST changes marked, recent runs, events).
 
 use chrono::DateTime;
-use jetsched_shared::wire::Event;
+use jetsched_shared::wire::{Event, TaskState};
 use maud::{Markup, html};
 use serde_json::Value;
 
@@ -11,7 +11,13 @@ use crate::index::{TaskPage, TaskQuery};
 use crate::runs::RunRow;
 
 /// The list page; the table alone is what htmx swaps while typing.
-pub(crate) fn list(page: &TaskPage, query: &TaskQuery, query_string: &str, queues: &[String]) -> Markup {
+pub(crate) fn list(
+    page: &TaskPage,
+    states: &[TaskState],
+    query: &TaskQuery,
+    query_string: &str,
+    queues: &[String],
+) -> Markup {
     let filtered = html! {
         form.filters method="get" action="/tasks" hx-get="/tasks" hx-target="#task-table" hx-select="#task-table"
             hx-swap="outerHTML" hx-push-url="true" hx-trigger="input changed delay:250ms, change, submit" {
@@ -45,14 +51,14 @@ pub(crate) fn list(page: &TaskPage, query: &TaskQuery, query_string: &str, queue
             table {
                 thead { tr { th { "Namespace" } th { "Id" } th { "Schedule" } th { "Executor" } th { "Queue" } th { "State" } th { "Labels" } } }
                 tbody {
-                    @for task in &page.tasks {
+                    @for (n, task) in page.tasks.iter().enumerate() {
                         tr {
                             td { (task.namespace()) }
                             td { a href=(task_href(task.namespace(), task.id())) { (task.id()) } }
                             td { code { (task.schedule) } }
                             td { (task.executor) }
                             td { (task.queue) }
-                            td { @if task.paused { span.badge.paused { "paused" } } @else { span.badge.active { "active" } } }
+                            td { @let state = states.get(n).map_or(if task.paused { "paused" } else { "active" }, |s| s.as_str()); span class={"badge " (state)} { (state) } }
                             td.labels { @for (key, value) in &task.labels { span.label { (key) "=" (value) } " " } }
                         }
                     }
@@ -113,6 +119,8 @@ pub(crate) struct TaskView<'a> {
     pub(crate) next: Result<Value, String>,
     pub(crate) runs: &'a [RunRow],
     pub(crate) events: &'a [Event],
+    /// Active, paused or completed (by the shared rule).
+    pub(crate) state: TaskState,
     /// Runs of the task an open breaker holds now.
     pub(crate) held: Result<u64, String>,
 }
@@ -124,7 +132,7 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
     let body = html! {
         p.sub {
             "namespace " strong { (view.namespace) } " · revision " (view.revision) " · "
-            @if paused { span.badge.paused #task-state { "paused" } } @else { span.badge.active #task-state { "active" } }
+            span class={"badge " (view.state.as_str())} #task-state { (view.state.as_str()) }
             @if let Some(reason) = view.spec.get("paused_reason").and_then(Value::as_str) { " " span #pause-reason { "(" (reason) ")" } }
             " · priority " span #task-priority { (view.spec.get("priority").and_then(Value::as_str).unwrap_or("normal")) }
             " · breaker " (super::breakers::of_task(view.namespace, view.id, view.spec))
@@ -200,7 +208,7 @@ mod tests {
     #[test]
     fn hostile_labels_are_escaped() {
         let query = TaskQuery { q: "\"><img src=x onerror=alert(1)>".into(), ..Default::default() };
-        let html = list(&hostile_page(), &query, "q=x", &["default".into()]).into_string();
+        let html = list(&hostile_page(), &[], &query, "q=x", &["default".into()]).into_string();
         assert!(!html.contains("<script>alert(1)"), "{html}");
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
         assert!(!html.contains("<img src=x"), "{html}");
@@ -234,6 +242,7 @@ mod tests {
             id: "t",
             spec: &spec,
             revision: 3,
+            state: TaskState::Active,
             next: Err("<u>no registry</u>".into()),
             runs: &[],
             events: &events,

@@ -75,6 +75,10 @@ impl Delivery<'_> {
             let mut event = self.event(kind, self.attempt);
             event.error = error;
             event.duration_ms = self.elapsed.map(|e| u64::try_from(e.as_millis()).unwrap_or(u64::MAX));
+            event.run_duration_ms = stored
+                .as_ref()
+                .filter(|run| run.record.status.is_final())
+                .map(|run| u64::try_from(run.record.duration(Utc::now()).num_milliseconds()).unwrap_or(0));
             // The dead letter needs the reason too.
             event.reason = if plan.answer == Answer::DeadLetter { reason.clone() } else { reason.take() };
             self.tell(event).await;

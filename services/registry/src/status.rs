@@ -1,0 +1,105 @@
+//! The status `get` and `list` report with each task: its state by the shared rule
+//! ([`TaskState::derive`]), next and last fire from the scheduler's fire state, the status of
+//! its last run and the outcomes of its last [`RECENT_RUNS`] scheduled runs from the runs
+//! bucket. Read in batches (the latest value of up to 256 keys per request: the fire states
+//! of a page, then the run records their fires name), so a page of a thousand tasks costs a
+//! few dozen requests, not one per task. Scheduled execution ids derive from the task and the
+//! nominal time, so the records of past fires are found without an index.
+
+use std::collections::HashMap;
+
+use jetsched_shared::direct_batch::latest_values;
+use jetsched_shared::names::{Names, task_key};
+use jetsched_shared::schedule::Schedule;
+use jetsched_shared::wire::{
+    FireState, RECENT_RUNS, RunStatus, TaskReply, TaskState, TaskStatus, scheduled_execution_id,
+};
+use serde::Deserialize;
+
+use crate::failure::Failure;
+
+/// The one field of a run record the status needs.
+#[derive(Deserialize)]
+struct RunView {
+    status: RunStatus,
+}
+
+/// The latest live value of each of `keys` in `bucket` that has one, by key.
+async fn latest(
+    client: &async_nats::Client,
+    bucket: &str,
+    keys: &[String],
+) -> Result<HashMap<String, bytes::Bytes>, Failure> {
+    latest_values(client, bucket, keys)
+        .await
+        .map_err(|e| Failure::unavailable(format!("read bucket {bucket}"), e))
+}
+
+/// Sets the status of every task of `tasks`.
+pub(crate) async fn fill(
+    client: &async_nats::Client,
+    names: &Names,
+    tasks: &mut [TaskReply],
+) -> Result<(), Failure> {
+    let keys: Vec<String> = tasks.iter().map(|t| task_key(&t.task.namespace, &t.task.id)).collect();
+    let states = latest(client, &names.state_bucket(), &keys).await?;
+    let fires: Vec<Option<FireState>> =
+        keys.iter().map(|key| states.get(key).and_then(|value| serde_json::from_slice(value).ok())).collect();
+    // The execution ids of each task's latest scheduled fires, newest last.
+    let recent: Vec<Vec<String>> = tasks
+        .iter()
+        .zip(&fires)
+        .map(|(reply, fire)| match fire {
+            Some(fire) => recent_fires(&reply.task.schedule, fire)
+                .into_iter()
+                .map(|ms| scheduled_execution_id(&reply.task.namespace, &reply.task.id, ms))
+                .collect(),
+            None => Vec::new(),
+        })
+        .collect();
+    let ids: Vec<String> = recent.iter().flatten().cloned().collect();
+    let records = latest(client, &names.runs_bucket(), &ids).await?;
+    let status_of = |id: &String| {
+        records.get(id).and_then(|value| serde_json::from_slice::<RunView>(value).ok()).map(|r| r.status)
+    };
+    for ((reply, fire), recent) in tasks.iter_mut().zip(fires).zip(recent) {
+        let one_shot_at = match reply.task.schedule {
+            Schedule::At(at) => Some(at),
+            _ => None,
+        };
+        let ended: Vec<RunStatus> = recent
+            .iter()
+            .filter_map(status_of)
+            .filter(|s| matches!(s, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead))
+            .collect();
+        let last_execution_id = fire.as_ref().and_then(|f| f.last_execution_id.clone());
+        reply.status = Some(TaskStatus {
+            state: TaskState::derive(one_shot_at, reply.task.paused, fire.as_ref()),
+            next_fire: fire.as_ref().and_then(|f| f.next_fire),
+            last_fire: fire.as_ref().map(|f| f.last_nominal_fire),
+            last_outcome: last_execution_id.as_ref().and_then(status_of),
+            last_execution_id,
+            recent_runs: ended.len() as u32,
+            recent_succeeded: ended.iter().filter(|s| **s == RunStatus::Succeeded).count() as u32,
+            fires: fire.as_ref().map_or(0, |f| f.fires),
+        });
+    }
+    Ok(())
+}
+
+/// The nominal times (Unix milliseconds) of a task's last [`RECENT_RUNS`] scheduled fires up to
+/// its last recorded one.
+fn recent_fires(schedule: &Schedule, fire: &FireState) -> Vec<i64> {
+    let mut times: Vec<i64> = schedule
+        .fires_up_to(fire.last_nominal_fire, RECENT_RUNS)
+        .into_iter()
+        .map(|t| t.timestamp_millis())
+        .collect();
+    // The schedule changed since (the fire state is older than the spec): the last recorded
+    // fire counts all the same.
+    let last = fire.last_nominal_fire.timestamp_millis();
+    if times.last() != Some(&last) {
+        times.push(last);
+    }
+    times
+}
