@@ -14,6 +14,11 @@ pub(crate) mod shell;
 use std::time::Duration;
 
 use jetsched_shared::spec::Executor;
+
+/// How long a cancelled attempt of an embedded handler or a shell program is given to end by
+/// itself (the handler's token is fired, the program's process group is sent `SIGTERM`)
+/// before it is dropped (the handler aborted, the group sent `SIGKILL`).
+pub(crate) const CANCEL_GRACE: Duration = Duration::from_secs(5);
 use tracing::Instrument;
 
 use crate::spans;
@@ -65,9 +70,23 @@ impl Executors {
                 }
             }
         };
-        match tokio::time::timeout(timeout + Duration::from_secs(5), run).await {
-            Ok(outcome) => outcome,
-            Err(_) => Outcome::retry(format!("timed out after {timeout:?}")),
+        // A cancelled attempt: an HTTP request is aborted and a NATS request abandoned at once
+        // (their futures dropped); a handler and a shell program get `CANCEL_GRACE` to end.
+        let grace = match &attempt.dispatch.spec.executor {
+            Executor::Http { .. } | Executor::Nats { .. } => Duration::ZERO,
+            Executor::Shell { .. } | Executor::Handler { .. } => CANCEL_GRACE + Duration::from_millis(500),
+        };
+        let cancelled = async {
+            attempt.cancel.cancelled().await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            biased;
+            outcome = tokio::time::timeout(timeout + Duration::from_secs(5), run) => match outcome {
+                Ok(outcome) => outcome,
+                Err(_) => Outcome::retry(format!("timed out after {timeout:?}")),
+            },
+            () = cancelled => Outcome::retry("cancelled while running"),
         }
     }
 }
