@@ -15,16 +15,12 @@ use std::time::Duration;
 
 use jetsched_shared::spec::Executor;
 
-/// How long a cancelled attempt of an embedded handler or a shell program is given to end by
-/// itself (the handler's token is fired, the program's process group is sent `SIGTERM`)
-/// before it is dropped (the handler aborted, the group sent `SIGKILL`).
-pub(crate) const CANCEL_GRACE: Duration = Duration::from_secs(5);
 use tracing::Instrument;
 
 use crate::spans;
 use crate::verdict::Outcome;
 
-pub(crate) use self::attempt::{Attempt, Scope};
+pub(crate) use self::attempt::{Attempt, CANCEL_GRACE, Scope};
 pub use self::handler::{Handler, Handlers, RunContext};
 
 /// Every executor, built once per worker.

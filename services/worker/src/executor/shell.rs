@@ -22,7 +22,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use super::attempt::{Attempt, Scope, tail};
+use super::attempt::{Attempt, CANCEL_GRACE, Scope, tail};
 use crate::verdict::Outcome;
 
 /// `PATH` of the started process unless the spec's `env` sets one.
@@ -121,7 +121,7 @@ impl ShellExecutor {
         if status.is_none() && attempt.cancel.is_cancelled() {
             // Cancelled: the group is asked to end (SIGTERM), then killed after the grace.
             signal_group(group, Signal::SIGTERM);
-            status = tokio::time::timeout(super::CANCEL_GRACE, child.wait()).await.ok();
+            status = tokio::time::timeout(CANCEL_GRACE, child.wait()).await.ok();
         }
         // Leftovers of the group (background children holding the pipes) die with the run.
         kill_group(group);
