@@ -340,3 +340,39 @@ async fn the_cli_cancels_a_run_and_a_tasks_queued_runs_and_exits_non_zero_on_ref
     let reply = api.call(subject, json!({"id": "cli"})).await;
     assert_eq!(reply["runs"].as_array().map(Vec::len), Some(0), "{reply}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consoles_cancel_button_cancels_a_held_run_from_its_run_page() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let names = Names::default();
+    let task =
+        spec("cx", "page").handler("note").field("breaker", json!({"open_for": "1s", "on_open": "delay"}));
+    api.store(&task.json()).await;
+    open_breaker(&js, "task.cx.page", Duration::from_secs(4)).await;
+    let (handlers, ran) =
+        noting("note", |run: &RunContext| run.execution_id.clone(), |_| async { Outcome::ok() });
+    let _worker = App::worker(config(&server, "cp-w"), handlers).await;
+    let (_console, addr) = crate::console::console(&server, None, true).await;
+    let execution = dispatch(&js, &names, &task.task(), Utc::now().timestamp_millis()).await;
+    let held = wait_run_status(&js, &names, &execution, RunStatus::Held, WAIT).await;
+
+    let browser = crate::console::browser::Browser::start().await;
+    let page = &browser.client;
+    page.goto(&format!("http://{addr}/runs/{execution}")).await.expect("open the run page");
+    assert!(browser.text("dd .badge").await.contains("held"), "{}", browser.text("main").await);
+    browser.click("#run-actions input[name='confirm']").await;
+    browser.click("#run-actions button").await;
+    browser
+        .refresh_until(WAIT, "the run page says cancelled", "dd .badge", |text| text.contains("cancelled"))
+        .await;
+    assert_eq!(browser.text("#run-reason").await, "cancelled by console");
+    assert!(browser.text("#run-actions").await.is_empty(), "no Cancel button on a cancelled run");
+    browser.close().await;
+
+    // Past the release time the run still never runs.
+    let until = (held.release_at.expect("release time") - Utc::now()).to_std().unwrap_or_default()
+        + Duration::from_secs(2);
+    always(until, "the cancelled held run never runs", || async { ran.lock().unwrap().is_empty() }).await;
+    let record = run_record(&js, &names, &execution).await.expect("the record");
+    assert_eq!(record.status, RunStatus::Cancelled, "{record:?}");
+}
