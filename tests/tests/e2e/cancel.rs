@@ -1,9 +1,10 @@
 //! Cancelling runs, end to end on a real nats-server with a real registry and workers: a held
 //! run cancelled never runs after its breaker's release time; a queued run cancelled never
-//! runs once a worker starts; a running HTTP run and a running embedded handler are stopped
-//! mid-run and end `cancelled` with one attempt, neither retried nor dead-lettered; an unknown
-//! execution is a structured refusal; runs cancelled while workers pull them either never
-//! start or end cancelled; and the CLI's `jetsched cancel`.
+//! runs once a worker starts; a running HTTP run, embedded handler and shell program (sent
+//! `SIGTERM`) are stopped mid-run and end `cancelled` with one attempt, neither retried nor
+//! dead-lettered; an unknown execution is a structured refusal; runs cancelled while workers
+//! pull them either never start or end cancelled; the CLI's `jetsched cancel`; and the
+//! console's Cancel button in a browser.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -241,10 +242,10 @@ async fn runs_cancelled_while_workers_pull_them_either_never_start_or_end_cancel
         },
     );
     let mut worker_config = config(&server, "cr-1");
-    worker_config.concurrency = 4;
+    worker_config.concurrency = 2;
     let _first = App::worker(worker_config, handlers.clone()).await;
     let mut worker_config = config(&server, "cr-2");
-    worker_config.concurrency = 4;
+    worker_config.concurrency = 2;
     let _second = App::worker(worker_config, handlers).await;
 
     let base = Utc::now().timestamp_millis();
@@ -253,10 +254,10 @@ async fn runs_cancelled_while_workers_pull_them_either_never_start_or_end_cancel
         executions.push(dispatch(&js, &names, &task.task(), base + n).await);
     }
     // Every run cancelled while the workers pull them.
-    let mut replies = HashMap::new();
-    for execution in &executions {
-        replies.insert(execution.clone(), cancel(&api, "cx", execution, "race").await);
-    }
+    let cancels = executions
+        .iter()
+        .map(|execution| async { (execution.clone(), cancel(&api, "cx", execution, "race").await) });
+    let replies: HashMap<String, Value> = futures::future::join_all(cancels).await.into_iter().collect();
     for (execution, reply) in &replies {
         assert!(reply.get("outcome").is_some(), "{execution}: {reply}");
     }
@@ -283,6 +284,9 @@ async fn runs_cancelled_while_workers_pull_them_either_never_start_or_end_cancel
                     "{execution}: an attempt of a cancelled run ended otherwise: {record:?}"
                 );
             }
+            _ if reply["outcome"] == "cancelled" => {
+                panic!("{execution} answered cancelled, yet ended {record:?}")
+            }
             RunStatus::Succeeded => {
                 assert!(started.contains(execution) && succeeded.contains(execution), "{record:?}");
                 // The cancel came after its end, or as it ended (`cancelling`): never `cancelled`.
@@ -294,6 +298,18 @@ async fn runs_cancelled_while_workers_pull_them_either_never_start_or_end_cancel
             other => panic!("{execution} ended {other:?}: {record:?}"),
         }
     }
+    let outcomes = replies.values().filter_map(|reply| reply["outcome"].as_str()).fold(
+        HashMap::<&str, usize>::new(),
+        |mut counts, outcome| {
+            *counts.entry(outcome).or_default() += 1;
+            counts
+        },
+    );
+    eprintln!(
+        "{RUNS} runs: {cancelled} ended cancelled, {} started by a handler, {} ran to success; replies {outcomes:?}",
+        started.len(),
+        succeeded.len()
+    );
     assert!(cancelled > 0, "no run was cancelled");
 }
 
@@ -375,4 +391,35 @@ async fn the_consoles_cancel_button_cancels_a_held_run_from_its_run_page() {
     always(until, "the cancelled held run never runs", || async { ran.lock().unwrap().is_empty() }).await;
     let record = run_record(&js, &names, &execution).await.expect("the record");
     assert_eq!(record.status, RunStatus::Cancelled, "{record:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_shell_program_is_sent_term_when_its_run_is_cancelled() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let names = Names::default();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (started, termed) = (dir.path().join("started"), dir.path().join("termed"));
+    let script = format!(
+        "trap 'echo term > {}; exit 3' TERM; echo up > {}; sleep 60 & wait",
+        termed.display(),
+        started.display()
+    );
+    let executor = json!({"kind": "shell", "command": ["sh", "-c", script]});
+    let task = spec("cx", "shell").executor(executor).timeout("2m").fast_retry(3);
+    api.store(&task.json()).await;
+    let mut worker_config = config(&server, "cs-w");
+    worker_config.shell_allow = vec!["sh".into()];
+    let _worker = App::worker(worker_config, Handlers::new()).await;
+    let execution = dispatch(&js, &names, &task.task(), Utc::now().timestamp_millis()).await;
+    eventually(WAIT, "the program runs", || async { started.exists() }).await;
+
+    let asked = std::time::Instant::now();
+    let reply = cancel(&api, "cx", &execution, "stop it").await;
+    assert_eq!(reply["outcome"], "cancelling", "{reply}");
+    ends_cancelled_once(&js, &execution, || 1).await;
+    let termed_text = std::fs::read_to_string(&termed).unwrap_or_default();
+    assert_eq!(termed_text.trim(), "term", "the program got SIGTERM before any SIGKILL");
+    // Ended by its TERM trap, not by the KILL after the 5 s grace (3 s of the wait are the
+    // check that nothing follows).
+    assert!(asked.elapsed() < Duration::from_secs(8), "{:?}", asked.elapsed());
 }
