@@ -49,13 +49,27 @@ async fn a_held_run_cancelled_never_runs_after_its_breakers_release_time() {
         noting("note", |run: &RunContext| run.execution_id.clone(), |_| async { Outcome::ok() });
     let _worker = App::worker(config(&server, "cx-w"), handlers).await;
 
-    let execution = dispatch(&js, &names, &task.task(), Utc::now().timestamp_millis()).await;
+    let base = Utc::now().timestamp_millis();
+    let execution = dispatch(&js, &names, &task.task(), base).await;
+    let other = dispatch(&js, &names, &task.task(), base + 1).await;
     let held = wait_run_status(&js, &names, &execution, RunStatus::Held, WAIT).await;
     let release_at = held.release_at.expect("a held run has its release time");
+    wait_run_status(&js, &names, &other, RunStatus::Held, WAIT).await;
 
     let reply = cancel(&api, "cx", &execution, "bad data upstream").await;
     assert_eq!(reply["outcome"], "cancelled", "{reply}");
     assert_eq!(reply["was"], "held", "{reply}");
+    // The task's other held run, through the task-wide endpoint (the first is not listed again).
+    let subject = api.names().runs_api_namespaced(CANCEL_TASK_ENDPOINT, "cx");
+    let reply = api
+        .call(subject, json!({"id": "held", "held": true, "reason": "bad data upstream", "by": "tests"}))
+        .await;
+    let runs = reply["runs"].as_array().expect("the runs cancelled");
+    assert_eq!(runs.len(), 1, "{reply}");
+    assert_eq!(
+        (runs[0]["execution_id"].as_str(), runs[0]["was"].as_str()),
+        (Some(other.as_str()), Some("held"))
+    );
     let record = wait_run_status(&js, &names, &execution, RunStatus::Cancelled, WAIT).await;
     assert_eq!(record.reason.as_deref(), Some("cancelled by tests: bad data upstream"), "{record:?}");
 
@@ -66,9 +80,10 @@ async fn a_held_run_cancelled_never_runs_after_its_breakers_release_time() {
     let record = run_record(&js, &names, &execution).await.expect("the record");
     assert_eq!(record.status, RunStatus::Cancelled, "{record:?}");
     assert!(record.attempts.is_empty(), "{record:?}");
+    assert_eq!(run_record(&js, &names, &other).await.map(|r| r.status), Some(RunStatus::Cancelled));
     let told = events_about(&js, EventKind::RunCancelled, "cx", "held", WAIT).await;
-    assert_eq!(told.len(), 1, "{told:?}");
-    assert_eq!(told[0].reason.as_deref(), Some("cancelled by tests: bad data upstream"));
+    assert_eq!(told.len(), 2, "{told:?}");
+    assert!(told.iter().all(|e| e.reason.as_deref() == Some("cancelled by tests: bad data upstream")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
