@@ -120,6 +120,8 @@ pub struct Topology {
     pub breakers: kv::Store,
     /// Queue states (paused or not) set by operators, followed by every worker.
     pub queues: kv::Store,
+    /// Cancel markers written by the registry, followed by every worker.
+    pub cancels: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -200,6 +202,9 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         base(names.runs_bucket(), "jetsched run records", 1, args.runs_ttl),
         base(names.breakers_bucket(), "jetsched circuit breakers and failure counts", 1, Duration::ZERO),
         base(names.queues_bucket(), "jetsched queue states (paused by operators)", 1, Duration::ZERO),
+        // A marker lives as long as a run record: a run queued or held longer than that is
+        // gone from the runs bucket too.
+        base(names.cancels_bucket(), "jetsched cancel markers (runs cancelled on request)", 1, args.runs_ttl),
     ]
 }
 
@@ -343,7 +348,7 @@ async fn ensure_once(
         stores.push(ensure_bucket(js, config, &mut changes).await?);
     }
     let mut stores = stores.into_iter();
-    let mut next = || stores.next().expect("six buckets");
+    let mut next = || stores.next().expect("seven buckets");
     Ok(Topology {
         tasks: next(),
         leader: next(),
@@ -351,6 +356,7 @@ async fn ensure_once(
         runs: next(),
         breakers: next(),
         queues: next(),
+        cancels: next(),
         changes,
     })
 }

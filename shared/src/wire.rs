@@ -81,6 +81,7 @@ pub const HDR_STATUS: &str = "Jetsched-Status";
 mod api;
 mod breaker;
 mod breaker_api;
+mod cancel;
 mod dead_letter;
 mod dispatch;
 mod dlq_api;
@@ -98,6 +99,9 @@ pub use breaker::{
     HDR_SCHEDULE_TARGET,
 };
 pub use breaker_api::{BreakerInfo, BreakerListReply, BreakerRef, BreakerResetReply};
+pub use cancel::{
+    CancelMarker, CancelOutcome, CancelReply, CancelRequest, CancelTaskReply, CancelTaskRequest,
+};
 pub use dead_letter::{DeadLetter, DeadLetterSource};
 pub use dispatch::{
     Dispatch, DispatchDecoder, Trigger, execution_id_of_fire, fresh_execution_id, scheduled_execution_id,

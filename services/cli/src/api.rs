@@ -122,6 +122,16 @@ impl Api {
         Ok(reply.get("events").and_then(Value::as_array).cloned().unwrap_or_default())
     }
 
+    /// A run endpoint (`get`, `cancel`, `cancel-task`) on the subject of `namespace`.
+    pub(crate) async fn runs<R: Serialize, T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        namespace: &str,
+        request: &R,
+    ) -> Result<T, Failure> {
+        self.call(endpoint, self.client.names().runs_api_namespaced(endpoint, namespace), request).await
+    }
+
     /// A breaker endpoint (`list`, `get`, `reset`).
     pub(crate) async fn breaker<R: Serialize, T: DeserializeOwned>(
         &self,

@@ -152,6 +152,8 @@ enum Command {
     /// Pause or resume a whole queue: workers stop pulling from a paused queue's lanes.
     #[command(subcommand)]
     Queue(QueueCommand),
+    /// Cancel a run (queued, held or running), or a task's runs not started yet (--task).
+    Cancel(crate::cancel::CancelArgs),
 }
 
 #[derive(Debug, Args)]
@@ -213,6 +215,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Breaker(command) => crate::breakers::run(&api, command, json_out).await,
         Command::Queues => crate::queues::list(&api, json_out).await,
         Command::Queue(command) => crate::queues::run(&api, command, json_out).await,
+        Command::Cancel(args) => crate::cancel::run(&api, args, json_out).await,
     };
     let _ = client.flush().await;
     result

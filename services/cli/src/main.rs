@@ -4,6 +4,7 @@
 
 mod api;
 mod breakers;
+mod cancel;
 mod commands;
 mod dlq;
 mod files;

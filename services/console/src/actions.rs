@@ -1,5 +1,5 @@
-//! The actions: `POST /tasks/<ns>/<id>/{pause,resume,trigger,delete}` and
-//! `POST /dlq/<seq>/{replay,purge}`, each refused (403) unless actions are allowed and the
+//! The actions: `POST /tasks/<ns>/<id>/{pause,resume,trigger,delete,cancel-held,cancel-queued}`,
+//! `POST /runs/<execution>/cancel` and `POST /dlq/<seq>/{replay,purge}`, each refused (403) unless actions are allowed and the
 //! form carries the page's CSRF token, each done through the registry API.
 
 use axum::Form;
@@ -7,7 +7,8 @@ use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use jetsched_shared::wire::DlqRequest;
+use jetsched_shared::names::{CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT};
+use jetsched_shared::wire::{DlqRequest, RunRecord};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -26,6 +27,10 @@ pub(crate) struct ActionForm {
     #[serde(default)]
     pub(crate) reason: String,
 }
+
+/// A task's actions that cancel its runs not started.
+pub(crate) const CANCEL_HELD: &str = "cancel-held";
+pub(crate) const CANCEL_QUEUED: &str = "cancel-queued";
 
 fn refused(status: StatusCode, why: &str) -> Response {
     html(status, pages::problem("Refused", &[why.to_string()]))
@@ -69,9 +74,20 @@ pub(crate) async fn task(
     Path((namespace, id, action)): Path<(String, String, String)>,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Response {
-    let known = ["pause", "resume", "trigger", "delete"];
-    if let Err(refusal) = accept(&state, form, &action, &known, &["delete"]) {
+    let known = ["pause", "resume", "trigger", "delete", CANCEL_HELD, CANCEL_QUEUED];
+    if let Err(refusal) = accept(&state, form, &action, &known, &["delete", CANCEL_HELD, CANCEL_QUEUED]) {
         return refusal;
+    }
+    if action == CANCEL_HELD || action == CANCEL_QUEUED {
+        let which = if action == CANCEL_HELD { "held" } else { "queued" };
+        let request = json!({"id": id, which: true, "by": "console"});
+        return match state.api.runs(CANCEL_TASK_ENDPOINT, &namespace, request).await {
+            Ok(_) => {
+                tracing::info!(%namespace, task = %id, action, "console action");
+                Redirect::to(&pages::task_href(&namespace, &id)).into_response()
+            }
+            Err(error) => error.into_response(),
+        };
     }
     let reference = json!({"namespace": namespace, "id": id});
     match state.api.task(&action, &namespace, reference).await {
@@ -111,6 +127,44 @@ pub(crate) async fn dlq(
                 Some(execution) => Redirect::to(&format!("/runs/{execution}")).into_response(),
                 None => Redirect::to("/dlq").into_response(),
             }
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// `POST /runs/<execution>/cancel`: the run's namespace read from its record (or, for a run
+/// queued without one, its events), then cancelled through the registry.
+pub(crate) async fn run_cancel(
+    State(state): State<AppState>,
+    Path(execution): Path<String>,
+    form: Result<Form<ActionForm>, FormRejection>,
+) -> Response {
+    let form = match accept(&state, form, "cancel", &["cancel"], &["cancel"]) {
+        Ok(form) => form,
+        Err(refusal) => return refusal,
+    };
+    let recorded = match state.runs.get(&execution).await {
+        Ok(Some(value)) => serde_json::from_slice::<RunRecord>(&value).ok().map(|r| r.namespace),
+        _ => None,
+    };
+    let namespace = recorded.or_else(|| {
+        let activity = state.activity.read().expect("activity lock");
+        activity
+            .events()
+            .find(|e| e.execution_id.as_deref() == Some(execution.as_str()))
+            .map(|e| e.namespace.clone())
+    });
+    let Some(namespace) = namespace else {
+        return refused(StatusCode::NOT_FOUND, "No run has that id.");
+    };
+    let mut request = json!({"execution_id": execution, "by": "console"});
+    if !form.reason.trim().is_empty() {
+        request["reason"] = json!(form.reason.trim());
+    }
+    match state.api.runs(CANCEL_ENDPOINT, &namespace, request).await {
+        Ok(_) => {
+            tracing::info!(%namespace, %execution, "console run cancel");
+            Redirect::to(&format!("/runs/{execution}")).into_response()
         }
         Err(error) => error.into_response(),
     }

@@ -75,6 +75,17 @@ impl Api {
         self.task("next", namespace, json!({"namespace": namespace, "id": id, "count": count})).await
     }
 
+    /// A run endpoint (`cancel`, `cancel-task`) on the subject of `namespace`.
+    pub(crate) async fn runs(
+        &self,
+        endpoint: &str,
+        namespace: &str,
+        body: Value,
+    ) -> Result<Value, CallError> {
+        let subject = self.client.names().runs_api_namespaced(endpoint, namespace);
+        Ok(self.client.request(subject, HeaderMap::new(), body.to_string().into_bytes()).await?)
+    }
+
     /// A breaker endpoint (`list`, `get`, `reset`).
     pub(crate) async fn breaker(&self, endpoint: &str, reference: &BreakerRef) -> Result<Value, CallError> {
         let subject = self.client.names().breaker_api_subject(endpoint);

@@ -116,7 +116,7 @@ pub(crate) async fn run(State(state): State<AppState>, Path(execution): Path<Str
         let activity = state.activity.read().expect("activity lock");
         activity.events().filter(|e| e.execution_id.as_deref() == Some(execution.as_str())).cloned().collect()
     };
-    html(StatusCode::OK, pages::runs::run(&execution, record.as_ref(), &events))
+    html(StatusCode::OK, pages::runs::run(&state.ctx(), &execution, record.as_ref(), &events))
 }
 
 fn non_empty(value: &str) -> Option<String> {

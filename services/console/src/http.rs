@@ -24,6 +24,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/tasks/{namespace}/{id}/{action}", post(actions::task))
         .route("/runs", get(history::runs))
         .route("/runs/{execution}", get(handlers::run))
+        .route("/runs/{execution}/cancel", post(actions::run_cancel))
         .route("/dlq", get(handlers::dlq))
         .route("/dlq/{sequence}", get(handlers::dlq_entry))
         .route("/dlq/{sequence}/{action}", post(actions::dlq))

@@ -74,6 +74,7 @@ pub(crate) fn runs_from_events<'a>(
             EventKind::RunFailed => "failed",
             EventKind::RunRetrying => "retrying",
             EventKind::RunDead => "dead-lettered",
+            EventKind::RunCancelled => "cancelled",
             _ => continue,
         };
         run.outcome = outcome.to_string();
@@ -91,7 +92,11 @@ fn stage(kind: EventKind) -> u8 {
         EventKind::RunStarted => 1,
         EventKind::RunRetrying => 2,
         EventKind::RunFailed => 3,
-        EventKind::RunSucceeded | EventKind::RunDead | EventKind::FireSkipped | EventKind::RunSkipped => 4,
+        EventKind::RunSucceeded
+        | EventKind::RunDead
+        | EventKind::FireSkipped
+        | EventKind::RunSkipped
+        | EventKind::RunCancelled => 4,
         _ => 0,
     }
 }

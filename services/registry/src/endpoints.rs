@@ -9,9 +9,10 @@ use async_nats::service::{Request, Service};
 use futures::StreamExt;
 use futures::stream::{BoxStream, SelectAll};
 use jetsched_shared::error::{ApiError, ErrorCode};
-use jetsched_shared::names::Names;
+use jetsched_shared::names::{CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT, Names};
 
 use crate::breakers::{BreakerApi, BreakerEndpoint};
+use crate::cancel::{CancelApi, CancelEndpoint};
 use crate::codec::{self, Limits, TaskEndpoint};
 use crate::dlq::{DlqApi, DlqEndpoint};
 use crate::history::EventHistory;
@@ -34,6 +35,8 @@ pub(crate) enum Endpoint {
     Queue(QueueEndpoint),
     /// Reading a run record, served by [`crate::runs`].
     RunsGet,
+    /// Cancelling runs, served by [`crate::cancel`].
+    Cancel(CancelEndpoint),
     /// A namespace's event history, served by [`crate::history`].
     EventsHistory,
     /// Anything else under `<prefix>.api.>`: answered `unknown_endpoint`.
@@ -115,8 +118,8 @@ pub(crate) struct Route {
 
 /// Every endpoint of the registry, in registration order.
 #[rustfmt::skip]
-pub(crate) static ROUTES: [Route; 21] = {
-    use {BreakerEndpoint as B, DlqEndpoint as D, Endpoint as E, Group as G, QueueEndpoint as Q, Reach as R, TaskEndpoint as T};
+pub(crate) static ROUTES: [Route; 23] = {
+    use {BreakerEndpoint as B, CancelEndpoint as C, DlqEndpoint as D, Endpoint as E, Group as G, QueueEndpoint as Q, Reach as R, TaskEndpoint as T};
     const fn row(group: Group, subject: &'static str, name: &'static str, endpoint: Endpoint, reach: Reach, tracing: Tracing) -> Route {
         Route { group, subject, name, endpoint, reach, tracing }
     }
@@ -141,6 +144,8 @@ pub(crate) static ROUTES: [Route; 21] = {
         row(G::Queue,   "pause",   "queue-pause",    E::Queue(Q::Pause),   R::Admin,      Tracing::None),
         row(G::Queue,   "resume",  "queue-resume",   E::Queue(Q::Resume),  R::Admin,      Tracing::None),
         row(G::Runs,    "get",     "runs-get",       E::RunsGet,           R::Namespaced, Tracing::None),
+        row(G::Runs,    CANCEL_ENDPOINT, "runs-cancel", E::Cancel(C::Run), R::Namespaced, Tracing::Span("cancel")),
+        row(G::Runs,    CANCEL_TASK_ENDPOINT, "runs-cancel-task", E::Cancel(C::Task), R::Namespaced, Tracing::Span("cancel task")),
         row(G::Events,  "history", "events-history", E::EventsHistory,     R::Namespaced, Tracing::None),
         row(G::Api,     "",        "unknown",        E::Unknown,           R::Rest,       Tracing::None),
     ]
@@ -240,13 +245,14 @@ pub(crate) struct Handlers {
     pub(crate) breakers: BreakerApi,
     pub(crate) queues: QueueApi,
     pub(crate) runs: async_nats::jetstream::kv::Store,
+    pub(crate) cancels: CancelApi,
     pub(crate) history: EventHistory,
     pub(crate) limits: Limits,
 }
 
 /// Answers one request with its handler's reply or its error reply, counted and timed.
 pub(crate) async fn serve(handlers: Arc<Handlers>, metrics: &Metrics, (route, namespaced, request): Routed) {
-    let Handlers { store, dlq, breakers, queues, runs, history, limits } = &*handlers;
+    let Handlers { store, dlq, breakers, queues, runs, cancels, history, limits } = &*handlers;
     let started = Instant::now();
     let message = &request.message;
     let scope = namespaced.then(|| message.subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
@@ -261,6 +267,9 @@ pub(crate) async fn serve(handlers: Arc<Handlers>, metrics: &Metrics, (route, na
             Endpoint::Breaker(endpoint) => Box::pin(breakers.handle(endpoint, payload)).await,
             Endpoint::Queue(endpoint) => Box::pin(queues.handle(endpoint, payload)).await,
             Endpoint::RunsGet => Box::pin(runs::get(runs, scope.unwrap_or_default(), payload)).await,
+            Endpoint::Cancel(endpoint) => {
+                Box::pin(cancels.handle(endpoint, scope.unwrap_or_default(), payload)).await
+            }
             Endpoint::EventsHistory => Box::pin(history.handle(scope.unwrap_or_default(), payload)).await,
             Endpoint::Unknown => Err(ApiError::new(
                 ErrorCode::UnknownEndpoint,
@@ -323,6 +332,8 @@ mod tests {
             names.breaker_api_subject("reset"),
             names.queue_api_subject("pause"),
             names.runs_api_namespaced("get", "demo"),
+            names.runs_api_namespaced(CANCEL_ENDPOINT, "demo"),
+            names.runs_api_namespaced(CANCEL_TASK_ENDPOINT, "demo"),
             names.events_api_namespaced("history", "demo"),
         ] {
             assert!(owned.owns(&subject), "{subject}");

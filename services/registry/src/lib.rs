@@ -11,6 +11,7 @@
 mod api;
 mod breaker_users;
 pub mod breakers;
+mod cancel;
 pub mod codec;
 mod config;
 pub mod dlq;

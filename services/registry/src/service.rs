@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::breakers::BreakerApi;
+use crate::cancel::CancelApi;
 use crate::codec::Limits;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::dlq::DlqApi;
@@ -73,6 +74,13 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         instance.clone(),
     );
     let queues = QueueApi::new(js.clone(), topology.queues.clone(), names.clone(), events.clone());
+    let cancels = CancelApi::new(
+        js.clone(),
+        names.clone(),
+        topology.runs.clone(),
+        topology.cancels.clone(),
+        events.clone(),
+    );
     let store = TaskStore::new(
         js.clone(),
         topology.tasks,
@@ -114,6 +122,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             breakers,
             queues,
             runs: topology.runs,
+            cancels,
             history: EventHistory::new(js.clone(), names.clone()),
             limits,
         },

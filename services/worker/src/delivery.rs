@@ -81,6 +81,12 @@ impl Delivery<'_> {
     /// shortcut or the attempt and its ending; the run events told meanwhile are awaited last.
     async fn deliver(mut self) {
         let dispatch = self.dispatch;
+        // A run cancelled before it started never starts (a released held run included).
+        if let Some(reason) = self.parts.cancels.reason(&dispatch.execution_id) {
+            self.end_cancelled(&reason).await;
+            self.flush_events().await;
+            return;
+        }
         if dispatch.trigger.is_scheduled()
             && self.parts.pauses.is_paused(&dispatch.namespace, &dispatch.task_id)
             && self.skip_paused().await

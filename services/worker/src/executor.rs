@@ -14,12 +14,13 @@ pub(crate) mod shell;
 use std::time::Duration;
 
 use jetsched_shared::spec::Executor;
+
 use tracing::Instrument;
 
 use crate::spans;
 use crate::verdict::Outcome;
 
-pub(crate) use self::attempt::{Attempt, Scope};
+pub(crate) use self::attempt::{Attempt, CANCEL_GRACE, Scope};
 pub use self::handler::{Handler, Handlers, RunContext};
 
 /// Every executor, built once per worker.
@@ -65,9 +66,23 @@ impl Executors {
                 }
             }
         };
-        match tokio::time::timeout(timeout + Duration::from_secs(5), run).await {
-            Ok(outcome) => outcome,
-            Err(_) => Outcome::retry(format!("timed out after {timeout:?}")),
+        // A cancelled attempt: an HTTP request is aborted and a NATS request abandoned at once
+        // (their futures dropped); a handler and a shell program get `CANCEL_GRACE` to end.
+        let grace = match &attempt.dispatch.spec.executor {
+            Executor::Http { .. } | Executor::Nats { .. } => Duration::ZERO,
+            Executor::Shell { .. } | Executor::Handler { .. } => CANCEL_GRACE + Duration::from_millis(500),
+        };
+        let cancelled = async {
+            attempt.cancel.cancelled().await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            biased;
+            outcome = tokio::time::timeout(timeout + Duration::from_secs(5), run) => match outcome {
+                Ok(outcome) => outcome,
+                Err(_) => Outcome::retry(format!("timed out after {timeout:?}")),
+            },
+            () = cancelled => Outcome::retry("cancelled while running"),
         }
     }
 }

@@ -17,6 +17,7 @@
 //! ```
 
 mod breaker;
+mod cancels;
 mod config;
 mod delivery;
 pub mod dlq;

@@ -46,6 +46,8 @@ pub(crate) enum Begin {
     AlreadyDead,
     /// A final failure whose dead-letter entry is not stored yet: store it, do not run again.
     DeadLetterPending { record: Box<RunRecord>, revision: u64 },
+    /// Cancelled: ack without running.
+    AlreadyCancelled,
 }
 
 /// A run record as last stored, and its revision (0: not stored yet, see lazy records).
@@ -62,6 +64,8 @@ pub(crate) struct Closing<'a> {
     pub(crate) status: RunStatus,
     pub(crate) error: Option<&'a str>,
     pub(crate) detail: Option<String>,
+    /// Who cancelled the run and why, when it ends `cancelled`.
+    pub(crate) reason: Option<String>,
     pub(crate) now: DateTime<Utc>,
 }
 
@@ -69,6 +73,9 @@ impl Closing<'_> {
     pub(crate) fn apply(&self, record: &mut RunRecord) {
         let error = self.error.map(str::to_string);
         record.end_attempt(self.attempt, self.outcome, error, self.detail.clone(), self.status, self.now);
+        if record.status == RunStatus::Cancelled && self.reason.is_some() {
+            record.reason.clone_from(&self.reason);
+        }
     }
 }
 
@@ -223,6 +230,7 @@ impl RunStore {
             match record.status {
                 RunStatus::Succeeded | RunStatus::Skipped => return Ok(Begin::AlreadySucceeded),
                 RunStatus::Dead => return Ok(Begin::AlreadyDead),
+                RunStatus::Cancelled => return Ok(Begin::AlreadyCancelled),
                 RunStatus::Failed => {
                     return Ok(Begin::DeadLetterPending { record: Box::new(record), revision });
                 }
@@ -347,7 +355,7 @@ mod tests {
         error: Option<&str>,
         status: RunStatus,
     ) {
-        Closing { attempt, outcome, status, error, detail: None, now: Utc::now() }.apply(r);
+        Closing { attempt, outcome, status, error, detail: None, reason: None, now: Utc::now() }.apply(r);
     }
 
     #[test]

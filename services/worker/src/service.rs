@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::breaker::Breakers;
+use crate::cancels::Cancels;
 use crate::config::PolicyKind;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::delivery::Parts;
@@ -58,6 +59,7 @@ struct Follows {
     queue_states: Arc<QueueStates>,
     queues: Watch,
     pauses: Watch,
+    cancels: Watch,
 }
 
 /// How the lanes of every queue pull and share the permits.
@@ -188,6 +190,9 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
     let queues_watch = queue_states.load().await?;
     let pauses = Arc::new(Pauses::new(topology.tasks, metrics.errors.with_label_values(&["pause_watch"])));
     let pauses_watch = pauses.load().await?;
+    let cancels =
+        Arc::new(Cancels::new(topology.cancels, metrics.errors.with_label_values(&["cancel_watch"])));
+    let cancels_watch = cancels.load().await?;
     let answers = Answers::new(config.progress_interval(), metrics.errors.with_label_values(&["ack"]));
     let parts = Arc::new(Parts {
         worker: instance.clone(),
@@ -199,6 +204,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         recording: Recording { mode: config.run_records, running_after: config.running_after },
         breakers,
         pauses,
+        cancels,
         executors,
         dlq,
         events,
@@ -220,8 +226,13 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         reserve: config.reserve(),
     };
     let grace = config.shutdown_grace;
-    let follows =
-        Follows { breakers: breakers_watch, queue_states, queues: queues_watch, pauses: pauses_watch };
+    let follows = Follows {
+        breakers: breakers_watch,
+        queue_states,
+        queues: queues_watch,
+        pauses: pauses_watch,
+        cancels: cancels_watch,
+    };
     Ok(Worker { client, presence, parts, follows, queues, advisories, mover, admin, pulling, grace })
 }
 
@@ -243,13 +254,19 @@ impl Worker {
         // The breakers follow their bucket and merge counts, and the paused tasks are followed,
         // until the last run has ended.
         let breakers_stop = CancellationToken::new();
-        let Follows { breakers: breakers_watch, queue_states, queues: queues_watch, pauses: pauses_watch } =
-            follows;
+        let Follows {
+            breakers: breakers_watch,
+            queue_states,
+            queues: queues_watch,
+            pauses: pauses_watch,
+            cancels: cancels_watch,
+        } = follows;
         background.spawn(parts.breakers.clone().follow(breakers_watch, breakers_stop.clone()));
         background.spawn(parts.breakers.clone().merge_loop(breakers_stop.clone()));
         // The lanes read the queue states until they stop pulling, at shutdown.
         background.spawn(queue_states.clone().follow(queues_watch, shutdown.clone()));
         background.spawn(parts.pauses.clone().follow(pauses_watch, breakers_stop.clone()));
+        background.spawn(parts.cancels.clone().follow(cancels_watch, breakers_stop.clone()));
 
         let runs = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(concurrency));

@@ -55,6 +55,11 @@ pub(crate) enum Ending {
     DeadLetterPending { reason: String },
     /// The run record could not be written: not run, delivered again shortly.
     Unrecorded,
+    /// The run was cancelled while its attempt ran (or as it was about to run): the attempt
+    /// stopped, the run ends `cancelled`, never retried nor dead-lettered.
+    Cancelled { reason: String },
+    /// A redelivery of a run already cancelled: not run.
+    AlreadyCancelled,
 }
 
 impl Ending {
@@ -88,8 +93,12 @@ impl Ending {
             Ending::Interrupted => {
                 Texts { error: Some("interrupted: the worker shut down".to_string()), ..Texts::default() }
             }
-            Ending::DeadLetterPending { reason } => Texts { reason: Some(reason), ..Texts::default() },
-            Ending::Duplicate | Ending::AlreadyDead | Ending::Unrecorded => Texts::default(),
+            Ending::DeadLetterPending { reason } | Ending::Cancelled { reason } => {
+                Texts { reason: Some(reason), ..Texts::default() }
+            }
+            Ending::Duplicate | Ending::AlreadyDead | Ending::Unrecorded | Ending::AlreadyCancelled => {
+                Texts::default()
+            }
         }
     }
 
@@ -104,6 +113,8 @@ impl Ending {
             Ending::AlreadyDead => "already_dead",
             Ending::DeadLetterPending { .. } => "dead_letter_pending",
             Ending::Unrecorded => "unrecorded",
+            Ending::Cancelled { .. } => "cancelled",
+            Ending::AlreadyCancelled => "already_cancelled",
         }
     }
 }
@@ -203,6 +214,13 @@ pub(crate) fn plan(ending: &Ending) -> Plan {
         Ending::AlreadyDead => (None, None, None, Answer::Term),
         Ending::DeadLetterPending { .. } => (None, None, None, Answer::DeadLetter),
         Ending::Unrecorded => (None, None, None, Answer::Nak(Some(RECORD_RETRY_DELAY))),
+        Ending::Cancelled { .. } => (
+            Some((Attempt::Cancelled, RunStatus::Cancelled)),
+            Some("cancelled"),
+            Some(EventKind::RunCancelled),
+            Answer::Ack,
+        ),
+        Ending::AlreadyCancelled => (None, None, None, Answer::Ack),
     };
     Plan { close, counted, event, answer }
 }
@@ -326,6 +344,14 @@ mod tests {
             (Ending::AlreadyDead, None, None, None, Answer::Term),
             (Ending::DeadLetterPending { reason: "r".into() }, None, None, None, Answer::DeadLetter),
             (Ending::Unrecorded, None, None, None, Answer::Nak(Some(RECORD_RETRY_DELAY))),
+            (
+                Ending::Cancelled { reason: "r".into() },
+                Some((A::Cancelled, RunStatus::Cancelled)),
+                Some("cancelled"),
+                Some(EventKind::RunCancelled),
+                Answer::Ack,
+            ),
+            (Ending::AlreadyCancelled, None, None, None, Answer::Ack),
         ];
         for (ending, close, counted, event, answer) in table {
             assert_eq!(plan(&ending), Plan { close, counted, event, answer }, "{ending:?}");

@@ -43,6 +43,10 @@ pub enum EventKind {
     /// A run its open breaker holds (`on_open: delay`) until `release_at`.
     #[serde(rename = "run.held")]
     RunHeld,
+    /// A run cancelled on request (`reason` says who asked and why): never retried, never
+    /// dead-lettered.
+    #[serde(rename = "run.cancelled")]
+    RunCancelled,
     #[serde(rename = "breaker.opened")]
     BreakerOpened,
     #[serde(rename = "breaker.half_opened")]
@@ -84,6 +88,7 @@ impl EventKind {
             EventKind::RunDead => "run.dead",
             EventKind::RunSkipped => "run.skipped",
             EventKind::RunHeld => "run.held",
+            EventKind::RunCancelled => "run.cancelled",
             EventKind::BreakerOpened => "breaker.opened",
             EventKind::BreakerHalfOpened => "breaker.half_opened",
             EventKind::BreakerClosed => "breaker.closed",

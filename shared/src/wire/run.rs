@@ -29,6 +29,10 @@ pub enum RunStatus {
     /// Not executed: its circuit breaker was open and the task says `on_open: skip`, or the
     /// task was paused before a scheduled run started (`reason` says which).
     Skipped,
+    /// Cancelled on request (`reason` says who asked and why): a queued, held or retrying run
+    /// never starts again, a running one was stopped cooperatively. Final: never retried,
+    /// never dead-lettered; redeliveries are acked without running.
+    Cancelled,
 }
 
 impl RunStatus {
@@ -41,12 +45,21 @@ impl RunStatus {
             RunStatus::Dead => "dead",
             RunStatus::Skipped => "skipped",
             RunStatus::Held => "held",
+            RunStatus::Cancelled => "cancelled",
         }
     }
 
-    /// True once the run will not execute again (succeeded, failed for good, or skipped).
+    /// True once the run will not execute again (succeeded, failed for good, skipped or
+    /// cancelled).
     pub fn is_final(self) -> bool {
-        matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Dead | RunStatus::Skipped)
+        matches!(
+            self,
+            RunStatus::Succeeded
+                | RunStatus::Failed
+                | RunStatus::Dead
+                | RunStatus::Skipped
+                | RunStatus::Cancelled
+        )
     }
 }
 
@@ -63,6 +76,8 @@ pub enum AttemptOutcome {
     Abandoned,
     /// Handed back (Nak) because the worker shut down before the attempt finished.
     Interrupted,
+    /// Stopped because the run was cancelled while it ran.
+    Cancelled,
 }
 
 /// One attempt of a run.
@@ -119,7 +134,7 @@ pub struct RunRecord {
     #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
     pub release_at: Option<DateTime<Utc>>,
     /// Why a run ended without executing (`skipped`): `breaker_open` or `paused`
-    /// (`names::breaker_reason`).
+    /// (`names::breaker_reason`); for a `cancelled` run, who asked and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Attempts executed again because the one before was abandoned.

@@ -5,6 +5,7 @@ mod alerter;
 mod autopause;
 mod bench;
 mod breakers;
+mod cancel;
 mod chaos;
 mod cli;
 mod cli_human;

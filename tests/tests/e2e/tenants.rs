@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use futures::StreamExt;
-use jetsched_shared::names::Names;
+use jetsched_shared::names::{CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT, Names};
 use jetsched_shared::spec::Priority;
 use jetsched_tests::fixtures::{dead_letter_entry, noting, store_dead_letter};
 use jetsched_tests::{App, SpecBuilder, always, eventually, spec, stream_info};
@@ -367,6 +367,14 @@ async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_
     let runs = worker_js.get_key_value(names.runs_bucket()).await.expect("runs bucket");
     let record = json!({"execution_id": "run-billing", "namespace": "billing", "task_id": "payroll", "status": "succeeded"});
     runs.put("run-billing", record.to_string().into()).await.expect("run record");
+    // A held run of billing, as the worker records it: a cancel from demo must leave it held.
+    let held = json!({
+        "execution_id": "held-billing", "namespace": "billing", "task_id": "payroll", "queue": "default",
+        "nominal_time": "2026-01-01T00:00:00.000Z", "trigger": "schedule", "status": "held", "attempt": 1,
+        "worker": "w1", "started": "2026-01-01T00:00:00.000Z", "first_started": "2026-01-01T00:00:00.000Z",
+        "release_at": "2099-01-01T00:00:00.000Z", "attempts": [],
+    });
+    runs.put("held-billing", held.to_string().into()).await.expect("held run record");
     let (subject, entry) = (
         names.dlq_subject("default", "billing", "payroll"),
         dead_letter("billing", "payroll", "dead-billing"),
@@ -413,6 +421,8 @@ async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_
         (names.task_api_namespaced("list", "demo"), json!({})),
         (names.dlq_api_namespaced("list", "demo"), json!({})),
         (names.runs_api_namespaced("get", "demo"), json!({"execution_id": "x"})),
+        (names.runs_api_namespaced(CANCEL_ENDPOINT, "demo"), json!({"execution_id": "held-billing"})),
+        (names.runs_api_namespaced(CANCEL_TASK_ENDPOINT, "demo"), json!({"id": "payroll"})),
         (names.events_api_namespaced("history", "demo"), json!({"last": 5})),
         (names.submit_subject("demo", "echo"), probe("echo").every("1h").json()),
     ];
@@ -436,6 +446,45 @@ async fn a_team_attacking_from_its_account_changes_nothing_of_another_and_fires_
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     eprintln!("sent {sent} requests with reply subjects aimed at the services' account");
+
+    // Cancelling billing's run from demo: billing's subject is not imported, demo's subject
+    // does not reach another namespace's run (answered like an unknown one), and a body
+    // naming billing is refused; the run stays held.
+    for endpoint in [CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT] {
+        unanswered(&tenant.client, names.runs_api_namespaced(endpoint, "billing")).await;
+    }
+    let cancel = names.runs_api_namespaced(CANCEL_ENDPOINT, "demo");
+    let reply = tenant.api.call(cancel.clone(), json!({"execution_id": "held-billing"})).await;
+    assert_eq!(reply["error"]["code"], "not_found", "{reply}");
+    let reply =
+        tenant.api.call(cancel, json!({"execution_id": "held-billing", "namespace": "billing"})).await;
+    mismatch(&reply, "cancel naming billing");
+    let reply = tenant
+        .api
+        .call(
+            names.runs_api_namespaced(CANCEL_TASK_ENDPOINT, "demo"),
+            json!({"namespace": "billing", "id": "payroll"}),
+        )
+        .await;
+    mismatch(&reply, "cancel-task naming billing");
+    let still = runs.get("held-billing").await.expect("read").expect("the held run");
+    let still: Value = serde_json::from_slice(&still).expect("a record");
+    assert_eq!(still["status"], "held", "{still}");
+    // demo cancels its own held run: the registry marks it and records it cancelled.
+    let mut own = held.clone();
+    own["execution_id"] = json!("held-demo");
+    own["namespace"] = json!("demo");
+    runs.put("held-demo", own.to_string().into()).await.expect("demo's held run");
+    let cancel = names.runs_api_namespaced(CANCEL_ENDPOINT, "demo");
+    let reply = tenant.api.call(cancel, json!({"execution_id": "held-demo", "reason": "mine"})).await;
+    assert_eq!(
+        (reply["outcome"].as_str(), reply["was"].as_str()),
+        (Some("cancelled"), Some("held")),
+        "{reply}"
+    );
+    let own = runs.get("held-demo").await.expect("read").expect("demo's run");
+    let own: Value = serde_json::from_slice(&own).expect("a record");
+    assert_eq!(own["status"], "cancelled", "{own}");
 
     // Fires went on: billing's heartbeat ran about once a second throughout.
     let during = deployment.runs_of("billing/heartbeat") - heartbeat_runs;

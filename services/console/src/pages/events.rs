@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::{layout, task_href, time};
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 24] = [
+pub(crate) const KINDS: [EventKind; 25] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -26,6 +26,7 @@ pub(crate) const KINDS: [EventKind; 24] = [
     EventKind::RunDead,
     EventKind::RunSkipped,
     EventKind::RunHeld,
+    EventKind::RunCancelled,
     EventKind::BreakerOpened,
     EventKind::BreakerHalfOpened,
     EventKind::BreakerClosed,
@@ -205,14 +206,15 @@ mod tests {
                 RunDead => 13,
                 RunSkipped => 14,
                 RunHeld => 15,
-                BreakerOpened => 16,
-                BreakerHalfOpened => 17,
-                BreakerClosed => 18,
-                LeaderAcquired => 19,
-                LeaderLost => 20,
-                QueuePaused => 21,
-                QueueResumed => 22,
-                SchedulerClockSkew => 23,
+                RunCancelled => 16,
+                BreakerOpened => 17,
+                BreakerHalfOpened => 18,
+                BreakerClosed => 19,
+                LeaderAcquired => 20,
+                LeaderLost => 21,
+                QueuePaused => 22,
+                QueueResumed => 23,
+                SchedulerClockSkew => 24,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

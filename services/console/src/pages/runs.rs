@@ -4,7 +4,8 @@
 use jetsched_shared::wire::{Event, RunRecord};
 use maud::{Markup, html};
 
-use super::{layout, refreshing, task_href, time, time_opt};
+use super::Ctx;
+use super::{action, layout, refreshing, task_href, time, time_opt};
 use crate::runs::RunRow;
 
 /// The runs table (`with_task`: a column naming the task).
@@ -47,9 +48,16 @@ fn unfinished(record: Option<&RunRecord>) -> bool {
     record.is_none_or(|r| !r.status.is_final())
 }
 
-pub(crate) fn run(execution_id: &str, record: Option<&RunRecord>, events: &[Event]) -> Markup {
+pub(crate) fn run(ctx: &Ctx, execution_id: &str, record: Option<&RunRecord>, events: &[Event]) -> Markup {
     let title = format!("Run {execution_id}");
+    // Queued (no record yet, but known from its events), held, retrying or running.
+    let cancellable = record.map_or(!events.is_empty(), |r| !r.status.is_final());
     let body = html! {
+            @if cancellable {
+                div.actions #run-actions {
+                    (action(ctx, &format!("/runs/{execution_id}/cancel"), "Cancel", Some("yes, cancel this run")))
+                }
+            }
             @match record {
                 Some(record) => {
                     dl.facts {
@@ -102,10 +110,14 @@ mod tests {
     use super::*;
     use jetsched_shared::wire::RunStatus;
 
+    fn ctx() -> Ctx {
+        Ctx { csrf: "t".into(), allow_actions: true }
+    }
+
     #[test]
     fn a_run_page_reloads_until_the_run_has_finished() {
         let refresh = r#"http-equiv="refresh""#;
-        let waiting = run("e1", None, &[]).into_string();
+        let waiting = run(&ctx(), "e1", None, &[]).into_string();
         assert!(
             waiting.contains(refresh) && waiting.contains("No record or event of this run yet"),
             "{waiting}"
@@ -117,8 +129,10 @@ mod tests {
             "first_started": "2026-12-04T10:00:00.001Z", "attempts": []
         }))
         .expect("a run record");
-        assert!(run("e1", Some(&record), &[]).into_string().contains(refresh));
+        assert!(run(&ctx(), "e1", Some(&record), &[]).into_string().contains(refresh));
+        assert!(run(&ctx(), "e1", Some(&record), &[]).into_string().contains("/runs/e1/cancel"));
         record.status = RunStatus::Succeeded;
-        assert!(!run("e1", Some(&record), &[]).into_string().contains(refresh));
+        let ended = run(&ctx(), "e1", Some(&record), &[]).into_string();
+        assert!(!ended.contains(refresh) && !ended.contains("/runs/e1/cancel"), "{ended}");
     }
 }

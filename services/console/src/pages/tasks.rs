@@ -143,6 +143,10 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
             @else { (action(ctx, &format!("{href}/pause"), "Pause", None)) }
             (action(ctx, &format!("{href}/trigger"), "Trigger now", None))
             (action(ctx, &format!("{href}/delete"), "Delete", Some("yes, delete this task")))
+            @if view.held.as_ref().is_ok_and(|held| *held > 0) {
+                (action(ctx, &format!("{href}/cancel-held"), "Cancel held runs", Some("yes, cancel its held runs")))
+            }
+            (action(ctx, &format!("{href}/cancel-queued"), "Cancel queued runs", Some("yes, cancel its queued runs")))
         }
         section {
             h2 { "Next fires" }

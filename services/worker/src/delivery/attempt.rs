@@ -13,7 +13,7 @@ use super::state::Delivery;
 use crate::executor::Attempt;
 use crate::runs::{Begin, Stored};
 use crate::spans::Propagated;
-use crate::verdict::{Ending, decide};
+use crate::verdict::{Ending, Outcome, decide};
 
 impl Delivery<'_> {
     /// Everything before the ending: the run record's say, then the attempt.
@@ -24,6 +24,7 @@ impl Delivery<'_> {
             Ok(Begin::Run { record, revision, rerun }) => (Stored { record: *record, revision }, rerun),
             Ok(Begin::AlreadySucceeded) => return Ending::Duplicate,
             Ok(Begin::AlreadyDead) => return Ending::AlreadyDead,
+            Ok(Begin::AlreadyCancelled) => return Ending::AlreadyCancelled,
             Ok(Begin::DeadLetterPending { record, revision }) => {
                 let error = record.error.as_deref().unwrap_or_default();
                 let reason = format!("failed for good after {} attempts: {error}", record.attempt);
@@ -59,12 +60,14 @@ impl Delivery<'_> {
             self.tell(self.event(EventKind::RunStarted, attempt)).await;
         }
 
+        // Registered before it runs: a cancel of the run, now or while it runs, fires its token.
+        let running = parts.cancels.register(&dispatch.execution_id, &parts.hard_stop);
         parts.metrics.in_flight.inc();
         let started = Instant::now();
         let outcome = {
             let received = self.received;
             let trace = Propagated::of_dispatch(&received.trace);
-            let run = Attempt { dispatch, attempt, cancel: parts.hard_stop.child_token(), trace };
+            let run = Attempt { dispatch, attempt, cancel: running.token.clone(), trace };
             let mut execution = pin!(parts.executors.execute(&run));
             let stopped = parts.hard_stop.cancelled();
             let execution = pin!(async {
@@ -88,6 +91,15 @@ impl Delivery<'_> {
         let Some(outcome) = outcome else {
             return Ending::Interrupted;
         };
+        // Stopped by its cancel (not by the shutdown): the run ends cancelled, unless the
+        // attempt had succeeded before it heard of it.
+        let cancelled = running.token.is_cancelled() && !parts.hard_stop.is_cancelled();
+        drop(running);
+        if cancelled && !matches!(outcome, Outcome::Ok { .. }) {
+            let reason =
+                parts.cancels.reason(&dispatch.execution_id).unwrap_or_else(|| "cancelled".to_string());
+            return Ending::Cancelled { reason };
+        }
         let since_first = (Utc::now() - first_started).to_std().unwrap_or_default();
         let ending = decide(&dispatch.spec.retry, outcome, tries, since_first, rand::random::<f64>());
         if let Some(gate) = &self.gate {

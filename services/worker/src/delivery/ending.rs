@@ -42,6 +42,7 @@ impl Delivery<'_> {
                         status,
                         error: error.as_deref(),
                         detail,
+                        reason: (status == RunStatus::Cancelled).then(|| reason.clone()).flatten(),
                         now: Utc::now(),
                     };
                     self.close(run, closing).await
@@ -115,6 +116,10 @@ impl Delivery<'_> {
             }
             Ending::Duplicate => {
                 tracing::info!("redelivery of a run that already succeeded: acked without running")
+            }
+            Ending::Cancelled { reason } => tracing::info!(%reason, "run cancelled while it ran"),
+            Ending::AlreadyCancelled => {
+                tracing::info!("delivery of a run already cancelled: acked without running")
             }
             _ => {}
         }

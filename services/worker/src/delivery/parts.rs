@@ -10,6 +10,7 @@ use jetsched_shared::wire::DispatchDecoder;
 use tokio_util::sync::CancellationToken;
 
 use crate::breaker::Breakers;
+use crate::cancels::Cancels;
 use crate::config::RunEvents;
 use crate::dlq::DeadLetters;
 use crate::executor::Executors;
@@ -34,6 +35,8 @@ pub(crate) struct Parts {
     pub(crate) breakers: Arc<Breakers>,
     /// The tasks paused now: their scheduled runs not started yet are skipped.
     pub(crate) pauses: Arc<Pauses>,
+    /// The runs cancelled on request, and the attempts running here (fired on a cancel).
+    pub(crate) cancels: Arc<Cancels>,
     pub(crate) executors: Executors,
     pub(crate) dlq: DeadLetters,
     pub(crate) events: EventPublisher,

@@ -1,4 +1,5 @@
-//! A delivery that does not run: a paused task's scheduled run not started yet, skipped (a
+//! A delivery that does not run: a run cancelled before it started (a final `cancelled`
+//! record and a `run.cancelled` event); a paused task's scheduled run not started yet, skipped (a
 //! final `skipped` run record and a `run.skipped` event, reason `paused`); or one its open
 //! breaker does not let through: skipped (`on_open: skip`, reason `breaker_open`) or delayed
 //! (`on_open: delay`: re-published as a message the server holds until the breaker lets calls
@@ -95,6 +96,36 @@ impl Delivery<'_> {
         }
         parts.answers.send(&self.received.message, AckKind::Ack).await;
         Some(skip)
+    }
+
+    /// Ends a delivery of a run cancelled before it started: the record says `cancelled`
+    /// with `reason` (unless the run had ended: then only acked), `run.cancelled` is told, and
+    /// the message is acked. A record not written hands the message back.
+    pub(super) async fn end_cancelled(&mut self, reason: &str) {
+        spans::outcome("cancelled");
+        let parts = self.parts;
+        let cancelled = parts.runs.cancel(self.dispatch, self.attempt, &parts.worker, reason).await;
+        match cancelled {
+            Ok(Skip::Skipped) => {
+                tracing::info!(reason, "run cancelled before it started: not run");
+                let priority = self.dispatch.priority.as_str();
+                parts.metrics.runs.with_label_values(&[self.queue, "cancelled", priority]).inc();
+                let mut event = self.event(EventKind::RunCancelled, self.attempt);
+                event.reason = Some(reason.to_string());
+                self.tell(event).await;
+            }
+            Ok(_) => tracing::info!("delivery of a run cancelled or ended already: acked without running"),
+            Err(error) => {
+                parts.metrics.errors.with_label_values(&["run_record"]).inc();
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    "cannot record the cancelled run; handing it back"
+                );
+                parts.answers.send(&self.received.message, AckKind::Nak(Some(RETRY_DELAY))).await;
+                return;
+            }
+        }
+        parts.answers.send(&self.received.message, AckKind::Ack).await;
     }
 
     async fn delay(&mut self, gate: &Gate) {

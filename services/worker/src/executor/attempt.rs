@@ -11,6 +11,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::spans::Propagated;
 
+/// How long a cancelled attempt of an embedded handler or a shell program is given to end by
+/// itself (the handler's token is fired, the program's process group is sent `SIGTERM`)
+/// before it is dropped (the handler aborted, the group sent `SIGKILL`).
+pub(crate) const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Which namespaces an entry of a per-namespace executor setting (`--shell-allow`,
 /// `--http-allow`) applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,7 +29,9 @@ pub struct RunContext {
     pub payload: Option<serde_json::Value>,
     /// The attempt's time limit (the spec's `timeout`); the future is dropped after it.
     pub timeout: Duration,
-    /// Cancelled when the worker stops waiting (shutdown grace over, timeout): finish quickly.
+    /// Cancelled when the worker stops waiting (the run cancelled, shutdown grace over,
+    /// timeout): finish quickly. A cancelled run's handler has `CANCEL_GRACE` (5 s) before it is
+    /// aborted.
     pub cancel: CancellationToken,
     /// W3C `traceparent` of the run (the handler's span when spans are exported): a handler
     /// that calls further services passes it on.
@@ -118,6 +120,9 @@ impl Handlers {
         // Aborts the handler when this future is dropped (grace period over).
         let abort = AbortOnDrop(task.abort_handle());
         let outcome = match tokio::time::timeout(timeout, task).await {
+            Ok(Ok(outcome)) if attempt.cancel.is_cancelled() && !matches!(outcome, Outcome::Ok { .. }) => {
+                Outcome::retry(format!("handler {name:?} stopped: the run was cancelled"))
+            }
             Ok(Ok(outcome)) => outcome,
             Ok(Err(error)) if error.is_panic() => Outcome::retry(format!("handler {name:?} panicked")),
             Ok(Err(error)) => Outcome::retry(format!("handler {name:?} was cancelled: {error}")),

@@ -8,7 +8,8 @@
 //! `JETSCHED_TASK`, `JETSCHED_NOMINAL_TIME`, `JETSCHED_ATTEMPT`, `JETSCHED_TRIGGER` and a
 //! default `PATH` — never the worker's own environment, which holds its NATS credentials.
 //! The process runs in a process group of its own; on timeout (or shutdown) the whole group
-//! is killed. Exit 0 succeeds; a program that cannot be started, or exits 126/127 (not
+//! is killed; when the run is cancelled, the group is sent `SIGTERM`, then `SIGKILL` after a
+//! grace period. Exit 0 succeeds; a program that cannot be started, or exits 126/127 (not
 //! executable, not found), is permanent; other exits and signals are retryable. The last
 //! `output_limit` bytes of stdout and stderr are recorded.
 
@@ -21,7 +22,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use super::attempt::{Attempt, Scope, tail};
+use super::attempt::{Attempt, CANCEL_GRACE, Scope, tail};
 use crate::verdict::Outcome;
 
 /// `PATH` of the started process unless the spec's `env` sets one.
@@ -112,11 +113,16 @@ impl ShellExecutor {
         let stdout = tokio::spawn(read_tail(child.stdout.take(), limit));
         let stderr = tokio::spawn(read_tail(child.stderr.take(), limit));
 
-        let status = tokio::select! {
+        let mut status = tokio::select! {
             status = child.wait() => Some(status),
             _ = tokio::time::sleep(timeout) => None,
             _ = attempt.cancel.cancelled() => None,
         };
+        if status.is_none() && attempt.cancel.is_cancelled() {
+            // Cancelled: the group is asked to end (SIGTERM), then killed after the grace.
+            signal_group(group, Signal::SIGTERM);
+            status = tokio::time::timeout(CANCEL_GRACE, child.wait()).await.ok();
+        }
         // Leftovers of the group (background children holding the pipes) die with the run.
         kill_group(group);
         if status.is_none() {
@@ -125,10 +131,11 @@ impl ShellExecutor {
         let out = stdout.await.unwrap_or_default();
         let err = stderr.await.unwrap_or_default();
         let output = format!("stdout: {}\nstderr: {}", tail(&out, limit), tail(&err, limit));
+        let succeeded = matches!(&status, Some(Ok(status)) if status.success());
+        if attempt.cancel.is_cancelled() && !succeeded {
+            return Outcome::retry(format!("stopped (cancelled or shutting down)\n{output}"));
+        }
         match status {
-            None if attempt.cancel.is_cancelled() => {
-                Outcome::retry(format!("interrupted by shutdown\n{output}"))
-            }
             None => Outcome::retry(format!("timed out after {timeout:?}; process group killed\n{output}")),
             Some(Err(error)) => Outcome::retry(format!("waiting for {program:?}: {error}")),
             Some(Ok(status)) if status.success() => Outcome::Ok { detail: Some(format!("exit 0\n{output}")) },
@@ -147,11 +154,15 @@ fn env_name(header: &str) -> String {
 }
 
 fn kill_group(group: Option<Pid>) {
+    signal_group(group, Signal::SIGKILL);
+}
+
+fn signal_group(group: Option<Pid>, signal: Signal) {
     if let Some(group) = group
-        && let Err(error) = killpg(group, Signal::SIGKILL)
+        && let Err(error) = killpg(group, signal)
         && error != nix::errno::Errno::ESRCH
     {
-        tracing::warn!(%error, group = group.as_raw(), "kill process group");
+        tracing::warn!(%error, group = group.as_raw(), %signal, "signal process group");
     }
 }
 

@@ -40,6 +40,24 @@ impl RunStore {
         self.write_unexecuted(dispatch, attempt, worker, unstarted_only, skip).await
     }
 
+    /// Records a run cancelled before this delivery ran it: status `cancelled` with `reason`,
+    /// finished now ([`Skip::Skipped`] once written; [`Skip::Final`] when the run had ended).
+    pub(crate) async fn cancel(
+        &self,
+        dispatch: &Dispatch,
+        attempt: u32,
+        worker: &str,
+        reason: &str,
+    ) -> anyhow::Result<Skip> {
+        let cancel = |record: &mut RunRecord| {
+            record.status = RunStatus::Cancelled;
+            record.reason = Some(reason.to_string());
+            record.release_at = None;
+            record.finished = Some(Utc::now());
+        };
+        self.write_unexecuted(dispatch, attempt, worker, false, cancel).await
+    }
+
     /// Writes the record of a run that has not executed (yet), as `change` says, with
     /// compare-and-set: a new record when there is none (no attempt in it), `Skip::Skipped`
     /// once written; `Skip::Final` when the run is final already, `Skip::Started` when

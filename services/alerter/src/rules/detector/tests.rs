@@ -35,6 +35,7 @@ fn every_kind() -> Vec<EventKind> {
         RunDead,
         RunSkipped,
         RunHeld,
+        RunCancelled,
         BreakerOpened,
         BreakerHalfOpened,
         BreakerClosed,
@@ -48,9 +49,9 @@ fn every_kind() -> Vec<EventKind> {
         match kind {
             TaskRegistered | TaskUpdated | TaskDeleted | TaskPaused | TaskResumed | TaskRejected
             | FireDispatched | FireSkipped | FireMissed | RunStarted | RunSucceeded | RunFailed
-            | RunRetrying | RunDead | RunSkipped | RunHeld | BreakerOpened | BreakerHalfOpened
-            | BreakerClosed | LeaderAcquired | LeaderLost | QueuePaused | QueueResumed
-            | SchedulerClockSkew => {}
+            | RunRetrying | RunDead | RunSkipped | RunHeld | RunCancelled | BreakerOpened
+            | BreakerHalfOpened | BreakerClosed | LeaderAcquired | LeaderLost | QueuePaused
+            | QueueResumed | SchedulerClockSkew => {}
         }
     }
     all.to_vec()
