@@ -1,5 +1,5 @@
-//! The actions: `POST /tasks/<ns>/<id>/{pause,resume,trigger,delete}` and
-//! `POST /dlq/<seq>/{replay,purge}`, each refused (403) unless actions are allowed and the
+//! The actions: `POST /tasks/<ns>/<id>/{pause,resume,trigger,delete}` (a pause with its
+//! reason) and `POST /dlq/<seq>/{replay,purge}`, each refused (403) unless actions are allowed and the
 //! form carries the page's CSRF token, each done through the registry API.
 
 use axum::Form;
@@ -22,7 +22,7 @@ pub(crate) struct ActionForm {
     /// The confirmation checkbox of destructive actions.
     #[serde(default)]
     confirm: String,
-    /// Why (a queue's pause).
+    /// Why (a task's or a queue's pause).
     #[serde(default)]
     pub(crate) reason: String,
 }
@@ -70,10 +70,15 @@ pub(crate) async fn task(
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Response {
     let known = ["pause", "resume", "trigger", "delete"];
-    if let Err(refusal) = accept(&state, form, &action, &known, &["delete"]) {
-        return refusal;
+    let form = match accept(&state, form, &action, &known, &["delete"]) {
+        Ok(form) => form,
+        Err(refusal) => return refusal,
+    };
+    let mut reference = json!({"namespace": namespace, "id": id});
+    let reason = form.reason.trim();
+    if action == "pause" && !reason.is_empty() {
+        reference["reason"] = reason.into();
     }
-    let reference = json!({"namespace": namespace, "id": id});
     match state.api.task(&action, &namespace, reference).await {
         Ok(reply) => {
             tracing::info!(%namespace, task = %id, action, "console action");
