@@ -123,6 +123,8 @@ struct Head<'a> {
     term: u64,
     revision: u64,
     priority: Priority,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replay_of: Option<&'a str>,
 }
 
 /// Room for the head of a body and the `"spec"` key: ids, times and numbers.
@@ -165,6 +167,10 @@ pub fn build_traced(
         }
     };
     let trigger = origin.trigger();
+    let replay_of = match origin {
+        Origin::Replay { dead_execution_id, .. } => Some(dead_execution_id),
+        _ => None,
+    };
     let head = Head {
         execution_id: &execution_id,
         namespace,
@@ -174,6 +180,7 @@ pub fn build_traced(
         term,
         revision,
         priority,
+        replay_of,
     };
     let spec_len = match spec {
         SpecBody::Json(json) => json.len(),
@@ -282,6 +289,8 @@ mod tests {
                 assert_eq!(decoded.nominal_time.timestamp_millis(), nominal_ms);
                 assert_eq!((decoded.trigger, decoded.term, decoded.revision), (trigger, term, 7));
                 assert_eq!(decoded.spec, spec);
+                let replay_of = matches!(origin, Origin::Replay { .. }).then(|| "dead-1".to_string());
+                assert_eq!(decoded.replay_of, replay_of, "a replay names its dead run");
                 let expected_id = match origin {
                     Origin::Scheduled { .. } => {
                         assert_eq!(

@@ -1,5 +1,6 @@
-//! The actions: `POST /tasks/<ns>/<id>/{pause,resume,trigger,delete,cancel-held,cancel-queued}`,
-//! `POST /runs/<execution>/cancel` and `POST /dlq/<seq>/{replay,purge}`, each refused (403) unless actions are allowed and the
+//! The actions: `POST /tasks/<ns>/<id>/{pause,resume,trigger,delete,cancel-held,cancel-queued}`
+//! (a pause with its reason), `POST /runs/<execution>/cancel` and `POST /dlq/<seq>/{replay,purge}`,
+//! each refused (403) unless actions are allowed and the
 //! form carries the page's CSRF token, each done through the registry API.
 
 use axum::Form;
@@ -23,7 +24,7 @@ pub(crate) struct ActionForm {
     /// The confirmation checkbox of destructive actions.
     #[serde(default)]
     confirm: String,
-    /// Why (a queue's pause).
+    /// Why (a task's or a queue's pause).
     #[serde(default)]
     pub(crate) reason: String,
 }
@@ -75,9 +76,10 @@ pub(crate) async fn task(
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Response {
     let known = ["pause", "resume", "trigger", "delete", CANCEL_HELD, CANCEL_QUEUED];
-    if let Err(refusal) = accept(&state, form, &action, &known, &["delete", CANCEL_HELD, CANCEL_QUEUED]) {
-        return refusal;
-    }
+    let form = match accept(&state, form, &action, &known, &["delete", CANCEL_HELD, CANCEL_QUEUED]) {
+        Ok(form) => form,
+        Err(refusal) => return refusal,
+    };
     if action == CANCEL_HELD || action == CANCEL_QUEUED {
         let which = if action == CANCEL_HELD { "held" } else { "queued" };
         let request = json!({"id": id, which: true, "by": "console"});
@@ -89,7 +91,11 @@ pub(crate) async fn task(
             Err(error) => error.into_response(),
         };
     }
-    let reference = json!({"namespace": namespace, "id": id});
+    let mut reference = json!({"namespace": namespace, "id": id});
+    let reason = form.reason.trim();
+    if action == "pause" && !reason.is_empty() {
+        reference["reason"] = reason.into();
+    }
     match state.api.task(&action, &namespace, reference).await {
         Ok(reply) => {
             tracing::info!(%namespace, task = %id, action, "console action");

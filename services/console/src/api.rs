@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use jetsched_shared::api_client::{self, ApiClient};
 use jetsched_shared::names::Names;
-use jetsched_shared::wire::{BreakerRef, DlqRequest};
+use jetsched_shared::wire::{BreakerRef, DlqRequest, HDR_CREATE_ONLY, HDR_EXPECTED_REVISION};
 use serde_json::{Value, json};
 
 /// How long a request waits for its reply.
@@ -68,6 +68,30 @@ impl Api {
     ) -> Result<Value, CallError> {
         let subject = self.client.names().task_api_namespaced(endpoint, namespace);
         Ok(self.client.request(subject, HeaderMap::new(), body.to_string().into_bytes()).await?)
+    }
+
+    /// `put`: stores `spec` (the body as the operator wrote it) on the subject of `namespace`
+    /// (the one without a namespace when `None`); only over `expected` when given
+    /// (compare-and-set), only as a new task when `None` and `create_only`.
+    pub(crate) async fn put(
+        &self,
+        namespace: Option<&str>,
+        spec: Vec<u8>,
+        expected: Option<u64>,
+        create_only: bool,
+    ) -> Result<Value, CallError> {
+        let mut headers = HeaderMap::new();
+        match expected {
+            Some(revision) => headers.insert(HDR_EXPECTED_REVISION, revision.to_string()),
+            None if create_only => headers.insert(HDR_CREATE_ONLY, "true"),
+            None => {}
+        }
+        let names = self.client.names();
+        let subject = match namespace {
+            Some(namespace) => names.task_api_namespaced("put", namespace),
+            None => names.task_api_subject("put"),
+        };
+        Ok(self.client.request(subject, headers, spec).await?)
     }
 
     /// The next `count` fires of a stored task.

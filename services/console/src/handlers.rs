@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
-use jetsched_shared::wire::{DlqRequest, Event, RunRecord, TaskState, TaskStatus};
+use jetsched_shared::wire::{DlqRequest, Event, RunRecord, RunStatus, TaskState, TaskStatus};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
@@ -112,26 +112,46 @@ pub(crate) async fn run(State(state): State<AppState>, Path(execution): Path<Str
             );
         }
     };
-    let events: Vec<Event> = {
+    let (events, mut replays) = {
         let activity = state.activity.read().expect("activity lock");
-        activity.events().filter(|e| e.execution_id.as_deref() == Some(execution.as_str())).cloned().collect()
+        let mut events = Vec::new();
+        let mut replays = Vec::new();
+        for event in activity.events() {
+            if event.execution_id.as_deref() == Some(execution.as_str()) {
+                events.push(event.clone());
+            } else if event.replay_of.as_deref() == Some(execution.as_str())
+                && let Some(replay) = &event.execution_id
+            {
+                replays.push(replay.clone());
+            }
+        }
+        (events, replays)
     };
-    html(StatusCode::OK, pages::runs::run(&state.ctx(), &execution, record.as_ref(), &events))
-}
-
-fn non_empty(value: &str) -> Option<String> {
-    let value = value.trim();
-    (!value.is_empty()).then(|| value.to_string())
+    replays.sort();
+    replays.dedup();
+    let replay_of = record
+        .as_ref()
+        .and_then(|r| r.replay_of.clone())
+        .or_else(|| events.iter().find_map(|e| e.replay_of.clone()));
+    let dead_letter = match &record {
+        Some(record) if record.status == RunStatus::Dead => {
+            crate::retry::dead_letter_of(&state, record).await.map_err(|e| e.to_string())
+        }
+        _ => Ok(None),
+    };
+    let related = pages::runs::Related {
+        replay_of,
+        dead_letter,
+        replays,
+        retriable: record.as_ref().is_some_and(crate::retry::retriable),
+    };
+    html(StatusCode::OK, pages::runs::run(&state.ctx(), &execution, record.as_ref(), &events, &related))
 }
 
 pub(crate) async fn dlq(State(state): State<AppState>, Query(filter): Query<DlqFilter>) -> Response {
-    let request = DlqRequest {
-        namespace: non_empty(&filter.namespace),
-        task_id: non_empty(&filter.task_id),
-        queue: non_empty(&filter.queue),
-        limit: Some(DLQ_PAGE),
-        cursor: filter.cursor,
-        ..Default::default()
+    let request = match filter.request() {
+        Ok(request) => DlqRequest { limit: Some(DLQ_PAGE), ..request },
+        Err(problems) => return html(StatusCode::BAD_REQUEST, pages::problem("Dead letters", &problems)),
     };
     let listed = match state.api.dlq("list", &request).await {
         Ok(listed) => listed,

@@ -13,19 +13,24 @@ use serde::Deserialize;
 use crate::access::SESSION_COOKIE;
 use crate::pages;
 use crate::state::{AppState, html};
-use crate::{actions, breakers, handlers, history, queues};
+use crate::{actions, breakers, bulk, editor, handlers, history, queues, retry};
 
 /// Every route of the console.
 pub(crate) fn router(state: AppState) -> Router {
     let guarded = Router::new()
         .route("/", get(handlers::overview))
         .route("/tasks", get(handlers::tasks))
+        .route("/tasks/new", get(editor::new_page).post(editor::create))
         .route("/tasks/{namespace}/{id}", get(handlers::task))
+        .route("/tasks/{namespace}/{id}/edit", get(editor::edit_page).post(editor::save))
         .route("/tasks/{namespace}/{id}/{action}", post(actions::task))
         .route("/runs", get(history::runs))
         .route("/runs/{execution}", get(handlers::run))
         .route("/runs/{execution}/cancel", post(actions::run_cancel))
+        .route("/runs/{execution}/retry", post(retry::retry))
         .route("/dlq", get(handlers::dlq))
+        .route("/dlq/bulk", get(bulk::confirm))
+        .route("/dlq/bulk/{action}", post(bulk::act))
         .route("/dlq/{sequence}", get(handlers::dlq_entry))
         .route("/dlq/{sequence}/{action}", post(actions::dlq))
         .route("/breakers", get(breakers::list))

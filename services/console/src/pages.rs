@@ -2,7 +2,9 @@
 //! shares, small helpers, the chart, and one module per page.
 
 pub(crate) mod breakers;
+pub(crate) mod bulk;
 pub(crate) mod dlq;
+pub(crate) mod editor;
 pub(crate) mod events;
 pub(crate) mod history;
 pub(crate) mod overview;

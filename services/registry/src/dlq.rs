@@ -2,12 +2,15 @@
 //! workers stored in `JETSCHED_DLQ`, replay them (a new dispatch with a new execution id and
 //! trigger `replay`, then the entry is removed), and purge them.
 //!
-//! Requests (JSON; a filter is any of `queue`, `namespace`, `task_id`):
+//! Requests (JSON; a filter is any of `queue`, `namespace`, `task_id`, and of what entries
+//! hold: `execution_id`, `error` (text of the reason or an attempt's error, ignoring case),
+//! `since`/`until` (when dead-lettered), `through` (a last sequence)):
 //! - `list`: `{filter..., "limit": 100, "cursor": <sequence>}` → `{"entries": [{"sequence", "entry"}], "next_cursor"}`
 //! - `get`: `{"sequence": n}` → `{"sequence", "entry"}`
 //! - `replay`: `{"sequence": n}` or `{filter..., "limit": 100, "rate": 50}` (bulk, at most `rate`
 //!   per second) → `{"replayed": [{"sequence", "original_execution_id", "execution_id"}], "failed": [...]}`
-//! - `purge`: `{"sequence": n}` or `{filter...}` or `{"all": true}` → `{"purged": n}`
+//! - `purge`: `{"sequence": n}` or `{filter...}` (at most `limit` entries when it filters on
+//!   content) or `{"all": true}` → `{"purged": n}`
 //!
 //! Each endpoint is also served on `jetsched.api.dlq.<endpoint>.<namespace>`: the filter is
 //! then that namespace (a body naming another is refused with `namespace_mismatch`), and an
@@ -29,6 +32,8 @@ use serde_json::Value;
 use crate::codec::{self, Detail, Empty, encode, priority_field, within};
 use crate::failure::Failure;
 use crate::scope::{check_namespace, same_namespace};
+
+mod select;
 
 /// A dead letter as stored: its sequence, the subject it was stored on (which names its queue,
 /// namespace and task) and its body.
@@ -164,13 +169,25 @@ impl DlqApi {
     ) -> Result<(Vec<Stored>, Option<u64>), Failure> {
         let stream = self.stream().await?;
         let filter = self.filter(request);
+        let content = request.has_content_filter();
         let mut out = Vec::new();
         let mut next = from.max(1);
+        let mut examined = 0;
         while out.len() < limit {
+            if content && examined == select::MAX_EXAMINED {
+                return Ok((out, Some(next)));
+            }
             match stream.get_first_raw_message_by_subject(&filter, next).await {
+                Ok(message) if request.through.is_some_and(|through| message.sequence > through) => {
+                    return Ok((out, None));
+                }
                 Ok(message) => {
                     next = message.sequence + 1;
-                    out.push(Stored::from(message));
+                    examined += 1;
+                    let stored = Stored::from(message);
+                    if !content || select::selects(request, &json_or_text(&stored.payload)) {
+                        out.push(stored);
+                    }
                 }
                 Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => return Ok((out, None)),
                 Err(error) => return Err(unavailable(error)),
@@ -221,7 +238,7 @@ impl DlqApi {
             None => {
                 return Err(ApiError::new(
                     ErrorCode::BadRequest,
-                    "give a sequence, or a filter (queue, namespace, task_id) for a bulk replay",
+                    "give a sequence, or a filter (queue, namespace, task_id, execution_id, error, since, until, through) for a bulk replay",
                 )
                 .into());
             }
@@ -336,6 +353,20 @@ impl DlqApi {
                 })?;
                 u64::from(deleted)
             }
+            None if request.has_content_filter() => {
+                let limit = request.limit.unwrap_or(DEFAULT_LIMIT);
+                let mut purged = 0;
+                for stored in self.scan(request, 1, limit).await?.0 {
+                    // An entry replayed or purged meanwhile is not counted.
+                    match stream.delete_message(stored.sequence).await {
+                        Ok(deleted) => purged += u64::from(deleted),
+                        Err(error) => {
+                            tracing::debug!(%error, sequence = stored.sequence, "dead letter not purged")
+                        }
+                    }
+                }
+                purged
+            }
             None if request.has_filter() => {
                 stream.purge().filter(self.filter(request)).await.map_err(unavailable)?.purged
             }
@@ -343,7 +374,7 @@ impl DlqApi {
             None => {
                 return Err(ApiError::new(
                     ErrorCode::BadRequest,
-                    "give a sequence, a filter (queue, namespace, task_id) or \"all\": true",
+                    "give a sequence, a filter (queue, namespace, task_id, execution_id, error, since, until, through) or \"all\": true",
                 )
                 .into());
             }

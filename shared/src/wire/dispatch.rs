@@ -58,6 +58,9 @@ pub struct Dispatch<S = TaskSpec> {
     /// The lane the run was dispatched to; `normal` for dispatches sent before priorities.
     #[serde(default)]
     pub priority: Priority,
+    /// A replay's dead run: the execution whose dead letter it dispatched again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<String>,
     pub spec: S,
     /// Trace id of the execution (32 hex digits): not part of the body, filled in by the
     /// receiver from the message's `traceparent` header.
@@ -77,6 +80,7 @@ impl<S> Dispatch<S> {
             term: self.term,
             revision: self.revision,
             priority: self.priority,
+            replay_of: self.replay_of,
             spec,
             trace_id: self.trace_id,
         }

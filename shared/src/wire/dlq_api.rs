@@ -1,11 +1,15 @@
 //! The dead-letter API's request (`jetsched.api.dlq.{list,get,replay,purge}`), as the registry
 //! reads it and the CLI and console send it.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// One entry by `sequence`, or a filter (any of `queue`, `namespace`, `task_id`), with paging,
-/// bulk-replay rate, purge-all or the lane of replayed runs where the endpoint takes them.
-/// Only what is set is sent; unknown fields are refused.
+use super::millis;
+
+/// One entry by `sequence`, or a filter (any of `queue`, `namespace`, `task_id`, and of what an
+/// entry holds: `execution_id`, `error`, `since`, `until`, `through`), with paging, bulk-replay
+/// rate, purge-all or the lane of replayed runs where the endpoint takes them. Only what is
+/// set is sent; unknown fields are refused.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DlqRequest {
@@ -17,6 +21,21 @@ pub struct DlqRequest {
     pub namespace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+    /// Entries of this dead run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+    /// Entries whose reason or an attempt's error contains this text (ignoring case).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Entries dead-lettered at or after this instant.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub since: Option<DateTime<Utc>>,
+    /// Entries dead-lettered before this instant.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub until: Option<DateTime<Utc>>,
+    /// Entries at or below this sequence: what a list showed, not what arrived after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub through: Option<u64>,
     /// Page size of `list`, entries of a bulk `replay`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<usize>,
@@ -40,9 +59,23 @@ impl DlqRequest {
         DlqRequest { sequence: Some(sequence), ..DlqRequest::default() }
     }
 
-    /// Whether it names any of `queue`, `namespace`, `task_id`.
+    /// Whether it names any filter: a subject's (`queue`, `namespace`, `task_id`) or an
+    /// entry's content's.
     pub fn has_filter(&self) -> bool {
-        self.queue.is_some() || self.namespace.is_some() || self.task_id.is_some()
+        self.queue.is_some()
+            || self.namespace.is_some()
+            || self.task_id.is_some()
+            || self.has_content_filter()
+    }
+
+    /// Whether it filters on what entries hold (`execution_id`, `error`, `since`, `until`,
+    /// `through`), which only reading each entry can tell.
+    pub fn has_content_filter(&self) -> bool {
+        self.execution_id.is_some()
+            || self.error.is_some()
+            || self.since.is_some()
+            || self.until.is_some()
+            || self.through.is_some()
     }
 }
 
@@ -62,6 +95,12 @@ mod tests {
         let all = DlqRequest { all: true, ..Default::default() };
         assert_eq!(serde_json::to_value(&all).unwrap(), serde_json::json!({"all": true}));
         assert!(serde_json::from_str::<DlqRequest>(r#"{"bogus": 1}"#).is_err());
+        let content: DlqRequest =
+            serde_json::from_str(r#"{"error": "quota", "since": "2026-12-05T10:00:00.000Z", "through": 9}"#)
+                .unwrap();
+        assert!(content.has_filter() && content.has_content_filter());
+        assert_eq!(content.since.unwrap().timestamp_millis(), 1_796_464_800_000);
+        assert!(!request.has_content_filter());
         assert_eq!(serde_json::from_str::<DlqRequest>("{}").unwrap(), DlqRequest::default());
     }
 }

@@ -164,6 +164,9 @@ pub struct Event {
     /// `run.held`: when the server hands the run back to its queue.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
     pub release_at: Option<DateTime<Utc>>,
+    /// Run events of a replay: the dead run whose dead letter it dispatched again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<String>,
 }
 
 impl Event {
@@ -194,6 +197,7 @@ impl Event {
             runs: None,
             open_until: None,
             release_at: None,
+            replay_of: None,
         }
     }
 }

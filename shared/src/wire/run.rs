@@ -149,6 +149,9 @@ pub struct RunRecord {
     /// Trace id of the execution (32 hex digits), from the dispatch's `traceparent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// A replay's dead run: the execution whose dead letter it dispatched again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<String>,
 }
 
 impl RunRecord {
@@ -174,6 +177,7 @@ impl RunRecord {
             failures: 0,
             attempts: vec![AttemptRecord::started(attempt, worker, now)],
             trace_id: dispatch.trace_id.clone(),
+            replay_of: dispatch.replay_of.clone(),
         }
     }
 

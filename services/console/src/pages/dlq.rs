@@ -1,6 +1,9 @@
-//! `/dlq` (dead letters with filters, paged by the registry's cursor) and `/dlq/<sequence>`
-//! (the entry with every attempt; replay and purge).
+//! `/dlq` (dead letters with filters, paged by the registry's cursor, and the bulk actions on
+//! what the filters select) and `/dlq/<sequence>` (the entry with every attempt; replay and
+//! purge).
 
+use chrono::{DateTime, NaiveDateTime, Utc};
+use jetsched_shared::wire::DlqRequest;
 use maud::{Markup, html};
 use serde::Deserialize;
 use serde_json::Value;
@@ -16,9 +19,109 @@ pub(crate) struct DlqFilter {
     pub(crate) task_id: String,
     #[serde(default)]
     pub(crate) queue: String,
+    /// Text of the reason or an attempt's error.
+    #[serde(default)]
+    pub(crate) error: String,
+    /// Dead-lettered at or after (UTC, `2026-12-05T10:00` or RFC 3339).
+    #[serde(default)]
+    pub(crate) since: String,
+    /// Dead-lettered before (UTC).
+    #[serde(default)]
+    pub(crate) until: String,
     /// The registry's cursor of the page to show.
     #[serde(default)]
     pub(crate) cursor: Option<u64>,
+}
+
+impl DlqFilter {
+    /// The registry's request for what the filter selects, or every problem of its fields.
+    pub(crate) fn request(&self) -> Result<DlqRequest, Vec<String>> {
+        let mut problems = Vec::new();
+        let mut instant = |field: &str, value: &str| match parse_instant(value) {
+            Ok(instant) => instant,
+            Err(()) => {
+                problems
+                    .push(format!("{field}: {value:?} is not a time (UTC, as 2026-12-05T10:00 or RFC 3339)"));
+                None
+            }
+        };
+        let since = instant("since", &self.since);
+        let until = instant("until", &self.until);
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(DlqRequest {
+            namespace: non_empty(&self.namespace),
+            task_id: non_empty(&self.task_id),
+            queue: non_empty(&self.queue),
+            error: non_empty(&self.error),
+            since,
+            until,
+            cursor: self.cursor,
+            ..DlqRequest::default()
+        })
+    }
+
+    /// The filter as a query string (without the cursor).
+    pub(crate) fn query(&self) -> String {
+        [
+            ("namespace", &self.namespace),
+            ("task_id", &self.task_id),
+            ("queue", &self.queue),
+            ("error", &self.error),
+            ("since", &self.since),
+            ("until", &self.until),
+        ]
+        .iter()
+        .map(|(key, value)| format!("{key}={}", encode(value)))
+        .collect::<Vec<_>>()
+        .join("&")
+    }
+
+    /// The filter's fields as hidden form inputs.
+    pub(crate) fn hidden(&self) -> Markup {
+        html! {
+            input type="hidden" name="namespace" value=(self.namespace);
+            input type="hidden" name="task_id" value=(self.task_id);
+            input type="hidden" name="queue" value=(self.queue);
+            input type="hidden" name="error" value=(self.error);
+            input type="hidden" name="since" value=(self.since);
+            input type="hidden" name="until" value=(self.until);
+        }
+    }
+}
+
+fn non_empty(value: &str) -> Option<String> {
+    let value = value.trim();
+    (!value.is_empty()).then(|| value.to_string())
+}
+
+/// An instant typed in a filter: empty, RFC 3339, or a UTC wall-clock time as a browser's
+/// `datetime-local` input sends it.
+fn parse_instant(value: &str) -> Result<Option<DateTime<Utc>>, ()> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(t) = DateTime::parse_from_rfc3339(value) {
+        return Ok(Some(t.with_timezone(&Utc)));
+    }
+    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"]
+        .iter()
+        .find_map(|format| NaiveDateTime::parse_from_str(value, format).ok())
+        .map(|t| Some(t.and_utc()))
+        .ok_or(())
+}
+
+/// Percent-encodes a query string value.
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 fn text<'a>(entry: &'a Value, key: &str) -> &'a str {
@@ -27,12 +130,13 @@ fn text<'a>(entry: &'a Value, key: &str) -> &'a str {
 
 /// The list; `entries` are `{sequence, entry}` objects, `next` the cursor of the next page.
 pub(crate) fn list(entries: &[Value], next: Option<u64>, filter: &DlqFilter, total: Option<u64>) -> Markup {
-    let next_href = next.map(|cursor| {
-        format!(
-            "/dlq?namespace={}&task_id={}&queue={}&cursor={cursor}",
-            filter.namespace, filter.task_id, filter.queue
-        )
-    });
+    let next_href = next.map(|cursor| format!("/dlq?{}&cursor={cursor}", filter.query()));
+    // The count of the selection is known when it fits this page; otherwise the confirmation
+    // counts it.
+    let selected = match next {
+        None if filter.cursor.is_none() => entries.len().to_string(),
+        _ => "all".to_string(),
+    };
     layout(
         "Dead letters",
         "/dlq",
@@ -41,7 +145,18 @@ pub(crate) fn list(entries: &[Value], next: Option<u64>, filter: &DlqFilter, tot
                 label { "Namespace " input type="text" name="namespace" value=(filter.namespace) size="12"; }
                 label { "Task " input type="text" name="task_id" value=(filter.task_id) size="16"; }
                 label { "Queue " input type="text" name="queue" value=(filter.queue) size="10"; }
+                label { "Error " input type="text" name="error" value=(filter.error) size="16" placeholder="text of the reason"; }
+                label { "Since (UTC) " input type="datetime-local" name="since" value=(filter.since); }
+                label { "Until (UTC) " input type="datetime-local" name="until" value=(filter.until); }
                 " " button type="submit" { "Filter" }
+            }
+            @if !entries.is_empty() {
+                form.bulk #dlq-bulk method="get" action="/dlq/bulk" {
+                    (filter.hidden())
+                    button type="submit" name="action" value="replay" { "Replay " (selected) " selected…" }
+                    " "
+                    button type="submit" name="action" value="purge" { "Purge " (selected) " selected…" }
+                }
             }
             @if let Some(total) = total { p.count { (total) " dead letters in the stream" } }
             @if entries.is_empty() { p.empty { "No dead letter matches." } } @else {

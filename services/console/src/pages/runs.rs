@@ -4,8 +4,7 @@
 use jetsched_shared::wire::{Event, RunRecord};
 use maud::{Markup, html};
 
-use super::Ctx;
-use super::{action, layout, refreshing, task_href, time, time_opt};
+use super::{Ctx, action, layout, refreshing, task_href, time, time_opt};
 use crate::runs::RunRow;
 
 /// The runs table (`with_task`: a column naming the task).
@@ -48,7 +47,53 @@ fn unfinished(record: Option<&RunRecord>) -> bool {
     record.is_none_or(|r| !r.status.is_final())
 }
 
-pub(crate) fn run(ctx: &Ctx, execution_id: &str, record: Option<&RunRecord>, events: &[Event]) -> Markup {
+/// What a run page links to besides its task: the dead run it replays, its dead letter, the
+/// runs that replayed it, and whether it may be retried now.
+#[derive(Debug)]
+pub(crate) struct Related {
+    pub(crate) replay_of: Option<String>,
+    /// The run's dead letter (its sequence), or why it could not be looked up.
+    pub(crate) dead_letter: Result<Option<u64>, String>,
+    pub(crate) replays: Vec<String>,
+    pub(crate) retriable: bool,
+}
+
+impl Default for Related {
+    fn default() -> Related {
+        Related { replay_of: None, dead_letter: Ok(None), replays: Vec::new(), retriable: false }
+    }
+}
+
+fn related(ctx: &Ctx, execution_id: &str, related: &Related) -> Markup {
+    html! {
+        @if let Some(dead) = &related.replay_of {
+            p #replay-of { "replay of " a href={"/runs/" (dead)} { code { (dead) } } }
+        }
+        @match &related.dead_letter {
+            Ok(Some(sequence)) => p #dead-letter { "dead letter " a href={"/dlq/" (sequence)} { (sequence) } },
+            Ok(None) => {},
+            Err(error) => p.error { "Dead letter unavailable: " (error) },
+        }
+        @if !related.replays.is_empty() {
+            p #replays { "replayed as " @for run in &related.replays { a href={"/runs/" (run)} { code { (run) } } " " } }
+        }
+        @if related.retriable {
+            div.actions #retry {
+                (action(ctx, &format!("/runs/{execution_id}/retry"), "Retry now", None))
+                span.sub { @if matches!(related.dead_letter, Ok(Some(_))) { "replays its dead letter (the same spec snapshot)" }
+                    @else { "runs the task again with its current spec" } }
+            }
+        }
+    }
+}
+
+pub(crate) fn run(
+    ctx: &Ctx,
+    execution_id: &str,
+    record: Option<&RunRecord>,
+    events: &[Event],
+    links: &Related,
+) -> Markup {
     let title = format!("Run {execution_id}");
     // Queued (no record yet, but known from its events), held, retrying or running.
     let cancellable = record.map_or(!events.is_empty(), |r| !r.status.is_final());
@@ -58,6 +103,7 @@ pub(crate) fn run(ctx: &Ctx, execution_id: &str, record: Option<&RunRecord>, eve
                     (action(ctx, &format!("/runs/{execution_id}/cancel"), "Cancel", Some("yes, cancel this run")))
                 }
             }
+            (related(ctx, execution_id, links))
             @match record {
                 Some(record) => {
                     dl.facts {
@@ -117,7 +163,8 @@ mod tests {
     #[test]
     fn a_run_page_reloads_until_the_run_has_finished() {
         let refresh = r#"http-equiv="refresh""#;
-        let waiting = run(&ctx(), "e1", None, &[]).into_string();
+        let none = Related::default();
+        let waiting = run(&ctx(), "e1", None, &[], &none).into_string();
         assert!(
             waiting.contains(refresh) && waiting.contains("No record or event of this run yet"),
             "{waiting}"
@@ -129,10 +176,21 @@ mod tests {
             "first_started": "2026-12-04T10:00:00.001Z", "attempts": []
         }))
         .expect("a run record");
-        assert!(run(&ctx(), "e1", Some(&record), &[]).into_string().contains(refresh));
-        assert!(run(&ctx(), "e1", Some(&record), &[]).into_string().contains("/runs/e1/cancel"));
+        assert!(run(&ctx(), "e1", Some(&record), &[], &none).into_string().contains(refresh));
+        assert!(run(&ctx(), "e1", Some(&record), &[], &none).into_string().contains("/runs/e1/cancel"));
         record.status = RunStatus::Succeeded;
-        let ended = run(&ctx(), "e1", Some(&record), &[]).into_string();
+        let ended = run(&ctx(), "e1", Some(&record), &[], &none).into_string();
         assert!(!ended.contains(refresh) && !ended.contains("/runs/e1/cancel"), "{ended}");
+        record.status = RunStatus::Dead;
+        let links = Related {
+            replay_of: Some("e0".into()),
+            dead_letter: Ok(Some(12)),
+            replays: vec!["e2".into()],
+            retriable: true,
+        };
+        let page = run(&ctx(), "e1", Some(&record), &[], &links).into_string();
+        for wanted in [r#"href="/runs/e0""#, r#"href="/dlq/12""#, r#"href="/runs/e2""#, "/runs/e1/retry"] {
+            assert!(page.contains(wanted), "{wanted}: {page}");
+        }
     }
 }

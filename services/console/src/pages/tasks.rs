@@ -46,6 +46,7 @@ pub(crate) fn list(
             }
             button type="submit" { "Search" }
         }
+        p { a.button #new-task href="/tasks/new" { "New task" } }
         div #task-table {
             p.count { (page.matching) " of " (page.total) " tasks" }
             table {
@@ -140,13 +141,14 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
         }
         div.actions {
             @if paused { (action(ctx, &format!("{href}/resume"), "Resume", None)) }
-            @else { (action(ctx, &format!("{href}/pause"), "Pause", None)) }
+            @else { (pause_form(ctx, &format!("{href}/pause"))) }
             (action(ctx, &format!("{href}/trigger"), "Trigger now", None))
             (action(ctx, &format!("{href}/delete"), "Delete", Some("yes, delete this task")))
             @if view.held.as_ref().is_ok_and(|held| *held > 0) {
                 (action(ctx, &format!("{href}/cancel-held"), "Cancel held runs", Some("yes, cancel its held runs")))
             }
             (action(ctx, &format!("{href}/cancel-queued"), "Cancel queued runs", Some("yes, cancel its queued runs")))
+            a.button #edit-task href={(href) "/edit"} { "Edit spec" }
         }
         section {
             h2 { "Next fires" }
@@ -184,6 +186,21 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
         }
     };
     layout(&format!("Task {}", view.id), "/tasks", body)
+}
+
+/// The pause action with its reason (kept as the task's `paused_reason`, shown on its page and
+/// by `jetsched get`).
+fn pause_form(ctx: &Ctx, href: &str) -> Markup {
+    html! {
+        form.action #pause-form method="post" action=(href) {
+            input type="hidden" name="csrf" value=(ctx.csrf);
+            label { "Reason " input type="text" name="reason" maxlength="256" size="24" placeholder="why (optional)"; }
+            " "
+            button type="submit" disabled[!ctx.allow_actions]
+                title=[(!ctx.allow_actions).then_some("actions are off: start the console with --allow-actions")]
+                { "Pause" }
+        }
+    }
 }
 
 #[cfg(test)]

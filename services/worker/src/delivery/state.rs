@@ -73,6 +73,7 @@ impl<'a> Delivery<'a> {
             worker: Some(self.parts.worker.clone()),
             revision: Some(dispatch.revision),
             trace_id: dispatch.trace_id.clone(),
+            replay_of: dispatch.replay_of.clone(),
             ..Event::new(kind, &dispatch.namespace, &dispatch.task_id)
         }
     }
