@@ -1,18 +1,22 @@
 //! The task index: compact summaries of every task (namespace, id, labels, paused, executor
-//! kind, queue, schedule text), fed by one ordered watch of the tasks bucket (last value per
-//! key, then every change) and searched and paginated in memory, so no page reads the bucket.
+//! kind, queue, priority, breaker, schedule text), fed by one ordered watch of the tasks bucket
+//! (last value per key, then every change) and searched and paginated in memory, so no page
+//! reads the bucket.
+
+mod feed;
+mod query;
 
 use std::borrow::Borrow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
-use anyhow::Context;
-use async_nats::jetstream::kv::{self, Operation};
-use futures::StreamExt;
-use jetsched_shared::admin::Readiness;
 use jetsched_shared::names::split_task_key;
+use jetsched_shared::priority::Priority;
 use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
+
+pub(crate) use feed::IndexFeed;
+use query::Matcher;
+pub use query::TaskQuery;
 
 /// What the task list shows of one task, compact: a hundred thousand of them stay within a
 /// few tens of MiB (one string holds namespace and id; queue names and label keys are shared).
@@ -29,6 +33,13 @@ pub struct TaskSummary {
     pub queue: Arc<str>,
     pub schedule: Box<str>,
     pub revision: u64,
+    /// `critical`, `high`, `normal` (the default) or `low`.
+    pub priority: &'static str,
+    /// The breaker's name: `<namespace>:<key>` for a named one, empty for the task's own;
+    /// `None` without a breaker.
+    pub breaker: Option<Box<str>>,
+    /// The cron schedule's time zone, when it has one.
+    pub zone: Option<Box<str>>,
 }
 
 /// A tolerant view of a stored spec: only what the summary needs, unknown fields ignored (a
@@ -45,6 +56,16 @@ struct SpecView {
     executor: Option<ExecutorView>,
     #[serde(default)]
     schedule: Option<ScheduleView>,
+    #[serde(default)]
+    priority: Option<String>,
+    #[serde(default)]
+    breaker: Option<BreakerView>,
+}
+
+#[derive(Deserialize)]
+struct BreakerView {
+    #[serde(default)]
+    key: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -77,6 +98,8 @@ impl TaskSummary {
         let view: SpecView = serde_json::from_slice(value).ok()?;
         let kind = view.executor.and_then(|e| e.kind).unwrap_or_default();
         let lowered = id.to_lowercase();
+        let priority = view.priority.as_deref().unwrap_or_default();
+        let zone = view.schedule.as_ref().filter(|s| s.cron.is_some()).and_then(|s| s.timezone.clone());
         Some(TaskSummary {
             key: format!("{namespace}\0{id}").into(),
             namespace_len: namespace.len(),
@@ -87,6 +110,15 @@ impl TaskSummary {
             queue: Arc::from(view.queue.as_deref().unwrap_or("default")),
             schedule: view.schedule.map(|s| schedule_text(&s)).unwrap_or_default().into(),
             revision,
+            priority: Priority::ALL
+                .into_iter()
+                .map(Priority::as_str)
+                .find(|known| *known == priority)
+                .unwrap_or(Priority::Normal.as_str()),
+            breaker: view
+                .breaker
+                .map(|b| b.key.map(|key| format!("{namespace}:{key}")).unwrap_or_default().into()),
+            zone: zone.map(Into::into),
         })
     }
 
@@ -96,6 +128,11 @@ impl TaskSummary {
 
     pub fn id(&self) -> &str {
         &self.key[self.namespace_len + 1..]
+    }
+
+    /// The index's key of the task (`<namespace>\0<id>`), also the activity's.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
     }
 
     fn search_text(&self) -> &str {
@@ -114,68 +151,6 @@ fn schedule_text(schedule: &ScheduleView) -> String {
         }
     }
     String::new()
-}
-
-/// A search of the task list; empty fields match everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct TaskQuery {
-    /// Part of the id (case-insensitive).
-    #[serde(default)]
-    pub q: String,
-    #[serde(default)]
-    pub namespace: String,
-    /// `key=value` (exact) or `key` (present), several separated by commas.
-    #[serde(default)]
-    pub label: String,
-    /// `paused`, `active` or empty.
-    #[serde(default)]
-    pub state: String,
-    #[serde(default)]
-    pub executor: String,
-    #[serde(default)]
-    pub queue: String,
-    /// 1-based page number.
-    #[serde(default)]
-    pub page: Option<usize>,
-}
-
-/// A query prepared once per search: the needle lowered, the label filters split.
-struct Matcher<'a> {
-    needle: String,
-    query: &'a TaskQuery,
-    labels: Vec<(&'a str, Option<&'a str>)>,
-}
-
-impl<'a> Matcher<'a> {
-    fn new(query: &'a TaskQuery) -> Matcher<'a> {
-        let labels = query
-            .label
-            .split(',')
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(|wanted| match wanted.split_once('=') {
-                Some((key, value)) => (key, Some(value)),
-                None => (wanted, None),
-            })
-            .collect();
-        Matcher { needle: query.q.trim().to_lowercase(), query, labels }
-    }
-
-    fn matches(&self, task: &TaskSummary) -> bool {
-        let query = self.query;
-        (self.needle.is_empty() || task.search_text().contains(self.needle.as_str()))
-            && (query.namespace.is_empty() || task.namespace() == query.namespace)
-            && (query.executor.is_empty() || task.executor == query.executor)
-            && (query.queue.is_empty() || *task.queue == *query.queue)
-            && match query.state.as_str() {
-                "paused" => task.paused,
-                "active" => !task.paused,
-                _ => true,
-            }
-            && self.labels.iter().all(|(key, value)| {
-                task.labels.iter().any(|(k, v)| &**k == *key && value.is_none_or(|value| &**v == value))
-            })
-    }
 }
 
 /// One page of a search.
@@ -259,9 +234,10 @@ impl TaskIndex {
     }
 
     /// Page `query.page` (1-based, clamped) of `page_size` tasks matching `query`; one pass
-    /// over the summaries, cloning only the page.
-    pub fn search(&self, query: &TaskQuery, page_size: usize) -> TaskPage {
-        let matcher = Matcher::new(query);
+    /// over the summaries, cloning only the page. `failing` holds the keys of the tasks whose
+    /// last run failed (what `state=failing` keeps).
+    pub fn search(&self, query: &TaskQuery, page_size: usize, failing: &HashSet<Box<str>>) -> TaskPage {
+        let matcher = Matcher::new(query, failing);
         let page_size = page_size.max(1);
         let wanted = query.page.unwrap_or(1).max(1);
         let skip = (wanted - 1) * page_size;
@@ -278,7 +254,7 @@ impl TaskIndex {
         let pages = matching.div_ceil(page_size).max(1);
         if tasks.is_empty() && wanted > pages {
             // Past the end: show the last page.
-            return self.search(&TaskQuery { page: Some(pages), ..query.clone() }, page_size);
+            return self.search(&TaskQuery { page: Some(pages), ..query.clone() }, page_size, failing);
         }
         TaskPage { tasks, matching, total: self.tasks.len(), page: wanted, pages }
     }
@@ -314,73 +290,6 @@ impl Borrow<str> for TaskSummary {
 /// The index shared by the pages and its follower.
 pub(crate) type SharedIndex = Arc<RwLock<TaskIndex>>;
 
-/// An opened watch of the tasks bucket and how many messages the bucket held when it opened.
-pub(crate) struct IndexFeed {
-    watch: kv::Watch,
-    messages: u64,
-    index: SharedIndex,
-}
-
-impl IndexFeed {
-    /// Opens the watch first, then reads the bucket's size: anything stored after arrives
-    /// through the watch.
-    pub(crate) async fn open(store: &kv::Store, index: SharedIndex) -> anyhow::Result<IndexFeed> {
-        let watch = store.watch_with_history(">").await.context("watch the tasks bucket")?;
-        let mut stream = store.stream.clone();
-        let info = stream.info().await.context("read the tasks bucket's stream info")?;
-        Ok(IndexFeed { watch, messages: info.state.messages, index })
-    }
-
-    /// Follows the bucket until `shutdown`; marks the `task_index` check ready once the initial
-    /// load is complete. Write locks are taken per chunk of entries and never held across an
-    /// await.
-    pub(crate) async fn follow(
-        self,
-        readiness: Readiness,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<()> {
-        let IndexFeed { watch, messages, index } = self;
-        let mut loaded = messages == 0;
-        readiness.set("task_index", loaded);
-        let mut chunks = watch.ready_chunks(1024);
-        loop {
-            let chunk = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return Ok(()),
-                chunk = chunks.next() => chunk,
-            };
-            let Some(chunk) = chunk else { anyhow::bail!("the tasks bucket's watch ended") };
-            let mut decoded = Vec::with_capacity(chunk.len());
-            for entry in chunk {
-                match entry {
-                    Ok(entry) => {
-                        loaded |= entry.delta == 0;
-                        let Some((namespace, id)) = split_task_key(&entry.key) else { continue };
-                        let summary = match entry.operation {
-                            Operation::Put => TaskSummary::decode(&entry.key, &entry.value, entry.revision),
-                            Operation::Delete | Operation::Purge => None,
-                        };
-                        decoded.push((namespace.to_string(), id.to_string(), summary));
-                    }
-                    Err(error) => tracing::warn!(%error, "tasks bucket watch"),
-                }
-            }
-            {
-                let mut index = index.write().expect("task index lock");
-                for (namespace, id, summary) in decoded {
-                    match summary {
-                        Some(summary) => index.put(summary),
-                        None => index.remove(&namespace, &id),
-                    }
-                }
-            }
-            if loaded {
-                readiness.set("task_index", true);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,21 +324,21 @@ mod tests {
     #[test]
     fn pages_are_ordered_and_clamped() {
         let index = index();
-        let first = index.search(&TaskQuery::default(), 50);
+        let first = index.search(&TaskQuery::default(), 50, &HashSet::new());
         assert_eq!((first.matching, first.total, first.page, first.pages), (120, 120, 1, 3));
         assert_eq!(first.tasks.len(), 50);
         assert_eq!((first.tasks[0].namespace(), first.tasks[0].id()), ("billing", "Report-000"));
-        let last = index.search(&TaskQuery { page: Some(3), ..Default::default() }, 50);
+        let last = index.search(&TaskQuery { page: Some(3), ..Default::default() }, 50, &HashSet::new());
         assert_eq!(last.tasks.len(), 20);
         assert_eq!(last.tasks[19].id(), "Report-119");
-        let beyond = index.search(&TaskQuery { page: Some(9), ..Default::default() }, 50);
+        let beyond = index.search(&TaskQuery { page: Some(9), ..Default::default() }, 50, &HashSet::new());
         assert_eq!((beyond.page, beyond.tasks.len()), (3, 20));
     }
 
     #[test]
     fn filters_combine() {
         let index = index();
-        let query = |q: TaskQuery| index.search(&q, 1000).matching;
+        let query = |q: TaskQuery| index.search(&q, 1000, &HashSet::new()).matching;
         assert_eq!(query(TaskQuery { q: "report-01".into(), ..Default::default() }), 10);
         assert_eq!(query(TaskQuery { namespace: "ops".into(), ..Default::default() }), 20);
         assert_eq!(query(TaskQuery { label: "team=billing".into(), ..Default::default() }), 40);
@@ -448,6 +357,53 @@ mod tests {
             17
         );
         assert_eq!(query(TaskQuery { queue: "other".into(), ..Default::default() }), 0);
+    }
+
+    #[test]
+    fn priority_breaker_and_failing_filters_combine_with_the_others() {
+        let mut index = index();
+        for (id, spec) in [
+            ("urgent", json!({"priority": "high", "breaker": {"key": "card-api"}, "queue": "fast"})),
+            (
+                "own-breaker",
+                json!({"priority": "high", "breaker": {}, "schedule": {"cron": "0 0 2 * * *", "timezone": "Asia/Tokyo"}}),
+            ),
+            ("odd", json!({"priority": "whatever"})),
+        ] {
+            index.put(TaskSummary::decode(&format!("ops.{id}"), spec.to_string().as_bytes(), 1).unwrap());
+        }
+        let urgent = index.get("ops", "urgent").unwrap();
+        assert_eq!((urgent.priority, urgent.breaker.as_deref()), ("high", Some("ops:card-api")));
+        let own = index.get("ops", "own-breaker").unwrap();
+        assert_eq!((own.breaker.as_deref(), own.zone.as_deref()), (Some(""), Some("Asia/Tokyo")));
+        assert_eq!(index.get("ops", "odd").unwrap().priority, "normal");
+        let failing: HashSet<Box<str>> = ["ops\0urgent".into(), "billing\0Report-003".into()].into();
+        let query = |q: TaskQuery| {
+            let page = index.search(&q, 1000, &failing);
+            page.tasks.iter().map(|t| t.id().to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            query(TaskQuery { priority: "high".into(), ..Default::default() }),
+            ["own-breaker", "urgent"]
+        );
+        assert_eq!(
+            query(TaskQuery { state: "breaker".into(), ..Default::default() }),
+            ["own-breaker", "urgent"]
+        );
+        assert_eq!(
+            query(TaskQuery { state: "failing".into(), ..Default::default() }),
+            ["Report-003", "urgent"]
+        );
+        assert_eq!(
+            query(TaskQuery {
+                state: "failing".into(),
+                queue: "fast".into(),
+                priority: "high".into(),
+                ..Default::default()
+            }),
+            ["urgent"]
+        );
+        assert_eq!(query(TaskQuery { priority: "low".into(), ..Default::default() }), Vec::<String>::new());
     }
 
     #[test]
@@ -470,7 +426,7 @@ mod tests {
         put(&mut index, "x", "slow");
         let spec = json!({}).to_string();
         index.put(TaskSummary::decode("ns-2.a", spec.as_bytes(), 1).unwrap());
-        let page = index.search(&TaskQuery::default(), 10);
+        let page = index.search(&TaskQuery::default(), 10, &HashSet::new());
         let order: Vec<_> = page.tasks.iter().map(|t| format!("{}/{}", t.namespace(), t.id())).collect();
         assert_eq!(order, ["ns/a", "ns/x", "ns-2/a"]);
     }

@@ -8,6 +8,8 @@ mod activity;
 mod api;
 mod breakers;
 mod config;
+#[cfg(test)]
+mod contrast;
 mod handlers;
 mod history;
 mod http;
@@ -19,6 +21,8 @@ mod runs;
 mod service;
 mod state;
 mod status;
+mod task_list;
+mod trace;
 
 pub use config::{Config, DEFAULT_ADMIN_ADDR, DEFAULT_HTTP_ADDR};
 pub use index::{TaskIndex, TaskQuery, TaskSummary};

@@ -74,6 +74,7 @@ pub async fn build(config: Config) -> anyhow::Result<Console> {
         names,
         runs: Arc::new(runs),
         page_size: config.page_size,
+        trace: crate::trace::TraceLinks::new(config.trace_url.as_deref()),
     };
     Ok(Console { state, feed, listener, admin, readiness, presence, client })
 }
@@ -98,7 +99,7 @@ impl Console {
             &tracker,
             &state.js,
             &state.names,
-            state.activity.clone(),
+            (state.activity.clone(), state.index.clone(), feed.loaded()),
             state.live.clone(),
             &shutdown,
         );
