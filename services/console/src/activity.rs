@@ -67,6 +67,10 @@ impl Activity {
                 (EventKind::FireDispatched, _) => self.lanes.dispatched(execution, event.time),
                 (EventKind::RunStarted, Some(lane)) => self.lanes.started(lane, execution, event.time),
                 (EventKind::RunSucceeded | EventKind::RunFailed, Some(lane)) => {
+                    // Workers publish `run.started` only for runs that last: the start of a
+                    // short one is its end less its duration.
+                    let duration = chrono::Duration::milliseconds(event.duration_ms.unwrap_or(0) as i64);
+                    self.lanes.started(lane.clone(), execution, event.time - duration);
                     self.lanes.finished(lane, event.time, event.duration_ms)
                 }
                 _ => {}

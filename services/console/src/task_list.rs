@@ -1,12 +1,13 @@
 //! What the task list shows beside each task's summary, for the page's tasks only: its next
-//! fire (the scheduler's fire state), its recent runs (kept in memory from the run events) and
-//! its breaker's state (the breakers bucket). One read per task of the page, all at once; no
-//! page scans the buckets or the events.
+//! fire (the scheduler's fire state; the registry's `task.next` for a task that never fired),
+//! its recent runs (kept in memory from the run events) and its breaker's state (the breakers
+//! bucket). One read per task of the page, all at once; no page scans the buckets or the events.
 
 use chrono::{DateTime, Utc};
 use futures::future::join_all;
 use jetsched_shared::names::{breaker_named_key, breaker_shared_key, breaker_task_key, task_key};
 use jetsched_shared::wire::{BreakerRecord, FireState};
+use serde_json::Value;
 
 use crate::activity::TaskRuns;
 use crate::index::TaskSummary;
@@ -38,9 +39,20 @@ pub(crate) async fn extras(state: &AppState, tasks: &[TaskSummary]) -> Vec<TaskE
         async move {
             let store = store.map_err(|e| e.to_string())?;
             let entry = store.get(task_key(task.namespace(), task.id())).await.map_err(|e| e.to_string())?;
-            Ok(entry
-                .and_then(|value| serde_json::from_slice::<FireState>(&value).ok())
-                .and_then(|s| s.next_fire))
+            match entry.and_then(|value| serde_json::from_slice::<FireState>(&value).ok()) {
+                Some(fire_state) => Ok(fire_state.next_fire),
+                // Never fired yet (or paused before it did): the registry computes it.
+                None if task.paused => Ok(None),
+                None => {
+                    let next =
+                        state.api.next(task.namespace(), task.id(), 1).await.map_err(|e| e.to_string())?;
+                    Ok(next
+                        .pointer("/times/0")
+                        .and_then(Value::as_str)
+                        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                        .map(|t| t.to_utc()))
+                }
+            }
         }
     }));
     let breaker_states = join_all(tasks.iter().map(|task| {

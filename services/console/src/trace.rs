@@ -18,10 +18,15 @@ impl TraceLinks {
         TraceLinks(template.map(Arc::from))
     }
 
-    /// The URL of `trace_id`'s trace, when a template is set. Trace ids are hex digits and
-    /// execution ids `[A-Za-z0-9_-]`: nothing to encode (escaped anyway as an attribute).
+    /// The URL of `trace_id`'s trace, when a template is set. A trace id is 32 hex digits; an
+    /// execution id (a UUID) stands for its trace as its 128 bits in hex, as the services derive
+    /// it. Nothing to encode (escaped anyway as an attribute).
     pub(crate) fn url(&self, trace_id: &str) -> Option<String> {
-        self.0.as_deref().map(|template| template.replace(PLACEHOLDER, trace_id))
+        let trace_id = match uuid::Uuid::parse_str(trace_id) {
+            Ok(uuid) => uuid.simple().to_string(),
+            Err(_) => trace_id.to_string(),
+        };
+        self.0.as_deref().map(|template| template.replace(PLACEHOLDER, &trace_id))
     }
 
     /// ` trace` linked to `trace_id`'s trace, or nothing.
@@ -74,6 +79,11 @@ mod tests {
         assert!(problem("http://x/{trace_id} y").is_some());
         let links = TraceLinks::new(Some("http://jaeger:16686/trace/{trace_id}"));
         assert_eq!(links.url("abc").as_deref(), Some("http://jaeger:16686/trace/abc"));
+        assert_eq!(
+            links.url("0af76519-16cd-43dd-8448-eb211c80319c").as_deref(),
+            Some("http://jaeger:16686/trace/0af7651916cd43dd8448eb211c80319c"),
+            "an execution id stands for its trace"
+        );
         assert!(links.link("abc").into_string().contains(r#"href="http://jaeger:16686/trace/abc""#));
         assert_eq!(TraceLinks::default().link("abc").into_string(), "");
     }

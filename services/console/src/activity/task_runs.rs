@@ -59,13 +59,15 @@ impl TaskRunIndex {
         }
         let key = format!("{}\0{}", event.namespace, event.task_id);
         let runs = self.tasks.entry(key.as_str().into()).or_default();
+        // A run's start: its `run.started`, or (a worker publishes that one only for runs that
+        // last) its end less its duration.
+        let start = event.time - chrono::Duration::milliseconds(event.duration_ms.unwrap_or(0) as i64);
+        let known = runs.last_run.as_ref().is_some_and(|(last, _)| &**last == execution);
+        if !known && runs.last_run.as_ref().is_none_or(|(_, at)| *at <= start) {
+            runs.last_run = Some((execution.into(), start));
+        }
         let succeeded = match event.kind {
-            EventKind::RunStarted => {
-                if runs.last_run.as_ref().is_none_or(|(_, at)| *at <= event.time) {
-                    runs.last_run = Some((execution.into(), event.time));
-                }
-                return;
-            }
+            EventKind::RunStarted => return,
             EventKind::RunSucceeded => true,
             _ if runs.last_failed.as_deref() == Some(execution) => return,
             _ => {
@@ -130,6 +132,11 @@ mod tests {
             (16, RATE_RUNS),
             "the failure of e4 left the window"
         );
+        // A short run publishes no `run.started`: its end less its duration is its start.
+        let quick = Event { duration_ms: Some(500), ..run(EventKind::RunSucceeded, "v", "q1", 10) };
+        index.record(&quick);
+        let (execution, at) = index.get("ns\0v").unwrap().last_run.clone().unwrap();
+        assert_eq!((&*execution, at), ("q1", quick.time - chrono::Duration::milliseconds(500)));
         // Events without an execution, or of other kinds, change nothing.
         index.record(&Event::new(EventKind::TaskPaused, "ns", "u"));
         index.record(&run(EventKind::FireDispatched, "u", "e1", 1));

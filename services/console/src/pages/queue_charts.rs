@@ -76,7 +76,7 @@ fn quantile_chart(
     };
     let hour = over_hour(minutes, &pick);
     html! {
-        figure.chart class={(what) "-chart"} {
+        figure class={"chart " (what) "-chart"} {
             svg width=(WIDTH) height=(HEIGHT) viewBox={"0 0 " (WIDTH) " " (HEIGHT)} role="img"
                 aria-label={(what) " p50 and p99 by minute, last " (minutes.len()) " minutes"} {
                 line.axis x1="0" y1=(HEIGHT - 1) x2=(WIDTH) y2=(HEIGHT - 1) {}
