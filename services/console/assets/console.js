@@ -1,5 +1,6 @@
-// jetsched console: the live events tail (Server-Sent Events). Each message is a table row the
-// server rendered (and escaped); without JavaScript the events page lists the recent ones.
+// jetsched console: the live events tail (Server-Sent Events; each message is a table row the
+// server rendered and escaped), times in the reader's zone, and pages that update themselves.
+// Without JavaScript every page still reads: server-rendered UTC times, reloads where needed.
 (function () {
   "use strict";
   var status = document.getElementById("live-status");

@@ -19,7 +19,8 @@ use crate::activity::{self, Activity};
 use crate::api::Api;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::http;
-use crate::index::{IndexFeed, TaskIndex};
+use crate::index::TaskIndex;
+use crate::index::feed::IndexFeed;
 use crate::replicas::Replicas;
 use crate::state::AppState;
 

@@ -8,7 +8,8 @@ use jetsched_shared::admin::Readiness;
 use jetsched_shared::names::split_task_key;
 use tokio_util::sync::CancellationToken;
 
-use super::{SharedIndex, TaskSummary};
+use super::SharedIndex;
+use super::summary::TaskSummary;
 
 /// An opened watch of the tasks bucket and how many messages the bucket held when it opened.
 pub(crate) struct IndexFeed {

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use serde::Deserialize;
 
-use super::TaskSummary;
+use super::summary::TaskSummary;
 
 /// A search of the task list; empty fields match everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

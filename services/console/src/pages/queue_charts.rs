@@ -49,7 +49,7 @@ fn rate_chart(minutes: &[LaneMinute]) -> Markup {
             }
             figcaption {
                 span.key-rate { "■" } " runs/s · " (format!("{:.2}", f64::from(total) / (60.0 * minutes.len().max(1) as f64)))
-                " on average, " (total) " runs"
+                " on average, " (total) (if total == 1 { " run" } else { " runs" })
             }
         }
     }
@@ -90,7 +90,7 @@ fn quantile_chart(
             figcaption {
                 span.key-p50 { "■" } " p50 " (hour.quantile(0.5).map_or("-".into(), millis)) " · "
                 span.key-p99 { "■" } " p99 " (hour.quantile(0.99).map_or("-".into(), millis))
-                " (" (what) ", " (hour.count()) " runs)"
+                " (" (what) ", " (hour.count()) (if hour.count() == 1 { " run)" } else { " runs)" })
             }
         }
     }

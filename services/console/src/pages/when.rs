@@ -24,7 +24,7 @@ pub(crate) fn relative(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
 pub(crate) fn when(at: DateTime<Utc>) -> Markup {
     let now = Utc::now();
     html! {
-        time datetime=(at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)) { (super::time(at)) }
+        time datetime=(at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)) { (at.format("%Y-%m-%d %H:%M:%SZ")) }
         " " span.rel { "(" (relative(at, now)) ")" }
     }
 }
