@@ -1,6 +1,10 @@
 //! Recent activity: the events of the last hour (bounded) and the alerts of the last hour, each
 //! followed through an ordered consumer that starts an hour back; new events are broadcast to
-//! the live pages.
+//! the live pages. The run events also feed each task's recent runs (`task_runs`) and each
+//! queue and lane's last hour (`lanes`).
+
+mod lanes;
+mod task_runs;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, RwLock};
@@ -14,6 +18,11 @@ use jetsched_shared::alert::AlertMessage;
 use jetsched_shared::wire::{Event, EventKind};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
+
+pub(crate) use lanes::{Histogram, Lane, LaneMinute, over_hour};
+pub(crate) use task_runs::{RATE_RUNS, TaskRunIndex, TaskRuns};
+
+use crate::index::SharedIndex;
 
 /// How far back the console reads when it starts, and what it keeps.
 pub(crate) const HORIZON: Duration = Duration::from_secs(3600);
@@ -34,11 +43,50 @@ pub(crate) struct Activity {
     events: VecDeque<Event>,
     capacity: usize,
     alerts: VecDeque<AlertMessage>,
+    runs: TaskRunIndex,
+    lanes: lanes::Lanes,
 }
 
 impl Activity {
     pub(crate) fn new(capacity: usize) -> Activity {
-        Activity { events: VecDeque::new(), capacity, alerts: VecDeque::new() }
+        Activity {
+            events: VecDeque::new(),
+            capacity,
+            alerts: VecDeque::new(),
+            runs: TaskRunIndex::default(),
+            lanes: lanes::Lanes::default(),
+        }
+    }
+
+    /// Keeps `event` and counts it in the tasks' runs and, when the task's `lane` is known, in
+    /// its lane's last hour.
+    pub(crate) fn record(&mut self, event: Event, lane: Option<Lane>) {
+        self.runs.record(&event);
+        if let Some(execution) = event.execution_id.as_deref() {
+            match (event.kind, lane) {
+                (EventKind::FireDispatched, _) => self.lanes.dispatched(execution, event.time),
+                (EventKind::RunStarted, Some(lane)) => self.lanes.started(lane, execution, event.time),
+                (EventKind::RunSucceeded | EventKind::RunFailed, Some(lane)) => {
+                    // Workers publish `run.started` only for runs that last: the start of a
+                    // short one is its end less its duration.
+                    let duration = chrono::Duration::milliseconds(event.duration_ms.unwrap_or(0) as i64);
+                    self.lanes.started(lane.clone(), execution, event.time - duration);
+                    self.lanes.finished(lane, event.time, event.duration_ms)
+                }
+                _ => {}
+            }
+        }
+        self.push_event(event);
+    }
+
+    /// Each task's recent runs.
+    pub(crate) fn task_runs(&self) -> &TaskRunIndex {
+        &self.runs
+    }
+
+    /// Each lane's last hour before `now`.
+    pub(crate) fn lanes(&self, now: DateTime<Utc>) -> Vec<(Lane, Vec<LaneMinute>)> {
+        self.lanes.last_hour(now)
     }
 
     pub(crate) fn push_event(&mut self, event: Event) {
@@ -216,21 +264,45 @@ async fn follow_once<T: serde::de::DeserializeOwned>(
     Ok(last)
 }
 
+/// The lane of the task an event is about, from the index (`None`: not a run's, or the task
+/// is not indexed).
+fn lane_of(index: &SharedIndex, event: &Event) -> Option<Lane> {
+    if !matches!(event.kind, EventKind::RunStarted | EventKind::RunSucceeded | EventKind::RunFailed) {
+        return None;
+    }
+    let index = index.read().expect("task index lock");
+    let task = index.get(&event.namespace, &event.task_id)?;
+    Some((task.queue.clone(), task.priority))
+}
+
 /// Starts following the events and alerts streams into `activity`, broadcasting new events.
+/// The events are read once the task index is loaded (`index_loaded`), so each run counts in
+/// its task's lane.
 pub(crate) fn spawn(
     tracker: &tokio_util::task::TaskTracker,
     js: &jetstream::Context,
     names: &jetsched_shared::names::Names,
-    activity: SharedActivity,
+    (activity, index, mut index_loaded): (SharedActivity, SharedIndex, tokio::sync::watch::Receiver<bool>),
     live: broadcast::Sender<Event>,
     shutdown: &CancellationToken,
 ) {
     let events = activity.clone();
-    tracker.spawn(follow(js.clone(), names.events_stream(), shutdown.clone(), move |event: Event| {
-        events.write().expect("activity lock").push_event(event.clone());
-        // Nobody listening is fine.
-        let _ = live.send(event);
-    }));
+    let (js_events, stream, stop) = (js.clone(), names.events_stream(), shutdown.clone());
+    tracker.spawn(async move {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return Ok(()),
+            // A closed sender (the feed ended) lets the events be read anyway.
+            _ = index_loaded.wait_for(|loaded| *loaded) => {}
+        }
+        follow(js_events, stream, stop, move |event: Event| {
+            let lane = lane_of(&index, &event);
+            events.write().expect("activity lock").record(event.clone(), lane);
+            // Nobody listening is fine.
+            let _ = live.send(event);
+        })
+        .await
+    });
     tracker.spawn(follow(js.clone(), names.alerts_stream(), shutdown.clone(), move |alert: AlertMessage| {
         activity.write().expect("activity lock").push_alert(alert);
     }));

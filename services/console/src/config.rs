@@ -41,6 +41,10 @@ pub struct Config {
     /// Recent events kept in memory for the runs, events and chart (the last hour at most).
     #[arg(long, env = "JETSCHED_CONSOLE_RECENT_EVENTS", default_value_t = 20_000)]
     pub recent_events: usize,
+    /// Link every run's trace id to this URL template, which must contain `{trace_id}` (the
+    /// execution's trace id), e.g. `http://jaeger:16686/trace/{trace_id}`; no links when unset.
+    #[arg(long, env = "JETSCHED_CONSOLE_TRACE_URL")]
+    pub trace_url: Option<String>,
 }
 
 /// Default listener of the pages.
@@ -59,6 +63,7 @@ impl Config {
             auth_token_file: None,
             page_size: 50,
             recent_events: 20_000,
+            trace_url: None,
         }
     }
 
@@ -85,6 +90,11 @@ impl Config {
                     problems.push("auth-token-file", path.display(), format!("cannot read it ({error})"))
                 }
             }
+        }
+        if let Some(template) = &self.trace_url
+            && let Some(problem) = crate::trace::problem(template)
+        {
+            problems.push("trace-url", template, problem);
         }
         let has_token = self.auth_token.is_some() || self.auth_token_file.is_some();
         if self.allow_actions && !self.http_addr.ip().is_loopback() && !has_token {
@@ -138,6 +148,19 @@ mod tests {
         assert!(text.contains("--prefix (JETSCHED_PREFIX)"), "{text}");
         assert!(text.contains("--page-size (JETSCHED_CONSOLE_PAGE_SIZE) = 0"), "{text}");
         assert!(text.contains("need --auth-token"), "{text}");
+    }
+
+    #[test]
+    fn a_trace_url_needs_its_placeholder_and_http() {
+        let config = |url: &str| Config::parse_from(["jetsched-console", "--trace-url", url]);
+        config("http://jaeger:16686/trace/{trace_id}").validate().unwrap();
+        let text = config("jaeger/trace").validate().unwrap_err().to_string();
+        assert!(
+            text.contains("--trace-url (JETSCHED_CONSOLE_TRACE_URL) = jaeger/trace")
+                && text.contains("must start with http:// or https://")
+                && text.contains("must contain {trace_id}"),
+            "{text}"
+        );
     }
 
     #[test]

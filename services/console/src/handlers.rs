@@ -39,6 +39,7 @@ pub(crate) async fn overview(State(state): State<AppState>) -> Response {
     let overview =
         status::overview(&state.client, &state.js, &state.names, &state.activity, &state.replicas, tasks)
             .await;
+    let overview = pages::overview::Overview { trace: state.trace.clone(), ..overview };
     html(StatusCode::OK, pages::overview::page(&overview))
 }
 
@@ -47,12 +48,19 @@ pub(crate) async fn tasks(
     Query(query): Query<TaskQuery>,
     RawQuery(raw): RawQuery,
 ) -> Response {
+    // Only `state=failing` needs the failing tasks (a copy of their keys).
+    let failing = match query.state.as_str() {
+        "failing" => state.activity.read().expect("activity lock").task_runs().failing().clone(),
+        _ => Default::default(),
+    };
     let (page, queues) = {
         let index = state.index.read().expect("task index lock");
-        (index.search(&query, state.page_size), index.queues())
+        (index.search(&query, state.page_size, &failing), index.queues())
     };
     let states = crate::status::task_states(&state.client, &state.names, &page.tasks).await;
-    html(StatusCode::OK, pages::tasks::list(&page, &states, &query, raw.as_deref().unwrap_or(""), &queues))
+    let extras = crate::task_list::extras(&state, &page.tasks).await;
+    let raw = raw.as_deref().unwrap_or("");
+    html(StatusCode::OK, pages::tasks::list(&page, &states, &extras, &query, raw, &queues))
 }
 
 pub(crate) async fn task(
@@ -94,6 +102,7 @@ pub(crate) async fn task(
         runs: &runs,
         events: &events,
         held,
+        trace: &state.trace,
     };
     html(StatusCode::OK, pages::tasks::task(&state.ctx(), &view))
 }
@@ -145,7 +154,10 @@ pub(crate) async fn run(State(state): State<AppState>, Path(execution): Path<Str
         replays,
         retriable: record.as_ref().is_some_and(crate::retry::retriable),
     };
-    html(StatusCode::OK, pages::runs::run(&state.ctx(), &execution, record.as_ref(), &events, &related))
+    html(
+        StatusCode::OK,
+        pages::runs::run(&state.ctx(), &execution, record.as_ref(), &events, &related, &state.trace),
+    )
 }
 
 pub(crate) async fn dlq(State(state): State<AppState>, Query(filter): Query<DlqFilter>) -> Response {
@@ -182,7 +194,7 @@ pub(crate) async fn events(State(state): State<AppState>, Query(filter): Query<E
         let activity = state.activity.read().expect("activity lock");
         activity.events().filter(|e| filter.matches(e)).take(EVENTS_SHOWN).cloned().collect()
     };
-    html(StatusCode::OK, pages::events::page(&events, &filter))
+    html(StatusCode::OK, pages::events::page(&events, &filter, &state.trace))
 }
 
 /// New events matching the filter as they are stored, each a rendered table row.
@@ -191,23 +203,25 @@ pub(crate) async fn event_stream(
     Query(filter): Query<EventFilter>,
 ) -> Sse<impl Stream<Item = Result<sse::Event, Infallible>>> {
     let receiver = state.live.subscribe();
-    let stream = futures::stream::unfold((receiver, filter), |(mut receiver, filter)| async move {
-        loop {
-            match receiver.recv().await {
-                Ok(event) if filter.matches(&event) => {
-                    let row = pages::events::row(&event).into_string();
-                    let message = sse::Event::default().event("event").data(row);
-                    return Some((Ok(message), (receiver, filter)));
+    let trace = state.trace.clone();
+    let stream =
+        futures::stream::unfold((receiver, filter, trace), |(mut receiver, filter, trace)| async move {
+            loop {
+                match receiver.recv().await {
+                    Ok(event) if filter.matches(&event) => {
+                        let row = pages::events::row(&event, &trace).into_string();
+                        let message = sse::Event::default().event("event").data(row);
+                        return Some((Ok(message), (receiver, filter, trace)));
+                    }
+                    Ok(_) => {}
+                    Err(RecvError::Lagged(missed)) => {
+                        let message = sse::Event::default().event("lagged").data(missed.to_string());
+                        return Some((Ok(message), (receiver, filter, trace)));
+                    }
+                    Err(RecvError::Closed) => return None,
                 }
-                Ok(_) => {}
-                Err(RecvError::Lagged(missed)) => {
-                    let message = sse::Event::default().event("lagged").data(missed.to_string());
-                    return Some((Ok(message), (receiver, filter)));
-                }
-                Err(RecvError::Closed) => return None,
             }
-        }
-    });
+        });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 

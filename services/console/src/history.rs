@@ -336,15 +336,18 @@ pub(crate) async fn runs(
     let filter = match query.check(&state.names) {
         Ok(filter) => filter,
         Err(problems) => {
-            return html(StatusCode::BAD_REQUEST, pages::history::page(&query, "", Err(&problems)));
+            return html(
+                StatusCode::BAD_REQUEST,
+                pages::history::page(&query, "", Err(&problems), &state.trace),
+            );
         }
     };
     let raw = raw.unwrap_or_default();
     match page(&state.js, &state.names, &filter).await {
-        Ok(found) => html(StatusCode::OK, pages::history::page(&query, &raw, Ok(&found))),
+        Ok(found) => html(StatusCode::OK, pages::history::page(&query, &raw, Ok(&found), &state.trace)),
         Err(error) => {
             let problems = [format!("read the events stream: {error:#}")];
-            html(StatusCode::BAD_GATEWAY, pages::history::page(&query, &raw, Err(&problems)))
+            html(StatusCode::BAD_GATEWAY, pages::history::page(&query, &raw, Err(&problems), &state.trace))
         }
     }
 }

@@ -1,186 +1,18 @@
 //! The task index: compact summaries of every task (namespace, id, labels, paused, executor
-//! kind, queue, schedule text), fed by one ordered watch of the tasks bucket (last value per
-//! key, then every change) and searched and paginated in memory, so no page reads the bucket.
+//! kind, queue, priority, breaker, schedule text), fed by one ordered watch of the tasks bucket
+//! (last value per key, then every change) and searched and paginated in memory, so no page
+//! reads the bucket.
 
-use std::borrow::Borrow;
+pub(crate) mod feed;
+mod query;
+mod summary;
+
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
-use anyhow::Context;
-use async_nats::jetstream::kv::{self, Operation};
-use futures::StreamExt;
-use jetsched_shared::admin::Readiness;
-use jetsched_shared::names::split_task_key;
-use jetsched_shared::wire::parse_time;
-use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
-
-/// What the task list shows of one task, compact: a hundred thousand of them stay within a
-/// few tens of MiB (one string holds namespace and id; queue names and label keys are shared).
-#[derive(Debug, Clone)]
-pub struct TaskSummary {
-    /// `<namespace>\0<id>`: sorts by namespace, then id.
-    key: Box<str>,
-    namespace_len: usize,
-    /// The id in lower case when it differs from the id (what the id search looks in).
-    lowered: Option<Box<str>>,
-    pub labels: Box<[(Arc<str>, Box<str>)]>,
-    pub paused: bool,
-    pub executor: &'static str,
-    pub queue: Arc<str>,
-    pub schedule: Box<str>,
-    /// The instant of a one-shot (`at`): with its fire state it tells whether it completed.
-    pub one_shot_at: Option<chrono::DateTime<chrono::Utc>>,
-    pub revision: u64,
-}
-
-/// A tolerant view of a stored spec: only what the summary needs, unknown fields ignored (a
-/// newer registry may store fields this console does not know).
-#[derive(Deserialize)]
-struct SpecView {
-    #[serde(default)]
-    queue: Option<String>,
-    #[serde(default)]
-    paused: bool,
-    #[serde(default)]
-    labels: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
-    executor: Option<ExecutorView>,
-    #[serde(default)]
-    schedule: Option<ScheduleView>,
-}
-
-#[derive(Deserialize)]
-struct ExecutorView {
-    #[serde(default)]
-    kind: Option<String>,
-}
-
-#[derive(Default, Deserialize)]
-struct ScheduleView {
-    #[serde(default)]
-    cron: Option<String>,
-    #[serde(default)]
-    timezone: Option<String>,
-    #[serde(default)]
-    every: Option<String>,
-    #[serde(default)]
-    at: Option<String>,
-    #[serde(default)]
-    after: Option<String>,
-}
-
-/// The executor kinds the console knows; anything else shows as `?`.
-const EXECUTORS: [&str; 4] = ["http", "nats", "shell", "handler"];
-
-impl TaskSummary {
-    /// The summary of the spec stored under `key`, `None` when the key or value is not a task's.
-    pub fn decode(key: &str, value: &[u8], revision: u64) -> Option<TaskSummary> {
-        let (namespace, id) = split_task_key(key)?;
-        let view: SpecView = serde_json::from_slice(value).ok()?;
-        let kind = view.executor.and_then(|e| e.kind).unwrap_or_default();
-        let lowered = id.to_lowercase();
-        Some(TaskSummary {
-            key: format!("{namespace}\0{id}").into(),
-            namespace_len: namespace.len(),
-            lowered: (lowered != id).then(|| lowered.into()),
-            labels: view.labels.into_iter().map(|(k, v)| (Arc::from(k), v.into())).collect(),
-            paused: view.paused,
-            executor: EXECUTORS.into_iter().find(|known| *known == kind).unwrap_or("?"),
-            queue: Arc::from(view.queue.as_deref().unwrap_or("default")),
-            one_shot_at: view.schedule.as_ref().and_then(|s| s.at.as_deref()).and_then(parse_time),
-            schedule: view.schedule.map(|s| schedule_text(&s)).unwrap_or_default().into(),
-            revision,
-        })
-    }
-
-    pub fn namespace(&self) -> &str {
-        &self.key[..self.namespace_len]
-    }
-
-    pub fn id(&self) -> &str {
-        &self.key[self.namespace_len + 1..]
-    }
-
-    fn search_text(&self) -> &str {
-        self.lowered.as_deref().unwrap_or_else(|| self.id())
-    }
-}
-
-/// `cron 0 30 2 * * * (Asia/Shanghai)`, `every 5m`, `at 2026-…`, `after 10s`.
-fn schedule_text(schedule: &ScheduleView) -> String {
-    if let Some(cron) = &schedule.cron {
-        return format!("cron {cron} ({})", schedule.timezone.as_deref().unwrap_or("UTC"));
-    }
-    for (kind, value) in [("every", &schedule.every), ("at", &schedule.at), ("after", &schedule.after)] {
-        if let Some(value) = value {
-            return format!("{kind} {value}");
-        }
-    }
-    String::new()
-}
-
-/// A search of the task list; empty fields match everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct TaskQuery {
-    /// Part of the id (case-insensitive).
-    #[serde(default)]
-    pub q: String,
-    #[serde(default)]
-    pub namespace: String,
-    /// `key=value` (exact) or `key` (present), several separated by commas.
-    #[serde(default)]
-    pub label: String,
-    /// `paused`, `active` or empty.
-    #[serde(default)]
-    pub state: String,
-    #[serde(default)]
-    pub executor: String,
-    #[serde(default)]
-    pub queue: String,
-    /// 1-based page number.
-    #[serde(default)]
-    pub page: Option<usize>,
-}
-
-/// A query prepared once per search: the needle lowered, the label filters split.
-struct Matcher<'a> {
-    needle: String,
-    query: &'a TaskQuery,
-    labels: Vec<(&'a str, Option<&'a str>)>,
-}
-
-impl<'a> Matcher<'a> {
-    fn new(query: &'a TaskQuery) -> Matcher<'a> {
-        let labels = query
-            .label
-            .split(',')
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(|wanted| match wanted.split_once('=') {
-                Some((key, value)) => (key, Some(value)),
-                None => (wanted, None),
-            })
-            .collect();
-        Matcher { needle: query.q.trim().to_lowercase(), query, labels }
-    }
-
-    fn matches(&self, task: &TaskSummary) -> bool {
-        let query = self.query;
-        (self.needle.is_empty() || task.search_text().contains(self.needle.as_str()))
-            && (query.namespace.is_empty() || task.namespace() == query.namespace)
-            && (query.executor.is_empty() || task.executor == query.executor)
-            && (query.queue.is_empty() || *task.queue == *query.queue)
-            && match query.state.as_str() {
-                "paused" => task.paused,
-                "active" => !task.paused,
-                _ => true,
-            }
-            && self.labels.iter().all(|(key, value)| {
-                task.labels.iter().any(|(k, v)| &**k == *key && value.is_none_or(|value| &**v == value))
-            })
-    }
-}
+use query::Matcher;
+pub use query::TaskQuery;
+pub use summary::TaskSummary;
 
 /// One page of a search.
 #[derive(Debug, Clone)]
@@ -263,9 +95,10 @@ impl TaskIndex {
     }
 
     /// Page `query.page` (1-based, clamped) of `page_size` tasks matching `query`; one pass
-    /// over the summaries, cloning only the page.
-    pub fn search(&self, query: &TaskQuery, page_size: usize) -> TaskPage {
-        let matcher = Matcher::new(query);
+    /// over the summaries, cloning only the page. `failing` holds the keys of the tasks whose
+    /// last run failed (what `state=failing` keeps).
+    pub fn search(&self, query: &TaskQuery, page_size: usize, failing: &HashSet<Box<str>>) -> TaskPage {
+        let matcher = Matcher::new(query, failing);
         let page_size = page_size.max(1);
         let wanted = query.page.unwrap_or(1).max(1);
         let skip = (wanted - 1) * page_size;
@@ -282,108 +115,14 @@ impl TaskIndex {
         let pages = matching.div_ceil(page_size).max(1);
         if tasks.is_empty() && wanted > pages {
             // Past the end: show the last page.
-            return self.search(&TaskQuery { page: Some(pages), ..query.clone() }, page_size);
+            return self.search(&TaskQuery { page: Some(pages), ..query.clone() }, page_size, failing);
         }
         TaskPage { tasks, matching, total: self.tasks.len(), page: wanted, pages }
     }
 }
 
-// Summaries are ordered and found by their key alone (namespace, then id).
-impl PartialEq for TaskSummary {
-    fn eq(&self, other: &TaskSummary) -> bool {
-        self.key == other.key
-    }
-}
-
-impl Eq for TaskSummary {}
-
-impl PartialOrd for TaskSummary {
-    fn partial_cmp(&self, other: &TaskSummary) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for TaskSummary {
-    fn cmp(&self, other: &TaskSummary) -> std::cmp::Ordering {
-        self.key.cmp(&other.key)
-    }
-}
-
-impl Borrow<str> for TaskSummary {
-    fn borrow(&self) -> &str {
-        &self.key
-    }
-}
-
 /// The index shared by the pages and its follower.
 pub(crate) type SharedIndex = Arc<RwLock<TaskIndex>>;
-
-/// An opened watch of the tasks bucket and how many messages the bucket held when it opened.
-pub(crate) struct IndexFeed {
-    watch: kv::Watch,
-    messages: u64,
-    index: SharedIndex,
-}
-
-impl IndexFeed {
-    /// Opens the watch first, then reads the bucket's size: anything stored after arrives
-    /// through the watch.
-    pub(crate) async fn open(store: &kv::Store, index: SharedIndex) -> anyhow::Result<IndexFeed> {
-        let watch = store.watch_with_history(">").await.context("watch the tasks bucket")?;
-        let mut stream = store.stream.clone();
-        let info = stream.info().await.context("read the tasks bucket's stream info")?;
-        Ok(IndexFeed { watch, messages: info.state.messages, index })
-    }
-
-    /// Follows the bucket until `shutdown`; marks the `task_index` check ready once the initial
-    /// load is complete. Write locks are taken per chunk of entries and never held across an
-    /// await.
-    pub(crate) async fn follow(
-        self,
-        readiness: Readiness,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<()> {
-        let IndexFeed { watch, messages, index } = self;
-        let mut loaded = messages == 0;
-        readiness.set("task_index", loaded);
-        let mut chunks = watch.ready_chunks(1024);
-        loop {
-            let chunk = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return Ok(()),
-                chunk = chunks.next() => chunk,
-            };
-            let Some(chunk) = chunk else { anyhow::bail!("the tasks bucket's watch ended") };
-            let mut decoded = Vec::with_capacity(chunk.len());
-            for entry in chunk {
-                match entry {
-                    Ok(entry) => {
-                        loaded |= entry.delta == 0;
-                        let Some((namespace, id)) = split_task_key(&entry.key) else { continue };
-                        let summary = match entry.operation {
-                            Operation::Put => TaskSummary::decode(&entry.key, &entry.value, entry.revision),
-                            Operation::Delete | Operation::Purge => None,
-                        };
-                        decoded.push((namespace.to_string(), id.to_string(), summary));
-                    }
-                    Err(error) => tracing::warn!(%error, "tasks bucket watch"),
-                }
-            }
-            {
-                let mut index = index.write().expect("task index lock");
-                for (namespace, id, summary) in decoded {
-                    match summary {
-                        Some(summary) => index.put(summary),
-                        None => index.remove(&namespace, &id),
-                    }
-                }
-            }
-            if loaded {
-                readiness.set("task_index", true);
-            }
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -419,21 +158,21 @@ mod tests {
     #[test]
     fn pages_are_ordered_and_clamped() {
         let index = index();
-        let first = index.search(&TaskQuery::default(), 50);
+        let first = index.search(&TaskQuery::default(), 50, &HashSet::new());
         assert_eq!((first.matching, first.total, first.page, first.pages), (120, 120, 1, 3));
         assert_eq!(first.tasks.len(), 50);
         assert_eq!((first.tasks[0].namespace(), first.tasks[0].id()), ("billing", "Report-000"));
-        let last = index.search(&TaskQuery { page: Some(3), ..Default::default() }, 50);
+        let last = index.search(&TaskQuery { page: Some(3), ..Default::default() }, 50, &HashSet::new());
         assert_eq!(last.tasks.len(), 20);
         assert_eq!(last.tasks[19].id(), "Report-119");
-        let beyond = index.search(&TaskQuery { page: Some(9), ..Default::default() }, 50);
+        let beyond = index.search(&TaskQuery { page: Some(9), ..Default::default() }, 50, &HashSet::new());
         assert_eq!((beyond.page, beyond.tasks.len()), (3, 20));
     }
 
     #[test]
     fn filters_combine() {
         let index = index();
-        let query = |q: TaskQuery| index.search(&q, 1000).matching;
+        let query = |q: TaskQuery| index.search(&q, 1000, &HashSet::new()).matching;
         assert_eq!(query(TaskQuery { q: "report-01".into(), ..Default::default() }), 10);
         assert_eq!(query(TaskQuery { namespace: "ops".into(), ..Default::default() }), 20);
         assert_eq!(query(TaskQuery { label: "team=billing".into(), ..Default::default() }), 40);
@@ -452,6 +191,53 @@ mod tests {
             17
         );
         assert_eq!(query(TaskQuery { queue: "other".into(), ..Default::default() }), 0);
+    }
+
+    #[test]
+    fn priority_breaker_and_failing_filters_combine_with_the_others() {
+        let mut index = index();
+        for (id, spec) in [
+            ("urgent", json!({"priority": "high", "breaker": {"key": "card-api"}, "queue": "fast"})),
+            (
+                "own-breaker",
+                json!({"priority": "high", "breaker": {}, "schedule": {"cron": "0 0 2 * * *", "timezone": "Asia/Tokyo"}}),
+            ),
+            ("odd", json!({"priority": "whatever"})),
+        ] {
+            index.put(TaskSummary::decode(&format!("ops.{id}"), spec.to_string().as_bytes(), 1).unwrap());
+        }
+        let urgent = index.get("ops", "urgent").unwrap();
+        assert_eq!((urgent.priority, urgent.breaker.as_deref()), ("high", Some("ops:card-api")));
+        let own = index.get("ops", "own-breaker").unwrap();
+        assert_eq!((own.breaker.as_deref(), own.zone.as_deref()), (Some(""), Some("Asia/Tokyo")));
+        assert_eq!(index.get("ops", "odd").unwrap().priority, "normal");
+        let failing: HashSet<Box<str>> = ["ops\0urgent".into(), "billing\0Report-003".into()].into();
+        let query = |q: TaskQuery| {
+            let page = index.search(&q, 1000, &failing);
+            page.tasks.iter().map(|t| t.id().to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            query(TaskQuery { priority: "high".into(), ..Default::default() }),
+            ["own-breaker", "urgent"]
+        );
+        assert_eq!(
+            query(TaskQuery { state: "breaker".into(), ..Default::default() }),
+            ["own-breaker", "urgent"]
+        );
+        assert_eq!(
+            query(TaskQuery { state: "failing".into(), ..Default::default() }),
+            ["Report-003", "urgent"]
+        );
+        assert_eq!(
+            query(TaskQuery {
+                state: "failing".into(),
+                queue: "fast".into(),
+                priority: "high".into(),
+                ..Default::default()
+            }),
+            ["urgent"]
+        );
+        assert_eq!(query(TaskQuery { priority: "low".into(), ..Default::default() }), Vec::<String>::new());
     }
 
     #[test]
@@ -474,7 +260,7 @@ mod tests {
         put(&mut index, "x", "slow");
         let spec = json!({}).to_string();
         index.put(TaskSummary::decode("ns-2.a", spec.as_bytes(), 1).unwrap());
-        let page = index.search(&TaskQuery::default(), 10);
+        let page = index.search(&TaskQuery::default(), 10, &HashSet::new());
         let order: Vec<_> = page.tasks.iter().map(|t| format!("{}/{}", t.namespace(), t.id())).collect();
         assert_eq!(order, ["ns/a", "ns/x", "ns-2/a"]);
     }

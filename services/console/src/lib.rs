@@ -9,6 +9,8 @@ mod api;
 mod breakers;
 mod bulk;
 mod config;
+#[cfg(test)]
+mod contrast;
 mod editor;
 mod handlers;
 mod history;
@@ -22,6 +24,8 @@ mod runs;
 mod service;
 mod state;
 mod status;
+mod task_list;
+mod trace;
 
 pub use config::{Config, DEFAULT_ADMIN_ADDR, DEFAULT_HTTP_ADDR};
 pub use index::{TaskIndex, TaskQuery, TaskSummary};

@@ -8,14 +8,17 @@ pub(crate) mod editor;
 pub(crate) mod events;
 pub(crate) mod history;
 pub(crate) mod overview;
+pub(crate) mod queue_charts;
 pub(crate) mod queues;
 pub(crate) mod runs;
 pub(crate) mod tasks;
+pub(crate) mod when;
 
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
 
 use crate::activity::Minute;
+pub(crate) use when::{when, when_opt};
 
 /// What every page needs to know about the request's permissions.
 #[derive(Debug, Clone)]
@@ -26,16 +29,30 @@ pub(crate) struct Ctx {
 
 /// The page around `body`: navigation, styles and the (optional) scripts.
 pub(crate) fn layout(title: &str, current: &str, body: Markup) -> Markup {
-    page(title, current, None, body)
+    page(title, current, Refresh::None, body)
 }
 
-/// [`layout`] for a page that reloads itself every `seconds` while what it shows is still
-/// changing (a run that has not finished).
-pub(crate) fn refreshing(title: &str, current: &str, seconds: u32, body: Markup) -> Markup {
-    page(title, current, Some(seconds), body)
+/// [`layout`] for a page that updates itself while it is open: the console's script listens to
+/// the live events at `stream` (`/events/stream?...`) and redraws the page's content after
+/// each (at most every two seconds); without JavaScript the page reloads every
+/// `fallback_seconds` when given.
+pub(crate) fn live(
+    title: &str,
+    current: &str,
+    stream: &str,
+    fallback_seconds: Option<u32>,
+    body: Markup,
+) -> Markup {
+    page(title, current, Refresh::Live { stream, fallback_seconds }, body)
 }
 
-fn page(title: &str, current: &str, refresh: Option<u32>, body: Markup) -> Markup {
+/// How a page keeps itself current.
+enum Refresh<'a> {
+    None,
+    Live { stream: &'a str, fallback_seconds: Option<u32> },
+}
+
+fn page(title: &str, current: &str, refresh: Refresh<'_>, body: Markup) -> Markup {
     let nav = [
         ("/", "Overview"),
         ("/tasks", "Tasks"),
@@ -52,12 +69,18 @@ fn page(title: &str, current: &str, refresh: Option<u32>, body: Markup) -> Marku
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · jetsched" }
-                @if let Some(seconds) = refresh { meta http-equiv="refresh" content=(seconds); }
+                @match refresh {
+                    Refresh::Live { fallback_seconds: Some(seconds), .. } => {
+                        noscript { meta http-equiv="refresh" content=(seconds); }
+                    }
+                    _ => {}
+                }
                 link rel="stylesheet" href="/assets/console.css";
                 script src="/assets/htmx-2.0.4.min.js" defer {}
                 script src="/assets/console.js" defer {}
             }
             body {
+                a.skip href="#content" { "Skip to content" }
                 header {
                     span.brand { "jetsched" }
                     nav {
@@ -65,8 +88,17 @@ fn page(title: &str, current: &str, refresh: Option<u32>, body: Markup) -> Marku
                             a href=(href) class=[(current == href).then_some("current")] { (label) }
                         }
                     }
+                    // Shown by the script, which redraws every time in the zone chosen here.
+                    label.zone hidden { "Times "
+                        select #zone-choice {
+                            option value="utc" { "UTC" }
+                            option value="browser" { "this browser's zone" }
+                            option value="task" { "the task's zone" }
+                        }
+                    }
                 }
-                main { h1 { (title) } (body) }
+                @let stream = match refresh { Refresh::Live { stream, .. } => Some(stream), _ => None };
+                main #content tabindex="-1" data-live=[stream] { h1 { (title) } (body) }
             }
         }
     }
@@ -104,6 +136,7 @@ pub(crate) fn time(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%SZ").to_string()
 }
 
+#[allow(dead_code, reason = "plain-text times (titles, exports); the pages show `when_opt`")]
 pub(crate) fn time_opt(t: Option<DateTime<Utc>>) -> String {
     t.map(time).unwrap_or_default()
 }
@@ -119,11 +152,22 @@ pub(crate) fn breaker_href(key: &str) -> String {
     format!("/breakers/{key}")
 }
 
+/// Actions that destroy or stop something: their forms carry the `danger` class.
+const DESTRUCTIVE: [&str; 4] = ["delete", "purge", "cancel", "reset"];
+
+/// Whether an action labelled `label` destroys or stops something (its first word says so, or
+/// it asks for a confirmation).
+pub(crate) fn is_destructive(label: &str, confirm: Option<&str>) -> bool {
+    let verb = label.split_whitespace().next().unwrap_or_default().to_lowercase();
+    confirm.is_some() || DESTRUCTIVE.contains(&verb.as_str())
+}
+
 /// A POST form for one action, carrying the CSRF token; `confirm` adds a required checkbox
-/// (works without JavaScript).
+/// (works without JavaScript). Destructive actions are styled as such (`danger`).
 pub(crate) fn action(ctx: &Ctx, href: &str, label: &str, confirm: Option<&str>) -> Markup {
+    let class = if is_destructive(label, confirm) { "action danger" } else { "action" };
     html! {
-        form.action method="post" action=(href) {
+        form class=(class) method="post" action=(href) {
             input type="hidden" name="csrf" value=(ctx.csrf);
             @if let Some(question) = confirm {
                 label.confirm { input type="checkbox" name="confirm" value="yes" required; " " (question) }
@@ -210,6 +254,46 @@ mod tests {
         let ctx = Ctx { allow_actions: true, ..ctx };
         let form = action(&ctx, "/tasks/a/b/delete", "Delete", Some("really?")).into_string();
         assert!(!form.contains("disabled") && form.contains(r#"name="confirm""#), "{form}");
+        assert!(form.contains(r#"class="action danger""#), "{form}");
+        let reset = action(&ctx, "/breakers/k/reset", "Reset", None).into_string();
+        assert!(reset.contains(r#"class="action danger""#), "{reset}");
+        let pause = action(&ctx, "/tasks/a/b/pause", "Pause", None).into_string();
+        assert!(pause.contains(r#"class="action""#), "{pause}");
+    }
+
+    #[test]
+    fn every_table_header_has_a_scope() {
+        let sources = [
+            ("breakers", include_str!("pages/breakers.rs")),
+            ("dlq", include_str!("pages/dlq.rs")),
+            ("events", include_str!("pages/events.rs")),
+            ("history", include_str!("pages/history.rs")),
+            ("overview", include_str!("pages/overview.rs")),
+            ("queues", include_str!("pages/queues.rs")),
+            ("runs", include_str!("pages/runs.rs")),
+            ("tasks", include_str!("pages/tasks.rs")),
+        ];
+        let mut missing = Vec::new();
+        for (page, source) in sources {
+            for (n, line) in source.lines().enumerate() {
+                for (at, _) in line.match_indices("th ") {
+                    let before = line[..at].chars().last();
+                    let element = before.is_none_or(|c| c == '{' || c.is_whitespace());
+                    let head = line[at..].split('{').next().unwrap_or_default();
+                    if element && !line.trim_start().starts_with("//") && !head.contains("scope=") {
+                        missing.push(format!("pages/{page}.rs:{}: {}", n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(missing.is_empty(), "table headers without a scope:\n{}", missing.join("\n"));
+    }
+
+    #[test]
+    fn the_page_has_a_skip_link_and_the_zone_choice() {
+        let html = layout("T", "/", html! { p { "x" } }).into_string();
+        assert!(html.contains(r##"<a class="skip" href="#content">Skip to content</a>"##), "{html}");
+        assert!(html.contains(r#"<main id="content""#) && html.contains(r#"id="zone-choice""#), "{html}");
     }
 
     #[test]

@@ -36,7 +36,11 @@ pub(crate) async fn list(State(state): State<AppState>) -> Response {
     let held = held_by_queue(&state).await;
     let problem = held.as_ref().err().map(|e| format!("held runs unavailable: {e}"));
     let held = held.ok();
-    html(StatusCode::OK, pages::queues::list(&state.ctx(), &queues, held.as_ref(), problem.as_deref()))
+    let lanes = state.activity.read().expect("activity lock").lanes(chrono::Utc::now());
+    html(
+        StatusCode::OK,
+        pages::queues::list(&state.ctx(), &queues, held.as_ref(), problem.as_deref(), &lanes),
+    )
 }
 
 /// `POST /queues/<queue>/pause` (with the form's `reason`) and `/resume`.

@@ -19,7 +19,8 @@ use crate::activity::{self, Activity};
 use crate::api::Api;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::http;
-use crate::index::{IndexFeed, TaskIndex};
+use crate::index::TaskIndex;
+use crate::index::feed::IndexFeed;
 use crate::replicas::Replicas;
 use crate::state::AppState;
 
@@ -74,6 +75,7 @@ pub async fn build(config: Config) -> anyhow::Result<Console> {
         names,
         runs: Arc::new(runs),
         page_size: config.page_size,
+        trace: crate::trace::TraceLinks::new(config.trace_url.as_deref()),
     };
     Ok(Console { state, feed, listener, admin, readiness, presence, client })
 }
@@ -98,7 +100,7 @@ impl Console {
             &tracker,
             &state.js,
             &state.names,
-            state.activity.clone(),
+            (state.activity.clone(), state.index.clone(), feed.loaded()),
             state.live.clone(),
             &shutdown,
         );

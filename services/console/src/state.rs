@@ -31,6 +31,7 @@ pub(crate) struct AppState {
     pub(crate) names: Names,
     pub(crate) runs: Arc<jetstream::kv::Store>,
     pub(crate) page_size: usize,
+    pub(crate) trace: crate::trace::TraceLinks,
 }
 
 impl AppState {

@@ -307,6 +307,7 @@ mod tests {
             failures: 0,
             attempts: vec![AttemptRecord::started(1, "w1", at(1))],
             trace_id: None,
+            replay_of: None,
         };
         assert_eq!(record.duration(at(4)).num_seconds(), 3, "running: to now");
         record.end_attempt(1, AttemptOutcome::Failed, Some("503".into()), None, RunStatus::Retrying, at(3));

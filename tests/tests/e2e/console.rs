@@ -7,6 +7,7 @@
 //! `JETSCHED_CONSOLE_SCREENSHOTS=<dir>` writes a screenshot of each page into `<dir>`.
 
 pub(crate) mod browser;
+mod comfort;
 mod operator_actions;
 mod pages;
 mod perf;

@@ -7,7 +7,7 @@ use jetsched_shared::wire::{BreakerInfo, BreakerState, Event};
 use maud::{Markup, html};
 use serde_json::Value;
 
-use super::{Ctx, action, breaker_href, layout, task_href, time_opt};
+use super::{Ctx, action, breaker_href, layout, task_href, when_opt};
 
 /// One breaker as a page shows it.
 #[derive(Debug, Clone)]
@@ -74,8 +74,8 @@ pub(crate) fn list(ctx: &Ctx, rows: &[BreakerRow], problem: Option<&str>) -> Mar
             @if rows.is_empty() { p.empty { "No task has a breaker." } } @else {
                 table #breakers {
                     thead { tr {
-                        th { "Breaker" } th { "State" } th { "Failure rate" } th { "Window" } th { "Failures/runs" }
-                        th { "Opened at" } th { "Open until" } th { "Held runs" } th { "Tasks" } th { "" }
+                        th scope="col" { "Breaker" } th scope="col" { "State" } th scope="col" { "Failure rate" } th scope="col" { "Window" } th scope="col" { "Failures/runs" }
+                        th scope="col" { "Opened at" } th scope="col" { "Open until" } th scope="col" { "Held runs" } th scope="col" { "Tasks" } th scope="col" { "" }
                     } }
                     tbody {
                         @for row in rows {
@@ -86,8 +86,8 @@ pub(crate) fn list(ctx: &Ctx, rows: &[BreakerRow], problem: Option<&str>) -> Mar
                                 td { (rate(info)) }
                                 td { (setting(row.settings.as_ref(), "window", "1m")) }
                                 td { (info.failures) "/" (info.runs) }
-                                td { (time_opt(info.opened_at)) }
-                                td { (time_opt(info.open_until)) }
+                                td { (when_opt(info.opened_at)) }
+                                td { (when_opt(info.open_until)) }
                                 td.held { (held(row)) }
                                 td { (tasks(&info.tasks)) }
                                 td { @if info.state != BreakerState::Closed { (action(ctx, &format!("{}/reset", breaker_href(&info.key)), "Reset", None)) } }
@@ -116,17 +116,17 @@ pub(crate) fn breaker(
             dt { "Failure rate" } dd { (rate(info)) " (opens at " (setting(settings, "failure_rate", "0.5")) ", at least " (setting(settings, "min_runs", "10")) " runs)" }
             dt { "Window" } dd { (setting(settings, "window", "1m")) }
             dt { "Failures/runs in the window" } dd { (info.failures) "/" (info.runs) }
-            dt { "Opened at" } dd { (time_opt(info.opened_at)) }
-            dt { "Open until" } dd { (time_opt(info.open_until)) }
+            dt { "Opened at" } dd { (when_opt(info.opened_at)) }
+            dt { "Open until" } dd { (when_opt(info.open_until)) }
             dt { "Open for" } dd { (setting(settings, "open_for", "30s")) " (at most " (setting(settings, "max_open_for", "10m")) ")" }
             dt { "While open" } dd { (setting(settings, "on_open", "delay")) }
             dt { "Failures in a row" } dd { (info.consecutive_failures) }
             dt { "Held runs" } dd #held-runs { (held(row)) }
-            dt { "Updated" } dd { (time_opt(info.updated_at)) }
+            dt { "Updated" } dd { (when_opt(info.updated_at)) }
         }
         h2 { "Tasks" }
         table #breaker-tasks {
-            thead { tr { th { "Task" } th { "Held runs" } } }
+            thead { tr { th scope="col" { "Task" } th scope="col" { "Held runs" } } }
             tbody {
                 @for (task, held) in per_task {
                     tr { td { (tasks(std::slice::from_ref(task))) } td { (held.map_or_else(|| "?".into(), |n| n.to_string())) } }
@@ -134,7 +134,7 @@ pub(crate) fn breaker(
             }
         }
         h2 { "Events" }
-        (super::events::table(events))
+        (super::events::table(events, &crate::trace::TraceLinks::default()))
     };
     layout(&format!("Breaker {}", info.name), "/breakers", body)
 }

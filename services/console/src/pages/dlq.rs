@@ -128,6 +128,15 @@ fn text<'a>(entry: &'a Value, key: &str) -> &'a str {
     entry.get(key).and_then(Value::as_str).unwrap_or("")
 }
 
+/// A stored time as a `<time>` element (as stored when it does not parse).
+fn time_of(entry: &Value, key: &str) -> Markup {
+    let stored = text(entry, key);
+    match chrono::DateTime::parse_from_rfc3339(stored) {
+        Ok(at) => super::when(at.to_utc()),
+        Err(_) => html! { (stored) },
+    }
+}
+
 /// The list; `entries` are `{sequence, entry}` objects, `next` the cursor of the next page.
 pub(crate) fn list(entries: &[Value], next: Option<u64>, filter: &DlqFilter, total: Option<u64>) -> Markup {
     let next_href = next.map(|cursor| format!("/dlq?{}&cursor={cursor}", filter.query()));
@@ -161,7 +170,7 @@ pub(crate) fn list(entries: &[Value], next: Option<u64>, filter: &DlqFilter, tot
             @if let Some(total) = total { p.count { (total) " dead letters in the stream" } }
             @if entries.is_empty() { p.empty { "No dead letter matches." } } @else {
                 table #dlq-entries {
-                    thead { tr { th { "Sequence" } th { "Task" } th { "Queue" } th { "Dead at" } th { "Attempts" } th { "Reason" } } }
+                    thead { tr { th scope="col" { "Sequence" } th scope="col" { "Task" } th scope="col" { "Queue" } th scope="col" { "Dead at" } th scope="col" { "Attempts" } th scope="col" { "Reason" } } }
                     tbody {
                         @for listed in entries {
                             @let sequence = listed.get("sequence").and_then(Value::as_u64).unwrap_or(0);
@@ -170,7 +179,7 @@ pub(crate) fn list(entries: &[Value], next: Option<u64>, filter: &DlqFilter, tot
                                 td { a href={"/dlq/" (sequence)} { (sequence) } }
                                 td { a href=(task_href(text(entry, "namespace"), text(entry, "task_id"))) { (text(entry, "namespace")) "/" (text(entry, "task_id")) } }
                                 td { (text(entry, "queue")) }
-                                td { (text(entry, "dead_at")) }
+                                td { (time_of(entry, "dead_at")) }
                                 td { (entry.get("attempts").and_then(Value::as_array).map_or(0, Vec::len)) }
                                 td.error-text { (text(entry, "reason")) }
                             }
@@ -202,19 +211,19 @@ pub(crate) fn entry(ctx: &Ctx, sequence: u64, entry: &Value) -> Markup {
                 dt { "Queue" } dd { (text(entry, "queue")) }
                 dt { "Reason" } dd.error-text { (text(entry, "reason")) }
                 dt { "Source" } dd { (text(entry, "source")) }
-                dt { "Dead at" } dd { (text(entry, "dead_at")) }
+                dt { "Dead at" } dd { (time_of(entry, "dead_at")) }
                 dt { "Trace id" } dd { code { (text(entry, "trace_id")) } }
             }
             h2 { "Attempts" }
             table #attempts {
-                thead { tr { th { "#" } th { "Worker" } th { "Started" } th { "Finished" } th { "Outcome" } th { "Error" } th { "Detail" } } }
+                thead { tr { th scope="col" { "#" } th scope="col" { "Worker" } th scope="col" { "Started" } th scope="col" { "Finished" } th scope="col" { "Outcome" } th scope="col" { "Error" } th scope="col" { "Detail" } } }
                 tbody {
                     @for attempt in &attempts {
                         tr {
                             td { (attempt.get("attempt").and_then(Value::as_u64).unwrap_or(0)) }
                             td { (text(attempt, "worker")) }
-                            td { (text(attempt, "started")) }
-                            td { (text(attempt, "finished")) }
+                            td { (time_of(attempt, "started")) }
+                            td { (time_of(attempt, "finished")) }
                             td { (text(attempt, "outcome")) }
                             td.error-text { (text(attempt, "error")) }
                             td { pre { (text(attempt, "detail")) } }

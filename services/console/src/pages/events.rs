@@ -6,7 +6,8 @@ use jetsched_shared::wire::{Event, EventKind};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::{layout, task_href, time};
+use super::{layout, task_href, when};
+use crate::trace::TraceLinks;
 
 /// Every kind, for the filter.
 pub(crate) const KINDS: [EventKind; 25] = [
@@ -96,11 +97,12 @@ fn names_a_task(event: &Event) -> bool {
     event.namespace != SYSTEM_NAMESPACE && breaker_of_a_task
 }
 
-/// One event as a table row (also what the live stream sends).
-pub(crate) fn row(event: &Event) -> Markup {
+/// One event as a table row (also what the live stream sends); its execution links to the
+/// run's page and, with `--trace-url`, to its trace.
+pub(crate) fn row(event: &Event, trace: &TraceLinks) -> Markup {
     html! {
         tr class="event" {
-            td { (time(event.time)) }
+            td { (when(event.time)) }
             td { span class={"badge " (event.kind.as_str().replace('.', "-"))} { (event.kind.as_str()) } }
             td {
                 @if let Some(key) = event.key.as_deref().filter(|_| event.kind.as_str().starts_with("breaker.")) {
@@ -109,7 +111,10 @@ pub(crate) fn row(event: &Event) -> Markup {
                 @if names_a_task(event) { a href=(task_href(&event.namespace, &event.task_id)) { (event.namespace) "/" (event.task_id) } }
                 @else { (event.namespace) "/" (event.task_id) }
             }
-            td { @if let Some(execution) = &event.execution_id { a href={"/runs/" (execution)} { code { (execution) } } } }
+            td { @if let Some(execution) = &event.execution_id {
+                a href={"/runs/" (execution)} { code { (execution) } }
+                (trace.link(event.trace_id.as_deref().unwrap_or(execution)))
+            } }
             td { @if let Some(attempt) = event.attempt { (attempt) } }
             td.error-text {
                 @if let Some(error) = &event.error { (error) }
@@ -121,17 +126,17 @@ pub(crate) fn row(event: &Event) -> Markup {
 }
 
 /// Events, newest first.
-pub(crate) fn table(events: &[Event]) -> Markup {
+pub(crate) fn table(events: &[Event], trace: &TraceLinks) -> Markup {
     html! {
         table.events {
-            thead { tr { th { "Time" } th { "Kind" } th { "Task" } th { "Execution" } th { "Attempt" } th { "Details" } } }
-            tbody #event-rows { @for event in events { (row(event)) } }
+            thead { tr { th scope="col" { "Time" } th scope="col" { "Kind" } th scope="col" { "Task" } th scope="col" { "Execution" } th scope="col" { "Attempt" } th scope="col" { "Details" } } }
+            tbody #event-rows { @for event in events { (row(event, trace)) } }
         }
         @if events.is_empty() { p.empty { "No event yet." } }
     }
 }
 
-pub(crate) fn page(events: &[Event], filter: &EventFilter) -> Markup {
+pub(crate) fn page(events: &[Event], filter: &EventFilter, trace: &TraceLinks) -> Markup {
     layout(
         "Events",
         "/events",
@@ -148,7 +153,7 @@ pub(crate) fn page(events: &[Event], filter: &EventFilter) -> Markup {
                 " " button type="submit" { "Filter" }
             }
             p #live-status data-stream={"/events/stream" (filter.query())} { "Live: waiting for events (needs JavaScript; reload otherwise)." }
-            (table(events))
+            (table(events, trace))
         },
     )
 }
@@ -180,7 +185,7 @@ mod tests {
             error: Some("<svg onload=alert(1)>".into()),
             ..Event::new(EventKind::RunFailed, "n", "t")
         };
-        let html = row(&event).into_string();
+        let html = row(&event, &TraceLinks::default()).into_string();
         assert!(html.contains("&lt;svg onload=alert(1)&gt;") && !html.contains("<svg"), "{html}");
     }
 
@@ -234,10 +239,13 @@ mod tests {
             ..Event::new(EventKind::BreakerOpened, "billing", "payments")
         };
         let run = Event::new(EventKind::RunFailed, "billing", "nightly");
-        let links: Vec<bool> =
-            [&leader, &own, &named, &run].map(|e| row(e).into_string().contains("href=\"/tasks/")).to_vec();
+        let links: Vec<bool> = [&leader, &own, &named, &run]
+            .map(|e| row(e, &TraceLinks::default()).into_string().contains("href=\"/tasks/"))
+            .to_vec();
         assert_eq!(links, [false, true, false, true]);
-        let to_breaker = |e: &Event| row(e).into_string().contains("href=\"/breakers/key.billing.payments\"");
+        let to_breaker = |e: &Event| {
+            row(e, &TraceLinks::default()).into_string().contains("href=\"/breakers/key.billing.payments\"")
+        };
         assert!(to_breaker(&named) && !to_breaker(&run));
     }
 }

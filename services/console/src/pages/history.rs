@@ -5,6 +5,7 @@ use maud::{Markup, html};
 
 use super::layout;
 use crate::history::{HistoryPage, HistoryQuery, MAX_SCAN, OUTCOMES, PAGE};
+use crate::trace::TraceLinks;
 
 /// The query string without its `before` parameter (the links add their own).
 fn without_cursor(query_string: &str) -> String {
@@ -38,6 +39,7 @@ pub(crate) fn page(
     query: &HistoryQuery,
     query_string: &str,
     found: Result<&HistoryPage, &[String]>,
+    trace: &TraceLinks,
 ) -> Markup {
     let base = without_cursor(query_string);
     let link = |before: Option<u64>| match (before, base.is_empty()) {
@@ -56,7 +58,7 @@ pub(crate) fn page(
                     (found.rows.len()) " runs"
                     @if found.scanned >= MAX_SCAN { " (the page read its " (MAX_SCAN) " events; older ones follow)" }
                 }
-                @if found.rows.is_empty() { p.empty { "No run in this range." } } @else { (super::runs::table(&found.rows, true)) }
+                @if found.rows.is_empty() { p.empty { "No run in this range." } } @else { (super::runs::table(&found.rows, true, trace)) }
                 nav.pager aria-label="pages" {
                     @if query.before.is_some() { a #newest href=(link(None)) { "↑ newest" } " " }
                     @if let Some(older) = found.older { a #older rel="next" href=(link(Some(older))) { "older →" } }
@@ -87,7 +89,7 @@ mod tests {
             scanned: 400,
         };
         let query = HistoryQuery { outcome: "failed".into(), before: Some(90), ..HistoryQuery::default() };
-        let html = page(&query, "outcome=failed&before=90", Ok(&found)).into_string();
+        let html = page(&query, "outcome=failed&before=90", Ok(&found), &TraceLinks::default()).into_string();
         assert!(!html.contains("<script>x()") && html.contains("&lt;script&gt;x()"), "{html}");
         assert!(html.contains(r#"<option value="failed" selected>"#), "{html}");
         assert!(html.contains(r#"href="/runs?outcome=failed&amp;before=42""#), "{html}");
@@ -98,10 +100,10 @@ mod tests {
     #[test]
     fn the_last_page_has_no_older_link_and_problems_are_listed() {
         let found = HistoryPage::default();
-        let html = page(&HistoryQuery::default(), "", Ok(&found)).into_string();
+        let html = page(&HistoryQuery::default(), "", Ok(&found), &TraceLinks::default()).into_string();
         assert!(!html.contains("older →") && html.contains("No run in this range."), "{html}");
         let problems = ["from: \"<b>\" is not a time".to_string(), "task: bad".to_string()];
-        let html = page(&HistoryQuery::default(), "", Err(&problems)).into_string();
+        let html = page(&HistoryQuery::default(), "", Err(&problems), &TraceLinks::default()).into_string();
         assert!(html.contains("&lt;b&gt;") && html.contains("task: bad"), "{html}");
     }
 }

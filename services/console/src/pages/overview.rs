@@ -6,7 +6,7 @@ use jetsched_shared::alert::AlertMessage;
 use jetsched_shared::wire::Event;
 use maud::{Markup, html};
 
-use super::{chart, layout, time};
+use super::{chart, when};
 use crate::activity::Minute;
 
 /// The leader as its lease record tells it.
@@ -43,12 +43,17 @@ pub(crate) struct Overview {
     pub(crate) tasks: usize,
     /// What could not be read (shown, not hidden).
     pub(crate) problems: Vec<String>,
+    /// Where trace ids link to.
+    pub(crate) trace: crate::trace::TraceLinks,
 }
 
 pub(crate) fn page(overview: &Overview) -> Markup {
-    layout(
+    // Redrawn after new events (at most every two seconds) while open.
+    super::live(
         "Overview",
         "/",
+        "/events/stream",
+        None,
         html! {
             @if !overview.problems.is_empty() {
                 div.error role="alert" { @for problem in &overview.problems { p { (problem) } } }
@@ -57,7 +62,7 @@ pub(crate) fn page(overview: &Overview) -> Markup {
                 div.card #leader {
                     h2 { "Leader" }
                     @match &overview.leader {
-                        Some(leader) => { p.big { (leader.instance) } p { "term " (leader.term) " · since " (time(leader.since)) } }
+                        Some(leader) => { p.big { (leader.instance) } p { "term " (leader.term) " · since " (when(leader.since)) } }
                         None => p.big.bad { "no leader" }
                     }
                 }
@@ -76,13 +81,13 @@ pub(crate) fn page(overview: &Overview) -> Markup {
                 section {
                     h2 { "Live replicas" }
                     table { tbody { @for (role, instances) in &overview.replicas {
-                        tr { th { (role) } td { (instances.len()) } td { (instances.join(", ")) } }
+                        tr { th scope="row" { (role) } td { (instances.len()) } td { (instances.join(", ")) } }
                     } } }
                 }
                 section {
                     h2 { "Queues" }
                     @if overview.queues.is_empty() { p.empty { "No dispatch consumer yet." } } @else {
-                        table #queues { thead { tr { th { "Queue" } th { "Waiting" } th { "Held" } th { "In flight" } } }
+                        table #queues { thead { tr { th scope="col" { "Queue" } th scope="col" { "Waiting" } th scope="col" { "Held" } th scope="col" { "In flight" } } }
                             tbody { @for queue in &overview.queues {
                                 tr { td { (queue.queue) } td { (queue.pending) } td.held { (queue.held.map_or("?".to_string(), |n| n.to_string())) } td { (queue.in_flight) } }
                             } } }
@@ -91,14 +96,14 @@ pub(crate) fn page(overview: &Overview) -> Markup {
             }
             section {
                 h2 { "Recent failures" }
-                @if overview.failures.is_empty() { p.empty { "No failure in the last hour." } } @else { (super::events::table(&overview.failures)) }
+                @if overview.failures.is_empty() { p.empty { "No failure in the last hour." } } @else { (super::events::table(&overview.failures, &overview.trace)) }
             }
             section {
                 h2 { "Alerts of the last hour" }
                 @if overview.alerts.is_empty() { p.empty { "No alert." } } @else {
-                    table { thead { tr { th { "Time" } th { "Severity" } th { "Rule" } th { "Text" } } }
+                    table { thead { tr { th scope="col" { "Time" } th scope="col" { "Severity" } th scope="col" { "Rule" } th scope="col" { "Text" } } }
                         tbody { @for alert in &overview.alerts {
-                            tr { td { (time(alert.time)) } td { span class={"badge " (alert.severity.as_str())} { (alert.severity.as_str()) } } td { (alert.rule) } td.error-text { (alert.text) } }
+                            tr { td { (when(alert.time)) } td { span class={"badge " (alert.severity.as_str())} { (alert.severity.as_str()) } } td { (alert.rule) } td.error-text { (alert.text) } }
                         } } }
                 }
             }

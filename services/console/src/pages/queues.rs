@@ -1,6 +1,6 @@
 //! `/queues`: every queue, paused or running (why, by whom, since when), with Pause and Resume;
 //! each lane by its priority: runs waiting, in flight, the age of the oldest waiting one; and
-//! the runs open breakers hold per queue.
+//! the runs open breakers hold per queue; each lane's last hour as charts.
 
 use std::collections::HashMap;
 
@@ -8,7 +8,8 @@ use chrono::{DateTime, Utc};
 use jetsched_shared::wire::{LaneInfo, QueueInfo};
 use maud::{Markup, html};
 
-use super::{Ctx, layout, time_opt};
+use super::{Ctx, layout, when_opt};
+use crate::activity::{Lane, LaneMinute};
 
 /// `4s`, `3m 12s`, `2h 5m`: how long ago `at` was.
 fn age(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
@@ -46,6 +47,7 @@ pub(crate) fn list(
     queues: &[QueueInfo],
     held: Option<&HashMap<String, u64>>,
     problem: Option<&str>,
+    lanes: &[(Lane, Vec<LaneMinute>)],
 ) -> Markup {
     let now = Utc::now();
     let paused = queues.iter().filter(|q| q.paused).count();
@@ -60,8 +62,8 @@ pub(crate) fn list(
             @if queues.is_empty() { p.empty { "No queue yet: a queue appears once a worker serves it." } } @else {
                 table #queues {
                     thead { tr {
-                        th { "Queue" } th { "State" } th { "Lane" } th { "Waiting" } th { "In flight" }
-                        th { "Oldest waiting" } th { "Held" } th { "Reason" } th { "" }
+                        th scope="col" { "Queue" } th scope="col" { "State" } th scope="col" { "Lane" } th scope="col" { "Waiting" } th scope="col" { "In flight" }
+                        th scope="col" { "Oldest waiting" } th scope="col" { "Held" } th scope="col" { "Reason" } th scope="col" { "" }
                     } }
                     tbody {
                         @for queue in queues {
@@ -73,7 +75,7 @@ pub(crate) fn list(
                                         td rowspan=(lanes.len()) { (queue.queue) }
                                         td rowspan=(lanes.len()) {
                                             span class={"badge queue-" (state)} data-state=(state) { (state) }
-                                            @if queue.paused { br; small { "by " (queue.by.as_deref().unwrap_or("?")) " since " (time_opt(queue.at)) } }
+                                            @if queue.paused { br; small { "by " (queue.by.as_deref().unwrap_or("?")) " since " (when_opt(queue.at)) } }
                                         }
                                     }
                                     td { (lane.priority) }
@@ -93,6 +95,7 @@ pub(crate) fn list(
                     }
                 }
             }
+            (super::queue_charts::charts(lanes))
         },
     )
 }
@@ -130,12 +133,12 @@ mod tests {
                 oldest_waiting: None,
             }],
         };
-        let page = list(&ctx, &[queue(true)], None, None).into_string();
+        let page = list(&ctx, &[queue(true)], None, None, &[]).into_string();
         assert!(
             page.contains(r#"action="/queues/default/resume""#) && page.contains("&lt;deploy&gt;"),
             "{page}"
         );
-        let page = list(&ctx, &[queue(false)], Some(&HashMap::new()), None).into_string();
+        let page = list(&ctx, &[queue(false)], Some(&HashMap::new()), None, &[]).into_string();
         assert!(
             page.contains(r#"action="/queues/default/pause""#) && page.contains(r#"name="reason""#),
             "{page}"

@@ -4,25 +4,30 @@
 use jetsched_shared::wire::{Event, RunRecord};
 use maud::{Markup, html};
 
-use super::{Ctx, action, layout, refreshing, task_href, time, time_opt};
+use super::{Ctx, action, layout, live, task_href, when, when_opt};
 use crate::runs::RunRow;
+use crate::trace::TraceLinks;
 
-/// The runs table (`with_task`: a column naming the task).
-pub(crate) fn table(rows: &[RunRow], with_task: bool) -> Markup {
+/// The runs table (`with_task`: a column naming the task); each execution links to its page
+/// and, with `--trace-url`, to its trace.
+pub(crate) fn table(rows: &[RunRow], with_task: bool, trace: &TraceLinks) -> Markup {
     html! {
         @if rows.is_empty() { p.empty { "No run in the last hour." } } @else {
             table.runs {
                 thead { tr {
-                    th { "Execution" } @if with_task { th { "Task" } } th { "Last event" } th { "Nominal" } th { "Trigger" }
-                    th { "Attempts" } th { "Worker" } th { "Outcome" } th { "Duration" } th { "Error" }
+                    th scope="col" { "Execution" } @if with_task { th scope="col" { "Task" } } th scope="col" { "Last event" } th scope="col" { "Nominal" } th scope="col" { "Trigger" }
+                    th scope="col" { "Attempts" } th scope="col" { "Worker" } th scope="col" { "Outcome" } th scope="col" { "Duration" } th scope="col" { "Error" }
                 } }
                 tbody {
                     @for row in rows {
                         tr class=(row.outcome) {
-                            td { a href={"/runs/" (row.execution_id)} { code { (row.execution_id) } } }
+                            td {
+                                a href={"/runs/" (row.execution_id)} { code { (row.execution_id) } }
+                                (trace.link(if row.trace_id.is_empty() { &row.execution_id } else { &row.trace_id }))
+                            }
                             @if with_task { td { a href=(task_href(&row.namespace, &row.task_id)) { (row.namespace) "/" (row.task_id) } } }
-                            td { (time_opt(row.last_seen)) }
-                            td { (time_opt(row.nominal)) }
+                            td { (when_opt(row.last_seen)) }
+                            td { (when_opt(row.nominal)) }
                             td { (row.trigger) }
                             td { (row.attempts) }
                             td { (row.worker) }
@@ -93,7 +98,12 @@ pub(crate) fn run(
     record: Option<&RunRecord>,
     events: &[Event],
     links: &Related,
+    trace: &TraceLinks,
 ) -> Markup {
+    let trace_id = record
+        .and_then(|r| r.trace_id.as_deref())
+        .or_else(|| events.iter().find_map(|e| e.trace_id.as_deref()))
+        .unwrap_or(execution_id);
     let title = format!("Run {execution_id}");
     // Queued (no record yet, but known from its events), held, retrying or running.
     let cancellable = record.map_or(!events.is_empty(), |r| !r.status.is_final());
@@ -109,25 +119,25 @@ pub(crate) fn run(
                     dl.facts {
                         dt { "Task" } dd { a href=(task_href(&record.namespace, &record.task_id)) { (record.namespace) "/" (record.task_id) } }
                         dt { "Status" } dd { span class={"badge " (record.status.as_str())} { (record.status.as_str()) } }
-                        @if let Some(until) = record.release_at { dt { "Held until" } dd #held-until { (time(until)) } }
+                        @if let Some(until) = record.release_at { dt { "Held until" } dd #held-until { (when(until)) } }
                         @if let Some(reason) = &record.reason { dt { "Reason" } dd #run-reason { (reason) } }
                         dt { "Duration" } dd #run-duration { (record.duration(chrono::Utc::now()).num_milliseconds()) " ms" @if !record.status.is_final() { " so far" } }
-                        dt { "Nominal time" } dd { (time(record.nominal_time)) }
+                        dt { "Nominal time" } dd { (when(record.nominal_time)) }
                         dt { "Trigger" } dd { (record.trigger.as_str()) }
                         dt { "Queue" } dd { (record.queue) }
-                        dt { "Trace id" } dd { code #trace-id { (record.trace_id.as_deref().unwrap_or("-")) } }
+                        dt { "Trace id" } dd { code #trace-id { (record.trace_id.as_deref().unwrap_or("-")) } (trace.link(trace_id)) }
                         @if let Some(error) = &record.error { dt { "Error" } dd.error-text { (error) } }
                     }
                     h2 { "Attempts" }
                     table #attempts {
-                        thead { tr { th { "#" } th { "Worker" } th { "Started" } th { "Finished" } th { "Outcome" } th { "Error" } th { "Detail" } } }
+                        thead { tr { th scope="col" { "#" } th scope="col" { "Worker" } th scope="col" { "Started" } th scope="col" { "Finished" } th scope="col" { "Outcome" } th scope="col" { "Error" } th scope="col" { "Detail" } } }
                         tbody {
                             @for attempt in &record.attempts {
                                 tr {
                                     td { (attempt.attempt) }
                                     td { (attempt.worker) }
-                                    td { (time(attempt.started)) }
-                                    td { (time_opt(attempt.finished)) }
+                                    td { (when(attempt.started)) }
+                                    td { (when_opt(attempt.finished)) }
                                     td { (attempt.outcome.map(|o| format!("{o:?}").to_lowercase()).unwrap_or_else(|| "running".into())) }
                                     td.error-text { (attempt.error.as_deref().unwrap_or("")) }
                                     td { @if let Some(detail) = &attempt.detail { pre { (detail) } } }
@@ -138,15 +148,25 @@ pub(crate) fn run(
                 }
                 None if events.is_empty() => p.empty #waiting {
                     "No record or event of this run yet: a run just triggered waits in its queue until a worker takes it. "
-                    "This page reloads every " (RUN_REFRESH_SECONDS) " seconds until the run has finished."
+                    "This page updates itself until the run has finished."
                 }
                 None => p.empty { "The runs bucket has no record of this execution (it has not started, or its record expired)." }
             }
             h2 { "Events" }
-            (super::events::table(events))
+            (super::events::table(events, trace))
     };
     match unfinished(record) {
-        true => refreshing(&title, "/runs", RUN_REFRESH_SECONDS, body),
+        // Redrawn after each event of a run (the task's, once known); reloaded without JavaScript.
+        true => {
+            let task = record
+                .map(|r| (r.namespace.as_str(), r.task_id.as_str()))
+                .or_else(|| events.first().map(|e| (e.namespace.as_str(), e.task_id.as_str())));
+            let stream = match task {
+                Some((namespace, id)) => format!("/events/stream?kind=run&task={namespace}/{id}"),
+                None => "/events/stream?kind=run".to_string(),
+            };
+            live(&title, "/runs", &stream, Some(RUN_REFRESH_SECONDS), body)
+        }
         false => layout(&title, "/runs", body),
     }
 }
@@ -164,7 +184,8 @@ mod tests {
     fn a_run_page_reloads_until_the_run_has_finished() {
         let refresh = r#"http-equiv="refresh""#;
         let none = Related::default();
-        let waiting = run(&ctx(), "e1", None, &[], &none).into_string();
+        let traces = TraceLinks::default();
+        let waiting = run(&ctx(), "e1", None, &[], &none, &traces).into_string();
         assert!(
             waiting.contains(refresh) && waiting.contains("No record or event of this run yet"),
             "{waiting}"
@@ -176,19 +197,28 @@ mod tests {
             "first_started": "2026-12-04T10:00:00.001Z", "attempts": []
         }))
         .expect("a run record");
-        assert!(run(&ctx(), "e1", Some(&record), &[], &none).into_string().contains(refresh));
-        assert!(run(&ctx(), "e1", Some(&record), &[], &none).into_string().contains("/runs/e1/cancel"));
+        assert!(run(&ctx(), "e1", Some(&record), &[], &none, &traces).into_string().contains(refresh));
+        let live = run(&ctx(), "e1", Some(&record), &[], &none, &traces).into_string();
+        assert!(live.contains(r#"data-live="/events/stream?kind=run&amp;task=ns/t""#), "{live}");
+        assert!(live.contains("/runs/e1/cancel"), "{live}");
         record.status = RunStatus::Succeeded;
-        let ended = run(&ctx(), "e1", Some(&record), &[], &none).into_string();
-        assert!(!ended.contains(refresh) && !ended.contains("/runs/e1/cancel"), "{ended}");
+        record.trace_id = Some("0af7651916cd43dd8448eb211c80319c".into());
+        let links = TraceLinks::new(Some("http://jaeger:16686/trace/{trace_id}"));
+        let done = run(&ctx(), "e1", Some(&record), &[], &none, &links).into_string();
+        assert!(!done.contains(refresh) && !done.contains("data-live"), "{done}");
+        assert!(!done.contains("/runs/e1/cancel"), "{done}");
+        assert!(
+            done.contains(r#"href="http://jaeger:16686/trace/0af7651916cd43dd8448eb211c80319c""#),
+            "{done}"
+        );
         record.status = RunStatus::Dead;
-        let links = Related {
+        let related = Related {
             replay_of: Some("e0".into()),
             dead_letter: Ok(Some(12)),
             replays: vec!["e2".into()],
             retriable: true,
         };
-        let page = run(&ctx(), "e1", Some(&record), &[], &links).into_string();
+        let page = run(&ctx(), "e1", Some(&record), &[], &related, &traces).into_string();
         for wanted in [r#"href="/runs/e0""#, r#"href="/dlq/12""#, r#"href="/runs/e2""#, "/runs/e1/retry"] {
             assert!(page.contains(wanted), "{wanted}: {page}");
         }

@@ -1,4 +1,5 @@
-//! `/tasks` (searchable, filterable, paginated list from the index) and `/tasks/<ns>/<id>`
+//! `/tasks` (searchable, filterable, paginated list from the index, with each listed task's
+//! next fire, last run and outcome, success rate, priority and breaker) and `/tasks/<ns>/<id>`
 //! (spec, next fires in UTC and the task's zone with DST changes marked, recent runs, events).
 
 use chrono::DateTime;
@@ -6,14 +7,68 @@ use jetsched_shared::wire::{Event, TaskState};
 use maud::{Markup, html};
 use serde_json::Value;
 
-use super::{Ctx, action, layout, pager, task_href};
-use crate::index::{TaskPage, TaskQuery};
+use super::{Ctx, action, breaker_href, layout, pager, task_href, when};
+use crate::activity::RATE_RUNS;
+use crate::index::{TaskPage, TaskQuery, TaskSummary};
 use crate::runs::RunRow;
+use crate::task_list::TaskExtras;
+use crate::trace::TraceLinks;
 
-/// The list page; the table alone is what htmx swaps while typing.
+/// The task state filter's choices.
+const STATES: [(&str, &str); 5] = [
+    ("", "any"),
+    ("active", "active"),
+    ("paused", "paused"),
+    ("failing", "last run failed"),
+    ("breaker", "has a breaker"),
+];
+/// The priority filter's choices.
+const PRIORITIES: [&str; 5] = ["", "critical", "high", "normal", "low"];
+
+/// A listed task's extra cells: next fire, last run (linked), last outcome, success rate,
+/// priority, breaker (linked, with its state).
+fn extra_cells(task: &TaskSummary, extras: Option<&TaskExtras>) -> Markup {
+    let runs = extras.and_then(|e| e.runs.as_ref());
+    html! {
+        td.next-fire { @match extras.map(|e| &e.next_fire) {
+            Some(Ok(Some(at))) => (when(*at)),
+            Some(Err(error)) => span title=(error) { "?" },
+            _ => "-",
+        } }
+        td.last-run { @match runs.and_then(|r| r.last_run.as_ref()) {
+            Some((execution, at)) => a href={"/runs/" (execution)} { (when(*at)) },
+            None => "-",
+        } }
+        td.last-outcome { @match runs.and_then(|r| r.last_succeeded) {
+            Some(true) => span.badge.run-succeeded { "succeeded" },
+            Some(false) => span.badge.run-failed { "failed" },
+            None => "-",
+        } }
+        td.success-rate { @match runs.map(|r| r.success()).filter(|(_, n)| *n > 0) {
+            Some((ok, n)) => { (ok * 100 / n) "% " small { "(" (ok) "/" (n) ")" } },
+            None => "-",
+        } }
+        td.priority { (task.priority) }
+        td.breaker { @match extras.and_then(|e| e.breaker.as_ref()) {
+            Some((key, state)) => {
+                a href=(breaker_href(key)) { @if key.starts_with("task.") { "its own" } @else { (key) } }
+                " "
+                @match state {
+                    Ok(state) => span class={"badge breaker-" (state)} { (state) },
+                    Err(error) => span title=(error) { "?" },
+                }
+            }
+            None => "-",
+        } }
+    }
+}
+
+/// The list page; the table alone is what htmx swaps while typing. `extras` are the listed
+/// tasks' extra cells, in order.
 pub(crate) fn list(
     page: &TaskPage,
     states: &[TaskState],
+    extras: &[TaskExtras],
     query: &TaskQuery,
     query_string: &str,
     queues: &[String],
@@ -26,8 +81,15 @@ pub(crate) fn list(
             label { "Labels " input type="text" name="label" value=(query.label) placeholder="team=billing" size="16"; }
             label { "State "
                 select name="state" {
-                    @for (value, text) in [("", "any"), ("active", "active"), ("paused", "paused")] {
+                    @for (value, text) in STATES {
                         option value=(value) selected[query.state == value] { (text) }
+                    }
+                }
+            }
+            label { "Priority "
+                select name="priority" {
+                    @for value in PRIORITIES {
+                        option value=(value) selected[query.priority == value] { (if value.is_empty() { "any" } else { value }) }
                     }
                 }
             }
@@ -49,14 +111,21 @@ pub(crate) fn list(
         p { a.button #new-task href="/tasks/new" { "New task" } }
         div #task-table {
             p.count { (page.matching) " of " (page.total) " tasks" }
+            p.sub { "Success: the last " (RATE_RUNS) " runs the console has seen (it reads the last hour of events when it starts)." }
             table {
-                thead { tr { th { "Namespace" } th { "Id" } th { "Schedule" } th { "Executor" } th { "Queue" } th { "State" } th { "Labels" } } }
+                thead { tr {
+                    th scope="col" { "Namespace" } th scope="col" { "Id" } th scope="col" { "Schedule" }
+                    th scope="col" { "Next fire" } th scope="col" { "Last run" } th scope="col" { "Last outcome" }
+                    th scope="col" { "Success" } th scope="col" { "Priority" } th scope="col" { "Breaker" }
+                    th scope="col" { "Executor" } th scope="col" { "Queue" } th scope="col" { "State" } th scope="col" { "Labels" }
+                } }
                 tbody {
                     @for (n, task) in page.tasks.iter().enumerate() {
-                        tr {
+                        tr data-zone=[task.zone.as_deref()] {
                             td { (task.namespace()) }
                             td { a href=(task_href(task.namespace(), task.id())) { (task.id()) } }
                             td { code { (task.schedule) } }
+                            (extra_cells(task, extras.get(n)))
                             td { (task.executor) }
                             td { (task.queue) }
                             td { @let state = states.get(n).map_or(if task.paused { "paused" } else { "active" }, |s| s.as_str()); span class={"badge " (state)} { (state) } }
@@ -124,13 +193,17 @@ pub(crate) struct TaskView<'a> {
     pub(crate) state: TaskState,
     /// Runs of the task an open breaker holds now.
     pub(crate) held: Result<u64, String>,
+    /// Where trace ids link to.
+    pub(crate) trace: &'a TraceLinks,
 }
 
 pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
     let href = task_href(view.namespace, view.id);
     let paused = view.spec.get("paused").and_then(Value::as_bool).unwrap_or(false);
     let spec = serde_json::to_string_pretty(view.spec).unwrap_or_default();
+    let zone = view.spec.pointer("/schedule/timezone").and_then(Value::as_str);
     let body = html! {
+        div.task data-zone=[zone] {
         p.sub {
             "namespace " strong { (view.namespace) } " · revision " (view.revision) " · "
             span class={"badge " (view.state.as_str())} #task-state { (view.state.as_str()) }
@@ -157,7 +230,7 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
                     @let (zone, fires) = fires(next);
                     @if fires.is_empty() { p.empty { "No fire ahead." } } @else {
                         table #next-fires {
-                            thead { tr { th { "UTC" } th { (zone) } th { "" } } }
+                            thead { tr { th scope="col" { "UTC" } th scope="col" { (zone) } th scope="col" { "" } } }
                             tbody {
                                 @for fire in &fires {
                                     tr class=[fire.offset_change.is_some().then_some("dst")] {
@@ -174,15 +247,16 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
         }
         section {
             h2 { "Recent runs" }
-            (super::runs::table(view.runs, false))
+            (super::runs::table(view.runs, false, view.trace))
         }
         section {
             h2 { "Events" }
-            (super::events::table(view.events))
+            (super::events::table(view.events, view.trace))
         }
         section {
             h2 { "Spec" }
             pre.spec { code { (spec) } }
+        }
         }
     };
     layout(&format!("Task {}", view.id), "/tasks", body)
@@ -229,11 +303,61 @@ mod tests {
     #[test]
     fn hostile_labels_are_escaped() {
         let query = TaskQuery { q: "\"><img src=x onerror=alert(1)>".into(), ..Default::default() };
-        let html = list(&hostile_page(), &[], &query, "q=x", &["default".into()]).into_string();
+        let html = list(&hostile_page(), &[], &[], &query, "q=x", &["default".into()]).into_string();
         assert!(!html.contains("<script>alert(1)"), "{html}");
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
         assert!(!html.contains("<img src=x"), "{html}");
         assert!(html.contains("1 of 3 tasks"));
+    }
+
+    #[test]
+    fn listed_tasks_show_next_fire_last_run_outcome_rate_priority_and_breaker() {
+        let task = |key: &str, spec: serde_json::Value| {
+            TaskSummary::decode(key, spec.to_string().as_bytes(), 1).unwrap()
+        };
+        let page = TaskPage {
+            tasks: vec![
+                task(
+                    "ns.a",
+                    json!({"priority": "high", "breaker": {"key": "card-api"}, "schedule": {"cron": "0 0 2 * * *", "timezone": "Asia/Tokyo"}}),
+                ),
+                task("ns.b", json!({})),
+            ],
+            matching: 2,
+            total: 2,
+            page: 1,
+            pages: 1,
+        };
+        let mut index = crate::activity::TaskRunIndex::default();
+        for (kind, execution) in [
+            (jetsched_shared::wire::EventKind::RunStarted, "e1"),
+            (jetsched_shared::wire::EventKind::RunSucceeded, "e1"),
+            (jetsched_shared::wire::EventKind::RunStarted, "e2"),
+            (jetsched_shared::wire::EventKind::RunFailed, "e2"),
+        ] {
+            index.record(&Event { execution_id: Some(execution.into()), ..Event::new(kind, "ns", "a") });
+        }
+        let next = chrono::Utc::now() + chrono::Duration::seconds(90);
+        let extras = [
+            TaskExtras {
+                next_fire: Ok(Some(next)),
+                runs: index.get("ns\0a").cloned(),
+                breaker: Some(("ns:card-api".into(), Ok("open".into()))),
+            },
+            TaskExtras { next_fire: Err("<no state>".into()), runs: None, breaker: None },
+        ];
+        let html = list(&page, &[], &extras, &TaskQuery::default(), "", &[]).into_string();
+        assert!(html.contains(r#"<tr data-zone="Asia/Tokyo">"#), "{html}");
+        assert!(html.contains("(in 1 min)") && html.contains(r#"<a href="/runs/e2"><time"#), "{html}");
+        assert!(html.contains(r#"<span class="badge run-failed">failed</span>"#), "{html}");
+        assert!(html.contains("50% <small>(1/2)</small>"), "{html}");
+        assert!(html.contains(r#"<td class="priority">high</td>"#), "{html}");
+        assert!(html.contains(r#"<a href="/breakers/ns:card-api">ns:card-api</a> <span class="badge breaker-open">open</span>"#), "{html}");
+        assert!(html.contains(r#"title="&lt;no state&gt;""#), "{html}");
+        assert!(
+            html.contains(r#"<option value="failing">"#) && html.contains(r#"name="priority""#),
+            "{html}"
+        );
     }
 
     #[test]
@@ -268,6 +392,7 @@ mod tests {
             runs: &[],
             events: &events,
             held: Ok(2),
+            trace: &TraceLinks::default(),
         };
         let html = task(&ctx, &view).into_string();
         assert!(!html.contains("<b>bold") && !html.contains("<i>bad") && !html.contains("<u>no"), "{html}");

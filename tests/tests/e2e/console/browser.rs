@@ -22,6 +22,12 @@ pub(crate) struct Browser {
 impl Browser {
     /// Starts chromedriver and a headless Chromium session (1280x1000).
     pub(crate) async fn start() -> Browser {
+        Browser::start_with(&[], None).await
+    }
+
+    /// [`Browser::start`] with more Chromium arguments (`--blink-settings=...`) and the
+    /// browser's time zone (`TZ` of the driver and the browser it starts).
+    pub(crate) async fn start_with(extra_args: &[&str], zone: Option<&str>) -> Browser {
         for tool in [CHROMEDRIVER, CHROMIUM] {
             assert!(
                 std::path::Path::new(tool).exists(),
@@ -29,7 +35,11 @@ impl Browser {
             );
         }
         let port = jetsched_tests::free_addr().port();
-        let driver = Command::new(CHROMEDRIVER)
+        let mut driver = Command::new(CHROMEDRIVER);
+        if let Some(zone) = zone {
+            driver.env("TZ", zone);
+        }
+        let driver = driver
             .arg(format!("--port={port}"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -41,15 +51,18 @@ impl Browser {
             tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok()
         })
         .await;
+        let mut args = vec![
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1280,1000",
+            "--hide-scrollbars",
+        ];
+        args.extend_from_slice(extra_args);
         let mut capabilities = serde_json::Map::new();
-        capabilities.insert(
-            "goog:chromeOptions".into(),
-            serde_json::json!({
-                "binary": CHROMIUM,
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                         "--window-size=1280,1000", "--hide-scrollbars"],
-            }),
-        );
+        capabilities
+            .insert("goog:chromeOptions".into(), serde_json::json!({ "binary": CHROMIUM, "args": args }));
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
         let client = ClientBuilder::new(connector)
             .capabilities(capabilities)
