@@ -99,6 +99,28 @@ impl DirectBatch {
     /// The latest message of each of `subjects` that has one (subjects without one are left
     /// out), in one request.
     pub async fn last_of(&mut self, subjects: &[String]) -> Result<Vec<LastMessage>, DirectBatchError> {
+        self.request(subjects, serde_json::json!({ "multi_last": subjects })).await
+    }
+
+    /// The latest message stored before sequence `before` of each of `subjects` that has one,
+    /// in one request (the server walks back from `before` to each subject's last message
+    /// there, block by block: keep to subjects known to have a message before it).
+    pub async fn last_before(
+        &mut self,
+        subjects: &[String],
+        before: u64,
+    ) -> Result<Vec<LastMessage>, DirectBatchError> {
+        if before <= 1 {
+            return Ok(Vec::new());
+        }
+        self.request(subjects, serde_json::json!({ "multi_last": subjects, "up_to_seq": before - 1 })).await
+    }
+
+    async fn request(
+        &mut self,
+        subjects: &[String],
+        body: serde_json::Value,
+    ) -> Result<Vec<LastMessage>, DirectBatchError> {
         if subjects.is_empty() {
             return Ok(Vec::new());
         }
@@ -107,8 +129,7 @@ impl DirectBatch {
         }
         self.next += 1;
         let reply = format!("{}.{}", self.inbox, self.next);
-        let body = serde_json::to_vec(&serde_json::json!({ "multi_last": subjects }))
-            .map_err(DirectBatchError::Encode)?;
+        let body = serde_json::to_vec(&body).map_err(DirectBatchError::Encode)?;
         self.client
             .publish_with_reply(self.request_subject.clone(), reply.clone(), body.into())
             .await

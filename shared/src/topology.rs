@@ -257,6 +257,9 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
             max_messages_per_subject: args.events_max_per_subject,
             // Workers store their run events in fast-ingest batches (one reply per batch).
             allow_batch_publish: true,
+            // The run history walks one task's events back with direct gets (`multi_last`
+            // up to a sequence), which no consumer's pending count slows.
+            allow_direct: true,
             ..base(names.events_stream(), vec![names.events_wildcard()], "jetsched events")
         },
         stream::Config {

@@ -1,11 +1,15 @@
 //! `/runs`: run history read from the events stream, not from the console's memory. A page is
 //! the newest runs (by their final events: `run.succeeded`, `run.failed`, `run.dead`,
 //! `run.skipped`) before a cursor (a stream sequence), inside a time range (`from`, `to`,
-//! mapped to sequences by start time), matching namespace, task and outcome as subject
-//! filters (the range found by a binary search over the events' times). Windows are read back from the cursor, each sized from how many matches the ones
-//! before found, and at most [`MAX_SCAN`] sequences are read per page: a page costs the same
-//! whatever the history's size, and a sparse filter gives a short page with a cursor further
-//! back.
+//! mapped to sequences by a binary search over the events' times), matching namespace, task
+//! and outcome as subject filters. A filter naming a task is a few literal subjects, walked
+//! back message by message from the cursor ([`walk`]): its cost follows the task's events, not
+//! the stream's. Other filters read windows back from the cursor, each sized from how many
+//! matches the ones before found, at most [`MAX_SCAN`] sequences per page: a page costs the
+//! same whatever the history's size, and a sparse filter gives a short page with a cursor
+//! further back.
+
+mod walk;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -16,11 +20,13 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use futures::StreamExt;
+use jetsched_shared::direct_batch::DirectBatch;
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::validate_id;
 use jetsched_shared::wire::Event;
 use serde::Deserialize;
 
+use self::walk::Stored;
 use crate::pages;
 use crate::runs::{RunRow, runs_from_events};
 use crate::state::{AppState, html};
@@ -62,12 +68,12 @@ pub(crate) struct Filter {
     pub(crate) from: Option<DateTime<Utc>>,
     pub(crate) to: Option<DateTime<Utc>>,
     pub(crate) before: Option<u64>,
-    /// A task without its namespace: the subjects have a wildcard for the namespace, and the
-    /// stream is asked which literal subjects match before reading (see [`narrowed`]).
+    /// The filter names a task: the stream is asked which literal subjects match (the
+    /// namespace may be a wildcard), and they are walked back (see [`literal`]).
     pub(crate) narrow: bool,
 }
 
-/// Most literal subjects a narrowed filter becomes; past it, the wildcard filter is kept.
+/// Most literal subjects a task's filter becomes; past it, the wildcard filter is read by windows.
 const MAX_NARROWED: usize = 64;
 
 /// The event kinds of each outcome the filter offers (the final events of a run).
@@ -117,7 +123,7 @@ impl HistoryQuery {
         };
         let namespace = token("namespace", &self.namespace);
         let task = token("task", &self.task);
-        let narrow = namespace == "*" && task != "*";
+        let narrow = task != "*";
         let mut instant = |field: &str, text: &str| {
             if text.trim().is_empty() {
                 return None;
@@ -153,9 +159,6 @@ pub(crate) struct HistoryPage {
     pub(crate) scanned: u64,
 }
 
-/// An event and where it is stored.
-type Stored = (u64, Event);
-
 /// The newest runs of the filter, [`PAGE`] at most.
 pub(crate) async fn page(
     js: &jetstream::Context,
@@ -167,17 +170,12 @@ pub(crate) async fn page(
     if state.messages == 0 {
         return Ok(HistoryPage::default());
     }
-    let subjects = match narrowed(&stream, filter).await? {
-        Some(subjects) if subjects.is_empty() => return Ok(HistoryPage::default()),
-        Some(subjects) => subjects,
-        None => filter.subjects.clone(),
-    };
+    let literal = literal(&stream, filter).await?;
+    if literal.as_ref().is_some_and(Vec::is_empty) {
+        return Ok(HistoryPage::default());
+    }
     let end = state.last_sequence + 1;
     let first = state.first_sequence.max(1);
-    let lower = match filter.from {
-        Some(from) => seq_at(&stream, names, from, first, end).await?,
-        None => first,
-    };
     let mut upper = match filter.to {
         Some(to) => seq_at(&stream, names, to, first, end).await?,
         None => end,
@@ -185,11 +183,33 @@ pub(crate) async fn page(
     if let Some(before) = filter.before {
         upper = upper.min(before);
     }
+    let Some(subjects) = literal else {
+        return windows(&stream, names, filter, first, upper).await;
+    };
+    let mut reader = DirectBatch::new(js.client(), &names.events_stream()).await?;
+    let walked = walk::walk_back(&stream, &mut reader, &subjects, upper, filter.from, PAGE).await?;
+    let rows = runs_from_events(walked.events.iter().map(|(_, e)| e), |_| true);
+    Ok(HistoryPage { rows, older: walked.older, scanned: walked.reads })
+}
+
+/// A page read by windows back from `upper` (a filter that names no task).
+async fn windows(
+    stream: &jetstream::stream::Stream,
+    names: &Names,
+    filter: &Filter,
+    first: u64,
+    upper: u64,
+) -> anyhow::Result<HistoryPage> {
+    let subjects = &filter.subjects;
+    let lower = match filter.from {
+        Some(from) => seq_at(stream, names, from, first, upper.max(first)).await?,
+        None => first,
+    };
     let mut found: Vec<Stored> = Vec::new();
     let (mut start, mut window, mut scanned) = (upper, PAGE as u64 * FIRST_WINDOW_PER_RUN, 0u64);
     while start > lower && scanned < MAX_SCAN && executions(&found) < PAGE {
         let from = start.saturating_sub(window).max(lower);
-        let mut older = read(&stream, &subjects, from, start).await?;
+        let mut older = read(stream, subjects, from, start).await?;
         scanned += start - from;
         older.append(&mut found);
         found = older;
@@ -208,14 +228,9 @@ pub(crate) async fn page(
 }
 
 /// The literal subjects a task's filter matches in the stream (at most [`MAX_NARROWED`]), when
-/// the filter names a task but not its namespace; `None` to keep the filter as it is. The
-/// server answers from its subject index, and a consumer filtered on literal subjects counts
-/// and skips without matching a wildcard against every subject of the range it reads: one
-/// task among 100,000 costs a few reads instead of a scan.
-async fn narrowed(
-    stream: &jetstream::stream::Stream,
-    filter: &Filter,
-) -> anyhow::Result<Option<Vec<String>>> {
+/// the filter names a task; `None` to read the filter by windows. The server answers from its
+/// subject index.
+async fn literal(stream: &jetstream::stream::Stream, filter: &Filter) -> anyhow::Result<Option<Vec<String>>> {
     use futures::TryStreamExt;
     if !filter.narrow {
         return Ok(None);
@@ -375,7 +390,7 @@ mod tests {
             .check(&names)
             .expect("valid");
         assert_eq!(filter.subjects, ["js.event.run.failed.billing.*"]);
-        assert!(!filter.narrow, "a namespace without a task is not narrowed");
+        assert!(!filter.narrow, "a namespace without a task is read by windows");
         assert_eq!(
             filter.from,
             DateTime::parse_from_rfc3339("2026-12-04T10:00:00Z").ok().map(|t| t.to_utc())
@@ -386,7 +401,9 @@ mod tests {
         assert!(any.subjects.iter().all(|s| s.ends_with(".*.nightly")), "{:?}", any.subjects);
         assert!(any.narrow, "a task without its namespace is narrowed to literal subjects");
         let both = query("", "billing", "nightly", "", "").check(&names).expect("valid");
-        assert!(!both.narrow, "already literal");
+        assert!(both.narrow, "a task is walked back by its literal subjects");
+        let namespace = query("", "billing", "", "", "").check(&names).expect("valid");
+        assert!(!namespace.narrow, "a namespace alone is read by windows");
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub fn differences(existing: &stream::Config, desired: &stream::Config) -> Vec<D
         let (have, want) = flag(|c| c.allow_batch_publish);
         check("allow_batched", have, want, true);
     }
+    // Direct gets, likewise: an upgrade turns them on, nothing turns them off.
+    if desired.allow_direct {
+        let (have, want) = flag(|c| c.allow_direct);
+        check("allow_direct", have, want, true);
+    }
     if !desired.duplicate_window.is_zero() {
         check("duplicate_window", debug(&existing.duplicate_window), debug(&desired.duplicate_window), true);
     }
@@ -132,6 +137,7 @@ pub(super) async fn ensure_stream(
     updated.allow_message_schedules |= desired.allow_message_schedules;
     updated.allow_rollup |= desired.allow_rollup;
     updated.allow_batch_publish |= desired.allow_batch_publish;
+    updated.allow_direct |= desired.allow_direct;
     if !desired.duplicate_window.is_zero() {
         updated.duplicate_window = desired.duplicate_window;
     }

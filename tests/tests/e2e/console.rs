@@ -320,8 +320,23 @@ async fn console_user_of_the_secured_config_reads_every_page_without_a_violation
 
     let tasks = http_request(addr, "GET", "/tasks", &[], "").await;
     assert!(tasks.status == 200 && tasks.body.contains("secured"), "{}", tasks.body);
+    // A run of the task, told as a worker tells it: the task's history walks back to it.
+    let worker = server.connect("worker").await.client;
+    let event = jetsched_shared::wire::Event {
+        execution_id: Some("secured-run-1".into()),
+        ..jetsched_shared::wire::Event::new(jetsched_shared::wire::EventKind::RunSucceeded, "ops", "secured")
+    };
+    let names = jetsched_shared::names::Names::default();
+    let subject = names.event_subject(event.kind.as_str(), "ops", "secured");
+    worker.publish(subject, serde_json::to_vec(&event).unwrap().into()).await.unwrap();
+    worker.flush().await.unwrap();
+    eventually(WAIT, "the task's run is in its history", || async {
+        http_request(addr, "GET", "/runs?task=secured", &[], "").await.body.contains("secured-run-1")
+    })
+    .await;
     let range = "/runs?from=2026-01-01T00:00&to=2099-01-01T00:00";
-    for path in ["/", "/tasks/ops/secured", "/runs", range, "/dlq", "/events", "/breakers", "/queues"] {
+    let task = "/runs?namespace=ops&task=secured&from=2026-01-01T00:00&to=2099-01-01T00:00";
+    for path in ["/", "/tasks/ops/secured", "/runs", range, task, "/dlq", "/events", "/breakers", "/queues"] {
         let page = http_request(addr, "GET", path, &[], "").await;
         assert_eq!(page.status, 200, "{path}: {}", page.body);
         assert!(!page.body.contains(r#"role="alert""#), "{path} reports a problem: {}", page.body);

@@ -111,6 +111,25 @@ fn listed(body: &str) -> (Vec<String>, Option<String>) {
     (executions, older)
 }
 
+/// Every execution the history lists from `path` on, following its links to older runs, and
+/// how many pages that took.
+async fn every_page(addr: std::net::SocketAddr, path: &str) -> (Vec<String>, usize) {
+    let (mut path, mut seen, mut pages) = (path.to_string(), Vec::new(), 0);
+    loop {
+        let reply = http_request(addr, "GET", &path, &[], "").await;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+        let (executions, older) = listed(&reply.body);
+        assert!(executions.len() <= 50, "{}", executions.len());
+        seen.extend(executions);
+        pages += 1;
+        match older {
+            Some(older) => path = older,
+            None => return (seen, pages),
+        }
+        assert!(pages < 10, "paging ends");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_in_a_browser_pages_run_history_back_past_one_hour_within_a_time_range() {
     let WithTopology { server, js, names, .. } = server_with_topology(Default::default()).await;
@@ -120,6 +139,11 @@ async fn console_in_a_browser_pages_run_history_back_past_one_hour_within_a_time
     let start = now - Span::hours(3);
     let mut events: Vec<Event> =
         (0..130).map(|n| run_event(&format!("old-{n:03}"), start + Span::minutes(n), n % 3 == 0)).collect();
+    // old-003 failed for good: its run.dead follows its run.failed, and it is listed once.
+    events.insert(
+        4,
+        Event { kind: EventKind::RunDead, ..run_event("old-003", start + Span::minutes(3), true) },
+    );
     events.extend((0..5).map(|n| run_event(&format!("new-{n}"), now, false)));
     // The same task id in another namespace, and another task: a task filter without its
     // namespace finds the first, not the second.
@@ -146,25 +170,14 @@ async fn console_in_a_browser_pages_run_history_back_past_one_hour_within_a_time
     // From 3 h 1 min to 1 h ago: the runs of that range, newest first, 50 a page.
     let format = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%S").to_string();
     let range = format!("from={}&to={}", format(start - Span::minutes(1)), format(now - Span::hours(1)));
-    let mut path = format!("/runs?namespace=hist&{range}");
-    let mut seen = Vec::new();
-    let mut pages = 0;
-    loop {
-        let reply = http_request(addr, "GET", &path, &[], "").await;
-        assert_eq!(reply.status, 200, "{path}: {}", reply.body);
-        let (executions, older) = listed(&reply.body);
-        assert!(executions.len() <= 50, "{}", executions.len());
-        seen.extend(executions);
-        pages += 1;
-        match older {
-            Some(older) => path = older,
-            None => break,
-        }
-        assert!(pages < 10, "paging ends");
-    }
     let expected: Vec<String> = (0..120).rev().map(|n| format!("old-{n:03}")).collect();
-    assert_eq!(seen, expected, "every run of the range once, newest first");
-    assert_eq!(pages, 3);
+    // Read by windows (a namespace), and walked back by the task's subjects (a task, with or
+    // without its namespace): the same runs, the same pages.
+    for filter in ["namespace=hist", "task=report", "namespace=hist&task=report"] {
+        let (seen, pages) = every_page(addr, &format!("/runs?{filter}&{range}")).await;
+        assert_eq!(seen, expected, "{filter}: every run of the range once, newest first");
+        assert_eq!(pages, 3, "{filter}");
+    }
 
     // The outcome filter keeps the failed ones.
     let failed = http_request(addr, "GET", &format!("/runs?outcome=failed&{range}"), &[], "").await;
