@@ -1,7 +1,8 @@
 //! The life of one delivery, as a straight line: the message read ([`Received`]: metadata,
 //! headers, the trace context parsed once); a body that does not decode, or names another run
 //! than its subject, dead-lettered and never run; the breaker's admission (a short-circuited
-//! run skipped or delayed: [`shortcut`]); the run record's say and the attempt ([`attempt`]),
+//! run skipped or delayed: [`shortcut`]); a slot of its concurrency key, or a wait for one
+//! ([`limit`]); the run record's say and the attempt ([`attempt`]),
 //! decided by the pure verdict ([`crate::verdict`]); and the one path from the ending to the
 //! record, the answer, the metrics and the event ([`ending`]).
 //!
@@ -9,6 +10,7 @@
 
 mod attempt;
 mod ending;
+mod limit;
 mod parts;
 mod shortcut;
 mod state;
@@ -99,8 +101,18 @@ impl Delivery<'_> {
             Some(gate) if gate.admission == Admission::ShortCircuit => self.short_circuit(&gate).await,
             gate => {
                 self.gate = gate;
-                let ending = self.run().await;
-                self.conclude(ending).await;
+                if self.take_slot().await {
+                    let parts = self.parts;
+                    let ending = match self.slot.clone() {
+                        Some(key) => {
+                            let (id, seq) = (&dispatch.execution_id, self.received.sequence);
+                            parts.limits.holding(&key, id, seq, self.run()).await
+                        }
+                        None => self.run().await,
+                    };
+                    self.conclude(ending).await;
+                    self.free_slot().await;
+                }
             }
         }
         self.flush_events().await;
