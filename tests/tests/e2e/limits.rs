@@ -23,6 +23,8 @@ use jetsched_worker::Outcome;
 use jetsched_worker::runs::RunStatus;
 use serde_json::json;
 
+use crate::cli::{jetsched, json_out};
+use crate::registry::{Served, served};
 use crate::worker_support::{config, wait_for_workers, worker_process};
 
 /// The lease the tests give slots.
@@ -261,4 +263,71 @@ async fn waiting_runs_start_by_priority_then_arrival_and_a_retry_waits_for_a_slo
     assert_eq!(held.status, RunStatus::Succeeded);
     let record = limit_record(&limits, &key).await;
     assert!(record.holders.is_empty() && record.waiters.is_empty(), "{record:?}");
+}
+
+/// `jetsched limits` lists a full key with its waiting runs; `limits set` raises its limit and
+/// the waiting runs start at once; `limits clear` gives the specs' limit back; a spec whose key
+/// names a label it does not have is refused at put, naming `concurrency.key`.
+#[tokio::test]
+async fn operators_see_a_key_and_override_its_limit_from_the_cli() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let url = server.url();
+    let names = Names::default();
+    let refused = api
+        .put(
+            &spec("ops", "bad")
+                .handler("slow")
+                .field("concurrency", json!({"key": "c-{labels.customer}", "limit": 1}))
+                .json(),
+        )
+        .await;
+    assert_eq!(refused["error"]["field"], "concurrency.key", "{refused}");
+
+    let (handlers, started) = noting(
+        "slow",
+        |run| run.execution_id.clone(),
+        |_| async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Outcome::ok()
+        },
+    );
+    let _worker = App::worker(config(&server, "o-1"), handlers).await;
+    let task = spec("ops", "report")
+        .handler("slow")
+        .field("concurrency", json!({"key": "reports", "limit": 1}))
+        .task();
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        ids.push(dispatch(&js, &names, &task, n).await);
+    }
+    let listed = eventually(Duration::from_secs(20), "one run holds the key, two wait", || async {
+        let reply = json_out(&jetsched(&url, &["limits", "--json"]).await);
+        let key = reply["limits"].as_array()?.first()?.clone();
+        (key["in_use"] == 1 && key["waiting"] == 2).then_some(key)
+    })
+    .await;
+    assert_eq!(
+        (listed["key"].as_str(), listed["limit"].as_u64()),
+        (Some("ops.reports"), Some(1)),
+        "{listed}"
+    );
+    assert!(listed["oldest_wait"].is_string(), "{listed}");
+    let table = String::from_utf8_lossy(&jetsched(&url, &["limits"]).await.stdout).into_owned();
+    assert!(table.starts_with("KEY") && table.contains("ops.reports"), "{table}");
+
+    let set = jetsched(&url, &["limits", "set", "ops.reports", "3"]).await;
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    assert_eq!(String::from_utf8_lossy(&set.stdout).trim(), "limit of ops.reports set to 3 (declared 1)");
+    // The two waiting runs start well before the first one ends.
+    eventually(Duration::from_secs(2), "the waiting runs start after the raise", || async {
+        (started.lock().unwrap().len() == 3).then_some(())
+    })
+    .await;
+    let cleared = json_out(&jetsched(&url, &["limits", "clear", "ops.reports", "--json"]).await);
+    assert_eq!((cleared["limit"].as_u64(), cleared.get("override")), (Some(1), None), "{cleared}");
+    let bad = jetsched(&url, &["limits", "set", "nokey", "0"]).await;
+    assert!(!bad.status.success());
+    for id in &ids {
+        wait_run_status(&js, &names, id, RunStatus::Succeeded, Duration::from_secs(20)).await;
+    }
 }
