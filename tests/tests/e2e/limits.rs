@@ -170,20 +170,21 @@ async fn three_workers_never_exceed_a_keys_limit_and_a_killed_holders_slot_frees
         freed_after > LEASE - Duration::from_millis(1500),
         "freed by its lease, not earlier: {freed_after:?}"
     );
-    let s = state.lock().unwrap();
-    println!(
-        "{} runs in {seconds} s, at most {} calls at once, up to {waited} runs waiting; \
+    {
+        let s = state.lock().unwrap();
+        println!(
+            "{} runs in {seconds} s, at most {} calls at once, up to {waited} runs waiting; \
          the killed worker's slot freed {freed_after:?} after the kill (lease {LEASE:?})",
-        ids.len(),
-        s.max
-    );
-    assert!(s.max <= 2, "{} calls at once under a limit of 2", s.max);
-    assert_eq!(s.max, 2, "the limit was reached");
-    assert!(waited > 0, "runs waited for a slot");
-    for id in &ids {
-        assert!(s.calls.get(id).is_some_and(|n| *n >= 1), "run {id} called the downstream");
+            ids.len(),
+            s.max
+        );
+        assert!(s.max <= 2, "{} calls at once under a limit of 2", s.max);
+        assert_eq!(s.max, 2, "the limit was reached");
+        assert!(waited > 0, "runs waited for a slot");
+        for id in &ids {
+            assert!(s.calls.get(id).is_some_and(|n| *n >= 1), "run {id} called the downstream");
+        }
     }
-    drop(s);
     let record = limit_record(&limits, &key).await;
     assert!(record.holders.is_empty() && record.waiters.is_empty(), "{record:?}");
     let mut saturated = 0;

@@ -3,6 +3,11 @@
 //! parked message (`<execution_id>:slot:<sequence>`), so a repeated hand-over is stored once.
 //! A waiting run whose parked message is gone (cancelled, or come back by itself) gives its
 //! reservation back at once.
+//!
+//! Why the worker publishes the run itself rather than have the server release the parked
+//! message (a schedule due now): measured with three workers under `limit: 2`, releases by the
+//! server's schedule took a quarter of a second each, and the same 451 runs took 65 s instead
+//! of 24 s.
 
 use anyhow::Context;
 use async_nats::HeaderMap;
