@@ -86,6 +86,7 @@ impl Delivery<'_> {
         // A run cancelled before it started never starts (a released held run included).
         if let Some(reason) = self.parts.cancels.reason(&dispatch.execution_id) {
             self.end_cancelled(&reason).await;
+            self.give_back_reservation().await;
             self.flush_events().await;
             return;
         }
@@ -93,12 +94,16 @@ impl Delivery<'_> {
             && self.parts.pauses.is_paused(&dispatch.namespace, &dispatch.task_id)
             && self.skip_paused().await
         {
+            self.give_back_reservation().await;
             self.flush_events().await;
             return;
         }
         let gate = self.parts.breakers.admit(self.dispatch).await;
         match gate {
-            Some(gate) if gate.admission == Admission::ShortCircuit => self.short_circuit(&gate).await,
+            Some(gate) if gate.admission == Admission::ShortCircuit => {
+                self.short_circuit(&gate).await;
+                self.give_back_reservation().await;
+            }
             gate => {
                 self.gate = gate;
                 if self.take_slot().await {

@@ -332,3 +332,46 @@ async fn operators_see_a_key_and_override_its_limit_from_the_cli() {
         wait_run_status(&js, &names, id, RunStatus::Succeeded, Duration::from_secs(20)).await;
     }
 }
+
+/// A run handed a slot whose task was paused meanwhile is skipped and gives the slot back at
+/// once: the next waiting run starts when the holder ends, not a lease later.
+#[tokio::test]
+async fn a_paused_tasks_waiting_run_is_skipped_and_its_slot_goes_to_the_next_at_once() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let names = Names::default();
+    let (handlers, started) = noting(
+        "hold",
+        |run| run.execution_id.clone(),
+        |_| async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Outcome::ok()
+        },
+    );
+    let _worker = App::worker(config(&server, "z-1"), handlers).await;
+    let shared = json!({"key": "shared", "limit": 1});
+    let holder = spec("pz", "holder").handler("hold").field("concurrency", shared.clone());
+    let paused = spec("pz", "paused").handler("hold").field("concurrency", shared);
+    api.store(&holder.json()).await;
+    api.store(&paused.json()).await;
+    let first = dispatch(&js, &names, &holder.task(), 0).await;
+    eventually(Duration::from_secs(20), "the holder runs", || async {
+        (!started.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    let waiting = dispatch(&js, &names, &paused.task(), 0).await;
+    let limits = js.get_key_value(names.limits_bucket()).await.expect("limits bucket");
+    let key = concurrency_key("pz", "shared");
+    eventually(Duration::from_secs(20), "the paused task's run waits", || async {
+        (limit_record(&limits, &key).await.waiters.len() == 1).then_some(())
+    })
+    .await;
+    let next = dispatch(&js, &names, &holder.task(), 1).await;
+    let reply = api.task("pause", json!({"namespace": "pz", "id": "paused"})).await;
+    assert_eq!(reply["task"]["paused"], json!(true), "{reply}");
+    let skipped = wait_run_status(&js, &names, &waiting, RunStatus::Skipped, Duration::from_secs(20)).await;
+    assert_eq!(skipped.reason.as_deref(), Some("paused"));
+    // The default lease is 30 s: the next run starts well within it.
+    wait_run_status(&js, &names, &first, RunStatus::Succeeded, Duration::from_secs(20)).await;
+    wait_run_status(&js, &names, &next, RunStatus::Succeeded, Duration::from_secs(10)).await;
+    assert_eq!(started.lock().unwrap().len(), 2, "the paused task's run never ran");
+}

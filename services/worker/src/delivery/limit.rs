@@ -135,6 +135,20 @@ impl Delivery<'_> {
         }
     }
 
+    /// A delivery that ends before asking for a slot (cancelled, its task paused, its breaker
+    /// open) gives back a slot handed over to it, so the next waiting run need not wait for the
+    /// reservation's lease. Costs nothing when the run holds none (the watched record says so).
+    pub(super) async fn give_back_reservation(&mut self) {
+        let dispatch = self.dispatch;
+        let Some(concurrency) = &dispatch.spec.concurrency else { return };
+        let Ok(key) = concurrency.expand(&dispatch.namespace, &dispatch.task_id, &dispatch.spec.labels)
+        else {
+            return;
+        };
+        self.slot = Some(concurrency_key(&dispatch.namespace, &key));
+        self.free_slot().await;
+    }
+
     /// Dead-letters a run whose concurrency key does not expand (a spec stored before its rule):
     /// never run, the problem as its reason.
     async fn refuse_key(&mut self, reason: String) {
