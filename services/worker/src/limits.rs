@@ -97,6 +97,8 @@ impl Limits {
         let now = Utc::now();
         self.metrics.limit_in_use.with_label_values(&[name]).set(record.in_use(now) as i64);
         self.metrics.limit_waiting.with_label_values(&[name]).set(record.waiters.len() as i64);
+        let oldest = record.oldest_wait().map_or(0, |at| at.timestamp());
+        self.metrics.limit_oldest_wait.with_label_values(&[name]).set(oldest);
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let stale = known.get(&entry.key).is_some_and(|k| k.revision > entry.revision);
         if !stale {

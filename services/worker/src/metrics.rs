@@ -52,6 +52,9 @@ pub(crate) struct Metrics {
     pub(crate) limit_in_use: prometheus::IntGaugeVec,
     /// `jetsched_limit_waiting{key}`: runs waiting for a slot of a concurrency key.
     pub(crate) limit_waiting: prometheus::IntGaugeVec,
+    /// `jetsched_limit_oldest_wait_timestamp_seconds{key}`: when the key's oldest waiting run
+    /// first waited (Unix seconds; 0 when none waits).
+    pub(crate) limit_oldest_wait: prometheus::IntGaugeVec,
 }
 
 impl Metrics {
@@ -138,6 +141,12 @@ impl Metrics {
                 r,
                 "jetsched_limit_waiting",
                 "Runs waiting for a slot of a concurrency key",
+                &["key"],
+            )?,
+            limit_oldest_wait: gauge_vec(
+                r,
+                "jetsched_limit_oldest_wait_timestamp_seconds",
+                "When the oldest run waiting for a slot of a concurrency key first waited (0: none waits)",
                 &["key"],
             )?,
             short_circuited: counter_vec(
