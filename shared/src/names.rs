@@ -11,6 +11,7 @@ mod api;
 mod breaker_keys;
 mod cancels;
 mod held;
+mod limits;
 mod msg_ids;
 mod reserved;
 
@@ -18,6 +19,7 @@ mod reserved;
 use breaker_keys::is_name_token;
 pub use breaker_keys::{BreakerKey, breaker_named_key, breaker_shared_key, breaker_task_key};
 pub use cancels::{CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT};
+pub use limits::{CONCURRENCY_LIMIT, concurrency_key, limit_name};
 pub use msg_ids::{
     dead_letter_msg_id, dispatch_msg_id, event_msg_id, manual_msg_id, pause_request_msg_id, replay_msg_id,
 };

@@ -7,8 +7,10 @@
 //! adds the checks that need the registration time.
 
 mod breaker;
+mod concurrency;
 mod executor;
 mod fast;
+pub mod limit_key;
 mod read;
 mod retry;
 mod schema;
@@ -24,6 +26,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 
 pub use self::breaker::{BreakerSpec, OnOpen};
+pub use self::concurrency::ConcurrencySpec;
 pub use self::executor::{Executor, confined_subject};
 pub use self::read::validate_id;
 use self::read::{
@@ -88,6 +91,8 @@ pub struct TaskSpec {
     /// Pause the task after this many consecutive runs ended `failed` or `dead` (at least 1).
     #[schemars(range(min = 1))]
     pub pause_after_failures: Option<u32>,
+    /// At most `limit` runs under the expanded `key` at once, across every worker.
+    pub concurrency: Option<ConcurrencySpec>,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
     #[schemars(
         default = "schema::empty_map",
@@ -264,6 +269,9 @@ impl TaskSpec {
         }
         if let Some(n) = self.pause_after_failures {
             v["pause_after_failures"] = json!(n);
+        }
+        if let Some(concurrency) = &self.concurrency {
+            v["concurrency"] = concurrency.to_json();
         }
         v
     }

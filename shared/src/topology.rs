@@ -122,6 +122,8 @@ pub struct Topology {
     pub queues: kv::Store,
     /// Cancel markers written by the registry, followed by every worker.
     pub cancels: kv::Store,
+    /// Concurrency limits: slots held with leases and runs waiting, shared by every worker.
+    pub limits: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -205,6 +207,12 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         // A marker lives as long as a run record: a run queued or held longer than that is
         // gone from the runs bucket too.
         base(names.cancels_bucket(), "jetsched cancel markers (runs cancelled on request)", 1, args.runs_ttl),
+        base(
+            names.limits_bucket(),
+            "jetsched concurrency limits (slots, leases, waiting runs)",
+            1,
+            Duration::ZERO,
+        ),
     ]
 }
 
@@ -351,7 +359,7 @@ async fn ensure_once(
         stores.push(ensure_bucket(js, config, &mut changes).await?);
     }
     let mut stores = stores.into_iter();
-    let mut next = || stores.next().expect("seven buckets");
+    let mut next = || stores.next().expect("eight buckets");
     Ok(Topology {
         tasks: next(),
         leader: next(),
@@ -360,6 +368,7 @@ async fn ensure_once(
         breakers: next(),
         queues: next(),
         cancels: next(),
+        limits: next(),
         changes,
     })
 }

@@ -86,6 +86,7 @@ mod dead_letter;
 mod dispatch;
 mod dlq_api;
 mod event;
+mod limit;
 mod pause;
 mod queue;
 mod run;
@@ -108,6 +109,7 @@ pub use dispatch::{
 };
 pub use dlq_api::DlqRequest;
 pub use event::{Event, EventKind};
+pub use limit::{Holder, LimitInfo, LimitListReply, LimitRecord, LimitRequest, Waiter};
 pub use pause::PauseRequest;
 pub use queue::{LaneInfo, QueueInfo, QueueListReply, QueueReply, QueueRequest, QueueState};
 pub use run::{AttemptOutcome, AttemptRecord, MAX_KEPT_ATTEMPTS, RunRecord, RunStatus};

@@ -150,6 +150,15 @@ impl Api {
         self.call(endpoint, self.client.names().queue_api_subject(endpoint), request).await
     }
 
+    /// A limits endpoint (`list`, `set`, `clear`).
+    pub(crate) async fn limits<R: Serialize, T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        request: &R,
+    ) -> Result<T, Failure> {
+        self.call(endpoint, self.client.names().limits_api_subject(endpoint), request).await
+    }
+
     /// `endpoint` on `subject` with a typed request, its reply decoded as `T`.
     async fn call<R: Serialize, T: DeserializeOwned>(
         &self,

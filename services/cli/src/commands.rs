@@ -17,6 +17,7 @@ use crate::api::{Api, Failure, task_ref};
 use crate::breakers::BreakerCommand;
 use crate::dlq::DlqCommand;
 use crate::files::read_specs;
+use crate::limits::LimitCommand;
 use crate::output::{self, outln};
 use crate::queues::QueueCommand;
 use crate::tasks::{Filters, StateFilter, Stored};
@@ -154,6 +155,12 @@ enum Command {
     Queue(QueueCommand),
     /// Cancel a run (queued, held or running), or a task's runs not started yet (--task).
     Cancel(crate::cancel::CancelArgs),
+    /// Concurrency limits: every key with its limit, slots in use and runs waiting; `set` or
+    /// `clear` an operator's override of a key's limit.
+    Limits {
+        #[command(subcommand)]
+        command: Option<LimitCommand>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -215,6 +222,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Breaker(command) => crate::breakers::run(&api, command, json_out).await,
         Command::Queues => crate::queues::list(&api, json_out).await,
         Command::Queue(command) => crate::queues::run(&api, command, json_out).await,
+        Command::Limits { command } => crate::limits::run(&api, command, json_out).await,
         Command::Cancel(args) => crate::cancel::run(&api, args, json_out).await,
     };
     let _ = client.flush().await;

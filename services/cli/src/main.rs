@@ -9,6 +9,7 @@ mod commands;
 mod dlq;
 mod files;
 mod inspect;
+mod limits;
 mod output;
 mod queues;
 mod runs;

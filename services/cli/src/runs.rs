@@ -146,10 +146,12 @@ impl RunView {
                 self.ended = true;
                 "dead-lettered".into()
             }
-            EventKind::RunHeld => {
-                let until = event.release_at.map(|t| t.format("%H:%M:%S").to_string());
-                format!("held until {}", until.as_deref().unwrap_or("?"))
-            }
+            EventKind::RunHeld => match (event.release_at, &event.key) {
+                (Some(until), _) => format!("held until {}", until.format("%H:%M:%S")),
+                // Waiting for a concurrency slot: no release time, the key it waits on.
+                (None, Some(key)) => format!("waiting for a slot of {key}"),
+                (None, None) => "held until ?".into(),
+            },
             _ => return,
         };
     }

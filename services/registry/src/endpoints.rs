@@ -14,6 +14,7 @@ use jetsched_shared::names::{CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT, Names};
 use crate::breakers::{BreakerApi, BreakerEndpoint};
 use crate::cancel::{CancelApi, CancelEndpoint};
 use crate::codec::{self, Limits, TaskEndpoint};
+use crate::concurrency::{ConcurrencyApi, LimitEndpoint};
 use crate::dlq::{DlqApi, DlqEndpoint};
 use crate::history::EventHistory;
 use crate::metrics::Metrics;
@@ -33,6 +34,8 @@ pub(crate) enum Endpoint {
     Breaker(BreakerEndpoint),
     /// A queue endpoint, served by [`crate::queues`].
     Queue(QueueEndpoint),
+    /// A limits endpoint, served by [`crate::concurrency`].
+    Limit(LimitEndpoint),
     /// Reading a run record, served by [`crate::runs`].
     RunsGet,
     /// Cancelling runs, served by [`crate::cancel`].
@@ -54,6 +57,8 @@ pub(crate) enum Group {
     Breaker,
     /// `<prefix>.api.queue`.
     Queue,
+    /// `<prefix>.api.limits`.
+    Limits,
     /// `<prefix>.api.runs`.
     Runs,
     /// `<prefix>.api.events`.
@@ -69,6 +74,7 @@ impl Group {
             Group::Dlq => names.dlq_api_group(),
             Group::Breaker => names.breaker_api_group(),
             Group::Queue => names.queue_api_group(),
+            Group::Limits => names.limits_api_group(),
             Group::Runs => names.runs_api_group(),
             Group::Events => names.events_api_group(),
             Group::Api => names.api_wildcard(),
@@ -118,8 +124,8 @@ pub(crate) struct Route {
 
 /// Every endpoint of the registry, in registration order.
 #[rustfmt::skip]
-pub(crate) static ROUTES: [Route; 23] = {
-    use {BreakerEndpoint as B, CancelEndpoint as C, DlqEndpoint as D, Endpoint as E, Group as G, QueueEndpoint as Q, Reach as R, TaskEndpoint as T};
+pub(crate) static ROUTES: [Route; 26] = {
+    use {BreakerEndpoint as B, CancelEndpoint as C, DlqEndpoint as D, Endpoint as E, Group as G, LimitEndpoint as L, QueueEndpoint as Q, Reach as R, TaskEndpoint as T};
     const fn row(group: Group, subject: &'static str, name: &'static str, endpoint: Endpoint, reach: Reach, tracing: Tracing) -> Route {
         Route { group, subject, name, endpoint, reach, tracing }
     }
@@ -143,6 +149,9 @@ pub(crate) static ROUTES: [Route; 23] = {
         row(G::Queue,   "list",    "queue-list",     E::Queue(Q::List),    R::Admin,      Tracing::None),
         row(G::Queue,   "pause",   "queue-pause",    E::Queue(Q::Pause),   R::Admin,      Tracing::None),
         row(G::Queue,   "resume",  "queue-resume",   E::Queue(Q::Resume),  R::Admin,      Tracing::None),
+        row(G::Limits,  "list",    "limits-list",    E::Limit(L::List),    R::Admin,      Tracing::None),
+        row(G::Limits,  "set",     "limits-set",     E::Limit(L::Set),     R::Admin,      Tracing::None),
+        row(G::Limits,  "clear",   "limits-clear",   E::Limit(L::Clear),   R::Admin,      Tracing::None),
         row(G::Runs,    "get",     "runs-get",       E::RunsGet,           R::Namespaced, Tracing::None),
         row(G::Runs,    CANCEL_ENDPOINT, "runs-cancel", E::Cancel(C::Run), R::Namespaced, Tracing::Span("cancel")),
         row(G::Runs,    CANCEL_TASK_ENDPOINT, "runs-cancel-task", E::Cancel(C::Task), R::Namespaced, Tracing::Span("cancel task")),
@@ -244,6 +253,7 @@ pub(crate) struct Handlers {
     pub(crate) dlq: DlqApi,
     pub(crate) breakers: BreakerApi,
     pub(crate) queues: QueueApi,
+    pub(crate) concurrency: ConcurrencyApi,
     pub(crate) runs: async_nats::jetstream::kv::Store,
     pub(crate) cancels: CancelApi,
     pub(crate) history: EventHistory,
@@ -252,7 +262,7 @@ pub(crate) struct Handlers {
 
 /// Answers one request with its handler's reply or its error reply, counted and timed.
 pub(crate) async fn serve(handlers: Arc<Handlers>, metrics: &Metrics, (route, namespaced, request): Routed) {
-    let Handlers { store, dlq, breakers, queues, runs, cancels, history, limits } = &*handlers;
+    let Handlers { store, dlq, breakers, queues, concurrency, runs, cancels, history, limits } = &*handlers;
     let started = Instant::now();
     let message = &request.message;
     let scope = namespaced.then(|| message.subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
@@ -266,6 +276,7 @@ pub(crate) async fn serve(handlers: Arc<Handlers>, metrics: &Metrics, (route, na
             Endpoint::Dlq(endpoint) => Box::pin(dlq.handle(endpoint, scope, payload)).await,
             Endpoint::Breaker(endpoint) => Box::pin(breakers.handle(endpoint, payload)).await,
             Endpoint::Queue(endpoint) => Box::pin(queues.handle(endpoint, payload)).await,
+            Endpoint::Limit(endpoint) => Box::pin(concurrency.handle(endpoint, payload)).await,
             Endpoint::RunsGet => Box::pin(runs::get(runs, scope.unwrap_or_default(), payload)).await,
             Endpoint::Cancel(endpoint) => {
                 Box::pin(cancels.handle(endpoint, scope.unwrap_or_default(), payload)).await

@@ -13,6 +13,7 @@ mod breaker_users;
 pub mod breakers;
 mod cancel;
 pub mod codec;
+pub mod concurrency;
 mod config;
 pub mod dlq;
 mod endpoints;

@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::breakers::BreakerApi;
 use crate::cancel::CancelApi;
 use crate::codec::Limits;
+use crate::concurrency::ConcurrencyApi;
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
 use crate::dlq::DlqApi;
 use crate::endpoints::{self, Handlers, Requests, Routed};
@@ -95,7 +96,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
 
     let service = client
         .service_builder()
-        .description("jetsched task registry: tasks, dead letters, breakers and queues")
+        .description("jetsched task registry: tasks, dead letters, breakers, queues and limits")
         .metadata([("instance".to_string(), instance.clone())].into())
         .start(names.service_name(), env!("CARGO_PKG_VERSION"))
         .await
@@ -121,6 +122,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             dlq: DlqApi::new(js.clone(), names.clone()),
             breakers,
             queues,
+            concurrency: ConcurrencyApi::new(js.clone(), topology.limits.clone()),
             runs: topology.runs,
             cancels,
             history: EventHistory::new(js.clone(), names.clone()),

@@ -139,6 +139,10 @@ pub struct Config {
     /// and its `run.started` event are written.
     #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_RUNNING_AFTER", default_value = "1s", value_parser = parse_duration)]
     pub running_after: Duration,
+    /// How long a run holds a concurrency slot without renewing it (renewed every third of it
+    /// while the run lasts): a slot held by a worker that died is free again within this.
+    #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_LIMIT_LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub limit_lease: Duration,
     /// When the dead-letter stream refuses an entry (full), the run is retried after this delay.
     #[arg(help_heading = "Worker", long, env = "JETSCHED_WORKER_DLQ_RETRY_DELAY", default_value = "30s", value_parser = parse_duration)]
     pub dlq_retry_delay: Duration,
@@ -236,6 +240,7 @@ impl Config {
             run_events: RunEvents::All,
             run_records: RunRecords::Deferred,
             running_after: Duration::from_secs(1),
+            limit_lease: Duration::from_secs(30),
             dlq_retry_delay: Duration::from_secs(30),
             shared_breakers: Vec::new(),
             priority_policy: PolicyKind::Weighted,
@@ -294,6 +299,7 @@ impl Config {
         problems.at_least_duration("pull-expires", self.pull_expires, Duration::from_millis(100));
         problems.positive("dlq-retry-delay", self.dlq_retry_delay);
         problems.positive("running-after", self.running_after);
+        problems.at_least_duration("limit-lease", self.limit_lease, Duration::from_secs(1));
         check_names(&mut problems, "shared-breakers", &self.shared_breakers);
         if let Some(weights) =
             per_priority(&mut problems, "priority-weights", DEFAULT_WEIGHTS, &self.priority_weights)

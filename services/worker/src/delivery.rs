@@ -1,7 +1,8 @@
 //! The life of one delivery, as a straight line: the message read ([`Received`]: metadata,
 //! headers, the trace context parsed once); a body that does not decode, or names another run
 //! than its subject, dead-lettered and never run; the breaker's admission (a short-circuited
-//! run skipped or delayed: [`shortcut`]); the run record's say and the attempt ([`attempt`]),
+//! run skipped or delayed: [`shortcut`]); a slot of its concurrency key, or a wait for one
+//! ([`limit`]); the run record's say and the attempt ([`attempt`]),
 //! decided by the pure verdict ([`crate::verdict`]); and the one path from the ending to the
 //! record, the answer, the metrics and the event ([`ending`]).
 //!
@@ -9,6 +10,7 @@
 
 mod attempt;
 mod ending;
+mod limit;
 mod parts;
 mod shortcut;
 mod state;
@@ -84,6 +86,7 @@ impl Delivery<'_> {
         // A run cancelled before it started never starts (a released held run included).
         if let Some(reason) = self.parts.cancels.reason(&dispatch.execution_id) {
             self.end_cancelled(&reason).await;
+            self.give_back_reservation().await;
             self.flush_events().await;
             return;
         }
@@ -91,16 +94,30 @@ impl Delivery<'_> {
             && self.parts.pauses.is_paused(&dispatch.namespace, &dispatch.task_id)
             && self.skip_paused().await
         {
+            self.give_back_reservation().await;
             self.flush_events().await;
             return;
         }
         let gate = self.parts.breakers.admit(self.dispatch).await;
         match gate {
-            Some(gate) if gate.admission == Admission::ShortCircuit => self.short_circuit(&gate).await,
+            Some(gate) if gate.admission == Admission::ShortCircuit => {
+                self.short_circuit(&gate).await;
+                self.give_back_reservation().await;
+            }
             gate => {
                 self.gate = gate;
-                let ending = self.run().await;
-                self.conclude(ending).await;
+                if self.take_slot().await {
+                    let parts = self.parts;
+                    let ending = match self.slot.clone() {
+                        Some(key) => {
+                            let (id, seq) = (&dispatch.execution_id, self.received.sequence);
+                            parts.limits.holding(&key, id, seq, self.run()).await
+                        }
+                        None => self.run().await,
+                    };
+                    self.conclude(ending).await;
+                    self.free_slot().await;
+                }
             }
         }
         self.flush_events().await;

@@ -23,6 +23,7 @@ mod delivery;
 pub mod dlq;
 mod executor;
 mod lanes;
+mod limits;
 mod message;
 mod metrics;
 mod pauses;

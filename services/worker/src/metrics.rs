@@ -47,6 +47,14 @@ pub(crate) struct Metrics {
     /// `jetsched_worker_runs_short_circuited_total{key, action}`: deliveries an open breaker
     /// did not let through, `delay`ed or `skip`ped.
     pub(crate) short_circuited: IntCounterVec,
+    /// `jetsched_limit_in_use{key}`: slots of a concurrency key held (`<namespace>.<key>`), as
+    /// this worker last saw the limits bucket.
+    pub(crate) limit_in_use: prometheus::IntGaugeVec,
+    /// `jetsched_limit_waiting{key}`: runs waiting for a slot of a concurrency key.
+    pub(crate) limit_waiting: prometheus::IntGaugeVec,
+    /// `jetsched_limit_oldest_wait_timestamp_seconds{key}`: when the key's oldest waiting run
+    /// first waited (Unix seconds; 0 when none waits).
+    pub(crate) limit_oldest_wait: prometheus::IntGaugeVec,
 }
 
 impl Metrics {
@@ -121,6 +129,24 @@ impl Metrics {
                 r,
                 "jetsched_worker_breaker_state",
                 "Circuit breaker state: 0 closed, 1 half open, 2 open",
+                &["key"],
+            )?,
+            limit_in_use: gauge_vec(
+                r,
+                "jetsched_limit_in_use",
+                "Slots of a concurrency key held, as this worker last saw them",
+                &["key"],
+            )?,
+            limit_waiting: gauge_vec(
+                r,
+                "jetsched_limit_waiting",
+                "Runs waiting for a slot of a concurrency key",
+                &["key"],
+            )?,
+            limit_oldest_wait: gauge_vec(
+                r,
+                "jetsched_limit_oldest_wait_timestamp_seconds",
+                "When the oldest run waiting for a slot of a concurrency key first waited (0: none waits)",
                 &["key"],
             )?,
             short_circuited: counter_vec(

@@ -30,6 +30,7 @@ use crate::executor::nats::{self, NatsExecutor};
 use crate::executor::{Executors, Handlers, http::HttpExecutor, shell::ShellExecutor};
 use crate::lanes::policy::{Policy, Reserve};
 use crate::lanes::{LanePulls, run_lanes};
+use crate::limits::Limits;
 use crate::message::Answers;
 use crate::metrics::Metrics;
 use crate::pauses::Pauses;
@@ -60,6 +61,7 @@ struct Follows {
     queues: Watch,
     pauses: Watch,
     cancels: Watch,
+    limits: Watch,
 }
 
 /// How the lanes of every queue pull and share the permits.
@@ -193,6 +195,18 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
     let cancels =
         Arc::new(Cancels::new(topology.cancels, metrics.errors.with_label_values(&["cancel_watch"])));
     let cancels_watch = cancels.load().await?;
+    let dispatch_stream = names.dispatch_stream();
+    let dispatch =
+        js.get_stream(&dispatch_stream).await.with_context(|| format!("look up stream {dispatch_stream}"))?;
+    let limits = Arc::new(Limits::new(
+        topology.limits,
+        dispatch,
+        js.clone(),
+        instance.clone(),
+        config.limit_lease,
+        metrics.clone(),
+    ));
+    let limits_watch = limits.load().await?;
     let answers = Answers::new(config.progress_interval(), metrics.errors.with_label_values(&["ack"]));
     let parts = Arc::new(Parts {
         worker: instance.clone(),
@@ -205,6 +219,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         breakers,
         pauses,
         cancels,
+        limits,
         executors,
         dlq,
         events,
@@ -232,6 +247,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         queues: queues_watch,
         pauses: pauses_watch,
         cancels: cancels_watch,
+        limits: limits_watch,
     };
     Ok(Worker { client, presence, parts, follows, queues, advisories, mover, admin, pulling, grace })
 }
@@ -260,6 +276,7 @@ impl Worker {
             queues: queues_watch,
             pauses: pauses_watch,
             cancels: cancels_watch,
+            limits: limits_watch,
         } = follows;
         background.spawn(parts.breakers.clone().follow(breakers_watch, breakers_stop.clone()));
         background.spawn(parts.breakers.clone().merge_loop(breakers_stop.clone()));
@@ -267,6 +284,8 @@ impl Worker {
         background.spawn(queue_states.clone().follow(queues_watch, shutdown.clone()));
         background.spawn(parts.pauses.clone().follow(pauses_watch, breakers_stop.clone()));
         background.spawn(parts.cancels.clone().follow(cancels_watch, breakers_stop.clone()));
+        background.spawn(parts.limits.clone().follow(limits_watch, breakers_stop.clone()));
+        background.spawn(parts.limits.clone().deadlines(breakers_stop.clone()));
 
         let runs = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(concurrency));

@@ -21,9 +21,9 @@ use serde_json::Value;
 
 use super::executor::{check_header, parse_method, validate_handler_name, validate_subject, validate_url};
 use super::{
-    BreakerSpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, MAX_LABELS, MAX_TIMEOUT, MISFIRE,
-    OVERLAP, PRIORITY, RetryPolicy, TaskSpec, check_label, check_pause_after_failures, check_paused_reason,
-    lookup, read_jitter, validate_id, validate_name,
+    BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, MAX_LABELS, MAX_TIMEOUT,
+    MISFIRE, OVERLAP, PRIORITY, RetryPolicy, TaskSpec, check_label, check_pause_after_failures,
+    check_paused_reason, lookup, read_jitter, validate_id, validate_name,
 };
 use crate::field::{Problems, parse_duration, parse_instant};
 use crate::schedule::{CronSchedule, Schedule, check_interval};
@@ -61,6 +61,7 @@ struct Doc<'a> {
     paused_reason: Option<Cow<'a, str>>,
     breaker: Option<Value>,
     pause_after_failures: Option<u32>,
+    concurrency: Option<Value>,
     labels: Option<BTreeMap<String, String>>,
 }
 
@@ -280,6 +281,13 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
     if !labels.iter().all(|(key, value)| check_label("labels", key, value).is_ok()) {
         return None;
     }
+    let concurrency = match &doc.concurrency {
+        Some(c) => Some(Problems::collect(|problems| ConcurrencySpec::read(c, problems)).ok()?),
+        None => None,
+    };
+    if let Some(concurrency) = &concurrency {
+        concurrency.check_labels(&namespace, &id, &labels).ok()?;
+    }
     Some(TaskSpec {
         version,
         id: id.into_owned(),
@@ -298,6 +306,7 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         paused_reason: doc.paused_reason.map(Cow::into_owned),
         breaker,
         pause_after_failures: doc.pause_after_failures,
+        concurrency,
         labels,
     })
 }

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::{
-    BreakerSpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, Jitter, MAX_LABELS, MAX_PAUSED_REASON,
-    MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RetryPolicy, TaskSpec, fast,
+    BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, Jitter, MAX_LABELS,
+    MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RetryPolicy, TaskSpec, fast,
 };
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{Obj, Problems, err};
@@ -31,6 +31,7 @@ const FIELDS: &[&str] = &[
     "paused_reason",
     "breaker",
     "pause_after_failures",
+    "concurrency",
     "labels",
 ];
 
@@ -251,7 +252,12 @@ impl TaskSpec {
             Some(n) => check_pause_after_failures(n).map(|()| Some(n)),
             None => Ok(None),
         }));
+        // Outer `Some`: given; inner `None`: refused.
+        let concurrency = obj.get("concurrency").map(|c| ConcurrencySpec::read(c, problems));
         let labels = read_labels(&obj, problems);
+        if let (Some(Some(concurrency)), Some(id), Some(labels)) = (&concurrency, id, &labels) {
+            problems.take(concurrency.check_labels(namespace, id, labels));
+        }
         if !problems.is_empty() {
             return None;
         }
@@ -280,6 +286,10 @@ impl TaskSpec {
                 None => None,
             },
             pause_after_failures: pause_after_failures?,
+            concurrency: match concurrency {
+                Some(concurrency) => Some(concurrency?),
+                None => None,
+            },
             labels: labels?,
         })
     }

@@ -531,6 +531,46 @@ fn invalid_specs_report_code_and_field() {
             Some("labels.team"),
         ),
         ("65 labels", patched(json!({"labels": many_labels})), InvalidValue, Some("labels")),
+        // concurrency limits
+        ("concurrency is a number", patched(json!({"concurrency": 2})), InvalidType, Some("concurrency")),
+        (
+            "concurrency without a limit",
+            patched(json!({"concurrency": {"key": "pay"}})),
+            MissingField,
+            Some("concurrency.limit"),
+        ),
+        (
+            "concurrency limit 0",
+            patched(json!({"concurrency": {"key": "pay", "limit": 0}})),
+            InvalidValue,
+            Some("concurrency.limit"),
+        ),
+        (
+            "concurrency key with an unknown placeholder",
+            patched(json!({"concurrency": {"key": "c-{customer}", "limit": 1}})),
+            InvalidValue,
+            Some("concurrency.key"),
+        ),
+        (
+            "concurrency key naming a label the task lacks",
+            patched(json!({"concurrency": {"key": "c-{labels.customer}", "limit": 1}})),
+            InvalidValue,
+            Some("concurrency.key"),
+        ),
+        (
+            "concurrency key expanding to a bad key",
+            patched(
+                json!({"concurrency": {"key": "c-{labels.team}", "limit": 1}, "labels": {"team": "a b"}}),
+            ),
+            InvalidValue,
+            Some("concurrency.key"),
+        ),
+        (
+            "unknown concurrency field",
+            patched(json!({"concurrency": {"key": "pay", "limit": 1, "lease": "5s"}})),
+            UnknownField,
+            Some("concurrency.lease"),
+        ),
         // breaker, auto-pause and the pause reason
         ("breaker is a string", patched(json!({"breaker": "on"})), InvalidType, Some("breaker")),
         (
@@ -852,6 +892,12 @@ fn valid_specs() -> Vec<Value> {
         json!({
             "id": "b2", "schedule": {"every": "10s"}, "executor": {"kind": "nats", "subject": "x"},
             "breaker": {"open_for": "20m"}
+        }),
+        json!({
+            "id": "c", "namespace": "shop", "schedule": {"every": "1s"},
+            "executor": {"kind": "nats", "subject": "x"},
+            "concurrency": {"key": "customer-{labels.customer}_{namespace}-{id}", "limit": 5},
+            "labels": {"customer": "acme"}
         }),
     ]
 }
@@ -1412,4 +1458,16 @@ fn priority_defaults_to_normal_and_is_validated() {
         TaskSpec::parse(format!(r#"{base}, "priority": "urgent", "queue": "a.b"}}"#).as_bytes()).unwrap_err();
     let fields: Vec<_> = errors.as_slice().iter().map(|e| e.field.clone().unwrap_or_default()).collect();
     assert_eq!(fields, ["queue", "priority"], "{errors:?}");
+}
+
+#[test]
+fn a_concurrency_key_is_expanded_from_the_specs_own_values() {
+    let spec = TaskSpec::parse(&patched(
+        json!({"concurrency": {"key": "pay-{labels.team}", "limit": 2}, "labels": {"team": "billing"}}),
+    ))
+    .unwrap();
+    let concurrency = spec.concurrency.clone().unwrap();
+    assert_eq!(concurrency.limit, 2);
+    assert_eq!(concurrency.expand(&spec.namespace, &spec.id, &spec.labels).unwrap(), "pay-billing");
+    assert_eq!(spec.to_json()["concurrency"], json!({"key": "pay-{labels.team}", "limit": 2}));
 }

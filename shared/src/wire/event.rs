@@ -63,6 +63,10 @@ pub enum EventKind {
     QueuePaused,
     #[serde(rename = "queue.resumed")]
     QueueResumed,
+    /// A concurrency key reached its limit with runs waiting (`key`; the run that found it
+    /// full names the task); told once per saturation.
+    #[serde(rename = "limit.saturated")]
+    LimitSaturated,
     /// A scheduler replica's clock is off the server's by more than `--max-clock-skew`.
     #[serde(rename = "scheduler.clock_skew")]
     SchedulerClockSkew,
@@ -96,6 +100,7 @@ impl EventKind {
             EventKind::LeaderLost => "leader.lost",
             EventKind::QueuePaused => "queue.paused",
             EventKind::QueueResumed => "queue.resumed",
+            EventKind::LimitSaturated => "limit.saturated",
             EventKind::SchedulerClockSkew => "scheduler.clock_skew",
         }
     }

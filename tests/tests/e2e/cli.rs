@@ -27,7 +27,7 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-fn json_out(output: &Output) -> Value {
+pub(crate) fn json_out(output: &Output) -> Value {
     assert!(output.status.success(), "exit {:?}: {}", output.status, stderr(output));
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("JSON output ({e}): {}", stdout(output)))
 }

@@ -10,7 +10,7 @@ use super::{layout, task_href, when};
 use crate::trace::TraceLinks;
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 25] = [
+pub(crate) const KINDS: [EventKind; 26] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -35,6 +35,7 @@ pub(crate) const KINDS: [EventKind; 25] = [
     EventKind::LeaderLost,
     EventKind::QueuePaused,
     EventKind::QueueResumed,
+    EventKind::LimitSaturated,
     EventKind::SchedulerClockSkew,
 ];
 
@@ -219,7 +220,8 @@ mod tests {
                 LeaderLost => 21,
                 QueuePaused => 22,
                 QueueResumed => 23,
-                SchedulerClockSkew => 24,
+                LimitSaturated => 24,
+                SchedulerClockSkew => 25,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

@@ -14,6 +14,7 @@ use crate::cancels::Cancels;
 use crate::config::RunEvents;
 use crate::dlq::DeadLetters;
 use crate::executor::Executors;
+use crate::limits::Limits;
 use crate::message::Answers;
 use crate::metrics::Metrics;
 use crate::pauses::Pauses;
@@ -37,6 +38,8 @@ pub(crate) struct Parts {
     pub(crate) pauses: Arc<Pauses>,
     /// The runs cancelled on request, and the attempts running here (fired on a cancel).
     pub(crate) cancels: Arc<Cancels>,
+    /// Concurrency limits: slots taken, waited for, freed and handed over.
+    pub(crate) limits: Arc<Limits>,
     pub(crate) executors: Executors,
     pub(crate) dlq: DeadLetters,
     pub(crate) events: EventPublisher,

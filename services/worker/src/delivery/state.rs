@@ -31,6 +31,8 @@ pub(crate) struct Delivery<'a> {
     pub(super) elapsed: Option<Duration>,
     /// The breaker's admission of this delivery, if the task has a breaker.
     pub(super) gate: Option<Gate>,
+    /// The concurrency slot this delivery holds (its key in the limits bucket).
+    pub(super) slot: Option<String>,
     /// The run events told so far, their acknowledgements awaited at the end.
     events: EventBatch<'a>,
 }
@@ -51,6 +53,7 @@ impl<'a> Delivery<'a> {
             stored: None,
             elapsed: None,
             gate: None,
+            slot: None,
             events: parts.events.batch(),
         }
     }

@@ -43,6 +43,7 @@ fn every_kind() -> Vec<EventKind> {
         LeaderLost,
         QueuePaused,
         QueueResumed,
+        LimitSaturated,
         SchedulerClockSkew,
     ];
     for kind in all {
@@ -51,7 +52,7 @@ fn every_kind() -> Vec<EventKind> {
             | FireDispatched | FireSkipped | FireMissed | RunStarted | RunSucceeded | RunFailed
             | RunRetrying | RunDead | RunSkipped | RunHeld | RunCancelled | BreakerOpened
             | BreakerHalfOpened | BreakerClosed | LeaderAcquired | LeaderLost | QueuePaused
-            | QueueResumed | SchedulerClockSkew => {}
+            | QueueResumed | LimitSaturated | SchedulerClockSkew => {}
         }
     }
     all.to_vec()

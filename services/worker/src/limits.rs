@@ -1,0 +1,311 @@
+//! Concurrency limits shared by every worker through `JETSCHED_LIMITS` (docs/limits.md).
+//!
+//! One entry per key (`concurrency.<namespace>.<key>`) holds the runs holding its slots, each
+//! under a lease, the runs waiting in arrival order, and an operator's override. Every change
+//! is a compare-and-set of the entry ([`Limits::modify`]), decided by the pure [`rules`].
+//!
+//! A run that finds no slot is parked ([`park`]): published again as a message the server
+//! holds in the dispatch stream, and its delivery acknowledged, so it holds no worker permit,
+//! no place in `max_ack_pending` and spends no attempt. A run that frees a slot hands it over
+//! in the same write: the slot is reserved for the most urgent, oldest waiter, whose parked
+//! message is published back into its lane and deleted ([`handover`]). Each worker follows
+//! the bucket and sleeps until the earliest lease end of a key with runs waiting, then drops
+//! the expired holders and hands their slots over ([`Limits::deadlines`]): a dead worker's
+//! slot is free again within the lease. The parked message is also scheduled to come back by
+//! itself after two leases, so a run whose hand-over was cut short is never lost.
+
+pub(crate) mod handover;
+pub(crate) mod park;
+pub(crate) mod rules;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::{self, kv};
+use chrono::Utc;
+use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
+use jetsched_shared::follow;
+use jetsched_shared::names::limit_name;
+use jetsched_shared::wire::LimitRecord;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use self::rules::{Claim, Decision};
+use crate::metrics::Metrics;
+
+/// Compare-and-set rounds before giving up on a write (every worker's runs of a hot key
+/// write the same entry).
+const CAS_ROUNDS: usize = 64;
+
+/// The wait before a key whose hand-over failed is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// A record as stored: `revision` 0 when the key holds nothing yet.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Versioned {
+    pub(crate) record: LimitRecord,
+    pub(crate) revision: u64,
+}
+
+/// The limits bucket, as every delivery and the deadline loop use it.
+pub(crate) struct Limits {
+    kv: kv::Store,
+    /// The dispatch stream, where runs wait parked.
+    pub(crate) dispatch: jetstream::stream::Stream,
+    pub(crate) js: jetstream::Context,
+    pub(crate) worker: String,
+    /// How long a slot is held without renewal.
+    pub(crate) lease: Duration,
+    /// Every key's latest record, from the watch.
+    known: Mutex<HashMap<String, Versioned>>,
+    changed: Notify,
+    metrics: Metrics,
+}
+
+impl Limits {
+    pub(crate) fn new(
+        kv: kv::Store,
+        dispatch: jetstream::stream::Stream,
+        js: jetstream::Context,
+        worker: String,
+        lease: Duration,
+        metrics: Metrics,
+    ) -> Limits {
+        Limits { kv, dispatch, js, worker, lease, known: Mutex::default(), changed: Notify::new(), metrics }
+    }
+
+    fn lease_chrono(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.lease).unwrap_or(chrono::Duration::seconds(30))
+    }
+
+    /// Reads every key; returns the watch to [`Limits::follow`].
+    pub(crate) async fn load(&self) -> anyhow::Result<kv::Watch> {
+        follow::load(&self.kv, |entry| self.seen(entry)).await
+    }
+
+    /// Follows the bucket until `stop`.
+    pub(crate) async fn follow(self: Arc<Self>, watch: kv::Watch, stop: CancellationToken) {
+        let errors = self.metrics.errors.with_label_values(&["limit_watch"]);
+        follow::follow(self.kv.clone(), watch, stop, |entry| self.seen(entry), errors).await;
+    }
+
+    fn seen(&self, entry: &kv::Entry) {
+        let Some(name) = limit_name(&entry.key) else { return };
+        let record = decode(&entry.key, entry);
+        let now = Utc::now();
+        self.metrics.limit_in_use.with_label_values(&[name]).set(record.in_use(now) as i64);
+        self.metrics.limit_waiting.with_label_values(&[name]).set(record.waiters.len() as i64);
+        let oldest = record.oldest_wait().map_or(0, |at| at.timestamp());
+        self.metrics.limit_oldest_wait.with_label_values(&[name]).set(oldest);
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let stale = known.get(&entry.key).is_some_and(|k| k.revision > entry.revision);
+        if !stale {
+            known.insert(entry.key.clone(), Versioned { record, revision: entry.revision });
+        }
+        drop(known);
+        self.changed.notify_one();
+    }
+
+    fn known(&self, key: &str) -> Option<Versioned> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
+    }
+
+    async fn read(&self, key: &str) -> anyhow::Result<Versioned> {
+        let entry = self.kv.entry(key).await.with_context(|| format!("read limit {key}"))?;
+        Ok(entry.map(|e| Versioned { record: decode(key, &e), revision: e.revision }).unwrap_or_default())
+    }
+
+    /// Applies `change` to the latest record of `key` and stores it with compare-and-set,
+    /// starting from the watch's copy (one read less when it is current). `change` returns its
+    /// result and whether it changed the record (nothing is written otherwise).
+    pub(crate) async fn modify<T>(
+        &self,
+        key: &str,
+        mut change: impl FnMut(&mut LimitRecord) -> (T, bool),
+    ) -> anyhow::Result<T> {
+        let mut current = match self.known(key) {
+            Some(known) => known,
+            None => self.read(key).await?,
+        };
+        for _ in 0..CAS_ROUNDS {
+            let mut record = current.record.clone();
+            let (out, changed) = change(&mut record);
+            if !changed {
+                return Ok(out);
+            }
+            let body: bytes::Bytes = serde_json::to_vec(&record).context("encode limit record")?.into();
+            let written = if current.revision == 0 {
+                match self.kv.create(key, body).await {
+                    Ok(revision) => Some(revision),
+                    Err(error) if is_already_exists(&error) => None,
+                    Err(error) => return Err(error).with_context(|| format!("create limit {key}")),
+                }
+            } else {
+                match self.kv.update(key, body, current.revision).await {
+                    Ok(revision) => Some(revision),
+                    Err(error) if is_revision_mismatch(&error) => None,
+                    Err(error) => return Err(error).with_context(|| format!("update limit {key}")),
+                }
+            };
+            match written {
+                Some(revision) => {
+                    let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+                    if known.get(key).is_none_or(|k| k.revision < revision) {
+                        known.insert(key.to_string(), Versioned { record, revision });
+                    }
+                    return Ok(out);
+                }
+                None => current = self.read(key).await?,
+            }
+        }
+        anyhow::bail!("limit {key}: compare-and-set kept failing")
+    }
+
+    /// A delivery's claim of a slot of `key`.
+    pub(crate) async fn acquire(&self, key: &str, claim: &Claim<'_>) -> anyhow::Result<Decision> {
+        let lease = self.lease_chrono();
+        self.modify(key, |record| {
+            let before = record.clone();
+            let decision = rules::acquire(record, claim, Utc::now(), lease);
+            (decision, *record != before)
+        })
+        .await
+    }
+
+    /// Frees the slot of `execution_id` held by message `seq`, and hands free slots over.
+    pub(crate) async fn release(&self, key: &str, execution_id: &str, seq: u64) -> anyhow::Result<()> {
+        let lease = self.lease_chrono();
+        let handed = self
+            .modify(key, |record| {
+                let released = rules::release(record, execution_id, seq);
+                let handed = rules::hand_over(record, &self.worker, Utc::now(), lease);
+                let changed = released || !handed.is_empty();
+                (handed, changed)
+            })
+            .await?;
+        self.deliver_handed(key, handed).await;
+        Ok(())
+    }
+
+    /// Renews the lease of a running slot; false when the slot is not held any more.
+    pub(crate) async fn renew(&self, key: &str, execution_id: &str, seq: u64) -> anyhow::Result<bool> {
+        let lease = self.lease_chrono();
+        self.modify(key, |record| {
+            let renewed = rules::renew(record, execution_id, seq, Utc::now(), lease);
+            (renewed, renewed)
+        })
+        .await
+    }
+
+    /// Runs `work` holding a slot of `key`, renewing its lease every third of it. A renewal
+    /// that finds the slot gone (its lease ran out: this worker was cut off) is logged and
+    /// counted; the run goes on.
+    pub(crate) async fn holding<T>(
+        &self,
+        key: &str,
+        execution_id: &str,
+        seq: u64,
+        work: impl std::future::Future<Output = T>,
+    ) -> T {
+        let period = self.lease / 3;
+        let mut renewal = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                biased;
+                out = &mut work => return out,
+                _ = renewal.tick() => match self.renew(key, execution_id, seq).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.metrics.errors.with_label_values(&["limit_lost"]).inc();
+                        tracing::warn!(key, "the run's concurrency slot lease ran out; it runs on without it");
+                    }
+                    Err(error) => {
+                        self.metrics.errors.with_label_values(&["limit"]).inc();
+                        tracing::warn!(error = format!("{error:#}"), key, "cannot renew the concurrency slot");
+                    }
+                },
+            }
+        }
+    }
+
+    /// Sleeps until the earliest time a key with waiting runs needs a hand-over (a lease end,
+    /// or now after an override raised its limit), then drops expired holders and hands their
+    /// slots over; re-plans on every change of the bucket. Until `stop`.
+    pub(crate) async fn deadlines(self: Arc<Self>, stop: CancellationToken) {
+        let mut retry_at: HashMap<String, chrono::DateTime<Utc>> = HashMap::new();
+        loop {
+            let now = Utc::now();
+            let due: Vec<(String, chrono::DateTime<Utc>)> = {
+                let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+                known
+                    .iter()
+                    .filter_map(|(key, v)| rules::next_due(&v.record, now).map(|at| (key.clone(), at)))
+                    .map(|(key, at)| {
+                        let at = retry_at.get(&key).map_or(at, |retry| at.max(*retry));
+                        (key, at)
+                    })
+                    .collect()
+            };
+            let next = due.iter().map(|(_, at)| *at).min();
+            let wait = next.map(|at| (at - now).to_std().unwrap_or_default());
+            let changed = self.changed.notified();
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                () = changed => continue,
+                () = sleep_for(wait) => {}
+            }
+            let now = Utc::now();
+            retry_at.retain(|_, at| *at > now);
+            for (key, at) in due.into_iter().filter(|(_, at)| *at <= now) {
+                let _ = at;
+                if let Err(error) = self.reclaim(&key).await {
+                    self.metrics.errors.with_label_values(&["limit"]).inc();
+                    tracing::warn!(error = format!("{error:#}"), key, "cannot hand a concurrency slot over");
+                    retry_at.insert(key, now + chrono::Duration::from_std(RETRY_AFTER).unwrap_or_default());
+                }
+            }
+        }
+    }
+
+    /// Drops the expired holders of `key` and hands free slots over.
+    async fn reclaim(&self, key: &str) -> anyhow::Result<()> {
+        let lease = self.lease_chrono();
+        let handed = self
+            .modify(key, |record| {
+                let expired = rules::expire(record, Utc::now());
+                let handed = rules::hand_over(record, &self.worker, Utc::now(), lease);
+                if expired > 0 {
+                    tracing::info!(key, expired, "concurrency slots whose lease ran out reclaimed");
+                }
+                let changed = expired > 0 || !handed.is_empty();
+                (handed, changed)
+            })
+            .await?;
+        self.deliver_handed(key, handed).await;
+        Ok(())
+    }
+}
+
+/// Sleeps `wait`, or forever without one.
+async fn sleep_for(wait: Option<Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The record an entry holds: empty for a delete or purge marker, or a value that cannot be
+/// decoded (logged; the next write replaces it).
+fn decode(key: &str, entry: &kv::Entry) -> LimitRecord {
+    if entry.operation != kv::Operation::Put {
+        return LimitRecord::default();
+    }
+    serde_json::from_slice(&entry.value).unwrap_or_else(|error| {
+        tracing::warn!(%error, key, "undecodable limit record: read as empty");
+        LimitRecord::default()
+    })
+}

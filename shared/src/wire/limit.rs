@@ -1,0 +1,146 @@
+//! A concurrency key's state in the limits bucket (`concurrency.<namespace>.<key>`): the runs
+//! holding its slots, each with a lease, the runs waiting for one in arrival order, and an
+//! operator's override of the limit. Every change is a compare-and-set on the entry.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::millis;
+use crate::priority::Priority;
+
+/// The value of one key in the limits bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitRecord {
+    /// The limit the task specs declare (the one of the last run that came).
+    pub limit: u32,
+    /// An operator's limit, in force instead of `limit` until cleared.
+    #[serde(rename = "override", default, skip_serializing_if = "Option::is_none")]
+    pub override_limit: Option<u32>,
+    /// The runs holding a slot, by execution id.
+    #[serde(default)]
+    pub holders: BTreeMap<String, Holder>,
+    /// The runs waiting for a slot, in arrival order.
+    #[serde(default)]
+    pub waiters: Vec<Waiter>,
+    /// Set when the key reached its limit with runs waiting (told once by `limit.saturated`),
+    /// cleared when no run waits any more.
+    #[serde(default)]
+    pub saturated: bool,
+}
+
+/// A run holding a slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// The worker holding it (or that handed it over).
+    pub worker: String,
+    /// The slot is free again after this, unless renewed.
+    #[serde(with = "millis")]
+    pub lease_until: DateTime<Utc>,
+    /// The dispatch message holding the slot (stream sequence); absent while the slot is
+    /// handed over to a waiting run not delivered yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    /// The delivery count of that message when it took the slot.
+    #[serde(default)]
+    pub delivered: u64,
+    pub namespace: String,
+    pub task_id: String,
+}
+
+/// A run waiting for a slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiter {
+    pub execution_id: String,
+    pub priority: Priority,
+    /// When it first waited.
+    #[serde(with = "millis")]
+    pub since: DateTime<Utc>,
+    /// Where it is parked in the dispatch stream (its held-run subject).
+    pub subject: String,
+    pub namespace: String,
+    pub task_id: String,
+}
+
+impl LimitRecord {
+    /// The limit in force: the override, else the declared one.
+    pub fn effective_limit(&self) -> u32 {
+        self.override_limit.unwrap_or(self.limit)
+    }
+
+    /// Slots held by a lease still running at `now`.
+    pub fn in_use(&self, now: DateTime<Utc>) -> usize {
+        self.holders.values().filter(|h| h.lease_until >= now).count()
+    }
+
+    /// Runs waiting, per priority (most urgent first).
+    pub fn waiting_by_priority(&self) -> [usize; 4] {
+        let mut counts = [0; 4];
+        for waiter in &self.waiters {
+            counts[waiter.priority.index()] += 1;
+        }
+        counts
+    }
+
+    /// When the longest-waiting run first waited.
+    pub fn oldest_wait(&self) -> Option<DateTime<Utc>> {
+        self.waiters.iter().map(|w| w.since).min()
+    }
+}
+
+/// One key as the limits API lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitInfo {
+    /// `<namespace>.<key>`.
+    pub key: String,
+    /// The limit in force.
+    pub limit: u32,
+    /// The limit the specs declare.
+    pub declared: u32,
+    #[serde(rename = "override", default, skip_serializing_if = "Option::is_none")]
+    pub override_limit: Option<u32>,
+    pub in_use: u64,
+    pub waiting: u64,
+    /// Waiting runs per priority: `critical`, `high`, `normal`, `low`.
+    pub waiting_by_priority: BTreeMap<String, u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub oldest_wait: Option<DateTime<Utc>>,
+}
+
+impl LimitInfo {
+    /// What `record` (stored under `key`, without the `concurrency.` prefix) shows at `now`.
+    pub fn of(key: &str, record: &LimitRecord, now: DateTime<Utc>) -> LimitInfo {
+        let by = record.waiting_by_priority();
+        LimitInfo {
+            key: key.to_string(),
+            limit: record.effective_limit(),
+            declared: record.limit,
+            override_limit: record.override_limit,
+            in_use: record.in_use(now) as u64,
+            waiting: record.waiters.len() as u64,
+            waiting_by_priority: Priority::ALL
+                .into_iter()
+                .filter(|p| by[p.index()] > 0)
+                .map(|p| (p.as_str().to_string(), by[p.index()] as u64))
+                .collect(),
+            oldest_wait: record.oldest_wait(),
+        }
+    }
+}
+
+/// `limits.list` reply: every key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitListReply {
+    pub limits: Vec<LimitInfo>,
+}
+
+/// `limits.set` (with `limit`) and `limits.clear` (without): `{"key": "<namespace>.<key>",
+/// "limit": 3}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitRequest {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}

@@ -1,0 +1,377 @@
+//! End-to-end tests of concurrency limits against a real nats-server: three worker processes
+//! and a downstream that records its concurrent calls, `limit: 2` on a key shared by three tasks
+//! firing every 100 ms, one slot held by a long run whose worker is killed with `kill -9`; and
+//! in-process, the order of waiting runs across priorities and a retry waiting like a first
+//! attempt.
+//!
+//! `JETSCHED_LIMITS_SECONDS` sets how long the three tasks fire (default 15; 60 for the long
+//! variant).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::kv;
+use futures::StreamExt;
+use jetsched_shared::names::{Names, concurrency_key};
+use jetsched_shared::wire::{EventKind, LimitRecord};
+use jetsched_tests::fixtures::{
+    dispatch, events_about, execution_id_header, noting, run_record, wait_run_status,
+};
+use jetsched_tests::{App, WithTopology, eventually, server_with_topology, spec};
+use jetsched_worker::Outcome;
+use jetsched_worker::runs::RunStatus;
+use serde_json::json;
+
+use crate::cli::{jetsched, json_out};
+use crate::registry::{Served, served};
+use crate::worker_support::{config, wait_for_workers, worker_process};
+
+/// The lease the tests give slots.
+const LEASE: Duration = Duration::from_secs(3);
+
+/// Calls in flight at a downstream, and the most seen at once (calls of killed workers, still
+/// running at the downstream, set aside).
+#[derive(Default)]
+struct Downstream {
+    in_flight: HashMap<u64, String>,
+    abandoned: HashSet<u64>,
+    max: usize,
+    calls: HashMap<String, u32>,
+    next: u64,
+}
+
+impl Downstream {
+    fn live(&self) -> usize {
+        self.in_flight.keys().filter(|call| !self.abandoned.contains(call)).count()
+    }
+
+    /// The calls of `execution_id` in flight now are a dead worker's: set aside.
+    fn abandon(&mut self, execution_id: &str) {
+        let calls: Vec<u64> =
+            self.in_flight.iter().filter(|(_, id)| *id == execution_id).map(|(call, _)| *call).collect();
+        self.abandoned.extend(calls);
+    }
+}
+
+/// A responder on `subject` that answers after `delay`, noting the calls in flight.
+async fn downstream(
+    client: &async_nats::Client,
+    subject: &str,
+    delay: Duration,
+    state: Arc<Mutex<Downstream>>,
+) {
+    let mut sub = client.subscribe(subject.to_string()).await.expect("subscribe the downstream");
+    let client = client.clone();
+    tokio::spawn(async move {
+        while let Some(request) = sub.next().await {
+            let id = execution_id_header(&request);
+            let call = {
+                let mut s = state.lock().unwrap();
+                s.next += 1;
+                let call = s.next;
+                s.in_flight.insert(call, id.clone());
+                *s.calls.entry(id).or_default() += 1;
+                s.max = s.max.max(s.live());
+                call
+            };
+            let Some(reply) = request.reply else { continue };
+            let (client, state) = (client.clone(), state.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                state.lock().unwrap().in_flight.remove(&call);
+                let _ = client.publish(reply, "ok".into()).await;
+            });
+        }
+    });
+}
+
+async fn limit_record(kv: &kv::Store, key: &str) -> LimitRecord {
+    match kv.get(key).await.expect("read the limits bucket") {
+        Some(value) => serde_json::from_slice(&value).expect("a limit record"),
+        None => LimitRecord::default(),
+    }
+}
+
+#[tokio::test]
+async fn three_workers_never_exceed_a_keys_limit_and_a_killed_holders_slot_frees_within_the_lease() {
+    let seconds: u64 =
+        std::env::var("JETSCHED_LIMITS_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let WithTopology { server, client, js, .. } = server_with_topology(Default::default()).await;
+    let names = Names::default();
+    let limits = js.get_key_value(names.limits_bucket()).await.expect("limits bucket");
+    let key = concurrency_key("lim", "downstream");
+    let state = Arc::new(Mutex::new(Downstream::default()));
+    downstream(&client, "jobs.limited", Duration::from_millis(20), state.clone()).await;
+    downstream(&client, "jobs.slow", Duration::from_secs(6), state.clone()).await;
+    // ack_wait longer than the lease: the killed worker's slot is freed by its lease, not by
+    // the redelivery of its run.
+    let lease = format!("{}s", LEASE.as_secs());
+    let args = ["--concurrency", "8", "--ack-wait", "10s", "--limit-lease", &lease];
+    let mut workers: HashMap<String, _> = ["l-1", "l-2", "l-3"]
+        .into_iter()
+        .map(|n| (n.to_string(), worker_process(&server, n, &args)))
+        .collect();
+    wait_for_workers(&client, 3).await;
+
+    let limited = json!({"key": "downstream", "limit": 2});
+    let tasks: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .map(|id| {
+            spec("lim", id).nats("jobs.limited").field("concurrency", limited.clone()).fast_retry(3).task()
+        })
+        .collect();
+    let slow =
+        spec("lim", "slow").nats("jobs.slow").field("concurrency", limited.clone()).timeout("20s").task();
+    let slow_id = dispatch(&js, &names, &slow, 0).await;
+    let holder = eventually(Duration::from_secs(20), "the slow run holds a slot", || async {
+        let record = limit_record(&limits, &key).await;
+        record.holders.get(&slow_id).filter(|h| h.seq.is_some()).map(|h| h.worker.clone())
+    })
+    .await;
+
+    let mut ids = vec![slow_id.clone()];
+    let mut waited = 0;
+    let mut killed_at = None;
+    let mut freed_after = None;
+    let started = Instant::now();
+    for tick in 0..seconds * 10 {
+        for task in &tasks {
+            let nominal = 1_000 + tick as i64 * 100;
+            ids.push(dispatch(&js, &names, task, nominal).await);
+        }
+        if tick == 10 {
+            // The slow run's worker dies mid-call.
+            state.lock().unwrap().abandon(&slow_id);
+            workers.get_mut(&holder).expect("the holder").kill9();
+            killed_at = Some(Instant::now());
+        }
+        if let Some(at) = killed_at {
+            let record = limit_record(&limits, &key).await;
+            waited = waited.max(record.waiters.len());
+            let held_by_victim = record.holders.get(&slow_id).is_some_and(|h| h.worker == holder);
+            if held_by_victim {
+                assert!(
+                    at.elapsed() < LEASE + Duration::from_secs(2),
+                    "the killed worker still holds its slot {:?} after the kill",
+                    at.elapsed()
+                );
+            } else if freed_after.is_none() {
+                freed_after = Some(at.elapsed());
+            }
+        }
+        tokio::time::sleep_until((started + Duration::from_millis(100 * (tick + 1))).into()).await;
+    }
+    for id in &ids {
+        wait_run_status(&js, &names, id, RunStatus::Succeeded, Duration::from_secs(60)).await;
+    }
+    let freed_after = freed_after.expect("the killed worker's slot was freed");
+    assert!(
+        freed_after > LEASE - Duration::from_millis(1500),
+        "freed by its lease, not earlier: {freed_after:?}"
+    );
+    {
+        let s = state.lock().unwrap();
+        println!(
+            "{} runs in {seconds} s, at most {} calls at once, up to {waited} runs waiting; \
+         the killed worker's slot freed {freed_after:?} after the kill (lease {LEASE:?})",
+            ids.len(),
+            s.max
+        );
+        assert!(s.max <= 2, "{} calls at once under a limit of 2", s.max);
+        assert_eq!(s.max, 2, "the limit was reached");
+        assert!(waited > 0, "runs waited for a slot");
+        for id in &ids {
+            assert!(s.calls.get(id).is_some_and(|n| *n >= 1), "run {id} called the downstream");
+        }
+    }
+    let record = limit_record(&limits, &key).await;
+    assert!(record.holders.is_empty() && record.waiters.is_empty(), "{record:?}");
+    let mut saturated = 0;
+    for task in ["a", "b", "c", "slow"] {
+        saturated +=
+            events_about(&js, EventKind::LimitSaturated, "lim", task, Duration::from_secs(2)).await.len();
+    }
+    assert!(saturated > 0, "limit.saturated told");
+}
+
+/// Limit 1: a critical run waiting is not passed by low runs that came before or after it,
+/// low runs start in arrival order, and a retry gives its slot back and waits like a first
+/// attempt.
+#[tokio::test]
+async fn waiting_runs_start_by_priority_then_arrival_and_a_retry_waits_for_a_slot() {
+    let WithTopology { server, js, .. } = server_with_topology(Default::default()).await;
+    let names = Names::default();
+    let fail_once = Arc::new(Mutex::new(HashSet::new()));
+    let failed = fail_once.clone();
+    let (handlers, started) = noting(
+        "work",
+        |run| (run.task_id.clone(), run.attempt),
+        move |run| {
+            let first_failure =
+                run.task_id == "flaky" && failed.lock().unwrap().insert(run.execution_id.clone());
+            async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if first_failure { Outcome::retry("downstream busy") } else { Outcome::ok() }
+            }
+        },
+    );
+    let mut worker_config = config(&server, "p-1");
+    worker_config.limit_lease = LEASE;
+    let _worker = App::worker(worker_config, handlers).await;
+    let one = json!({"key": "one", "limit": 1});
+    let task = |id: &str, priority: &str| {
+        spec("pri", id)
+            .handler("work")
+            .field("priority", priority)
+            .field("concurrency", one.clone())
+            .fast_retry(3)
+            .task()
+    };
+    let limits = js.get_key_value(names.limits_bucket()).await.expect("limits bucket");
+    let key = concurrency_key("pri", "one");
+    let waiting = |n: usize| {
+        let (limits, key) = (limits.clone(), key.clone());
+        async move {
+            eventually(Duration::from_secs(20), &format!("{n} runs wait"), || async {
+                (limit_record(&limits, &key).await.waiters.len() == n).then_some(())
+            })
+            .await
+        }
+    };
+    let flaky = task("flaky", "low");
+    let first = dispatch(&js, &names, &flaky, 0).await;
+    eventually(Duration::from_secs(20), "the first run started", || async {
+        (!started.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    let mut ids = vec![first.clone()];
+    for (n, (id, priority)) in
+        [("low-1", "low"), ("critical", "critical"), ("low-2", "low")].into_iter().enumerate()
+    {
+        ids.push(dispatch(&js, &names, &task(id, priority), 0).await);
+        waiting(n + 1).await;
+    }
+    for id in &ids {
+        wait_run_status(&js, &names, id, RunStatus::Succeeded, Duration::from_secs(30)).await;
+    }
+    let order = started.lock().unwrap().clone();
+    let tasks: Vec<&str> = order.iter().map(|(task, _)| task.as_str()).collect();
+    // The flaky run's retry waited behind the runs already waiting.
+    assert_eq!(tasks, ["flaky", "critical", "low-1", "low-2", "flaky"], "{order:?}");
+    assert_eq!(order[4].1, 2, "the retry is the second attempt: waiting spent none");
+    let held = run_record(&js, &names, &ids[2]).await.expect("record");
+    assert_eq!(held.status, RunStatus::Succeeded);
+    let record = limit_record(&limits, &key).await;
+    assert!(record.holders.is_empty() && record.waiters.is_empty(), "{record:?}");
+}
+
+/// `jetsched limits` lists a full key with its waiting runs; `limits set` raises its limit and
+/// the waiting runs start at once; `limits clear` gives the specs' limit back; a spec whose key
+/// names a label it does not have is refused at put, naming `concurrency.key`.
+#[tokio::test]
+async fn operators_see_a_key_and_override_its_limit_from_the_cli() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let url = server.url();
+    let names = Names::default();
+    let refused = api
+        .put(
+            &spec("ops", "bad")
+                .handler("slow")
+                .field("concurrency", json!({"key": "c-{labels.customer}", "limit": 1}))
+                .json(),
+        )
+        .await;
+    assert_eq!(refused["error"]["field"], "concurrency.key", "{refused}");
+
+    let (handlers, started) = noting(
+        "slow",
+        |run| run.execution_id.clone(),
+        |_| async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Outcome::ok()
+        },
+    );
+    let _worker = App::worker(config(&server, "o-1"), handlers).await;
+    let task = spec("ops", "report")
+        .handler("slow")
+        .field("concurrency", json!({"key": "reports", "limit": 1}))
+        .task();
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        ids.push(dispatch(&js, &names, &task, n).await);
+    }
+    let listed = eventually(Duration::from_secs(20), "one run holds the key, two wait", || async {
+        let reply = json_out(&jetsched(&url, &["limits", "--json"]).await);
+        let key = reply["limits"].as_array()?.first()?.clone();
+        (key["in_use"] == 1 && key["waiting"] == 2).then_some(key)
+    })
+    .await;
+    assert_eq!(
+        (listed["key"].as_str(), listed["limit"].as_u64()),
+        (Some("ops.reports"), Some(1)),
+        "{listed}"
+    );
+    assert!(listed["oldest_wait"].is_string(), "{listed}");
+    let table = String::from_utf8_lossy(&jetsched(&url, &["limits"]).await.stdout).into_owned();
+    assert!(table.starts_with("KEY") && table.contains("ops.reports"), "{table}");
+
+    let set = jetsched(&url, &["limits", "set", "ops.reports", "3"]).await;
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    assert_eq!(String::from_utf8_lossy(&set.stdout).trim(), "limit of ops.reports set to 3 (declared 1)");
+    // The two waiting runs start well before the first one ends.
+    eventually(Duration::from_secs(2), "the waiting runs start after the raise", || async {
+        (started.lock().unwrap().len() == 3).then_some(())
+    })
+    .await;
+    let cleared = json_out(&jetsched(&url, &["limits", "clear", "ops.reports", "--json"]).await);
+    assert_eq!((cleared["limit"].as_u64(), cleared.get("override")), (Some(1), None), "{cleared}");
+    let bad = jetsched(&url, &["limits", "set", "nokey", "0"]).await;
+    assert!(!bad.status.success());
+    for id in &ids {
+        wait_run_status(&js, &names, id, RunStatus::Succeeded, Duration::from_secs(20)).await;
+    }
+}
+
+/// A run handed a slot whose task was paused meanwhile is skipped and gives the slot back at
+/// once: the next waiting run starts when the holder ends, not a lease later.
+#[tokio::test]
+async fn a_paused_tasks_waiting_run_is_skipped_and_its_slot_goes_to_the_next_at_once() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let names = Names::default();
+    let (handlers, started) = noting(
+        "hold",
+        |run| run.execution_id.clone(),
+        |_| async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Outcome::ok()
+        },
+    );
+    let _worker = App::worker(config(&server, "z-1"), handlers).await;
+    let shared = json!({"key": "shared", "limit": 1});
+    let holder = spec("pz", "holder").handler("hold").field("concurrency", shared.clone());
+    let paused = spec("pz", "paused").handler("hold").field("concurrency", shared);
+    api.store(&holder.json()).await;
+    api.store(&paused.json()).await;
+    let first = dispatch(&js, &names, &holder.task(), 0).await;
+    eventually(Duration::from_secs(20), "the holder runs", || async {
+        (!started.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    let waiting = dispatch(&js, &names, &paused.task(), 0).await;
+    let limits = js.get_key_value(names.limits_bucket()).await.expect("limits bucket");
+    let key = concurrency_key("pz", "shared");
+    eventually(Duration::from_secs(20), "the paused task's run waits", || async {
+        (limit_record(&limits, &key).await.waiters.len() == 1).then_some(())
+    })
+    .await;
+    let next = dispatch(&js, &names, &holder.task(), 1).await;
+    let reply = api.task("pause", json!({"namespace": "pz", "id": "paused"})).await;
+    assert_eq!(reply["task"]["paused"], json!(true), "{reply}");
+    let skipped = wait_run_status(&js, &names, &waiting, RunStatus::Skipped, Duration::from_secs(20)).await;
+    assert_eq!(skipped.reason.as_deref(), Some("paused"));
+    // The default lease is 30 s: the next run starts well within it.
+    wait_run_status(&js, &names, &first, RunStatus::Succeeded, Duration::from_secs(20)).await;
+    wait_run_status(&js, &names, &next, RunStatus::Succeeded, Duration::from_secs(10)).await;
+    assert_eq!(started.lock().unwrap().len(), 2, "the paused task's run never ran");
+}
