@@ -117,6 +117,16 @@ impl Names {
     pub fn breakers_bucket(&self) -> String {
         format!("{}_BREAKERS", self.upper)
     }
+    /// Rate limits shared by every worker: [`rate_key`](Self::rate_key) → the key's state
+    /// (`{"tat_us", "throttled_since_us"}`), written with compare-and-set.
+    pub fn rates_bucket(&self) -> String {
+        format!("{}_RATES", self.upper)
+    }
+    /// A rate limit's key in the rates bucket: `<namespace>.<key>` (the expanded key of
+    /// `rate_limit.key`; a key belongs to its namespace).
+    pub fn rate_key(namespace: &str, key: &str) -> String {
+        format!("{namespace}.{key}")
+    }
     /// Queue states set by operators: `<queue>` → `{paused, reason, by, at}`. Workers follow it
     /// and pull nothing from a paused queue's lanes.
     pub fn queues_bucket(&self) -> String {
@@ -501,6 +511,8 @@ mod tests {
     fn breaker_names_and_keys() {
         let names = Names::new("acme").unwrap();
         assert_eq!(names.breakers_bucket(), "ACME_BREAKERS");
+        assert_eq!(names.rates_bucket(), "ACME_RATES");
+        assert_eq!(Names::rate_key("ns", "customer-1"), "ns.customer-1");
         assert_eq!(names.queues_bucket(), "ACME_QUEUES");
         assert_eq!(names.queue_api_subject("pause"), "acme.api.queue.pause");
         assert_eq!(names.control_stream(), "ACME_CONTROL");

@@ -9,6 +9,8 @@
 mod breaker;
 mod executor;
 mod fast;
+pub mod limit_key;
+mod rate_limit;
 mod read;
 mod retry;
 mod schema;
@@ -25,6 +27,7 @@ use serde_json::{Value, json};
 
 pub use self::breaker::{BreakerSpec, OnOpen};
 pub use self::executor::{Executor, confined_subject};
+pub use self::rate_limit::{OnLimit, RateLimitSpec};
 pub use self::read::validate_id;
 use self::read::{
     MISFIRE, OVERLAP, PRIORITY, check_label, check_pause_after_failures, check_paused_reason, choice, lookup,
@@ -88,6 +91,8 @@ pub struct TaskSpec {
     /// Pause the task after this many consecutive runs ended `failed` or `dead` (at least 1).
     #[schemars(range(min = 1))]
     pub pause_after_failures: Option<u32>,
+    /// How many runs may start per period, per key, across every worker (docs/limits.md).
+    pub rate_limit: Option<RateLimitSpec>,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
     #[schemars(
         default = "schema::empty_map",
@@ -264,6 +269,9 @@ impl TaskSpec {
         }
         if let Some(n) = self.pause_after_failures {
             v["pause_after_failures"] = json!(n);
+        }
+        if let Some(rate_limit) = &self.rate_limit {
+            v["rate_limit"] = rate_limit.to_json();
         }
         v
     }

@@ -122,6 +122,8 @@ pub struct Topology {
     pub queues: kv::Store,
     /// Cancel markers written by the registry, followed by every worker.
     pub cancels: kv::Store,
+    /// Rate-limit state per key, written by workers with compare-and-set.
+    pub rates: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -205,6 +207,8 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         // A marker lives as long as a run record: a run queued or held longer than that is
         // gone from the runs bucket too.
         base(names.cancels_bucket(), "jetsched cancel markers (runs cancelled on request)", 1, args.runs_ttl),
+        // Kept without an age: a key's state may lie far ahead (a long backlog of delayed runs).
+        base(names.rates_bucket(), "jetsched rate limits (GCRA state per key)", 1, Duration::ZERO),
     ]
 }
 
@@ -348,7 +352,7 @@ async fn ensure_once(
         stores.push(ensure_bucket(js, config, &mut changes).await?);
     }
     let mut stores = stores.into_iter();
-    let mut next = || stores.next().expect("seven buckets");
+    let mut next = || stores.next().expect("eight buckets");
     Ok(Topology {
         tasks: next(),
         leader: next(),
@@ -357,6 +361,7 @@ async fn ensure_once(
         breakers: next(),
         queues: next(),
         cancels: next(),
+        rates: next(),
         changes,
     })
 }

@@ -88,6 +88,7 @@ mod dlq_api;
 mod event;
 mod pause;
 mod queue;
+mod rate;
 mod run;
 mod state;
 
@@ -110,5 +111,6 @@ pub use dlq_api::DlqRequest;
 pub use event::{Event, EventKind};
 pub use pause::PauseRequest;
 pub use queue::{LaneInfo, QueueInfo, QueueListReply, QueueReply, QueueRequest, QueueState};
+pub use rate::{HDR_RATE_START, RateRecord, format_rate_start, parse_rate_start};
 pub use run::{AttemptOutcome, AttemptRecord, MAX_KEPT_ATTEMPTS, RunRecord, RunStatus};
 pub use state::{FireState, LeaderRecord, RECENT_RUNS, TaskState, TaskStatus};

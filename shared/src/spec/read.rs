@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::{
     BreakerSpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, Jitter, MAX_LABELS, MAX_PAUSED_REASON,
-    MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RetryPolicy, TaskSpec, fast,
+    MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RateLimitSpec, RetryPolicy, TaskSpec, fast,
 };
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{Obj, Problems, err};
@@ -31,6 +31,7 @@ const FIELDS: &[&str] = &[
     "paused_reason",
     "breaker",
     "pause_after_failures",
+    "rate_limit",
     "labels",
 ];
 
@@ -251,7 +252,13 @@ impl TaskSpec {
             Some(n) => check_pause_after_failures(n).map(|()| Some(n)),
             None => Ok(None),
         }));
+        // Outer `Some`: given; inner `None`: refused.
+        let rate_limit = obj.get("rate_limit").map(|rate| RateLimitSpec::read(rate, problems));
         let labels = read_labels(&obj, problems);
+        // The key is checked against the task once its namespace, id and labels are known.
+        if let (Some(Some(rate)), Some(id), Some(labels)) = (&rate_limit, id, &labels) {
+            rate.check_key(namespace, id, labels, problems);
+        }
         if !problems.is_empty() {
             return None;
         }
@@ -280,6 +287,10 @@ impl TaskSpec {
                 None => None,
             },
             pause_after_failures: pause_after_failures?,
+            rate_limit: match rate_limit {
+                Some(rate_limit) => Some(rate_limit?),
+                None => None,
+            },
             labels: labels?,
         })
     }

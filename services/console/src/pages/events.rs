@@ -31,6 +31,7 @@ pub(crate) const KINDS: [EventKind; 25] = [
     EventKind::BreakerOpened,
     EventKind::BreakerHalfOpened,
     EventKind::BreakerClosed,
+    EventKind::LimitThrottled,
     EventKind::LeaderAcquired,
     EventKind::LeaderLost,
     EventKind::QueuePaused,
@@ -215,11 +216,12 @@ mod tests {
                 BreakerOpened => 17,
                 BreakerHalfOpened => 18,
                 BreakerClosed => 19,
-                LeaderAcquired => 20,
-                LeaderLost => 21,
-                QueuePaused => 22,
-                QueueResumed => 23,
-                SchedulerClockSkew => 24,
+                LimitThrottled => 20,
+                LeaderAcquired => 21,
+                LeaderLost => 22,
+                QueuePaused => 23,
+                QueueResumed => 24,
+                SchedulerClockSkew => 25,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {
