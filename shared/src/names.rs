@@ -53,6 +53,9 @@ pub mod breaker_reason {
     /// `run.skipped`'s reason (and the run record's) when the run was dispatched by the task's
     /// schedule and had not started when a worker took it while the task was paused.
     pub const PAUSED: &str = "paused";
+    /// `run.skipped`'s reason (and the run record's) when the run's rate limit did not let it
+    /// start now (`rate_limit.on_limit: skip`).
+    pub const RATE_LIMITED: &str = "rate_limited";
     /// `task.paused`'s reason (and the task's `paused_reason`) when the registry paused the task
     /// after `pause_after_failures` consecutive failed runs.
     pub const CONSECUTIVE_FAILURES: &str = "consecutive_failures";

@@ -9,6 +9,7 @@
 
 mod attempt;
 mod ending;
+mod limit;
 mod parts;
 mod shortcut;
 mod state;
@@ -20,12 +21,13 @@ use self::state::Delivery;
 use crate::breaker::Admission;
 use crate::dlq::{DeadLetter, disagreement, mismatched, undecodable};
 use crate::message::Received;
+use crate::slot::Slot;
 use crate::spans;
 
 pub(crate) use self::parts::Parts;
 
 /// Handles one delivery from its metadata to its ending.
-pub(crate) async fn process(parts: &Parts, queue: &str, message: jetstream::Message) {
+pub(crate) async fn process(parts: &Parts, queue: &str, message: jetstream::Message, slot: &mut Slot) {
     let received = match Received::read(message) {
         Ok(received) => received,
         Err(error) => {
@@ -63,7 +65,7 @@ pub(crate) async fn process(parts: &Parts, queue: &str, message: jetstream::Mess
     }
     dispatch.trace_id.clone_from(&received.trace.trace_id);
     let span = spans::run(&dispatch, received.attempt, &message.subject, &received.trace);
-    Delivery::new(parts, queue, &received, &dispatch).deliver().instrument(span).await;
+    Delivery::new(parts, queue, &received, &dispatch, slot).deliver().instrument(span).await;
 }
 
 /// Ends a delivery that is not run: its dead letter stored (awaiting the stream's ack, counted
@@ -78,7 +80,8 @@ async fn refuse(parts: &Parts, message: &jetstream::Message, entry: &DeadLetter)
 
 impl Delivery<'_> {
     /// A paused task's scheduled run skipped; else the breaker's admission, then either its
-    /// shortcut or the attempt and its ending; the run events told meanwhile are awaited last.
+    /// shortcut, or the rate limit's say, then the attempt and its ending; the run events told
+    /// meanwhile are awaited last.
     async fn deliver(mut self) {
         let dispatch = self.dispatch;
         // A run cancelled before it started never starts (a released held run included).
@@ -97,6 +100,8 @@ impl Delivery<'_> {
         let gate = self.parts.breakers.admit(self.dispatch).await;
         match gate {
             Some(gate) if gate.admission == Admission::ShortCircuit => self.short_circuit(&gate).await,
+            // Its rate limit skipped it, delayed it or handed it back.
+            _ if self.rate_limit().await => {}
             gate => {
                 self.gate = gate;
                 let ending = self.run().await;

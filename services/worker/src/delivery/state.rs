@@ -10,6 +10,7 @@ use super::parts::Parts;
 use crate::breaker::Gate;
 use crate::message::Received;
 use crate::runs::Stored;
+use crate::slot::Slot;
 
 /// How long a run event that JetStream did not store is published again (a replicated events
 /// stream refuses writes while it elects a new leader, e.g. after a node died) before it is
@@ -31,6 +32,8 @@ pub(crate) struct Delivery<'a> {
     pub(super) elapsed: Option<Duration>,
     /// The breaker's admission of this delivery, if the task has a breaker.
     pub(super) gate: Option<Gate>,
+    /// The run's permit: given back while a rate limit holds the run for its start.
+    pub(super) slot: &'a mut Slot,
     /// The run events told so far, their acknowledgements awaited at the end.
     events: EventBatch<'a>,
 }
@@ -41,6 +44,7 @@ impl<'a> Delivery<'a> {
         queue: &'a str,
         received: &'a Received,
         dispatch: &'a Dispatch,
+        slot: &'a mut Slot,
     ) -> Self {
         Delivery {
             parts,
@@ -51,6 +55,7 @@ impl<'a> Delivery<'a> {
             stored: None,
             elapsed: None,
             gate: None,
+            slot,
             events: parts.events.batch(),
         }
     }
