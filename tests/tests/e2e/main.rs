@@ -24,6 +24,7 @@ mod full_disk_acks;
 mod held_runs;
 mod intake_recovery;
 mod invariants;
+mod limits;
 mod local;
 mod nemesis;
 mod operator_truth;

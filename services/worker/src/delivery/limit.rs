@@ -23,11 +23,11 @@ use crate::runs::skip::Skip;
 use crate::spans;
 
 /// A start at most this far ahead is waited for here (without a permit).
-const HOLD_WITHIN: Duration = Duration::from_millis(1500);
+const HOLD_WITHIN: Duration = Duration::from_secs(1);
 
 /// A run re-published for a later start comes back this long before it (the server's tick is
 /// 250 ms), and waits here for the rest.
-const LEAD: Duration = Duration::from_millis(750);
+const LEAD: Duration = Duration::from_millis(500);
 
 impl Delivery<'_> {
     /// The rate limit's say on this delivery; true when the delivery ended here (skipped,
