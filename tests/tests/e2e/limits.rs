@@ -82,9 +82,12 @@ async fn three_worker_processes_hold_a_key_to_20_calls_in_every_second_none_drop
     assert_eq!(told.len(), 1, "{told:?}");
 }
 
+/// Each call a handler got: the execution, the attempt and when.
+type Calls = Arc<Mutex<Vec<(String, u32, DateTime<Utc>)>>>;
+
 /// A handler that fails its first `fail` calls (retryable), recording each call's time.
-fn recording(fail: usize) -> (Handlers, Arc<Mutex<Vec<(String, u32, DateTime<Utc>)>>>) {
-    let calls: Arc<Mutex<Vec<(String, u32, DateTime<Utc>)>>> = Arc::default();
+fn recording(fail: usize) -> (Handlers, Calls) {
+    let calls: Calls = Arc::default();
     let seen = calls.clone();
     let handlers = Handlers::new().register("rec", move |run: RunContext| {
         let seen = seen.clone();
