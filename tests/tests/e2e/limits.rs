@@ -2,7 +2,8 @@
 //! per second in every whole second (nothing dropped, nothing run twice); `on_limit: skip`
 //! ends the excess runs `skipped` with reason `rate_limited` and tells `limit.throttled` once;
 //! a retry waits for the limit like a first attempt; a run its open breaker skips takes no
-//! start from the limit.
+//! start from the limit; a run the limit holds is recorded `held` with its start, and skipped
+//! if its task is paused before it comes back.
 //!
 //! The paced test runs 10 s in CI; `JETSCHED_RATE_SECONDS=30` runs it for 30 s.
 
@@ -19,6 +20,7 @@ use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
 
 use crate::breakers::Downstream;
+use crate::registry::{Served, served};
 use crate::worker_support::{WAIT, config, wait_for_workers, worker_process};
 
 async fn rate_record(js: &async_nats::jetstream::Context, key: &str) -> Option<RateRecord> {
@@ -199,5 +201,37 @@ async fn a_run_its_open_breaker_skips_takes_no_start_from_the_limit() {
     // The start is still there for a run of another task sharing the key.
     let ran = dispatch(&js, &names, &free, base + 1).await;
     wait_run_status(&js, &names, &ran, RunStatus::Succeeded, WAIT).await;
+    assert_eq!(calls.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_its_limit_holds_is_held_with_its_start_and_skipped_if_the_task_is_paused_meanwhile() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let names = Names::default();
+    let (handlers, calls) = recording(0);
+    let _worker = App::worker(config(&server, "rlp-w"), handlers).await;
+    let task = spec("rlp", "sync").handler("rec").field("rate_limit", json!({"limit": 1, "period": "4s"}));
+    api.store(&task.json()).await;
+    let spec = task.task();
+    let base = Utc::now().timestamp_millis();
+    let first = dispatch(&js, &names, &spec, base).await;
+    wait_run_status(&js, &names, &first, RunStatus::Succeeded, WAIT).await;
+    // The next start is 4 s after the first: the run waits in the stream, its record held.
+    let second = dispatch(&js, &names, &spec, base + 1).await;
+    let held = wait_run_status(&js, &names, &second, RunStatus::Held, WAIT).await;
+    let release = held.release_at.unwrap_or_else(|| panic!("no release_at: {held:?}"));
+    assert!(release > Utc::now(), "{held:?}");
+    let told = eventually(WAIT, "run.held told", || async {
+        let found = events_about(&js, EventKind::RunHeld, "rlp", "sync", WAIT).await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert_eq!(told[0].reason.as_deref(), Some("rate_limited"), "{told:?}");
+    assert_eq!(told[0].key.as_deref(), Some("rlp.sync"), "{told:?}");
+    // Paused meanwhile: the scheduled run is skipped when it comes back, never executed.
+    let paused = api.task("pause", json!({"namespace": "rlp", "id": "sync", "reason": "maintenance"})).await;
+    assert_eq!(paused["task"]["paused"], json!(true), "{paused}");
+    let record = wait_run_status(&js, &names, &second, RunStatus::Skipped, WAIT).await;
+    assert_eq!(record.reason.as_deref(), Some("paused"), "{record:?}");
     assert_eq!(calls.lock().unwrap().len(), 1);
 }
