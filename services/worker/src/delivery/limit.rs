@@ -89,6 +89,11 @@ impl Delivery<'_> {
         let message = &self.received.message;
         parts.answers.keeping_alive(message, pin!(tokio::time::sleep(wait_until(start)))).await;
         self.slot.reacquire().await;
+        // Cancelled while it waited: it never starts.
+        if let Some(reason) = parts.cancels.reason(&dispatch.execution_id) {
+            self.end_cancelled(&reason).await;
+            return true;
+        }
         false
     }
 
