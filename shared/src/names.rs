@@ -55,6 +55,9 @@ pub mod breaker_reason {
     /// `run.skipped`'s reason (and the run record's) when the run was dispatched by the task's
     /// schedule and had not started when a worker took it while the task was paused.
     pub const PAUSED: &str = "paused";
+    /// `run.skipped`'s reason (and the run record's) when the run's rate limit did not let it
+    /// start now (`rate_limit.on_limit: skip`).
+    pub const RATE_LIMITED: &str = "rate_limited";
     /// `task.paused`'s reason (and the task's `paused_reason`) when the registry paused the task
     /// after `pause_after_failures` consecutive failed runs.
     pub const CONSECUTIVE_FAILURES: &str = "consecutive_failures";
@@ -118,6 +121,16 @@ impl Names {
     /// [`breaker_shared_key`] → a named breaker shared by every namespace.
     pub fn breakers_bucket(&self) -> String {
         format!("{}_BREAKERS", self.upper)
+    }
+    /// Rate limits shared by every worker: [`rate_key`](Self::rate_key) → the key's state
+    /// (`{"tat_us", "throttled_since_us"}`), written with compare-and-set.
+    pub fn rates_bucket(&self) -> String {
+        format!("{}_RATES", self.upper)
+    }
+    /// A rate limit's key in the rates bucket: `<namespace>.<key>` (the expanded key of
+    /// `rate_limit.key`; a key belongs to its namespace).
+    pub fn rate_key(namespace: &str, key: &str) -> String {
+        format!("{namespace}.{key}")
     }
     /// Queue states set by operators: `<queue>` → `{paused, reason, by, at}`. Workers follow it
     /// and pull nothing from a paused queue's lanes.
@@ -503,6 +516,8 @@ mod tests {
     fn breaker_names_and_keys() {
         let names = Names::new("acme").unwrap();
         assert_eq!(names.breakers_bucket(), "ACME_BREAKERS");
+        assert_eq!(names.rates_bucket(), "ACME_RATES");
+        assert_eq!(Names::rate_key("ns", "customer-1"), "ns.customer-1");
         assert_eq!(names.queues_bucket(), "ACME_QUEUES");
         assert_eq!(names.queue_api_subject("pause"), "acme.api.queue.pause");
         assert_eq!(names.control_stream(), "ACME_CONTROL");

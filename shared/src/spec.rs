@@ -11,6 +11,7 @@ mod concurrency;
 mod executor;
 mod fast;
 pub mod limit_key;
+mod rate_limit;
 mod read;
 mod retry;
 mod schema;
@@ -28,6 +29,7 @@ use serde_json::{Value, json};
 pub use self::breaker::{BreakerSpec, OnOpen};
 pub use self::concurrency::ConcurrencySpec;
 pub use self::executor::{Executor, confined_subject};
+pub use self::rate_limit::{OnLimit, RateLimitSpec};
 pub use self::read::validate_id;
 use self::read::{
     MISFIRE, OVERLAP, PRIORITY, check_label, check_pause_after_failures, check_paused_reason, choice, lookup,
@@ -93,6 +95,8 @@ pub struct TaskSpec {
     pub pause_after_failures: Option<u32>,
     /// At most `limit` runs under the expanded `key` at once, across every worker.
     pub concurrency: Option<ConcurrencySpec>,
+    /// How many runs may start per period, per key, across every worker (docs/limits.md).
+    pub rate_limit: Option<RateLimitSpec>,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
     #[schemars(
         default = "schema::empty_map",
@@ -272,6 +276,9 @@ impl TaskSpec {
         }
         if let Some(concurrency) = &self.concurrency {
             v["concurrency"] = concurrency.to_json();
+        }
+        if let Some(rate_limit) = &self.rate_limit {
+            v["rate_limit"] = rate_limit.to_json();
         }
         v
     }

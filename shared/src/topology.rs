@@ -124,6 +124,8 @@ pub struct Topology {
     pub cancels: kv::Store,
     /// Concurrency limits: slots held with leases and runs waiting, shared by every worker.
     pub limits: kv::Store,
+    /// Rate-limit state per key, written by workers with compare-and-set.
+    pub rates: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -213,6 +215,8 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
             1,
             Duration::ZERO,
         ),
+        // Kept without an age: a key's state may lie far ahead (a long backlog of delayed runs).
+        base(names.rates_bucket(), "jetsched rate limits (GCRA state per key)", 1, Duration::ZERO),
     ]
 }
 
@@ -369,6 +373,7 @@ async fn ensure_once(
         queues: next(),
         cancels: next(),
         limits: next(),
+        rates: next(),
         changes,
     })
 }

@@ -89,6 +89,7 @@ mod event;
 mod limit;
 mod pause;
 mod queue;
+mod rate;
 mod run;
 mod state;
 
@@ -112,5 +113,6 @@ pub use event::{Event, EventKind};
 pub use limit::{Holder, LimitInfo, LimitListReply, LimitRecord, LimitRequest, Waiter};
 pub use pause::PauseRequest;
 pub use queue::{LaneInfo, QueueInfo, QueueListReply, QueueReply, QueueRequest, QueueState};
+pub use rate::{HDR_RATE_START, RateRecord, format_rate_start, parse_rate_start};
 pub use run::{AttemptOutcome, AttemptRecord, MAX_KEPT_ATTEMPTS, RunRecord, RunStatus};
 pub use state::{FireState, LeaderRecord, RECENT_RUNS, TaskState, TaskStatus};

@@ -12,6 +12,7 @@ mod attempt;
 mod ending;
 mod limit;
 mod parts;
+mod rate;
 mod shortcut;
 mod state;
 
@@ -22,12 +23,13 @@ use self::state::Delivery;
 use crate::breaker::Admission;
 use crate::dlq::{DeadLetter, disagreement, mismatched, undecodable};
 use crate::message::Received;
+use crate::slot::Slot;
 use crate::spans;
 
 pub(crate) use self::parts::Parts;
 
 /// Handles one delivery from its metadata to its ending.
-pub(crate) async fn process(parts: &Parts, queue: &str, message: jetstream::Message) {
+pub(crate) async fn process(parts: &Parts, queue: &str, message: jetstream::Message, permit: &mut Slot) {
     let received = match Received::read(message) {
         Ok(received) => received,
         Err(error) => {
@@ -65,7 +67,7 @@ pub(crate) async fn process(parts: &Parts, queue: &str, message: jetstream::Mess
     }
     dispatch.trace_id.clone_from(&received.trace.trace_id);
     let span = spans::run(&dispatch, received.attempt, &message.subject, &received.trace);
-    Delivery::new(parts, queue, &received, &dispatch).deliver().instrument(span).await;
+    Delivery::new(parts, queue, &received, &dispatch, permit).deliver().instrument(span).await;
 }
 
 /// Ends a delivery that is not run: its dead letter stored (awaiting the stream's ack, counted
@@ -80,7 +82,8 @@ async fn refuse(parts: &Parts, message: &jetstream::Message, entry: &DeadLetter)
 
 impl Delivery<'_> {
     /// A paused task's scheduled run skipped; else the breaker's admission, then either its
-    /// shortcut or the attempt and its ending; the run events told meanwhile are awaited last.
+    /// shortcut, or the rate limit's say, then the attempt and its ending; the run events told
+    /// meanwhile are awaited last.
     async fn deliver(mut self) {
         let dispatch = self.dispatch;
         // A run cancelled before it started never starts (a released held run included).
@@ -104,6 +107,9 @@ impl Delivery<'_> {
                 self.short_circuit(&gate).await;
                 self.give_back_reservation().await;
             }
+            // Its rate limit skipped it, delayed it or handed it back: a concurrency slot
+            // handed over to it goes to the next waiting run meanwhile.
+            _ if self.rate_limit().await => self.give_back_reservation().await,
             gate => {
                 self.gate = gate;
                 if self.take_slot().await {

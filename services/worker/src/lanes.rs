@@ -25,6 +25,8 @@ use async_nats::jetstream::{AckKind, Message, consumer::PullConsumer};
 use futures::StreamExt;
 use jetsched_shared::priority::Priority;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+pub(crate) use crate::slot::Frees;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -32,6 +34,7 @@ use tokio_util::task::TaskTracker;
 
 use self::policy::{Policy, Reserve};
 use crate::delivery::{Parts, process};
+use crate::slot::Slot;
 
 /// The lanes of a queue and how permits are shared among them.
 pub(crate) struct LanePulls {
@@ -46,25 +49,6 @@ pub(crate) struct LanePulls {
     pub(crate) progress_interval: Duration,
     /// Set while operators have paused the queue.
     pub(crate) paused: watch::Receiver<bool>,
-}
-
-/// Counts freed permits of every queue, so a loop waiting on its reserve wakes when any run ends.
-pub(crate) type Frees = Arc<watch::Sender<u64>>;
-
-/// A permit held by a run of one lane: on drop, the lane's run count goes down and every
-/// queue's loop hears of it.
-struct Slot {
-    permit: Option<OwnedSemaphorePermit>,
-    running: Arc<AtomicUsize>,
-    frees: Frees,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        drop(self.permit.take());
-        self.running.fetch_sub(1, Ordering::AcqRel);
-        self.frees.send_modify(|n| *n = n.wrapping_add(1));
-    }
 }
 
 /// One lane's state in the loop.
@@ -144,7 +128,13 @@ pub(crate) async fn run_lanes(
         .collect();
     let mut probes: JoinSet<ProbeResult> = JoinSet::new();
     let mut freed = frees.subscribe();
-    let starter = Starter { parts: parts.clone(), queue: queue.clone(), tracker, frees: frees.clone() };
+    let starter = Starter {
+        parts: parts.clone(),
+        queue: queue.clone(),
+        tracker,
+        frees: frees.clone(),
+        permits: permits.clone(),
+    };
     loop {
         let stopped = *paused.borrow_and_update();
         for (index, lane) in lanes.iter_mut().enumerate() {
@@ -311,6 +301,8 @@ struct Starter {
     queue: Arc<str>,
     tracker: TaskTracker,
     frees: Frees,
+    /// The worker's permits (a run waiting for its start gives its own back and takes one again).
+    permits: Arc<Semaphore>,
 }
 
 impl Starter {
@@ -375,15 +367,13 @@ impl Starter {
             let waited = (async_nats::datetime::now() - info.published).as_seconds_f64().max(0.0);
             self.parts.metrics.wait.with_label_values(&[&self.queue, priority]).observe(waited);
         }
-        lane.running.fetch_add(1, Ordering::AcqRel);
-        let slot = Slot { permit: Some(permit), running: lane.running.clone(), frees: self.frees.clone() };
+        let mut slot = Slot::new(permit, self.permits.clone(), lane.running.clone(), self.frees.clone());
         let parts = self.parts.clone();
         let queue = self.queue.clone();
         self.tracker.spawn(async move {
-            let _slot = slot;
             // Boxed: a delivery's state machine is kilobytes, and an unboxed one was
             // copied several times per spawn (half of the 11% of a worker's CPU spent in memmove).
-            Box::pin(process(&parts, &queue, message)).await;
+            Box::pin(process(&parts, &queue, message, &mut slot)).await;
         });
     }
 

@@ -28,8 +28,10 @@ mod message;
 mod metrics;
 mod pauses;
 mod queues;
+mod rate;
 pub mod runs;
 mod service;
+mod slot;
 mod spans;
 mod verdict;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 use async_nats::{HeaderMap, HeaderName};
 use jetsched_shared::trace;
-use jetsched_shared::wire::{HDR_ATTEMPTS_SPENT, HDR_DELAYS};
+use jetsched_shared::wire::{HDR_ATTEMPTS_SPENT, HDR_DELAYS, HDR_RATE_START, parse_rate_start};
 use opentelemetry::trace::TraceContextExt;
 use prometheus::IntCounter;
 
@@ -18,6 +18,7 @@ use prometheus::IntCounter;
 /// name each time).
 const ATTEMPTS_SPENT: HeaderName = HeaderName::from_static(HDR_ATTEMPTS_SPENT);
 const DELAYS: HeaderName = HeaderName::from_static(HDR_DELAYS);
+const RATE_START: HeaderName = HeaderName::from_static(HDR_RATE_START);
 
 /// A dispatch message and what its metadata and headers say.
 pub(crate) struct Received {
@@ -42,9 +43,15 @@ impl Received {
         Ok(Received { message, attempt, sequence, trace })
     }
 
-    /// The delays by the breaker this run has had so far.
+    /// The delays by the breaker or the rate limit this run has had so far.
     pub(crate) fn delays(&self) -> u32 {
         count(self.message.headers.as_ref(), DELAYS)
+    }
+
+    /// The start its rate limit reserved, as `(attempt, start_us)`, on a run it delayed.
+    pub(crate) fn rate_start(&self) -> Option<(u32, i64)> {
+        let value = self.message.headers.as_ref()?.get(RATE_START)?;
+        parse_rate_start(value.as_str())
     }
 }
 

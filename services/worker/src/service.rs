@@ -35,6 +35,7 @@ use crate::message::Answers;
 use crate::metrics::Metrics;
 use crate::pauses::Pauses;
 use crate::queues::QueueStates;
+use crate::rate::Rates;
 use crate::runs::{Recording, RunStore};
 
 /// A started worker, ready to run.
@@ -188,6 +189,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         config.shared_breakers.iter().cloned().collect(),
     ));
     let breakers_watch = breakers.load().await?;
+    let rates = Arc::new(Rates::new(topology.rates, events.clone(), instance.clone(), &registry)?);
     let queue_states = Arc::new(QueueStates::new(topology.queues, &config.queues, metrics.clone()));
     let queues_watch = queue_states.load().await?;
     let pauses = Arc::new(Pauses::new(topology.tasks, metrics.errors.with_label_values(&["pause_watch"])));
@@ -217,6 +219,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         runs,
         recording: Recording { mode: config.run_records, running_after: config.running_after },
         breakers,
+        rates,
         pauses,
         cancels,
         limits,

@@ -1,7 +1,7 @@
 //! The fast path of [`TaskSpec::parse`]: the spec, its schedule and its executor (except
 //! `shell`) are deserialized into typed fields (strings borrowed from the input where they have
 //! no escapes) instead of a `serde_json::Value` tree, then checked with the same validators as
-//! the reference reader in `spec.rs`; `retry`, `jitter` and `breaker` go through the reference parsers.
+//! the reference reader in `spec.rs`; `retry`, `jitter`, `breaker` and `rate_limit` go through the reference parsers.
 //!
 //! It only ever answers "valid, and here is the spec" or "not mine": every input it does not
 //! accept (a type error, a duplicate key, a value that fails validation) goes to the reference
@@ -22,8 +22,8 @@ use serde_json::Value;
 use super::executor::{check_header, parse_method, validate_handler_name, validate_subject, validate_url};
 use super::{
     BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, MAX_LABELS, MAX_TIMEOUT,
-    MISFIRE, OVERLAP, PRIORITY, RetryPolicy, TaskSpec, check_label, check_pause_after_failures,
-    check_paused_reason, lookup, read_jitter, validate_id, validate_name,
+    MISFIRE, OVERLAP, PRIORITY, RateLimitSpec, RetryPolicy, TaskSpec, check_label,
+    check_pause_after_failures, check_paused_reason, lookup, read_jitter, validate_id, validate_name,
 };
 use crate::field::{Problems, parse_duration, parse_instant};
 use crate::schedule::{CronSchedule, Schedule, check_interval};
@@ -62,6 +62,7 @@ struct Doc<'a> {
     breaker: Option<Value>,
     pause_after_failures: Option<u32>,
     concurrency: Option<Value>,
+    rate_limit: Option<Value>,
     labels: Option<BTreeMap<String, String>>,
 }
 
@@ -288,6 +289,14 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
     if let Some(concurrency) = &concurrency {
         concurrency.check_labels(&namespace, &id, &labels).ok()?;
     }
+    let rate_limit = match &doc.rate_limit {
+        Some(rate) => {
+            let rate = Problems::collect(|problems| RateLimitSpec::read(rate, problems)).ok()?;
+            rate.expand_key(&namespace, &id, &labels).ok()?;
+            Some(rate)
+        }
+        None => None,
+    };
     Some(TaskSpec {
         version,
         id: id.into_owned(),
@@ -307,6 +316,7 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         breaker,
         pause_after_failures: doc.pause_after_failures,
         concurrency,
+        rate_limit,
         labels,
     })
 }

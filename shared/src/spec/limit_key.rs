@@ -88,7 +88,12 @@ pub fn expand(
             Piece::Namespace => key.push_str(namespace),
             Piece::Id => key.push_str(id),
             Piece::Label(label) => match labels.get(label) {
-                Some(value) => key.push_str(value),
+                Some(value) if value.bytes().all(key_byte) => key.push_str(value),
+                Some(value) => {
+                    return Err(format!(
+                        "the value of label {label:?} ({value:?}) is not a valid key part ([A-Za-z0-9_-])"
+                    ));
+                }
                 None => return Err(format!("the task has no label {label:?}")),
             },
         }
@@ -134,7 +139,7 @@ mod tests {
             ("a.b", "not allowed"),
             ("naïve", "not allowed"),
             ("{labels.missing}", "no label \"missing\""),
-            ("x-{labels.spaced}", "not a valid key"),
+            ("x-{labels.spaced}", "not a valid key part"),
             ("{labels.empty}", "not a valid key"),
         ];
         for (template, reason) in cases {

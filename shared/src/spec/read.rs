@@ -7,7 +7,8 @@ use serde_json::Value;
 
 use super::{
     BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, Jitter, MAX_LABELS,
-    MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RetryPolicy, TaskSpec, fast,
+    MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RateLimitSpec, RetryPolicy,
+    TaskSpec, fast,
 };
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{Obj, Problems, err};
@@ -32,6 +33,7 @@ const FIELDS: &[&str] = &[
     "breaker",
     "pause_after_failures",
     "concurrency",
+    "rate_limit",
     "labels",
 ];
 
@@ -254,9 +256,14 @@ impl TaskSpec {
         }));
         // Outer `Some`: given; inner `None`: refused.
         let concurrency = obj.get("concurrency").map(|c| ConcurrencySpec::read(c, problems));
+        let rate_limit = obj.get("rate_limit").map(|rate| RateLimitSpec::read(rate, problems));
         let labels = read_labels(&obj, problems);
+        // The keys are checked against the task once its namespace, id and labels are known.
         if let (Some(Some(concurrency)), Some(id), Some(labels)) = (&concurrency, id, &labels) {
             problems.take(concurrency.check_labels(namespace, id, labels));
+        }
+        if let (Some(Some(rate)), Some(id), Some(labels)) = (&rate_limit, id, &labels) {
+            rate.check_key(namespace, id, labels, problems);
         }
         if !problems.is_empty() {
             return None;
@@ -288,6 +295,10 @@ impl TaskSpec {
             pause_after_failures: pause_after_failures?,
             concurrency: match concurrency {
                 Some(concurrency) => Some(concurrency?),
+                None => None,
+            },
+            rate_limit: match rate_limit {
+                Some(rate_limit) => Some(rate_limit?),
                 None => None,
             },
             labels: labels?,

@@ -860,6 +860,7 @@ fn valid_specs() -> Vec<Value> {
             "executor": {"kind": "nats", "subject": "jobs.run", "payload": [1, 2.5, "x", null], "headers": {"Trace": "1"}},
             "timeout": "90s", "misfire": "fire_all", "catchup_window": "10m", "overlap": "buffer_one",
             "jitter": {"spread": "10s", "max_random": "2s"}, "paused": true,
+            "rate_limit": {"key": "team-{labels.team}-{id}", "limit": 100, "period": "1m", "burst": 5, "on_limit": "skip"},
             "labels": {"team": "ops", "app.kubernetes.io/name": "x"}
         }),
         json!({
@@ -1011,8 +1012,45 @@ const FIELDS_FOR_TESTS: &[(&str, &[&str], &[&str])] = &[
         &["", r#"{"team": "ops"}"#, "null"],
         &[r#"{"bad key": "x"}"#, r#"{"team": 1}"#, r#"{"team": null}"#, "[]"],
     ),
+    (
+        "rate_limit",
+        &[
+            "",
+            r#"{"limit": 20, "period": "1s"}"#,
+            r#"{"key": "t-{labels.team}", "limit": 5, "period": "1m", "burst": 3, "on_limit": "skip"}"#,
+            "null",
+        ],
+        &[
+            r#"{"limit": 0, "period": "1s"}"#,
+            r#"{"key": "a.b", "limit": 1, "period": "1s"}"#,
+            r#"{"limit": 1}"#,
+            r#"{"key": "{labels.nope}", "limit": 1, "period": "1s"}"#,
+            r#"{"limit": 1000000, "period": "100ms"}"#,
+            "\"x\"",
+        ],
+    ),
     ("owner", &[""], &["\"me\"", "null"]),
 ];
+
+#[test]
+fn a_rate_limit_key_is_checked_against_the_task_naming_every_problem() {
+    let mut value = base();
+    value["labels"] = json!({"customer": "acme corp"});
+    value["rate_limit"] =
+        json!({"key": "c-{labels.customer}", "limit": 0, "period": "0s", "on_limit": "drop"});
+    let errors = TaskSpec::parse_value(value.clone()).unwrap_err();
+    let fields: Vec<_> = errors.as_slice().iter().map(|e| e.field.clone().unwrap_or_default()).collect();
+    assert_eq!(fields, ["rate_limit.limit", "rate_limit.period", "rate_limit.on_limit"], "{errors:?}");
+    value["rate_limit"] = json!({"key": "c-{labels.customer}", "limit": 10, "period": "1s"});
+    let errors = TaskSpec::parse_value(value.clone()).unwrap_err();
+    assert_eq!(errors.first().field.as_deref(), Some("rate_limit.key"), "{errors:?}");
+    assert!(errors.first().message.contains("customer"), "{errors:?}");
+    value["labels"] = json!({"customer": "acme"});
+    let spec = TaskSpec::parse_value(value).unwrap();
+    let rate = spec.rate_limit.as_ref().unwrap();
+    assert_eq!(rate.expand_key(&spec.namespace, &spec.id, &spec.labels).unwrap(), "c-acme");
+    assert_eq!((rate.burst, rate.interval_us()), (1, 100_000));
+}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(3000))]

@@ -53,6 +53,11 @@ pub enum EventKind {
     BreakerHalfOpened,
     #[serde(rename = "breaker.closed")]
     BreakerClosed,
+    /// A rate limit began throttling (once per episode, by the worker whose decision began it):
+    /// the task's namespace, its expanded key as the id, `key` (the bucket key), `execution_id`
+    /// of the run that found it throttled.
+    #[serde(rename = "limit.throttled")]
+    LimitThrottled,
     #[serde(rename = "leader.acquired")]
     LeaderAcquired,
     #[serde(rename = "leader.lost")]
@@ -96,6 +101,7 @@ impl EventKind {
             EventKind::BreakerOpened => "breaker.opened",
             EventKind::BreakerHalfOpened => "breaker.half_opened",
             EventKind::BreakerClosed => "breaker.closed",
+            EventKind::LimitThrottled => "limit.throttled",
             EventKind::LeaderAcquired => "leader.acquired",
             EventKind::LeaderLost => "leader.lost",
             EventKind::QueuePaused => "queue.paused",

@@ -25,6 +25,7 @@ mod held_runs;
 mod intake_recovery;
 mod invariants;
 mod limits;
+mod rate_limits;
 mod local;
 mod nemesis;
 mod operator_truth;

@@ -9,6 +9,7 @@ mod console;
 mod e2e;
 mod events;
 mod failover;
+mod limits;
 mod priority;
 mod raw;
 mod registry;
@@ -60,6 +61,9 @@ enum Scenario {
     /// No-op runs behind a closed circuit breaker against none (A/B rounds), and the time from
     /// a breaker's threshold crossed to the last call of a failing task, over many trials.
     Breakers(breakers::Args),
+    /// No-op runs under a rate limit that never binds against none (A/B rounds), and the rate
+    /// and per-second counts of runs paced by a binding limit (default 1,000/s).
+    Limits(limits::Args),
     /// Run events told by many deliveries in flight, in fast-ingest batches against one
     /// publish per event (A/B rounds on fresh servers): events/s and CPU per event.
     Events(events::Args),
@@ -245,6 +249,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Steady(args) => scheduler::steady(args).await?,
         Scenario::E2e(args) => e2e::run(args).await?,
         Scenario::Breakers(args) => breakers::run(args).await?,
+        Scenario::Limits(args) => limits::run(args).await?,
         Scenario::Failover(args) => failover::run(args).await?,
         Scenario::Priority(args) => priority::run(args).await?,
         Scenario::Events(args) => events::run(args).await?,

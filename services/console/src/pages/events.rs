@@ -10,7 +10,7 @@ use super::{layout, task_href, when};
 use crate::trace::TraceLinks;
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 26] = [
+pub(crate) const KINDS: [EventKind; 27] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -31,6 +31,7 @@ pub(crate) const KINDS: [EventKind; 26] = [
     EventKind::BreakerOpened,
     EventKind::BreakerHalfOpened,
     EventKind::BreakerClosed,
+    EventKind::LimitThrottled,
     EventKind::LeaderAcquired,
     EventKind::LeaderLost,
     EventKind::QueuePaused,
@@ -216,12 +217,13 @@ mod tests {
                 BreakerOpened => 17,
                 BreakerHalfOpened => 18,
                 BreakerClosed => 19,
-                LeaderAcquired => 20,
-                LeaderLost => 21,
-                QueuePaused => 22,
-                QueueResumed => 23,
-                LimitSaturated => 24,
-                SchedulerClockSkew => 25,
+                LimitThrottled => 20,
+                LeaderAcquired => 21,
+                LeaderLost => 22,
+                QueuePaused => 23,
+                QueueResumed => 24,
+                LimitSaturated => 25,
+                SchedulerClockSkew => 26,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

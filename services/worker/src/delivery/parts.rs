@@ -18,6 +18,7 @@ use crate::limits::Limits;
 use crate::message::Answers;
 use crate::metrics::Metrics;
 use crate::pauses::Pauses;
+use crate::rate::Rates;
 use crate::runs::{Recording, RunStore};
 
 /// The parts a delivery uses, built once per worker.
@@ -34,6 +35,8 @@ pub(crate) struct Parts {
     pub(crate) runs: RunStore,
     pub(crate) recording: Recording,
     pub(crate) breakers: Arc<Breakers>,
+    /// Rate limits per key, shared with every worker through their bucket.
+    pub(crate) rates: Arc<Rates>,
     /// The tasks paused now: their scheduled runs not started yet are skipped.
     pub(crate) pauses: Arc<Pauses>,
     /// The runs cancelled on request, and the attempts running here (fired on a cancel).

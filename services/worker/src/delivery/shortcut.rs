@@ -21,7 +21,7 @@ use chrono::Utc;
 use jetsched_shared::names::breaker_reason;
 use jetsched_shared::spec::OnOpen;
 use jetsched_shared::wire::{
-    EventKind, HDR_ATTEMPTS_SPENT, HDR_DELAYS, HDR_SCHEDULE, HDR_SCHEDULE_TARGET, format_time,
+    EventKind, HDR_ATTEMPTS_SPENT, HDR_DELAYS, HDR_RATE_START, HDR_SCHEDULE, HDR_SCHEDULE_TARGET, format_time,
 };
 
 use super::state::Delivery;
@@ -30,7 +30,7 @@ use crate::runs::skip::Skip;
 use crate::spans;
 
 /// When a delivery whose skip or delay could not be stored is delivered again.
-const RETRY_DELAY: Duration = Duration::from_secs(1);
+pub(super) const RETRY_DELAY: Duration = Duration::from_secs(1);
 
 impl Delivery<'_> {
     /// Ends a delivery its breaker short-circuited, as the task's `on_open` says.
@@ -66,7 +66,12 @@ impl Delivery<'_> {
     /// acks the message; a run final already is acked; one whose record could not be written
     /// is handed back (`None`). `unstarted_only`: a run with an executed attempt is left as it
     /// is, its message unanswered.
-    async fn end_skipped(&mut self, reason: &str, key: Option<&str>, unstarted_only: bool) -> Option<Skip> {
+    pub(super) async fn end_skipped(
+        &mut self,
+        reason: &str,
+        key: Option<&str>,
+        unstarted_only: bool,
+    ) -> Option<Skip> {
         let parts = self.parts;
         let skipped =
             parts.runs.skip(self.dispatch, self.attempt, &parts.worker, reason, unstarted_only).await;
@@ -131,7 +136,7 @@ impl Delivery<'_> {
     async fn delay(&mut self, gate: &Gate) {
         let parts = self.parts;
         let at = gate.comeback(Utc::now(), rand::random::<f64>());
-        match self.republish(at).await {
+        match self.republish(at, None).await {
             Ok(()) => {
                 parts.metrics.short_circuited.with_label_values(&[&gate.key, "delay"]).inc();
                 tracing::info!(key = gate.key, until = %format_time(at), "breaker open: run delayed");
@@ -161,8 +166,13 @@ impl Delivery<'_> {
     }
 
     /// Publishes the dispatch again as a message the server holds until `at`, on the queue's
-    /// delayed subject, aimed at the original dispatch subject; awaits the stream's ack.
-    async fn republish(&self, at: chrono::DateTime<Utc>) -> anyhow::Result<()> {
+    /// delayed subject, aimed at the original dispatch subject, with the start its rate limit
+    /// reserved (`reserved`, [`HDR_RATE_START`]) if any; awaits the stream's ack.
+    pub(super) async fn republish(
+        &self,
+        at: chrono::DateTime<Utc>,
+        reserved: Option<String>,
+    ) -> anyhow::Result<()> {
         let message = &self.received.message;
         let delays = self.received.delays() + 1;
         let mut headers = HeaderMap::new();
@@ -170,7 +180,11 @@ impl Delivery<'_> {
             for (name, values) in original.iter() {
                 let name: &str = name.as_ref();
                 // Server headers (message id, a previous schedule's) are not carried over.
-                if name.starts_with("Nats-") || name == HDR_ATTEMPTS_SPENT || name == HDR_DELAYS {
+                if name.starts_with("Nats-")
+                    || name == HDR_ATTEMPTS_SPENT
+                    || name == HDR_DELAYS
+                    || name == HDR_RATE_START
+                {
                     continue;
                 }
                 for value in values {
@@ -184,6 +198,9 @@ impl Delivery<'_> {
         headers.insert(HDR_DELAYS, HeaderValue::from(delays.to_string()));
         headers.insert(HDR_SCHEDULE, HeaderValue::from(format!("@at {}", format_time(at))));
         headers.insert(HDR_SCHEDULE_TARGET, HeaderValue::from(message.subject.to_string()));
+        if let Some(reserved) = reserved {
+            headers.insert(HDR_RATE_START, HeaderValue::from(reserved));
+        }
         let dispatch = self.dispatch;
         let subject = self.parts.names.delayed_subject(
             self.queue,

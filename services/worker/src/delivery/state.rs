@@ -10,6 +10,7 @@ use super::parts::Parts;
 use crate::breaker::Gate;
 use crate::message::Received;
 use crate::runs::Stored;
+use crate::slot::Slot;
 
 /// How long a run event that JetStream did not store is published again (a replicated events
 /// stream refuses writes while it elects a new leader, e.g. after a node died) before it is
@@ -33,6 +34,8 @@ pub(crate) struct Delivery<'a> {
     pub(super) gate: Option<Gate>,
     /// The concurrency slot this delivery holds (its key in the limits bucket).
     pub(super) slot: Option<String>,
+    /// The run's worker permit: given back while a rate limit holds the run for its start.
+    pub(super) permit: &'a mut Slot,
     /// The run events told so far, their acknowledgements awaited at the end.
     events: EventBatch<'a>,
 }
@@ -43,6 +46,7 @@ impl<'a> Delivery<'a> {
         queue: &'a str,
         received: &'a Received,
         dispatch: &'a Dispatch,
+        permit: &'a mut Slot,
     ) -> Self {
         Delivery {
             parts,
@@ -54,6 +58,7 @@ impl<'a> Delivery<'a> {
             elapsed: None,
             gate: None,
             slot: None,
+            permit,
             events: parts.events.batch(),
         }
     }

@@ -39,6 +39,7 @@ fn every_kind() -> Vec<EventKind> {
         BreakerOpened,
         BreakerHalfOpened,
         BreakerClosed,
+        LimitThrottled,
         LeaderAcquired,
         LeaderLost,
         QueuePaused,
@@ -51,8 +52,8 @@ fn every_kind() -> Vec<EventKind> {
             TaskRegistered | TaskUpdated | TaskDeleted | TaskPaused | TaskResumed | TaskRejected
             | FireDispatched | FireSkipped | FireMissed | RunStarted | RunSucceeded | RunFailed
             | RunRetrying | RunDead | RunSkipped | RunHeld | RunCancelled | BreakerOpened
-            | BreakerHalfOpened | BreakerClosed | LeaderAcquired | LeaderLost | QueuePaused
-            | QueueResumed | LimitSaturated | SchedulerClockSkew => {}
+            | BreakerHalfOpened | BreakerClosed | LimitThrottled | LeaderAcquired | LeaderLost
+            | QueuePaused | QueueResumed | LimitSaturated | SchedulerClockSkew => {}
         }
     }
     all.to_vec()
