@@ -10,6 +10,7 @@ use crate::priority::Priority;
 mod api;
 mod breaker_keys;
 mod cancels;
+mod flow;
 mod held;
 mod msg_ids;
 mod reserved;
@@ -18,6 +19,7 @@ mod reserved;
 use breaker_keys::is_name_token;
 pub use breaker_keys::{BreakerKey, breaker_named_key, breaker_shared_key, breaker_task_key};
 pub use cancels::{CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT};
+pub use flow::{DedupeScope, dedupe_key};
 pub use msg_ids::{
     dead_letter_msg_id, dispatch_msg_id, event_msg_id, manual_msg_id, pause_request_msg_id, replay_msg_id,
 };

@@ -7,6 +7,7 @@
 //! adds the checks that need the registration time.
 
 mod breaker;
+mod debounce;
 mod executor;
 mod fast;
 mod read;
@@ -24,6 +25,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 
 pub use self::breaker::{BreakerSpec, OnOpen};
+pub use self::debounce::DebounceSpec;
 pub use self::executor::{Executor, confined_subject};
 pub use self::read::validate_id;
 use self::read::{
@@ -88,6 +90,8 @@ pub struct TaskSpec {
     /// Pause the task after this many consecutive runs ended `failed` or `dead` (at least 1).
     #[schemars(range(min = 1))]
     pub pause_after_failures: Option<u32>,
+    /// Triggers within `period` of each other collapse into one run with the last payload.
+    pub debounce: Option<DebounceSpec>,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
     #[schemars(
         default = "schema::empty_map",
@@ -264,6 +268,9 @@ impl TaskSpec {
         }
         if let Some(n) = self.pause_after_failures {
             v["pause_after_failures"] = json!(n);
+        }
+        if let Some(debounce) = self.debounce {
+            v["debounce"] = debounce.to_json();
         }
         v
     }

@@ -122,6 +122,8 @@ pub struct Topology {
     pub queues: kv::Store,
     /// Cancel markers written by the registry, followed by every worker.
     pub cancels: kv::Store,
+    /// De-duplication claims of triggers and submissions, each with its own time to live.
+    pub dedupe: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -195,6 +197,14 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
     let mut leader = base(names.leader_bucket(), "jetsched scheduler leader lease", 1, args.lease);
     // Expiry of the lease arrives at watchers as a Purge marker, so followers campaign at once.
     leader.limit_markers = Some(Duration::from_secs(1));
+    // Each claim carries its own time to live (`Nats-TTL`); none outlives the longest.
+    let mut dedupe = base(
+        names.dedupe_bucket(),
+        "jetsched de-duplication keys of triggers and submissions",
+        1,
+        crate::wire::MAX_DEDUPE_TTL,
+    );
+    dedupe.limit_markers = Some(Duration::from_secs(1));
     vec![
         base(names.tasks_bucket(), "jetsched task specs", args.tasks_history, Duration::ZERO),
         leader,
@@ -205,6 +215,7 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         // A marker lives as long as a run record: a run queued or held longer than that is
         // gone from the runs bucket too.
         base(names.cancels_bucket(), "jetsched cancel markers (runs cancelled on request)", 1, args.runs_ttl),
+        dedupe,
     ]
 }
 
@@ -232,13 +243,19 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
         stream::Config {
             retention: RetentionPolicy::WorkQueue,
             duplicate_window: args.duplicate_window,
-            // Runs delayed by an open breaker wait in the stream as server-scheduled messages
+            // Runs delayed by an open breaker, and debounced tasks' pending runs, wait in the
+            // stream as server-scheduled messages
             // (the server turns rollups on for them; declared so a start finds no difference).
             allow_message_schedules: true,
             allow_rollup: true,
             ..base(
                 names.dispatch_stream(),
-                vec![names.dispatch_wildcard(), names.lanes_wildcard(), names.delayed_wildcard()],
+                vec![
+                    names.dispatch_wildcard(),
+                    names.lanes_wildcard(),
+                    names.delayed_wildcard(),
+                    names.debounce_wildcard(),
+                ],
                 "jetsched dispatched runs",
             )
         },
@@ -348,7 +365,7 @@ async fn ensure_once(
         stores.push(ensure_bucket(js, config, &mut changes).await?);
     }
     let mut stores = stores.into_iter();
-    let mut next = || stores.next().expect("seven buckets");
+    let mut next = || stores.next().expect("eight buckets");
     Ok(Topology {
         tasks: next(),
         leader: next(),
@@ -357,6 +374,7 @@ async fn ensure_once(
         breakers: next(),
         queues: next(),
         cancels: next(),
+        dedupe: next(),
         changes,
     })
 }

@@ -99,13 +99,23 @@ enum Command {
         /// The task: `namespace/id`, or `id` in namespace `default`.
         task: String,
     },
-    /// Dispatch one run of a task now.
+    /// Dispatch one run of a task now (or join its pending run when the task debounces).
     Trigger {
         /// The task: `namespace/id`, or `id` in namespace `default`.
         task: String,
         /// The lane of this run (critical, high, normal, low) instead of the task's priority.
         #[arg(long)]
         priority: Option<String>,
+        /// JSON given to the run instead of the spec's body or payload; `@FILE` reads it from a file.
+        #[arg(long)]
+        payload: Option<String>,
+        /// Run at most once per key: a trigger with the key of an earlier one within its TTL
+        /// answers that one's execution and runs nothing.
+        #[arg(long)]
+        dedupe_key: Option<String>,
+        /// How long the key holds (whole seconds, 1s to 7d; default 10m).
+        #[arg(long, requires = "dedupe_key")]
+        dedupe_ttl: Option<String>,
     },
     /// Preview the next fire times of a stored task, or of a spec file with --file.
     Next {
@@ -193,7 +203,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Rm { task, .. } => control(&api, "delete", &task, "deleted", json_out).await,
         Command::Pause { task, reason } => pause(&api, &task, reason, json_out).await,
         Command::Resume { task } => control(&api, "resume", &task, "resumed", json_out).await,
-        Command::Trigger { task, priority } => trigger(&api, &task, priority, json_out).await,
+        Command::Trigger { task, priority, payload, dedupe_key, dedupe_ttl } => {
+            let fields = TriggerFields { priority, payload, dedupe_key, dedupe_ttl };
+            trigger(&api, &task, fields, json_out).await
+        }
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
         // One namespace or one task: the registry reads the last events of just those.
         Command::Events(EventsArgs { namespace: Some(namespace), task, last, follow }) => {
@@ -283,10 +296,50 @@ async fn pause(api: &Api, task: &str, reason: Option<String>, json_out: bool) ->
     Ok(())
 }
 
-async fn trigger(api: &Api, task: &str, priority: Option<String>, json_out: bool) -> Result<(), Failure> {
-    let reply = task_call(api, "trigger", task, "priority", priority).await?;
+/// What `trigger` asks for besides the task.
+struct TriggerFields {
+    priority: Option<String>,
+    payload: Option<String>,
+    dedupe_key: Option<String>,
+    dedupe_ttl: Option<String>,
+}
+
+async fn trigger(api: &Api, task: &str, fields: TriggerFields, json_out: bool) -> Result<(), Failure> {
+    let reference = task_ref(task);
+    let mut request = serde_json::json!({"namespace": reference.namespace, "id": reference.id});
+    if let Some(text) = fields.payload {
+        let text = match text.strip_prefix('@') {
+            Some(path) => {
+                std::fs::read_to_string(path).with_context(|| format!("read payload file {path}"))?
+            }
+            None => text,
+        };
+        let payload: Value = serde_json::from_str(&text).context("--payload is not JSON")?;
+        request["payload"] = payload;
+    }
+    for (field, value) in
+        [("priority", fields.priority), ("dedupe_key", fields.dedupe_key), ("dedupe_ttl", fields.dedupe_ttl)]
+    {
+        if let Some(value) = value {
+            request[field] = Value::String(value);
+        }
+    }
+    let reply: Value = api.task_in("trigger", &reference.namespace, &request).await?;
     let run: TriggerReply = serde_json::from_value(reply.clone()).context("trigger reply")?;
-    output::done(json_out, &reply, &format!("{task} triggered: execution {}", run.execution_id));
+    let line = if run.deduplicated {
+        format!("{task} not triggered again: its dedupe key names execution {}", run.execution_id)
+    } else if run.debounced {
+        let triggers = run.triggers.unwrap_or(1);
+        format!(
+            "{task} debounced: execution {} starts at {} ({triggers} trigger{} collapsed so far)",
+            run.execution_id,
+            jetsched_shared::wire::format_time(run.nominal_time),
+            if triggers == 1 { "" } else { "s" }
+        )
+    } else {
+        format!("{task} triggered: execution {}", run.execution_id)
+    };
+    output::done(json_out, &reply, &line);
     Ok(())
 }
 

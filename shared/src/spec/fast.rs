@@ -1,7 +1,7 @@
 //! The fast path of [`TaskSpec::parse`]: the spec, its schedule and its executor (except
 //! `shell`) are deserialized into typed fields (strings borrowed from the input where they have
 //! no escapes) instead of a `serde_json::Value` tree, then checked with the same validators as
-//! the reference reader in `spec.rs`; `retry`, `jitter` and `breaker` go through the reference parsers.
+//! the reference reader in `spec.rs`; `retry`, `jitter`, `breaker` and `debounce` go through the reference parsers.
 //!
 //! It only ever answers "valid, and here is the spec" or "not mine": every input it does not
 //! accept (a type error, a duplicate key, a value that fails validation) goes to the reference
@@ -21,9 +21,9 @@ use serde_json::Value;
 
 use super::executor::{check_header, parse_method, validate_handler_name, validate_subject, validate_url};
 use super::{
-    BreakerSpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, MAX_LABELS, MAX_TIMEOUT, MISFIRE,
-    OVERLAP, PRIORITY, RetryPolicy, TaskSpec, check_label, check_pause_after_failures, check_paused_reason,
-    lookup, read_jitter, validate_id, validate_name,
+    BreakerSpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, DebounceSpec, Executor, MAX_LABELS, MAX_TIMEOUT,
+    MISFIRE, OVERLAP, PRIORITY, RetryPolicy, TaskSpec, check_label, check_pause_after_failures,
+    check_paused_reason, lookup, read_jitter, validate_id, validate_name,
 };
 use crate::field::{Problems, parse_duration, parse_instant};
 use crate::schedule::{CronSchedule, Schedule, check_interval};
@@ -61,6 +61,7 @@ struct Doc<'a> {
     paused_reason: Option<Cow<'a, str>>,
     breaker: Option<Value>,
     pause_after_failures: Option<u32>,
+    debounce: Option<Value>,
     labels: Option<BTreeMap<String, String>>,
 }
 
@@ -272,6 +273,10 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
     if let Some(n) = doc.pause_after_failures {
         check_pause_after_failures(n).ok()?;
     }
+    let debounce = match &doc.debounce {
+        Some(debounce) => Some(Problems::collect(|problems| DebounceSpec::read(debounce, problems)).ok()?),
+        None => None,
+    };
     let labels = doc.labels.unwrap_or_default();
     if labels.len() > MAX_LABELS {
         return None;
@@ -298,6 +303,7 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         paused_reason: doc.paused_reason.map(Cow::into_owned),
         breaker,
         pause_after_failures: doc.pause_after_failures,
+        debounce,
         labels,
     })
 }

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::{
-    BreakerSpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, Jitter, MAX_LABELS, MAX_PAUSED_REASON,
-    MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RetryPolicy, TaskSpec, fast,
+    BreakerSpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, DebounceSpec, Executor, Jitter, MAX_LABELS,
+    MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RetryPolicy, TaskSpec, fast,
 };
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{Obj, Problems, err};
@@ -31,6 +31,7 @@ const FIELDS: &[&str] = &[
     "paused_reason",
     "breaker",
     "pause_after_failures",
+    "debounce",
     "labels",
 ];
 
@@ -251,6 +252,7 @@ impl TaskSpec {
             Some(n) => check_pause_after_failures(n).map(|()| Some(n)),
             None => Ok(None),
         }));
+        let debounce = obj.get("debounce").map(|debounce| DebounceSpec::read(debounce, problems));
         let labels = read_labels(&obj, problems);
         if !problems.is_empty() {
             return None;
@@ -280,6 +282,10 @@ impl TaskSpec {
                 None => None,
             },
             pause_after_failures: pause_after_failures?,
+            debounce: match debounce {
+                Some(debounce) => Some(debounce?),
+                None => None,
+            },
             labels: labels?,
         })
     }

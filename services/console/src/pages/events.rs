@@ -10,7 +10,7 @@ use super::{layout, task_href, when};
 use crate::trace::TraceLinks;
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 25] = [
+pub(crate) const KINDS: [EventKind; 27] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -36,6 +36,8 @@ pub(crate) const KINDS: [EventKind; 25] = [
     EventKind::QueuePaused,
     EventKind::QueueResumed,
     EventKind::SchedulerClockSkew,
+    EventKind::TriggerDeduplicated,
+    EventKind::TriggerDebounced,
 ];
 
 /// The filters of the events page and its stream.
@@ -220,6 +222,8 @@ mod tests {
                 QueuePaused => 22,
                 QueueResumed => 23,
                 SchedulerClockSkew => 24,
+                TriggerDeduplicated => 25,
+                TriggerDebounced => 26,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

@@ -5,7 +5,8 @@
 //! opt in, nor one team's program another team's.
 //!
 //! The process gets the spec's `env`, the execution headers as `JETSCHED_EXECUTION_ID`,
-//! `JETSCHED_TASK`, `JETSCHED_NOMINAL_TIME`, `JETSCHED_ATTEMPT`, `JETSCHED_TRIGGER` and a
+//! `JETSCHED_TASK`, `JETSCHED_NOMINAL_TIME`, `JETSCHED_ATTEMPT`, `JETSCHED_TRIGGER`, a trigger's
+//! payload as JSON in `JETSCHED_PAYLOAD` (when the trigger gave one) and a
 //! default `PATH` — never the worker's own environment, which holds its NATS credentials.
 //! The process runs in a process group of its own; on timeout (or shutdown) the whole group
 //! is killed; when the run is cancelled, the group is sent `SIGTERM`, then `SIGKILL` after a
@@ -24,6 +25,9 @@ use tokio::process::Command;
 
 use super::attempt::{Attempt, CANCEL_GRACE, Scope, tail};
 use crate::verdict::Outcome;
+
+/// The variable a trigger's payload is given in, as JSON.
+const PAYLOAD_ENV: &str = "JETSCHED_PAYLOAD";
 
 /// `PATH` of the started process unless the spec's `env` sets one.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -94,6 +98,7 @@ impl ShellExecutor {
             .envs(env)
             .envs(attempt.header_pairs().iter().map(|(name, value)| (env_name(name), value.clone())))
             .envs(attempt.trace.pairs().map(|(name, value)| (name.to_ascii_uppercase(), value)))
+            .envs(attempt.dispatch.payload.as_ref().map(|payload| (PAYLOAD_ENV, payload.to_string())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
