@@ -273,7 +273,8 @@ mod tests {
         let names = Names::default();
         let spec = TaskSpec::parse(SPEC).expect("valid spec");
         let at = from_ms(NOMINAL + 5);
-        let cases: [(Origin<'_>, Trigger, u64, i64); 4] = [
+        let payload = serde_json::json!({"edit": 7});
+        let cases: [(Origin<'_>, Trigger, u64, i64); 5] = [
             (
                 Origin::Scheduled { nominal_ms: NOMINAL, term: 42, catchup: false },
                 Trigger::Schedule,
@@ -287,6 +288,12 @@ mod tests {
                 NOMINAL,
             ),
             (Origin::Manual { at }, Trigger::Manual, 0, NOMINAL + 5),
+            (
+                Origin::Requested { at, execution_id: "exec-1", payload: Some(&payload) },
+                Trigger::Manual,
+                0,
+                NOMINAL + 5,
+            ),
             (
                 Origin::Replay { nominal_time: from_ms(NOMINAL), dead_execution_id: "dead-1" },
                 Trigger::Replay,
@@ -315,6 +322,11 @@ mod tests {
                         names::dispatch_msg_id("billing", "report", NOMINAL)
                     }
                     Origin::Manual { .. } => names::manual_msg_id("billing", "report", &message.execution_id),
+                    Origin::Requested { .. } => {
+                        assert_eq!(message.execution_id, "exec-1", "the execution id decided before");
+                        assert_eq!(decoded.payload.as_ref(), Some(&payload), "the trigger's payload");
+                        names::manual_msg_id("billing", "report", "exec-1")
+                    }
                     Origin::Replay { .. } => names::replay_msg_id("dead-1"),
                 };
                 assert_eq!(header(&message, "Nats-Msg-Id"), Some(expected_id));

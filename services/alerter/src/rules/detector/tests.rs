@@ -44,6 +44,8 @@ fn every_kind() -> Vec<EventKind> {
         QueuePaused,
         QueueResumed,
         SchedulerClockSkew,
+        TriggerDeduplicated,
+        TriggerDebounced,
     ];
     for kind in all {
         match kind {
@@ -51,7 +53,7 @@ fn every_kind() -> Vec<EventKind> {
             | FireDispatched | FireSkipped | FireMissed | RunStarted | RunSucceeded | RunFailed
             | RunRetrying | RunDead | RunSkipped | RunHeld | RunCancelled | BreakerOpened
             | BreakerHalfOpened | BreakerClosed | LeaderAcquired | LeaderLost | QueuePaused
-            | QueueResumed | SchedulerClockSkew => {}
+            | QueueResumed | SchedulerClockSkew | TriggerDeduplicated | TriggerDebounced => {}
         }
     }
     all.to_vec()
