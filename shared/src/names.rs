@@ -414,6 +414,9 @@ pub fn split_task_key(key: &str) -> Option<(&str, &str)> {
     key.split_once('.')
 }
 
+/// The environment variable a `shell` program gets a trigger's payload in, as JSON.
+pub const PAYLOAD_ENV: &str = "JETSCHED_PAYLOAD";
+
 /// The environment variable that lets nats-server's own message tracing trace sampled
 /// dispatches (`true`; default `false`), read with the OpenTelemetry variables.
 pub const NATS_MSG_TRACE_ENV: &str = "JETSCHED_NATS_MSG_TRACE";

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
 use jetsched_shared::config::NatsArgs;
 use jetsched_shared::names::{DEFAULT_PREFIX, Names};
-use jetsched_shared::wire::{NextReply, NextRequest, TriggerReply};
+use jetsched_shared::wire::{NextReply, NextRequest};
 use serde_json::Value;
 
 use crate::api::{Api, Failure, task_ref};
@@ -20,6 +20,7 @@ use crate::files::read_specs;
 use crate::output::{self, outln};
 use crate::queues::QueueCommand;
 use crate::tasks::{Filters, StateFilter, Stored};
+use crate::trigger::TriggerFields;
 
 /// jetsched: submit, inspect and control scheduled tasks over NATS.
 #[derive(Debug, Parser)]
@@ -205,7 +206,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Resume { task } => control(&api, "resume", &task, "resumed", json_out).await,
         Command::Trigger { task, priority, payload, dedupe_key, dedupe_ttl } => {
             let fields = TriggerFields { priority, payload, dedupe_key, dedupe_ttl };
-            trigger(&api, &task, fields, json_out).await
+            crate::trigger::trigger(&api, &task, fields, json_out).await
         }
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
         // One namespace or one task: the registry reads the last events of just those.
@@ -293,53 +294,6 @@ async fn task_call(
 async fn pause(api: &Api, task: &str, reason: Option<String>, json_out: bool) -> Result<(), Failure> {
     let reply = task_call(api, "pause", task, "reason", reason).await?;
     output::done(json_out, &reply, &format!("{task} paused"));
-    Ok(())
-}
-
-/// What `trigger` asks for besides the task.
-struct TriggerFields {
-    priority: Option<String>,
-    payload: Option<String>,
-    dedupe_key: Option<String>,
-    dedupe_ttl: Option<String>,
-}
-
-async fn trigger(api: &Api, task: &str, fields: TriggerFields, json_out: bool) -> Result<(), Failure> {
-    let reference = task_ref(task);
-    let mut request = serde_json::json!({"namespace": reference.namespace, "id": reference.id});
-    if let Some(text) = fields.payload {
-        let text = match text.strip_prefix('@') {
-            Some(path) => {
-                std::fs::read_to_string(path).with_context(|| format!("read payload file {path}"))?
-            }
-            None => text,
-        };
-        let payload: Value = serde_json::from_str(&text).context("--payload is not JSON")?;
-        request["payload"] = payload;
-    }
-    for (field, value) in
-        [("priority", fields.priority), ("dedupe_key", fields.dedupe_key), ("dedupe_ttl", fields.dedupe_ttl)]
-    {
-        if let Some(value) = value {
-            request[field] = Value::String(value);
-        }
-    }
-    let reply: Value = api.task_in("trigger", &reference.namespace, &request).await?;
-    let run: TriggerReply = serde_json::from_value(reply.clone()).context("trigger reply")?;
-    let line = if run.deduplicated {
-        format!("{task} not triggered again: its dedupe key names execution {}", run.execution_id)
-    } else if run.debounced {
-        let triggers = run.triggers.unwrap_or(1);
-        format!(
-            "{task} debounced: execution {} starts at {} ({triggers} trigger{} collapsed so far)",
-            run.execution_id,
-            jetsched_shared::wire::format_time(run.nominal_time),
-            if triggers == 1 { "" } else { "s" }
-        )
-    } else {
-        format!("{task} triggered: execution {}", run.execution_id)
-    };
-    output::done(json_out, &reply, &line);
     Ok(())
 }
 

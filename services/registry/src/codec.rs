@@ -19,7 +19,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::failure::Failure;
-use crate::tasks::{DedupeAsk, Precondition, TriggerAsk};
+use crate::tasks::Precondition;
+use crate::tasks::trigger::{DedupeAsk, TriggerAsk};
 
 /// The task endpoints (`<prefix>.api.task.<endpoint>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

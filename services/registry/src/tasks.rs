@@ -19,9 +19,7 @@ use crate::quota::Quotas;
 
 mod claim;
 mod debounce;
-mod trigger;
-
-pub use self::trigger::{DedupeAsk, TriggerAsk};
+pub mod trigger;
 
 /// What a `put` requires of the stored revision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::time::Duration;
 
+use jetsched_shared::names;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -25,9 +26,6 @@ use tokio::process::Command;
 
 use super::attempt::{Attempt, CANCEL_GRACE, Scope, tail};
 use crate::verdict::Outcome;
-
-/// The variable a trigger's payload is given in, as JSON.
-const PAYLOAD_ENV: &str = "JETSCHED_PAYLOAD";
 
 /// `PATH` of the started process unless the spec's `env` sets one.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -98,7 +96,7 @@ impl ShellExecutor {
             .envs(env)
             .envs(attempt.header_pairs().iter().map(|(name, value)| (env_name(name), value.clone())))
             .envs(attempt.trace.pairs().map(|(name, value)| (name.to_ascii_uppercase(), value)))
-            .envs(attempt.dispatch.payload.as_ref().map(|payload| (PAYLOAD_ENV, payload.to_string())))
+            .envs(attempt.dispatch.payload.as_ref().map(|payload| (names::PAYLOAD_ENV, payload.to_string())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
