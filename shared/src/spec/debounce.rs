@@ -55,3 +55,44 @@ impl DebounceSpec {
         json!({"period": format_duration(self.period), "max_wait": format_duration(self.max_wait)})
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::TaskSpec;
+
+    fn parse(debounce: Value) -> Result<Option<DebounceSpec>, Vec<String>> {
+        let spec = json!({"id": "t", "schedule": {"every": "1h"}, "executor": {"kind": "nats", "subject": "x"}, "debounce": debounce});
+        TaskSpec::parse(spec.to_string().as_bytes())
+            .map(|spec| spec.debounce)
+            .map_err(|errors| errors.as_slice().iter().map(|e| e.field.clone().unwrap_or_default()).collect())
+    }
+
+    #[test]
+    fn a_debounce_has_a_period_and_a_bounded_max_wait() {
+        let two = Duration::from_secs(2);
+        assert_eq!(
+            parse(json!({"period": "2s"})),
+            Ok(Some(DebounceSpec { period: two, max_wait: two * 10 }))
+        );
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(
+            parse(json!({"period": "24h"})),
+            Ok(Some(DebounceSpec { period: day, max_wait: MAX_WAIT }))
+        );
+        assert_eq!(
+            parse(json!({"period": "2s", "max_wait": "2s"})),
+            Ok(Some(DebounceSpec { period: two, max_wait: two }))
+        );
+        assert_eq!(parse(json!({"period": "2s", "max_wait": "1s"})), Err(vec!["debounce.max_wait".into()]));
+        assert_eq!(parse(json!({"period": "500ms"})), Err(vec!["debounce.period".into()]));
+        assert_eq!(parse(json!({"period": "2s", "max_wait": "8d"})), Err(vec!["debounce.max_wait".into()]));
+        assert_eq!(
+            parse(json!({"max_wait": "1m", "x": 1})),
+            Err(vec!["debounce.x".into(), "debounce.period".into()])
+        );
+        assert_eq!(parse(json!("2s")), Err(vec!["debounce".into()]));
+        let spec = DebounceSpec { period: two, max_wait: Duration::from_secs(90) };
+        assert_eq!(parse(spec.to_json()), Ok(Some(spec)), "the canonical form reads back");
+    }
+}

@@ -19,6 +19,7 @@ use jetsched_tests::{Api, App, always, eventually};
 use jetsched_worker::{Outcome, RunContext};
 use serde_json::{Value, json};
 
+use crate::cli::jetsched;
 use crate::registry::{Served, config as registry_config, served};
 use crate::worker_support::{WAIT, config};
 
@@ -302,4 +303,30 @@ async fn bad_triggers_and_debounce_specs_are_refused_with_every_problem_named() 
         .map(|e| e["field"].as_str().unwrap_or(""))
         .collect();
     assert_eq!(fields, ["debounce.every", "debounce.period"], "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_triggers_with_a_payload_file_and_a_dedupe_key_and_says_what_happened() {
+    let served = served(|_| {}).await;
+    served.api.store(&spec("flow", "cli").handler("note").json()).await;
+    let (_worker, seen) = noting_worker(&served).await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let file = dir.path().join("payload.json");
+    std::fs::write(&file, r#"{"invoice": 7}"#).expect("payload written");
+    let payload = format!("@{}", file.display());
+    let url = served.server.url();
+    let args =
+        ["trigger", "flow/cli", "--payload", payload.as_str(), "--dedupe-key", "inv 7", "--dedupe-ttl", "1m"];
+    let first = jetsched(&url, &args).await;
+    let said = String::from_utf8_lossy(&first.stdout).to_string();
+    assert!(first.status.success() && said.contains("flow/cli triggered: execution "), "{said}");
+    let again = jetsched(&url, &args).await;
+    let said_again = String::from_utf8_lossy(&again.stdout).to_string();
+    let execution = said.trim().rsplit(' ').next().expect("an execution id").to_string();
+    assert!(said_again.contains("not triggered again") && said_again.contains(&execution), "{said_again}");
+    eventually(WAIT, "the run", || async { runs(&seen).len() == 1 }).await;
+    assert_eq!(runs(&seen)[0].1, Some(json!({"invoice": 7})));
+    let bad = jetsched(&url, &["trigger", "flow/cli", "--dedupe-key", "k", "--dedupe-ttl", "8d"]).await;
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("dedupe_ttl"), "{bad:?}");
 }
