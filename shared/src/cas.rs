@@ -24,6 +24,14 @@ pub fn is_already_exists(error: &CreateError) -> bool {
         || (error.kind() == CreateErrorKind::Other && chain_mentions_mismatch(error))
 }
 
+/// True when a publish with `Nats-Expected-Last-Subject-Sequence` failed because the subject's
+/// last message is not the expected one (the same forms as [`is_revision_mismatch`]).
+pub fn is_wrong_last_sequence(error: &async_nats::jetstream::context::PublishError) -> bool {
+    use async_nats::jetstream::context::PublishErrorKind;
+    error.kind() == PublishErrorKind::WrongLastSequence
+        || (error.kind() == PublishErrorKind::Other && chain_mentions_mismatch(error))
+}
+
 fn chain_mentions_mismatch(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = current {

@@ -73,6 +73,11 @@ pub enum Origin<'a> {
     Scheduled { nominal_ms: i64, term: u64, catchup: bool },
     /// A run asked for through the API `at` that instant (term 0, fresh execution id).
     Manual { at: DateTime<Utc> },
+    /// A run asked for through the API `at` that instant with an execution id decided before
+    /// (a claimed de-duplication key's, a debounce window's) and the trigger's payload: term 0,
+    /// trigger `manual`, the message id derived from the execution id, so publishing it again
+    /// stores it once.
+    Requested { at: DateTime<Utc>, execution_id: &'a str, payload: Option<&'a serde_json::Value> },
     /// A dead letter dispatched again: its nominal time, a fresh execution id, and a message id
     /// derived from the dead run's execution id.
     Replay { nominal_time: DateTime<Utc>, dead_execution_id: &'a str },
@@ -83,7 +88,7 @@ impl Origin<'_> {
         match self {
             Origin::Scheduled { catchup: false, .. } => Trigger::Schedule,
             Origin::Scheduled { catchup: true, .. } => Trigger::Catchup,
-            Origin::Manual { .. } => Trigger::Manual,
+            Origin::Manual { .. } | Origin::Requested { .. } => Trigger::Manual,
             Origin::Replay { .. } => Trigger::Replay,
         }
     }
@@ -125,6 +130,8 @@ struct Head<'a> {
     priority: Priority,
     #[serde(skip_serializing_if = "Option::is_none")]
     replay_of: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a serde_json::Value>,
 }
 
 /// Room for the head of a body and the `"spec"` key: ids, times and numbers.
@@ -162,9 +169,16 @@ pub fn build_traced(
             let msg_id = names::manual_msg_id(namespace, task_id, &execution_id);
             (at, 0, execution_id, msg_id)
         }
+        Origin::Requested { at, execution_id, .. } => {
+            (at, 0, execution_id.to_string(), names::manual_msg_id(namespace, task_id, execution_id))
+        }
         Origin::Replay { nominal_time, dead_execution_id } => {
             (nominal_time, 0, wire::fresh_execution_id(), names::replay_msg_id(dead_execution_id))
         }
+    };
+    let payload = match origin {
+        Origin::Requested { payload, .. } => payload,
+        _ => None,
     };
     let trigger = origin.trigger();
     let replay_of = match origin {
@@ -181,6 +195,7 @@ pub fn build_traced(
         revision,
         priority,
         replay_of,
+        payload,
     };
     let spec_len = match spec {
         SpecBody::Json(json) => json.len(),
@@ -258,7 +273,8 @@ mod tests {
         let names = Names::default();
         let spec = TaskSpec::parse(SPEC).expect("valid spec");
         let at = from_ms(NOMINAL + 5);
-        let cases: [(Origin<'_>, Trigger, u64, i64); 4] = [
+        let payload = serde_json::json!({"edit": 7});
+        let cases: [(Origin<'_>, Trigger, u64, i64); 5] = [
             (
                 Origin::Scheduled { nominal_ms: NOMINAL, term: 42, catchup: false },
                 Trigger::Schedule,
@@ -272,6 +288,12 @@ mod tests {
                 NOMINAL,
             ),
             (Origin::Manual { at }, Trigger::Manual, 0, NOMINAL + 5),
+            (
+                Origin::Requested { at, execution_id: "exec-1", payload: Some(&payload) },
+                Trigger::Manual,
+                0,
+                NOMINAL + 5,
+            ),
             (
                 Origin::Replay { nominal_time: from_ms(NOMINAL), dead_execution_id: "dead-1" },
                 Trigger::Replay,
@@ -300,6 +322,11 @@ mod tests {
                         names::dispatch_msg_id("billing", "report", NOMINAL)
                     }
                     Origin::Manual { .. } => names::manual_msg_id("billing", "report", &message.execution_id),
+                    Origin::Requested { .. } => {
+                        assert_eq!(message.execution_id, "exec-1", "the execution id decided before");
+                        assert_eq!(decoded.payload.as_ref(), Some(&payload), "the trigger's payload");
+                        names::manual_msg_id("billing", "report", "exec-1")
+                    }
                     Origin::Replay { .. } => names::replay_msg_id("dead-1"),
                 };
                 assert_eq!(header(&message, "Nats-Msg-Id"), Some(expected_id));

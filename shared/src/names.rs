@@ -10,6 +10,7 @@ use crate::priority::Priority;
 mod api;
 mod breaker_keys;
 mod cancels;
+mod flow;
 mod held;
 mod limits;
 mod msg_ids;
@@ -19,6 +20,7 @@ mod reserved;
 use breaker_keys::is_name_token;
 pub use breaker_keys::{BreakerKey, breaker_named_key, breaker_shared_key, breaker_task_key};
 pub use cancels::{CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT};
+pub use flow::{DedupeScope, dedupe_key};
 pub use limits::{CONCURRENCY_LIMIT, concurrency_key, limit_name};
 pub use msg_ids::{
     dead_letter_msg_id, dispatch_msg_id, event_msg_id, manual_msg_id, pause_request_msg_id, replay_msg_id,
@@ -426,6 +428,9 @@ pub fn task_key(namespace: &str, task_id: &str) -> String {
 pub fn split_task_key(key: &str) -> Option<(&str, &str)> {
     key.split_once('.')
 }
+
+/// The environment variable a `shell` program gets a trigger's payload in, as JSON.
+pub const PAYLOAD_ENV: &str = "JETSCHED_PAYLOAD";
 
 /// The environment variable that lets nats-server's own message tracing trace sampled
 /// dispatches (`true`; default `false`), read with the OpenTelemetry variables.

@@ -8,6 +8,7 @@
 
 mod breaker;
 mod concurrency;
+mod debounce;
 mod executor;
 mod fast;
 pub mod limit_key;
@@ -28,6 +29,7 @@ use serde_json::{Value, json};
 
 pub use self::breaker::{BreakerSpec, OnOpen};
 pub use self::concurrency::ConcurrencySpec;
+pub use self::debounce::DebounceSpec;
 pub use self::executor::{Executor, confined_subject};
 pub use self::rate_limit::{OnLimit, RateLimitSpec};
 pub use self::read::validate_id;
@@ -97,6 +99,8 @@ pub struct TaskSpec {
     pub concurrency: Option<ConcurrencySpec>,
     /// How many runs may start per period, per key, across every worker (docs/limits.md).
     pub rate_limit: Option<RateLimitSpec>,
+    /// Triggers within `period` of each other collapse into one run with the last payload.
+    pub debounce: Option<DebounceSpec>,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
     #[schemars(
         default = "schema::empty_map",
@@ -279,6 +283,9 @@ impl TaskSpec {
         }
         if let Some(rate_limit) = &self.rate_limit {
             v["rate_limit"] = rate_limit.to_json();
+        }
+        if let Some(debounce) = self.debounce {
+            v["debounce"] = debounce.to_json();
         }
         v
     }

@@ -126,6 +126,8 @@ pub struct Topology {
     pub limits: kv::Store,
     /// Rate-limit state per key, written by workers with compare-and-set.
     pub rates: kv::Store,
+    /// De-duplication claims of triggers and submissions, each with its own time to live.
+    pub dedupe: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -199,6 +201,14 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
     let mut leader = base(names.leader_bucket(), "jetsched scheduler leader lease", 1, args.lease);
     // Expiry of the lease arrives at watchers as a Purge marker, so followers campaign at once.
     leader.limit_markers = Some(Duration::from_secs(1));
+    // Each claim carries its own time to live (`Nats-TTL`); none outlives the longest.
+    let mut dedupe = base(
+        names.dedupe_bucket(),
+        "jetsched de-duplication keys of triggers and submissions",
+        1,
+        crate::wire::MAX_DEDUPE_TTL,
+    );
+    dedupe.limit_markers = Some(Duration::from_secs(1));
     vec![
         base(names.tasks_bucket(), "jetsched task specs", args.tasks_history, Duration::ZERO),
         leader,
@@ -217,6 +227,7 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         ),
         // Kept without an age: a key's state may lie far ahead (a long backlog of delayed runs).
         base(names.rates_bucket(), "jetsched rate limits (GCRA state per key)", 1, Duration::ZERO),
+        dedupe,
     ]
 }
 
@@ -244,13 +255,19 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
         stream::Config {
             retention: RetentionPolicy::WorkQueue,
             duplicate_window: args.duplicate_window,
-            // Runs delayed by an open breaker wait in the stream as server-scheduled messages
+            // Runs delayed by an open breaker, and debounced tasks' pending runs, wait in the
+            // stream as server-scheduled messages
             // (the server turns rollups on for them; declared so a start finds no difference).
             allow_message_schedules: true,
             allow_rollup: true,
             ..base(
                 names.dispatch_stream(),
-                vec![names.dispatch_wildcard(), names.lanes_wildcard(), names.delayed_wildcard()],
+                vec![
+                    names.dispatch_wildcard(),
+                    names.lanes_wildcard(),
+                    names.delayed_wildcard(),
+                    names.debounce_wildcard(),
+                ],
                 "jetsched dispatched runs",
             )
         },
@@ -374,6 +391,7 @@ async fn ensure_once(
         cancels: next(),
         limits: next(),
         rates: next(),
+        dedupe: next(),
         changes,
     })
 }

@@ -86,6 +86,7 @@ mod dead_letter;
 mod dispatch;
 mod dlq_api;
 mod event;
+mod flow;
 mod limit;
 mod pause;
 mod queue;
@@ -110,6 +111,11 @@ pub use dispatch::{
 };
 pub use dlq_api::DlqRequest;
 pub use event::{Event, EventKind};
+pub use flow::{
+    DEFAULT_DEDUPE_TTL, DedupeClaim, HDR_DEBOUNCE_FIRST, HDR_DEBOUNCE_TRIGGERS, HDR_DEDUPE_KEY,
+    HDR_DEDUPE_TTL, MAX_DEDUPE_KEY, MAX_DEDUPE_TTL, MAX_TRIGGER_PAYLOAD, check_dedupe_key, check_payload,
+    dedupe_ttl,
+};
 pub use limit::{Holder, LimitInfo, LimitListReply, LimitRecord, LimitRequest, Waiter};
 pub use pause::PauseRequest;
 pub use queue::{LaneInfo, QueueInfo, QueueListReply, QueueReply, QueueRequest, QueueState};

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
 use jetsched_shared::config::NatsArgs;
 use jetsched_shared::names::{DEFAULT_PREFIX, Names};
-use jetsched_shared::wire::{NextReply, NextRequest, TriggerReply};
+use jetsched_shared::wire::{NextReply, NextRequest};
 use serde_json::Value;
 
 use crate::api::{Api, Failure, task_ref};
@@ -21,6 +21,7 @@ use crate::limits::LimitCommand;
 use crate::output::{self, outln};
 use crate::queues::QueueCommand;
 use crate::tasks::{Filters, StateFilter, Stored};
+use crate::trigger::TriggerFields;
 
 /// jetsched: submit, inspect and control scheduled tasks over NATS.
 #[derive(Debug, Parser)]
@@ -100,13 +101,23 @@ enum Command {
         /// The task: `namespace/id`, or `id` in namespace `default`.
         task: String,
     },
-    /// Dispatch one run of a task now.
+    /// Dispatch one run of a task now (or join its pending run when the task debounces).
     Trigger {
         /// The task: `namespace/id`, or `id` in namespace `default`.
         task: String,
         /// The lane of this run (critical, high, normal, low) instead of the task's priority.
         #[arg(long)]
         priority: Option<String>,
+        /// JSON given to the run instead of the spec's body or payload; `@FILE` reads it from a file.
+        #[arg(long)]
+        payload: Option<String>,
+        /// Run at most once per key: a trigger with the key of an earlier one within its TTL
+        /// answers that one's execution and runs nothing.
+        #[arg(long)]
+        dedupe_key: Option<String>,
+        /// How long the key holds (whole seconds, 1s to 7d; default 10m).
+        #[arg(long, requires = "dedupe_key")]
+        dedupe_ttl: Option<String>,
     },
     /// Preview the next fire times of a stored task, or of a spec file with --file.
     Next {
@@ -200,7 +211,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Rm { task, .. } => control(&api, "delete", &task, "deleted", json_out).await,
         Command::Pause { task, reason } => pause(&api, &task, reason, json_out).await,
         Command::Resume { task } => control(&api, "resume", &task, "resumed", json_out).await,
-        Command::Trigger { task, priority } => trigger(&api, &task, priority, json_out).await,
+        Command::Trigger { task, priority, payload, dedupe_key, dedupe_ttl } => {
+            let fields = TriggerFields { priority, payload, dedupe_key, dedupe_ttl };
+            crate::trigger::trigger(&api, &task, fields, json_out).await
+        }
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
         // One namespace or one task: the registry reads the last events of just those.
         Command::Events(EventsArgs { namespace: Some(namespace), task, last, follow }) => {
@@ -288,13 +302,6 @@ async fn task_call(
 async fn pause(api: &Api, task: &str, reason: Option<String>, json_out: bool) -> Result<(), Failure> {
     let reply = task_call(api, "pause", task, "reason", reason).await?;
     output::done(json_out, &reply, &format!("{task} paused"));
-    Ok(())
-}
-
-async fn trigger(api: &Api, task: &str, priority: Option<String>, json_out: bool) -> Result<(), Failure> {
-    let reply = task_call(api, "trigger", task, "priority", priority).await?;
-    let run: TriggerReply = serde_json::from_value(reply.clone()).context("trigger reply")?;
-    output::done(json_out, &reply, &format!("{task} triggered: execution {}", run.execution_id));
     Ok(())
 }
 

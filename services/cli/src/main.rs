@@ -16,6 +16,7 @@ mod runs;
 mod tasks;
 mod tenant;
 mod text;
+mod trigger;
 
 use std::process::ExitCode;
 

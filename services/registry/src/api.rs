@@ -58,9 +58,7 @@ async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec<u8>, Failu
             encode(&store.pause(&task.namespace, &task.id, reason.as_deref()).await?)
         }
         ApiRequest::Resume(task) => encode(&store.resume(&task.namespace, &task.id).await?),
-        ApiRequest::Trigger { task, priority } => {
-            encode(&store.trigger(&task.namespace, &task.id, priority).await?)
-        }
+        ApiRequest::Trigger { task, ask } => encode(&store.trigger(&task.namespace, &task.id, ask).await?),
         ApiRequest::Next { source, count, after } => {
             let spec = match source {
                 NextSource::Inline(spec) => *spec,

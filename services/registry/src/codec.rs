@@ -11,12 +11,16 @@ use async_nats::HeaderMap;
 use chrono::{DateTime, Utc};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::spec::{MAX_PAUSED_REASON, Priority, TaskSpec, validate_id};
-use jetsched_shared::wire::{HDR_CREATE_ONLY, HDR_EXPECTED_REVISION, ListRequest, NextRequest, TaskRef};
+use jetsched_shared::wire::{
+    DEFAULT_DEDUPE_TTL, HDR_CREATE_ONLY, HDR_EXPECTED_REVISION, ListRequest, NextRequest, TaskRef,
+    check_dedupe_key, check_payload, dedupe_ttl,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::failure::Failure;
 use crate::tasks::Precondition;
+use crate::tasks::trigger::{DedupeAsk, TriggerAsk};
 
 /// The task endpoints (`<prefix>.api.task.<endpoint>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,10 +77,11 @@ pub enum ApiRequest {
         reason: Option<String>,
     },
     Resume(TaskRef),
-    /// `{"namespace", "id", "priority"?}`: the priority overrides the spec's for this run.
+    /// `{"namespace", "id", "priority"?, "payload"?, "dedupe_key"?, "dedupe_ttl"?}`: the
+    /// priority overrides the spec's for this run, the payload its body.
     Trigger {
         task: TaskRef,
-        priority: Option<Priority>,
+        ask: TriggerAsk,
     },
     Next {
         source: NextSource,
@@ -196,7 +201,8 @@ struct PauseBody {
     reason: Option<String>,
 }
 
-/// The body of `trigger`: a task and an optional priority for this run.
+/// The body of `trigger`: a task, and optionally a priority and a payload for this run and a
+/// de-duplication key with its time to live.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TriggerBody {
@@ -205,6 +211,12 @@ struct TriggerBody {
     id: String,
     #[serde(default)]
     priority: Option<String>,
+    #[serde(default)]
+    payload: Option<Box<serde_json::value::RawValue>>,
+    #[serde(default)]
+    dedupe_key: Option<String>,
+    #[serde(default)]
+    dedupe_ttl: Option<String>,
 }
 
 fn default_namespace() -> String {
@@ -223,9 +235,26 @@ fn refuse_all(namespace: &str, id: &str, more: impl IntoIterator<Item = ApiError
 fn decode_trigger(payload: &[u8]) -> Result<ApiRequest, Failure> {
     let body: TriggerBody = decode(payload, Empty::Refused, Detail::Fields)?;
     let priority = priority_field(body.priority.as_deref());
-    refuse_all(&body.namespace, &body.id, priority.clone().err())?;
-    let task = TaskRef { namespace: body.namespace, id: body.id };
-    Ok(ApiRequest::Trigger { task, priority: priority.ok().flatten() })
+    // `null` is no payload; anything else is given to the run as it is.
+    let given = body.payload.as_deref().filter(|raw| raw.get() != "null");
+    let size = given.map_or(Ok(()), |raw| check_payload(raw.get()));
+    let key = body.dedupe_key.as_deref().map_or(Ok(()), |key| check_dedupe_key("dedupe_key", key));
+    let ttl = dedupe_ttl("dedupe_ttl", body.dedupe_ttl.as_deref());
+    let orphan_ttl = (body.dedupe_key.is_none() && body.dedupe_ttl.is_some()).then(|| {
+        ApiError::at(ErrorCode::BadRequest, "dedupe_ttl", "dedupe_ttl is given only with dedupe_key")
+    });
+    let problems = [priority.clone().err(), size.err(), key.err(), ttl.clone().err(), orphan_ttl];
+    refuse_all(&body.namespace, &body.id, problems.into_iter().flatten())?;
+    let payload = match given {
+        Some(raw) => Some(
+            serde_json::from_str(raw.get())
+                .map_err(|e| Failure::caused(ErrorCode::InvalidJson, "payload", e))?,
+        ),
+        None => None,
+    };
+    let dedupe = body.dedupe_key.map(|key| DedupeAsk { key, ttl: ttl.unwrap_or(DEFAULT_DEDUPE_TTL) });
+    let ask = TriggerAsk { priority: priority.ok().flatten(), payload, dedupe };
+    Ok(ApiRequest::Trigger { task: TaskRef { namespace: body.namespace, id: body.id }, ask })
 }
 
 /// An optional `priority` field of a request: `invalid_value` naming the choices otherwise.

@@ -1,12 +1,19 @@
 //! The durable intake consumer: applies specs published fire-and-forget to
 //! `<prefix>.submit.<namespace>.<id>`, so a spec sent while no registry runs is applied when
 //! one comes back. Invalid submissions are acked and become `task.rejected` events naming
-//! every problem of the spec.
+//! every problem of the spec. A submission whose de-duplication key (header
+//! `Jetsched-Dedupe-Key`, for `Jetsched-Dedupe-TTL`) an earlier valid submission of the task
+//! claimed within its time to live is acked and applies nothing (`trigger.deduplicated`).
+
+use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode};
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::{TaskSpec, validate_id};
+use jetsched_shared::wire::{
+    DEFAULT_DEDUPE_TTL, HDR_DEDUPE_KEY, HDR_DEDUPE_TTL, check_dedupe_key, dedupe_ttl,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -57,8 +64,13 @@ impl pull::Handler for Intake {
             None => applying.await,
         };
         match outcome {
-            Ok(()) => {
+            Ok(Applied::Stored) => {
                 self.metrics.intake.with_label_values(&["applied"]).inc();
+                Verdict::Done
+            }
+            Ok(Applied::Deduplicated) => {
+                tracing::info!(subject = %message.subject, "submission de-duplicated: not applied");
+                self.metrics.intake.with_label_values(&["deduplicated"]).inc();
                 Verdict::Done
             }
             Err((namespace, id, error)) if error.first().code == ErrorCode::Unavailable => {
@@ -78,12 +90,41 @@ impl pull::Handler for Intake {
 
 type Rejection = (String, String, ApiErrors);
 
+/// What became of a valid submission.
+enum Applied {
+    Stored,
+    /// An earlier submission with its de-duplication key was applied within the key's time
+    /// to live: nothing applied.
+    Deduplicated,
+}
+
+/// A submission's de-duplication key and time to live (headers), each checked.
+fn dedupe(headers: Option<&async_nats::HeaderMap>) -> Result<Option<(String, Duration)>, ApiErrors> {
+    let header = |name: &str| headers.and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+    let (key, ttl) = (header(HDR_DEDUPE_KEY), header(HDR_DEDUPE_TTL));
+    let mut problems = Vec::new();
+    problems.extend(key.as_deref().and_then(|key| check_dedupe_key(HDR_DEDUPE_KEY, key).err()));
+    let parsed = dedupe_ttl(HDR_DEDUPE_TTL, ttl.as_deref());
+    problems.extend(parsed.clone().err());
+    if key.is_none() && ttl.is_some() {
+        problems.push(ApiError::at(
+            ErrorCode::BadRequest,
+            HDR_DEDUPE_TTL,
+            format!("{HDR_DEDUPE_TTL} is given only with {HDR_DEDUPE_KEY}"),
+        ));
+    }
+    if let Some(problems) = ApiErrors::from_vec(problems) {
+        return Err(problems);
+    }
+    Ok(key.map(|key| (key, parsed.unwrap_or(DEFAULT_DEDUPE_TTL))))
+}
+
 async fn apply(
     store: &TaskStore,
     names: &Names,
     limits: Limits,
     message: &jetstream::Message,
-) -> Result<(), Rejection> {
+) -> Result<Applied, Rejection> {
     let Some((namespace, id)) = names.parse_submit_subject(&message.subject) else {
         let error = ApiError::new(
             ErrorCode::BadRequest,
@@ -97,6 +138,7 @@ async fn apply(
     validate_id("id", id).map_err(reject_one)?;
     check_size(&message.payload, limits).map_err(reject_one)?;
     let precondition = precondition(message.headers.as_ref()).map_err(reject_one)?;
+    let dedupe = dedupe(message.headers.as_ref()).map_err(reject)?;
     let mut value: serde_json::Value = serde_json::from_slice(&message.payload)
         .map_err(|e| reject(Failure::caused(ErrorCode::InvalidJson, "spec is not JSON", e).wire()))?;
     // The subject names the task; the body may leave out its id and namespace.
@@ -113,6 +155,17 @@ async fn apply(
         )));
     }
     let spec = spec.admit(chrono::Utc::now()).map_err(reject_one)?;
+    // The key is claimed by the first valid submission carrying it.
+    if let Some((key, ttl)) = dedupe {
+        let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
+        let first = store
+            .claim_submission(namespace, id, &key, ttl, sequence)
+            .await
+            .map_err(|failure| reject(failure.wire()))?;
+        if !first {
+            return Ok(Applied::Deduplicated);
+        }
+    }
     store.put(spec, precondition).await.map_err(|failure| reject(failure.wire()))?;
-    Ok(())
+    Ok(Applied::Stored)
 }

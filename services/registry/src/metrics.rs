@@ -8,7 +8,7 @@ pub(crate) struct Metrics {
     /// `jetsched_api_requests_total{endpoint, outcome}`; outcome is `ok` or an error code.
     pub(crate) requests: IntCounterVec,
     pub(crate) request_seconds: HistogramVec,
-    /// `jetsched_intake_messages_total{outcome}`: applied, rejected, retried.
+    /// `jetsched_intake_messages_total{outcome}`: applied, rejected, retried, deduplicated.
     pub(crate) intake: IntCounterVec,
     /// `jetsched_registry_pause_requests_total{outcome}`: paused, gone, invalid, retried.
     pub(crate) pause_requests: IntCounterVec,

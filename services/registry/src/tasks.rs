@@ -5,19 +5,21 @@ use std::collections::BTreeMap;
 
 use anyhow::Context as _;
 use async_nats::jetstream::{self, kv};
-use chrono::Utc;
 use jetsched_shared::cas::{self, is_already_exists, is_revision_mismatch, keys_once};
-use jetsched_shared::dispatch::{self, DispatchMessage, Origin, SpecBody, Target};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::events::EventSink;
 use jetsched_shared::names::{Names, breaker_task_key, task_key};
-use jetsched_shared::spec::{Priority, TaskSpec};
+use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{
-    BreakerRecord, DeleteReply, Event, EventKind, ListReply, ListRequest, TaskReply, Trigger, TriggerReply,
+    BreakerRecord, DeleteReply, Event, EventKind, ListReply, ListRequest, TaskReply,
 };
 
 use crate::failure::Failure;
 use crate::quota::Quotas;
+
+mod claim;
+mod debounce;
+pub mod trigger;
 
 /// What a `put` requires of the stored revision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +81,16 @@ pub struct TaskStore {
     /// `jetsched_task_changes_total{kind}`.
     changes: prometheus::IntCounterVec,
     quotas: Quotas,
+    flow: Flow,
+}
+
+/// The streams flow control reads: the de-duplication bucket's (leader reads of claims) and
+/// the dispatch stream (debounced tasks' pending runs).
+#[derive(Clone)]
+struct Flow {
+    dedupe_bucket: String,
+    dedupe_stream: jetstream::stream::Stream<()>,
+    dispatch_stream: jetstream::stream::Stream<()>,
 }
 
 /// A task written by someone else meanwhile, every attempt.
@@ -110,6 +122,18 @@ impl TaskStore {
             .get_stream_no_info(Names::kv_stream(&tasks_bucket))
             .await
             .with_context(|| format!("open the stream of bucket {tasks_bucket}"))?;
+        let dedupe_bucket = names.dedupe_bucket();
+        let flow = Flow {
+            dedupe_stream: js
+                .get_stream_no_info(Names::kv_stream(&dedupe_bucket))
+                .await
+                .with_context(|| format!("open the stream of bucket {dedupe_bucket}"))?,
+            dispatch_stream: js
+                .get_stream_no_info(names.dispatch_stream())
+                .await
+                .context("open the dispatch stream")?,
+            dedupe_bucket,
+        };
         Ok(TaskStore {
             js,
             tasks,
@@ -121,6 +145,7 @@ impl TaskStore {
             events,
             changes,
             quotas: Quotas::default(),
+            flow,
         })
     }
 
@@ -412,55 +437,6 @@ impl TaskStore {
                 }
             }
         }
-    }
-
-    /// Dispatches one run of a task now (trigger = manual), with a fresh execution id, in the
-    /// lane of `priority` or else of the spec's.
-    pub async fn trigger(
-        &self,
-        namespace: &str,
-        id: &str,
-        priority: Option<Priority>,
-    ) -> Result<TriggerReply, Failure> {
-        crate::spans::task(namespace, id);
-        let key = task_key(namespace, id);
-        let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
-        let spec = decode(&entry)?;
-        let now = Utc::now();
-        // The stored spec JSON goes into the dispatch as it is (it just parsed).
-        // The request's span, when traced, is the parent of the run.
-        let parent = crate::spans::dispatch_parent();
-        let DispatchMessage { subject, execution_id, message, trace_id, .. } = dispatch::build_traced(
-            &self.names,
-            Target::of(&spec, entry.revision).with_priority(priority),
-            Origin::Manual { at: now },
-            SpecBody::Json(&entry.value),
-            parent.as_ref(),
-        )
-        .map_err(|e| Failure::internal("encode dispatch", e))?;
-        let ack = self
-            .js
-            .send_publish(subject, message)
-            .await
-            .map_err(|e| Failure::unavailable("publish dispatch", e))?
-            .await
-            .map_err(|e| Failure::unavailable("store dispatch", e))?;
-        self.emit(Event {
-            execution_id: Some(execution_id.clone()),
-            nominal_time: Some(now),
-            trigger: Some(Trigger::Manual),
-            revision: Some(entry.revision),
-            trace_id,
-            ..Event::new(EventKind::FireDispatched, namespace, id)
-        })
-        .await;
-        Ok(TriggerReply {
-            execution_id,
-            namespace: namespace.to_string(),
-            id: id.to_string(),
-            nominal_time: now,
-            stream_sequence: ack.sequence,
-        })
     }
 }
 

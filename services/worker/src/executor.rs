@@ -50,19 +50,21 @@ impl Executors {
 
     async fn execute_within(&self, attempt: &Attempt<'_>) -> Outcome {
         let timeout = attempt.dispatch.spec.timeout;
+        // A trigger's payload takes the place of the spec's body or payload.
+        let given = attempt.dispatch.payload.as_ref();
         let run = async {
             match &attempt.dispatch.spec.executor {
                 Executor::Http { method, url, headers, body } => {
-                    self.http.execute(attempt, method, url, headers, body.as_ref(), timeout).await
+                    self.http.execute(attempt, method, url, headers, given.or(body.as_ref()), timeout).await
                 }
                 Executor::Nats { subject, payload, headers } => {
-                    self.nats.execute(attempt, subject, payload.as_ref(), headers, timeout).await
+                    self.nats.execute(attempt, subject, given.or(payload.as_ref()), headers, timeout).await
                 }
                 Executor::Shell { command, env, cwd } => {
                     self.shell.execute(attempt, command, env, cwd.as_deref(), timeout).await
                 }
                 Executor::Handler { name, payload } => {
-                    self.handlers.execute(attempt, name, payload.as_ref(), timeout).await
+                    self.handlers.execute(attempt, name, given.or(payload.as_ref()), timeout).await
                 }
             }
         };

@@ -1,7 +1,7 @@
 //! The fast path of [`TaskSpec::parse`]: the spec, its schedule and its executor (except
 //! `shell`) are deserialized into typed fields (strings borrowed from the input where they have
 //! no escapes) instead of a `serde_json::Value` tree, then checked with the same validators as
-//! the reference reader in `spec.rs`; `retry`, `jitter`, `breaker` and `rate_limit` go through the reference parsers.
+//! the reference reader in `spec.rs`; `retry`, `jitter`, `breaker`, `rate_limit` and `debounce` go through the reference parsers.
 //!
 //! It only ever answers "valid, and here is the spec" or "not mine": every input it does not
 //! accept (a type error, a duplicate key, a value that fails validation) goes to the reference
@@ -21,8 +21,8 @@ use serde_json::Value;
 
 use super::executor::{check_header, parse_method, validate_handler_name, validate_subject, validate_url};
 use super::{
-    BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, MAX_LABELS, MAX_TIMEOUT,
-    MISFIRE, OVERLAP, PRIORITY, RateLimitSpec, RetryPolicy, TaskSpec, check_label,
+    BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, DebounceSpec, Executor,
+    MAX_LABELS, MAX_TIMEOUT, MISFIRE, OVERLAP, PRIORITY, RateLimitSpec, RetryPolicy, TaskSpec, check_label,
     check_pause_after_failures, check_paused_reason, lookup, read_jitter, validate_id, validate_name,
 };
 use crate::field::{Problems, parse_duration, parse_instant};
@@ -63,6 +63,7 @@ struct Doc<'a> {
     pause_after_failures: Option<u32>,
     concurrency: Option<Value>,
     rate_limit: Option<Value>,
+    debounce: Option<Value>,
     labels: Option<BTreeMap<String, String>>,
 }
 
@@ -274,6 +275,10 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
     if let Some(n) = doc.pause_after_failures {
         check_pause_after_failures(n).ok()?;
     }
+    let debounce = match &doc.debounce {
+        Some(debounce) => Some(Problems::collect(|problems| DebounceSpec::read(debounce, problems)).ok()?),
+        None => None,
+    };
     let labels = doc.labels.unwrap_or_default();
     if labels.len() > MAX_LABELS {
         return None;
@@ -317,6 +322,7 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         pause_after_failures: doc.pause_after_failures,
         concurrency,
         rate_limit,
+        debounce,
         labels,
     })
 }

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::{
-    BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, Executor, Jitter, MAX_LABELS,
-    MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RateLimitSpec, RetryPolicy,
-    TaskSpec, fast,
+    BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, DebounceSpec, Executor, Jitter,
+    MAX_LABELS, MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RateLimitSpec,
+    RetryPolicy, TaskSpec, fast,
 };
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{Obj, Problems, err};
@@ -34,6 +34,7 @@ const FIELDS: &[&str] = &[
     "pause_after_failures",
     "concurrency",
     "rate_limit",
+    "debounce",
     "labels",
 ];
 
@@ -257,6 +258,7 @@ impl TaskSpec {
         // Outer `Some`: given; inner `None`: refused.
         let concurrency = obj.get("concurrency").map(|c| ConcurrencySpec::read(c, problems));
         let rate_limit = obj.get("rate_limit").map(|rate| RateLimitSpec::read(rate, problems));
+        let debounce = obj.get("debounce").map(|debounce| DebounceSpec::read(debounce, problems));
         let labels = read_labels(&obj, problems);
         // The keys are checked against the task once its namespace, id and labels are known.
         if let (Some(Some(concurrency)), Some(id), Some(labels)) = (&concurrency, id, &labels) {
@@ -299,6 +301,10 @@ impl TaskSpec {
             },
             rate_limit: match rate_limit {
                 Some(rate_limit) => Some(rate_limit?),
+                None => None,
+            },
+            debounce: match debounce {
+                Some(debounce) => Some(debounce?),
                 None => None,
             },
             labels: labels?,

@@ -92,14 +92,28 @@ pub struct DeleteReply {
     pub deleted: bool,
 }
 
-/// Reply of `trigger`: the run dispatched now.
+/// Reply of `trigger`: the run dispatched now, the earlier run a de-duplication key named
+/// (`deduplicated`), or the debounced run the trigger joined (`debounced`, starting at
+/// `nominal_time`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TriggerReply {
     pub execution_id: String,
     pub namespace: String,
     pub id: String,
+    /// When the run was dispatched, or when a debounced run will start.
     #[serde(with = "millis")]
     pub nominal_time: DateTime<Utc>,
-    /// Sequence of the dispatch message in the dispatch stream.
-    pub stream_sequence: u64,
+    /// Sequence of the dispatch message in the dispatch stream (a run dispatched now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_sequence: Option<u64>,
+    /// The de-duplication key named an earlier trigger: its run, nothing dispatched now.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deduplicated: bool,
+    /// The task debounces its triggers: this one joined the pending run (opened it when it
+    /// was the first), which starts at `nominal_time`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub debounced: bool,
+    /// A debounced trigger: how many triggers the pending run collapsed so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triggers: Option<u64>,
 }

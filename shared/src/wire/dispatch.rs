@@ -61,6 +61,9 @@ pub struct Dispatch<S = TaskSpec> {
     /// A replay's dead run: the execution whose dead letter it dispatched again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<String>,
+    /// A trigger's payload: given to the run instead of the spec's body or payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
     pub spec: S,
     /// Trace id of the execution (32 hex digits): not part of the body, filled in by the
     /// receiver from the message's `traceparent` header.
@@ -81,6 +84,7 @@ impl<S> Dispatch<S> {
             revision: self.revision,
             priority: self.priority,
             replay_of: self.replay_of,
+            payload: self.payload,
             spec,
             trace_id: self.trace_id,
         }

@@ -72,6 +72,16 @@ pub enum EventKind {
     /// full names the task); told once per saturation.
     #[serde(rename = "limit.saturated")]
     LimitSaturated,
+    /// A trigger (or an intake submission: trigger absent) whose de-duplication key (`key`)
+    /// named an earlier one within its time to live: nothing run or applied; `execution_id` is
+    /// the earlier trigger's run.
+    #[serde(rename = "trigger.deduplicated")]
+    TriggerDeduplicated,
+    /// Triggers of a debounced task collapsed into one pending run (`execution_id`, starting
+    /// at `release_at`): told for the trigger that opens the window and whenever the count of
+    /// its triggers (`triggers`) reaches a power of two.
+    #[serde(rename = "trigger.debounced")]
+    TriggerDebounced,
     /// A scheduler replica's clock is off the server's by more than `--max-clock-skew`.
     #[serde(rename = "scheduler.clock_skew")]
     SchedulerClockSkew,
@@ -107,6 +117,8 @@ impl EventKind {
             EventKind::QueuePaused => "queue.paused",
             EventKind::QueueResumed => "queue.resumed",
             EventKind::LimitSaturated => "limit.saturated",
+            EventKind::TriggerDeduplicated => "trigger.deduplicated",
+            EventKind::TriggerDebounced => "trigger.debounced",
             EventKind::SchedulerClockSkew => "scheduler.clock_skew",
         }
     }
@@ -178,6 +190,9 @@ pub struct Event {
     /// Run events of a replay: the dead run whose dead letter it dispatched again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<String>,
+    /// `trigger.debounced`: the triggers the pending run collapsed so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triggers: Option<u64>,
 }
 
 impl Event {
@@ -209,6 +224,7 @@ impl Event {
             open_until: None,
             release_at: None,
             replay_of: None,
+            triggers: None,
         }
     }
 }

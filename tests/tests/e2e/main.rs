@@ -13,6 +13,7 @@ mod cli_human;
 mod clock_guard;
 mod config;
 mod console;
+mod dedupe;
 mod deploy;
 mod direct_batch;
 mod dispatch_mismatch;

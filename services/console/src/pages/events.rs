@@ -10,7 +10,7 @@ use super::{layout, task_href, when};
 use crate::trace::TraceLinks;
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 27] = [
+pub(crate) const KINDS: [EventKind; 29] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -38,6 +38,8 @@ pub(crate) const KINDS: [EventKind; 27] = [
     EventKind::QueueResumed,
     EventKind::LimitSaturated,
     EventKind::SchedulerClockSkew,
+    EventKind::TriggerDeduplicated,
+    EventKind::TriggerDebounced,
 ];
 
 /// The filters of the events page and its stream.
@@ -224,6 +226,8 @@ mod tests {
                 QueueResumed => 24,
                 LimitSaturated => 25,
                 SchedulerClockSkew => 26,
+                TriggerDeduplicated => 27,
+                TriggerDebounced => 28,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

@@ -25,7 +25,8 @@ pub struct RunContext {
     pub trigger: Trigger,
     /// 1-based delivery count.
     pub attempt: u32,
-    /// The spec's `executor.payload`.
+    /// The trigger's payload when the run was triggered with one, otherwise the spec's
+    /// `executor.payload`.
     pub payload: Option<serde_json::Value>,
     /// The attempt's time limit (the spec's `timeout`); the future is dropped after it.
     pub timeout: Duration,

@@ -1,7 +1,8 @@
 //! The `nats` executor: a request to the spec's subject, so handlers can be written in any
 //! language.
 //!
-//! The request carries the spec's `payload` as JSON (empty when absent), the spec's headers and
+//! The request carries the trigger's payload, or else the spec's `payload`, as JSON (empty when
+//! absent), the spec's headers and
 //! the execution headers `Jetsched-Execution-Id`, `Jetsched-Task`, `Jetsched-Nominal-Time`,
 //! `Jetsched-Attempt` and `Jetsched-Trigger`. Reply contract, first match wins:
 //!

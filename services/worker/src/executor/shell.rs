@@ -5,7 +5,8 @@
 //! opt in, nor one team's program another team's.
 //!
 //! The process gets the spec's `env`, the execution headers as `JETSCHED_EXECUTION_ID`,
-//! `JETSCHED_TASK`, `JETSCHED_NOMINAL_TIME`, `JETSCHED_ATTEMPT`, `JETSCHED_TRIGGER` and a
+//! `JETSCHED_TASK`, `JETSCHED_NOMINAL_TIME`, `JETSCHED_ATTEMPT`, `JETSCHED_TRIGGER`, a trigger's
+//! payload as JSON in `JETSCHED_PAYLOAD` (when the trigger gave one) and a
 //! default `PATH` — never the worker's own environment, which holds its NATS credentials.
 //! The process runs in a process group of its own; on timeout (or shutdown) the whole group
 //! is killed; when the run is cancelled, the group is sent `SIGTERM`, then `SIGKILL` after a
@@ -17,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::time::Duration;
 
+use jetsched_shared::names;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -94,6 +96,7 @@ impl ShellExecutor {
             .envs(env)
             .envs(attempt.header_pairs().iter().map(|(name, value)| (env_name(name), value.clone())))
             .envs(attempt.trace.pairs().map(|(name, value)| (name.to_ascii_uppercase(), value)))
+            .envs(attempt.dispatch.payload.as_ref().map(|payload| (names::PAYLOAD_ENV, payload.to_string())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -46,6 +46,8 @@ fn every_kind() -> Vec<EventKind> {
         QueueResumed,
         LimitSaturated,
         SchedulerClockSkew,
+        TriggerDeduplicated,
+        TriggerDebounced,
     ];
     for kind in all {
         match kind {
@@ -53,7 +55,8 @@ fn every_kind() -> Vec<EventKind> {
             | FireDispatched | FireSkipped | FireMissed | RunStarted | RunSucceeded | RunFailed
             | RunRetrying | RunDead | RunSkipped | RunHeld | RunCancelled | BreakerOpened
             | BreakerHalfOpened | BreakerClosed | LimitThrottled | LeaderAcquired | LeaderLost
-            | QueuePaused | QueueResumed | LimitSaturated | SchedulerClockSkew => {}
+            | QueuePaused | QueueResumed | LimitSaturated | SchedulerClockSkew | TriggerDeduplicated
+            | TriggerDebounced => {}
         }
     }
     all.to_vec()
