@@ -74,6 +74,10 @@ async fn console_edits_a_spec_showing_every_problem_at_once_and_saves_only_over_
     let broken_text = serde_json::to_string_pretty(&broken).unwrap();
     set_spec_text(&browser, &broken_text).await;
     browser.click("form.editor button[type=submit]").await;
+    eventually(WAIT, "the refused edit's page lists its problems", || async {
+        !texts(&browser, "#form-problems li").await.is_empty()
+    })
+    .await;
     let problems = texts(&browser, "#form-problems li").await;
     assert_eq!(problems.len(), 3, "{problems:?}");
     for field in ["schedule.cron", "executor.subject", "timeout"] {
