@@ -108,20 +108,7 @@ impl Delivery<'_> {
         match self.republish(at, Some(format_rate_start(self.attempt, start))).await {
             Ok(()) => {
                 spans::outcome("rate_delayed");
-                match parts.runs.hold(self.dispatch, self.attempt, &parts.worker, release).await {
-                    Ok(true) => {
-                        let mut event = self.event(EventKind::RunHeld, self.attempt);
-                        event.release_at = Some(release);
-                        event.key = Some(key.to_string());
-                        event.reason = Some(breaker_reason::RATE_LIMITED.to_string());
-                        self.tell(event).await;
-                    }
-                    Ok(false) => {}
-                    Err(error) => {
-                        parts.metrics.errors.with_label_values(&["run_record"]).inc();
-                        tracing::warn!(error = format!("{error:#}"), "cannot record the held run");
-                    }
-                }
+                self.record_held(release, key, Some(breaker_reason::RATE_LIMITED)).await;
                 parts.answers.send(&self.received.message, AckKind::Ack).await;
             }
             Err(error) => {

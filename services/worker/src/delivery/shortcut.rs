@@ -142,25 +142,39 @@ impl Delivery<'_> {
                 tracing::info!(key = gate.key, until = %format_time(at), "breaker open: run delayed");
                 // The record and the event say the run is held, and until when; the message
                 // held by the server is the run now, so a record not written is only logged.
-                match parts.runs.hold(self.dispatch, self.attempt, &parts.worker, at).await {
-                    Ok(true) => {
-                        let mut event = self.event(EventKind::RunHeld, self.attempt);
-                        event.release_at = Some(at);
-                        event.key = Some(gate.key.clone());
-                        self.tell(event).await;
-                    }
-                    Ok(false) => {}
-                    Err(error) => {
-                        parts.metrics.errors.with_label_values(&["run_record"]).inc();
-                        tracing::warn!(error = format!("{error:#}"), "cannot record the held run");
-                    }
-                }
+                self.record_held(at, &gate.key, None).await;
                 parts.answers.send(&self.received.message, AckKind::Ack).await;
             }
             Err(error) => {
                 parts.metrics.errors.with_label_values(&["delay"]).inc();
                 tracing::warn!(error = format!("{error:#}"), "cannot delay the run; handing it back");
                 parts.answers.send(&self.received.message, AckKind::Nak(Some(RETRY_DELAY))).await;
+            }
+        }
+    }
+
+    /// Records the run held until `release` by `key` (with `reason`, when not the breaker) and
+    /// tells `run.held`; the message the server holds is the run now, so a record not written is
+    /// only logged.
+    pub(super) async fn record_held(
+        &mut self,
+        release: chrono::DateTime<Utc>,
+        key: &str,
+        reason: Option<&str>,
+    ) {
+        let parts = self.parts;
+        match parts.runs.hold(self.dispatch, self.attempt, &parts.worker, release).await {
+            Ok(true) => {
+                let mut event = self.event(EventKind::RunHeld, self.attempt);
+                event.release_at = Some(release);
+                event.key = Some(key.to_string());
+                event.reason = reason.map(str::to_string);
+                self.tell(event).await;
+            }
+            Ok(false) => {}
+            Err(error) => {
+                parts.metrics.errors.with_label_values(&["run_record"]).inc();
+                tracing::warn!(error = format!("{error:#}"), "cannot record the held run");
             }
         }
     }
