@@ -60,6 +60,9 @@ pub(crate) struct Limits {
     pub(crate) lease: Duration,
     /// Every key's latest record, from the watch.
     known: Mutex<HashMap<String, Versioned>>,
+    /// One write at a time per key from this worker: its runs of a hot key queue here instead
+    /// of racing each other's compare-and-sets (each lost race costs a read and another write).
+    writing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     changed: Notify,
     metrics: Metrics,
 }
@@ -73,7 +76,17 @@ impl Limits {
         lease: Duration,
         metrics: Metrics,
     ) -> Limits {
-        Limits { kv, dispatch, js, worker, lease, known: Mutex::default(), changed: Notify::new(), metrics }
+        Limits {
+            kv,
+            dispatch,
+            js,
+            worker,
+            lease,
+            known: Mutex::default(),
+            writing: Mutex::default(),
+            changed: Notify::new(),
+            metrics,
+        }
     }
 
     fn lease_chrono(&self) -> chrono::Duration {
@@ -125,6 +138,11 @@ impl Limits {
         key: &str,
         mut change: impl FnMut(&mut LimitRecord) -> (T, bool),
     ) -> anyhow::Result<T> {
+        let turn = {
+            let mut writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+            writing.entry(key.to_string()).or_default().clone()
+        };
+        let _turn = turn.lock().await;
         let mut current = match self.known(key) {
             Some(known) => known,
             None => self.read(key).await?,

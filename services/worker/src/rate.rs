@@ -8,8 +8,10 @@
 //! per round trip, whatever its rate. The worker remembers the state and revision it wrote
 //! last; a lost race (another worker wrote) reads the key from the stream's leader and decides
 //! again. The TAT never goes down, so a decision from a stale state that writes nothing (a skip)
-//! is never wrong.
+//! is never wrong. A busy key with burst to spare also gets starts reserved ahead by the same
+//! write ([`ahead`]): the next runs of the key take them without a write.
 
+pub(crate) mod ahead;
 pub(crate) mod gcra;
 
 use std::collections::HashMap;
@@ -26,6 +28,7 @@ use jetsched_shared::wire::{Event, EventKind, RateRecord};
 use prometheus::{IntCounterVec, Registry};
 use tokio::sync::oneshot;
 
+use self::ahead::Ahead;
 use self::gcra::{Batch, Decision, Gcra, KeyState};
 
 /// Compare-and-set rounds before a reservation gives up (the run is handed back).
@@ -39,6 +42,12 @@ pub(crate) struct Rates {
     keys: Mutex<HashMap<String, Cell>>,
     /// `jetsched_limit_throttled_total{key, action}`: runs a rate limit delayed or skipped.
     pub(crate) throttled: IntCounterVec,
+    /// `jetsched_limit_rate_writes_total{outcome}`: compare-and-sets of rate-limit keys,
+    /// `written` or lost to another worker (`conflict`).
+    writes: IntCounterVec,
+    /// `jetsched_limit_rate_starts_total{how}`: starts given by a write (`written`) or taken
+    /// from a block reserved ahead (`ahead`).
+    starts: IntCounterVec,
 }
 
 /// One key in this worker: the state it last wrote or read, and the runs waiting for a write.
@@ -47,6 +56,16 @@ struct Cell {
     known: Option<(KeyState, u64)>,
     pending: Vec<Request>,
     flushing: bool,
+    ahead: Ahead,
+}
+
+/// A write's outcome: the batch decided, the revision stored, the starts reserved ahead and the
+/// time they were reserved at.
+struct Committed {
+    batch: Batch,
+    revision: u64,
+    ahead: u32,
+    at: i64,
 }
 
 /// A run waiting for its key's decision.
@@ -71,7 +90,19 @@ impl Rates {
             "Runs a rate limit delayed (action delay) or skipped (action skip), per key",
             &["key", "action"],
         )?;
-        Ok(Rates { kv, events, worker, keys: Mutex::new(HashMap::new()), throttled })
+        let writes = counter_vec(
+            registry,
+            "jetsched_limit_rate_writes_total",
+            "Compare-and-sets of rate-limit keys: written, or lost to another worker (conflict)",
+            &["outcome"],
+        )?;
+        let starts = counter_vec(
+            registry,
+            "jetsched_limit_rate_starts_total",
+            "Rate-limited starts given by a write (written) or from starts reserved ahead (ahead)",
+            &["how"],
+        )?;
+        Ok(Rates { kv, events, worker, keys: Mutex::new(HashMap::new()), throttled, writes, starts })
     }
 
     /// The decision on one run of `key` (a bucket key), arriving now: its start time
@@ -84,9 +115,18 @@ impl Rates {
         about: Event,
     ) -> anyhow::Result<Decision> {
         let (reply, answer) = oneshot::channel();
+        let now = Utc::now().timestamp_micros();
         let lead = {
             let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
             let cell = keys.entry(key.to_string()).or_default();
+            cell.ahead.arrive(now);
+            // No write queued before it: a start reserved ahead serves it at once.
+            if cell.pending.is_empty()
+                && let Some(start) = cell.ahead.take(gcra, now)
+            {
+                self.starts.with_label_values(&["ahead"]).inc();
+                return Ok(Decision::Start(start));
+            }
             cell.pending.push(Request { gcra, on_limit, about, reply });
             !std::mem::replace(&mut cell.flushing, true)
         };
@@ -105,9 +145,17 @@ impl Rates {
     /// Writes decisions for the runs of `key` waiting, batch after batch, until none waits.
     async fn flush(&self, key: &str) {
         loop {
-            let (batch, known) = {
+            let (batch, known, want) = {
                 let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
                 let Some(cell) = keys.get_mut(key) else { return };
+                // The runs that queued during the last write take the starts it reserved ahead.
+                let now = Utc::now().timestamp_micros();
+                let served =
+                    cell.pending.iter().take_while(|r| cell.ahead.take(r.gcra, now).is_some()).count();
+                for request in cell.pending.drain(..served) {
+                    self.starts.with_label_values(&["ahead"]).inc();
+                    let _ = request.reply.send(Ok(Decision::Start(now)));
+                }
                 if cell.pending.is_empty() {
                     cell.flushing = false;
                     return;
@@ -115,13 +163,16 @@ impl Rates {
                 // One write decides for the runs that share the first one's settings.
                 let gcra = cell.pending[0].gcra;
                 let same = cell.pending.iter().take_while(|r| r.gcra == gcra).count();
-                (cell.pending.drain(..same).collect::<Vec<_>>(), cell.known)
+                let want = cell.ahead.wanted(same);
+                (cell.pending.drain(..same).collect::<Vec<_>>(), cell.known, want)
             };
             let on_limits: Vec<OnLimit> = batch.iter().map(|r| r.on_limit).collect();
-            let decided = self.commit(key, batch[0].gcra, &on_limits, known).await;
+            let gcra = batch[0].gcra;
+            let decided = self.commit(key, gcra, &on_limits, known, want).await;
             match decided {
-                Ok((decided, revision)) => {
-                    self.remember(key, decided.state, revision);
+                Ok(Committed { batch: decided, revision, ahead, at }) => {
+                    self.remember(key, decided.state, revision, gcra, ahead, at);
+                    self.starts.with_label_values(&["written"]).inc_by(batch.len() as u64);
                     if decided.episode {
                         self.tell_throttled(key, &batch[0].about, revision);
                     }
@@ -140,16 +191,17 @@ impl Rates {
         }
     }
 
-    /// Decides on `on_limits` against the key's state, and stores the new state with
-    /// compare-and-set (re-read from the leader after a lost race). The batch and the revision
-    /// now stored.
+    /// Decides on `on_limits` against the key's state, reserves up to `want` starts ahead that
+    /// begin at once, and stores the new state with compare-and-set (re-read from the leader
+    /// after a lost race).
     async fn commit(
         &self,
         key: &str,
         gcra: Gcra,
         on_limits: &[OnLimit],
         known: Option<(KeyState, u64)>,
-    ) -> anyhow::Result<(Batch, u64)> {
+        want: u32,
+    ) -> anyhow::Result<Committed> {
         let mut known = known;
         for _ in 0..CAS_ROUNDS {
             let (state, revision) = match known.take() {
@@ -157,9 +209,13 @@ impl Rates {
                 None => self.read(key).await?,
             };
             let now = Utc::now().timestamp_micros();
-            let batch = gcra.decide(state, now, on_limits);
+            let mut batch = gcra.decide(state, now, on_limits);
+            let (ahead, after) = gcra.ahead(batch.state, now, want);
+            if ahead > 0 {
+                (batch.state, batch.changed) = (after, true);
+            }
             if !batch.changed {
-                return Ok((batch, revision));
+                return Ok(Committed { batch, revision, ahead, at: now });
             }
             let record =
                 RateRecord { tat_us: batch.state.tat, throttled_since_us: batch.state.throttled_since };
@@ -174,9 +230,15 @@ impl Rates {
                 })
             };
             match written {
-                Ok(revision) => return Ok((batch, revision)),
+                Ok(revision) => {
+                    self.writes.with_label_values(&["written"]).inc();
+                    return Ok(Committed { batch, revision, ahead, at: now });
+                }
                 // Another worker wrote first: read and decide again.
-                Err(None) => continue,
+                Err(None) => {
+                    self.writes.with_label_values(&["conflict"]).inc();
+                    continue;
+                }
                 Err(Some(error)) => return Err(error).with_context(|| format!("write rate limit {key}")),
             }
         }
@@ -198,10 +260,11 @@ impl Rates {
         Ok((state, message.sequence))
     }
 
-    fn remember(&self, key: &str, state: KeyState, revision: u64) {
+    fn remember(&self, key: &str, state: KeyState, revision: u64, gcra: Gcra, ahead: u32, at: i64) {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(cell) = keys.get_mut(key) {
             cell.known = Some((state, revision));
+            cell.ahead.fill(gcra, ahead, at);
         }
     }
 
@@ -209,6 +272,7 @@ impl Rates {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(cell) = keys.get_mut(key) {
             cell.known = None;
+            cell.ahead.drop_block();
         }
     }
 

@@ -167,10 +167,37 @@ async fn a_retry_waits_for_the_limit_like_a_first_attempt_and_spends_no_attempt_
     let mut calls = calls.lock().unwrap().clone();
     calls.sort_by_key(|(_, _, at)| *at);
     assert_eq!(calls.len(), 3, "{calls:?}");
-    // Three starts of one key, each at least 2 s after the one before (less the clock's grain).
-    for pair in calls.windows(2) {
+    // What the limit guarantees is the reserved starts: the second run and the retry each wait
+    // for theirs (told as `release_at` by `run.held`), 2 s and 4 s after the first start, whose
+    // reservation the key's TAT keeps (three starts: the first + 3 × 2 s).
+    let held = eventually(WAIT, "two runs held", || async {
+        let found = events_about(&js, EventKind::RunHeld, "rlr", "push", WAIT).await;
+        (found.len() >= 2).then_some(found)
+    })
+    .await;
+    let reserved = |id: &str, attempt: u32| {
+        let event = held.iter().find(|e| e.execution_id.as_deref() == Some(id) && e.attempt == Some(attempt));
+        event.and_then(|e| e.release_at).unwrap_or_else(|| panic!("no run.held for {id}/{attempt}: {held:?}"))
+    };
+    let tat = rate_record(&js, "rlr.push").await.expect("the key's state").tat_us;
+    let first_start = DateTime::<Utc>::from_timestamp_micros(tat - 6_000_000).expect("a time");
+    let mut starts = [
+        (first.clone(), 1, first_start),
+        (second.clone(), 1, reserved(&second, 1)),
+        (first.clone(), 2, reserved(&first, 2)),
+    ];
+    starts.sort_by_key(|(_, _, at)| *at);
+    for pair in starts.windows(2) {
+        // Times travel in milliseconds.
         let gap = pair[1].2 - pair[0].2;
-        assert!(gap >= chrono::Duration::milliseconds(1_990), "{gap:?} between {pair:?}");
+        assert!((gap - chrono::Duration::seconds(2)).num_milliseconds().abs() <= 1, "{starts:?}");
+    }
+    // Each call came at or after its reserved start (a loaded machine only delays it).
+    for (id, attempt, at) in &calls {
+        let (_, _, start) =
+            starts.iter().find(|(i, a, _)| i == id && a == attempt).expect("a reserved start");
+        assert!(*at >= *start - chrono::Duration::milliseconds(2), "call {at} before its start {start}");
+        assert!(*at < *start + chrono::Duration::seconds(5), "call {at} long after its start {start}");
     }
     // The failed first attempt was retried as attempt 2; the waits spent no attempt.
     let record = wait_run_status(&js, &names, &first, RunStatus::Succeeded, WAIT).await;

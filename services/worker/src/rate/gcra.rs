@@ -81,6 +81,21 @@ impl Gcra {
         let next = KeyState { tat, throttled_since };
         Batch { decisions, changed: next != state, state: next, episode }
     }
+
+    /// Up to `most` more starts reserved at `now` after `state`, each only while it would start
+    /// at once (the key has that much burst left), so a block reserved ahead never delays a run
+    /// nor begins a throttling episode. How many, and the state after them.
+    pub(crate) fn ahead(&self, state: KeyState, now: i64, most: u32) -> (u32, KeyState) {
+        let (mut tat, mut reserved) = (state.tat, 0);
+        while reserved < most {
+            let (start, next) = self.reserve(tat, now);
+            if start > now {
+                break;
+            }
+            (tat, reserved) = (next, reserved + 1);
+        }
+        (reserved, KeyState { tat, ..state })
+    }
 }
 
 #[cfg(test)]

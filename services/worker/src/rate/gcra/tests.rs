@@ -70,6 +70,41 @@ proptest! {
     }
 
     #[test]
+    fn starts_reserved_ahead_keep_the_window_bound_and_start_at_once(
+        interval in 1i64..1_000, burst in 1u32..30,
+        batches in prop::collection::vec((0i64..3_000, 0usize..4, 0u32..12), 1..40)
+    ) {
+        // A worker's write: its runs decided, then a block reserved ahead; every start of the
+        // block counts at the time it was reserved.
+        let gcra = Gcra::new(interval, burst);
+        let (mut state, mut now, mut starts) = (KeyState::default(), 1_000_000i64, Vec::new());
+        for (gap, runs, most) in batches {
+            now += gap;
+            let batch = gcra.decide(state, now, &vec![OnLimit::Delay; runs]);
+            starts.extend(batch.decisions.iter().map(|d| match d {
+                Decision::Start(at) => *at,
+                Decision::Skip => unreachable!("delay never skips"),
+            }));
+            let (ahead, after) = gcra.ahead(batch.state, now, most);
+            prop_assert!(ahead <= most);
+            prop_assert!(ahead <= burst, "never more than the burst allows");
+            starts.extend(std::iter::repeat_n(now, ahead as usize));
+            // What is left after a block would not start now.
+            if ahead < most {
+                prop_assert!(gcra.reserve(after.tat, now).0 > now);
+            }
+            state = after;
+        }
+        starts.sort_unstable();
+        for i in 0..starts.len() {
+            for j in i..starts.len() {
+                let allowed = i64::from(burst) + (starts[j] - starts[i]) / interval;
+                prop_assert!(i64::try_from(j - i + 1).unwrap() <= allowed);
+            }
+        }
+    }
+
+    #[test]
     fn with_a_burst_of_one_each_start_is_the_earliest_the_interval_allows(
         interval in 1i64..1_000, gaps in prop::collection::vec((0i64..3_000, 0usize..5), 1..40)
     ) {
