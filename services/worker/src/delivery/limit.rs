@@ -97,6 +97,11 @@ impl Delivery<'_> {
             return;
         }
         tracing::info!(key, "concurrency limit reached: the run waits for a slot");
+        if let Err(error) = parts.limits.parked(key, &dispatch.execution_id, parked).await {
+            // It comes back by itself after two leases.
+            parts.metrics.errors.with_label_values(&["limit"]).inc();
+            tracing::warn!(error = format!("{error:#}"), key, "cannot check the parked run's place");
+        }
         let name = jetsched_shared::names::limit_name(key).unwrap_or(key).to_string();
         match parts.runs.wait_for_slot(dispatch, self.attempt, &parts.worker).await {
             Ok(true) => {

@@ -2,7 +2,9 @@
 //! subject it was dispatched on), then deleted. The copy's message id is derived from the
 //! parked message (`<execution_id>:slot:<sequence>`), so a repeated hand-over is stored once.
 //! A waiting run whose parked message is gone (cancelled, or come back by itself) gives its
-//! reservation back at once.
+//! reservation back at once; one that joined the key moments ago may still be parking (its entry
+//! is written before its message is stored), so it is looked for again after short pauses, and
+//! a run that finds itself dropped once parked wakes itself ([`Limits::parked`]).
 //!
 //! Why the worker publishes the run itself rather than have the server release the parked
 //! message (a schedule due now): measured with three workers under `limit: 2`, releases by the
@@ -22,31 +24,34 @@ use super::{Limits, rules};
 /// to the deadline loop.
 const MISSING_ROUNDS: usize = 8;
 
+/// A waiter that joined this recently and whose parked message is not there yet may still be
+/// parking (its entry is written before its message): it is looked for again after each pause
+/// before its slot is given back.
+const STILL_PARKING: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
+const PARKING_PAUSES: [std::time::Duration; 2] =
+    [std::time::Duration::from_millis(25), std::time::Duration::from_millis(100)];
+
 impl Limits {
     /// Delivers each waiter handed a slot of `key`; a waiter whose parked message is gone gives
     /// its slot back (and the next waiter gets it). Failures are logged and counted: the
     /// reservation's lease frees the slot, the parked message comes back by itself.
     pub(crate) async fn deliver_handed(&self, key: &str, mut handed: Vec<Waiter>) {
         for _ in 0..MISSING_ROUNDS {
-            let mut missing = Vec::new();
-            for waiter in &handed {
-                match self.wake(waiter).await {
-                    Ok(true) => {
-                        tracing::info!(key, execution_id = %waiter.execution_id, "concurrency slot handed over");
-                    }
-                    Ok(false) => missing.push(waiter.execution_id.clone()),
-                    Err(error) => {
-                        self.metrics.errors.with_label_values(&["limit_handover"]).inc();
-                        tracing::warn!(
-                            error = format!("{error:#}"), key, execution_id = %waiter.execution_id,
-                            "cannot hand a concurrency slot over; the parked run comes back by itself"
-                        );
-                    }
+            let mut missing = self.wake_all(key, handed).await;
+            for pause in PARKING_PAUSES {
+                let recent = Utc::now() - STILL_PARKING;
+                if !missing.iter().any(|w| w.since >= recent) {
+                    break;
                 }
+                tokio::time::sleep(pause).await;
+                let (parking, gone): (Vec<_>, Vec<_>) = missing.into_iter().partition(|w| w.since >= recent);
+                missing = self.wake_all(key, parking).await;
+                missing.extend(gone);
             }
             if missing.is_empty() {
                 return;
             }
+            let missing: Vec<String> = missing.into_iter().map(|w| w.execution_id).collect();
             let lease = self.lease_chrono();
             let given_back = self
                 .modify(key, |record| {
@@ -77,16 +82,51 @@ impl Limits {
         }
     }
 
-    /// Publishes the waiter's parked message into its lane and deletes it; false when it is
+    /// Wakes each waiter handed a slot; returns those whose parked message was not found.
+    async fn wake_all(&self, key: &str, handed: Vec<Waiter>) -> Vec<Waiter> {
+        let mut missing = Vec::new();
+        for waiter in handed {
+            match self.wake(&waiter.subject, &waiter.execution_id).await {
+                Ok(true) => {
+                    tracing::info!(key, execution_id = %waiter.execution_id, "concurrency slot handed over");
+                }
+                Ok(false) => missing.push(waiter),
+                Err(error) => {
+                    self.metrics.errors.with_label_values(&["limit_handover"]).inc();
+                    tracing::warn!(
+                        error = format!("{error:#}"), key, execution_id = %waiter.execution_id,
+                        "cannot hand a concurrency slot over; the parked run comes back by itself"
+                    );
+                }
+            }
+        }
+        missing
+    }
+
+    /// Called by a run once it is parked: when its entry is gone from the key (a hand-over
+    /// looked for its parked message before it was stored, and gave the slot back), it wakes
+    /// itself, so it asks again at once instead of waiting to come back by itself.
+    pub(crate) async fn parked(&self, key: &str, execution_id: &str, subject: &str) -> anyhow::Result<()> {
+        let current = self.read(key).await?;
+        let record = &current.record;
+        let listed = record.holders.contains_key(execution_id)
+            || record.waiters.iter().any(|w| w.execution_id == execution_id);
+        if !listed && self.wake(subject, execution_id).await? {
+            tracing::info!(key, execution_id, "a hand-over missed the run while it parked: it asks again");
+        }
+        Ok(())
+    }
+
+    /// Publishes the parked message on `subject` into its lane and deletes it; false when it is
     /// not parked any more.
-    async fn wake(&self, waiter: &Waiter) -> anyhow::Result<bool> {
-        let parked = match self.dispatch.get_last_raw_message_by_subject(&waiter.subject).await {
+    async fn wake(&self, subject: &str, execution_id: &str) -> anyhow::Result<bool> {
+        let parked = match self.dispatch.get_last_raw_message_by_subject(subject).await {
             Ok(message) => message,
             Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(false),
-            Err(error) => return Err(error).with_context(|| format!("read parked run {}", waiter.subject)),
+            Err(error) => return Err(error).with_context(|| format!("read parked run {subject}")),
         };
-        let Some((target, headers)) = lane_copy(&parked, &waiter.execution_id) else {
-            anyhow::bail!("parked run {} names no lane", waiter.subject);
+        let Some((target, headers)) = lane_copy(&parked, execution_id) else {
+            anyhow::bail!("parked run {subject} names no lane");
         };
         let ack = self
             .js
@@ -96,7 +136,7 @@ impl Limits {
         ack.await.with_context(|| format!("store handed-over run on {target}"))?;
         if let Err(error) = self.dispatch.delete_message(parked.sequence).await {
             // It comes back by itself later, and is recognised as a copy then.
-            tracing::debug!(%error, subject = %waiter.subject, "parked run not deleted");
+            tracing::debug!(%error, subject, "parked run not deleted");
         }
         Ok(true)
     }
