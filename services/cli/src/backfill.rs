@@ -24,10 +24,10 @@ pub(crate) struct BackfillArgs {
     /// The task: `namespace/id`, or `id` in namespace `default`.
     task: String,
     /// First instant of the range (RFC 3339), included.
-    #[arg(long, value_parser = crate::commands::parse_instant)]
+    #[arg(long, value_parser = crate::api::parse_instant)]
     from: DateTime<Utc>,
     /// End of the range (RFC 3339), excluded.
-    #[arg(long, value_parser = crate::commands::parse_instant)]
+    #[arg(long, value_parser = crate::api::parse_instant)]
     to: DateTime<Utc>,
     /// Which times that already have a run would run again.
     #[arg(long, value_enum, default_value_t = Reprocess::None)]

@@ -129,7 +129,7 @@ enum Command {
         #[arg(short = 'c', long = "count", default_value_t = 10)]
         count: usize,
         /// RFC 3339 instant to start from [default: now].
-        #[arg(long, value_parser = parse_instant)]
+        #[arg(long, value_parser = crate::api::parse_instant)]
         after: Option<DateTime<Utc>>,
     },
     /// Show events (task changes, fires, runs, leader changes) from the event stream, one line
@@ -241,12 +241,6 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     };
     let _ = client.flush().await;
     result
-}
-
-pub(crate) fn parse_instant(text: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| format!("not an RFC 3339 instant ({e}), e.g. 2026-03-07T00:00:00Z"))
 }
 
 /// `rm` asks `delete ns/id? [y/N]` on a terminal unless `--yes`; without a terminal and without
