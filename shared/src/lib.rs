@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod alert;
 pub mod api_client;
+pub mod backfill;
 pub mod backoff;
 pub mod cas;
 pub mod config;

@@ -23,7 +23,8 @@ pub use cancels::{CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT};
 pub use flow::{DedupeScope, dedupe_key};
 pub use limits::{CONCURRENCY_LIMIT, concurrency_key, limit_name};
 pub use msg_ids::{
-    dead_letter_msg_id, dispatch_msg_id, event_msg_id, manual_msg_id, pause_request_msg_id, replay_msg_id,
+    backfill_rerun_msg_id, dead_letter_msg_id, dispatch_msg_id, event_msg_id, manual_msg_id,
+    pause_request_msg_id, replay_msg_id,
 };
 pub use reserved::ReservedSpace;
 

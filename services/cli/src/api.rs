@@ -56,6 +56,13 @@ pub(crate) fn task_ref(task: &str) -> TaskRef {
     TaskRef { namespace: namespace.to_string(), id: id.to_string() }
 }
 
+/// An RFC 3339 instant given on the command line (`--after`, `--from`, `--to`).
+pub(crate) fn parse_instant(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("not an RFC 3339 instant ({e}), e.g. 2026-03-07T00:00:00Z"))
+}
+
 /// The registry's API over one NATS connection.
 pub(crate) struct Api {
     client: ApiClient,

@@ -35,8 +35,7 @@ pub(crate) struct Cli {
     /// Print JSON, exactly as the API answers, instead of readable text and tables.
     #[arg(long, global = true)]
     json: bool,
-    /// Prefix of reply subjects (default `_INBOX`). A team confined to one namespace is
-    /// allowed only its own, e.g. `_INBOX.demo`.
+    /// Prefix of reply subjects (default `_INBOX`); a team confined to a namespace uses its own.
     #[arg(long = "nats-inbox-prefix", env = "NATS_INBOX_PREFIX", global = true)]
     inbox_prefix: Option<String>,
     #[command(subcommand)]
@@ -130,7 +129,7 @@ enum Command {
         #[arg(short = 'c', long = "count", default_value_t = 10)]
         count: usize,
         /// RFC 3339 instant to start from [default: now].
-        #[arg(long, value_parser = parse_instant)]
+        #[arg(long, value_parser = crate::api::parse_instant)]
         after: Option<DateTime<Utc>>,
     },
     /// Show events (task changes, fires, runs, leader changes) from the event stream, one line
@@ -166,8 +165,9 @@ enum Command {
     Queue(QueueCommand),
     /// Cancel a run (queued, held or running), or a task's runs not started yet (--task).
     Cancel(crate::cancel::CancelArgs),
-    /// Concurrency limits: every key with its limit, slots in use and runs waiting; `set` or
-    /// `clear` an operator's override of a key's limit.
+    /// Every nominal time of a task's schedule in a range, and what a backfill would do with each.
+    Backfill(crate::backfill::BackfillArgs),
+    /// Concurrency limits: each key's limit, slots in use, runs waiting; `set`/`clear` an override.
     Limits {
         #[command(subcommand)]
         command: Option<LimitCommand>,
@@ -179,8 +179,7 @@ struct EventsArgs {
     /// Keep printing new events.
     #[arg(long)]
     follow: bool,
-    /// Only events of this task (`namespace/id`): its last `--last` events, read through the
-    /// registry.
+    /// Only events of this task (`namespace/id`): its last `--last` events, through the registry.
     #[arg(long)]
     task: Option<String>,
     /// Only events of this namespace, read the way a team confined to it may: its live
@@ -238,15 +237,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Queue(command) => crate::queues::run(&api, command, json_out).await,
         Command::Limits { command } => crate::limits::run(&api, command, json_out).await,
         Command::Cancel(args) => crate::cancel::run(&api, args, json_out).await,
+        Command::Backfill(args) => crate::backfill::run(&client, &names, &api, args, json_out).await,
     };
     let _ = client.flush().await;
     result
-}
-
-fn parse_instant(text: &str) -> Result<DateTime<Utc>, String> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| format!("not an RFC 3339 instant ({e}), e.g. 2026-03-07T00:00:00Z"))
 }
 
 /// `rm` asks `delete ns/id? [y/N]` on a terminal unless `--yes`; without a terminal and without

@@ -3,6 +3,7 @@
 //! leader, no registry or a stream missing), 2 usage or connection problems.
 
 mod api;
+mod backfill;
 mod breakers;
 mod cancel;
 mod commands;

@@ -13,6 +13,18 @@ pub fn dispatch_msg_id(namespace: &str, task_id: &str, nominal_unix_ms: i64) -> 
     format!("{namespace}.{task_id}:{nominal_unix_ms}")
 }
 
+/// The de-duplication id of a backfill's rerun of a nominal time that already had a run:
+/// `<namespace>.<task_id>:<nominal_unix_ms>:backfill:<backfill_id>`, so a resumed backfill
+/// dispatches it once and it never stands for the live fire of that time.
+pub fn backfill_rerun_msg_id(
+    namespace: &str,
+    task_id: &str,
+    nominal_unix_ms: i64,
+    backfill_id: &str,
+) -> String {
+    format!("{namespace}.{task_id}:{nominal_unix_ms}:backfill:{backfill_id}")
+}
+
 /// The de-duplication id of a manual run: `<namespace>.<task_id>:manual:<execution_id>`
 /// (each trigger is a run of its own; a retried publish of the same one is absorbed).
 pub fn manual_msg_id(namespace: &str, task_id: &str, execution_id: &str) -> String {

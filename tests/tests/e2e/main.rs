@@ -3,6 +3,7 @@
 
 mod alerter;
 mod autopause;
+mod backfill;
 mod bench;
 mod breakers;
 mod cancel;
