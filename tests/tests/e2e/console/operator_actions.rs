@@ -111,8 +111,12 @@ async fn console_edits_a_spec_showing_every_problem_at_once_and_saves_only_over_
     mine["schedule"] = json!({"every": "3h"});
     set_spec_text(&browser, &serde_json::to_string_pretty(&mine).unwrap()).await;
     browser.click("form.editor button[type=submit]").await;
+    // The refusal is a new page: wait for it rather than read the form being submitted.
+    eventually(WAIT, "the conflicting save is refused on the page", || async {
+        browser.text("#form-problems").await.contains("someone else changed this task")
+    })
+    .await;
     let problems = browser.text("#form-problems").await;
-    assert!(problems.contains("someone else changed this task"), "{problems}");
     assert!(problems.contains(&format!("you loaded revision {saved}")), "{problems}");
     assert!(browser.text("#their-version").await.contains("someone-else"), "their version is shown");
     assert!(spec_text(&browser).await.contains("3h"), "my text is kept");
