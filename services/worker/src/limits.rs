@@ -29,7 +29,7 @@ use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
 use jetsched_shared::follow;
 use jetsched_shared::names::limit_name;
 use jetsched_shared::wire::LimitRecord;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use self::rules::{Claim, Decision};
@@ -49,6 +49,19 @@ pub(crate) struct Versioned {
     pub(crate) revision: u64,
 }
 
+/// A change waiting for the next write of its key, and where its outcome goes.
+struct Pending {
+    change: Box<dyn FnMut(&mut LimitRecord) -> bool + Send>,
+    done: oneshot::Sender<Result<(), String>>,
+}
+
+/// The changes of one key waiting for its next write, and whether a write is in flight.
+#[derive(Default)]
+struct Writes {
+    queue: Vec<Pending>,
+    writing: bool,
+}
+
 /// The limits bucket, as every delivery and the deadline loop use it.
 pub(crate) struct Limits {
     kv: kv::Store,
@@ -60,9 +73,9 @@ pub(crate) struct Limits {
     pub(crate) lease: Duration,
     /// Every key's latest record, from the watch.
     known: Mutex<HashMap<String, Versioned>>,
-    /// One write at a time per key from this worker: its runs of a hot key queue here instead
-    /// of racing each other's compare-and-sets (each lost race costs a read and another write).
-    writing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One write at a time per key from this worker: its runs of a hot key queue their changes
+    /// here and join the next write instead of racing each other's compare-and-sets.
+    writes: Mutex<HashMap<String, Writes>>,
     changed: Notify,
     metrics: Metrics,
 }
@@ -83,7 +96,7 @@ impl Limits {
             worker,
             lease,
             known: Mutex::default(),
-            writing: Mutex::default(),
+            writes: Mutex::default(),
             changed: Notify::new(),
             metrics,
         }
@@ -133,25 +146,83 @@ impl Limits {
     /// Applies `change` to the latest record of `key` and stores it with compare-and-set,
     /// starting from the watch's copy (one read less when it is current). `change` returns its
     /// result and whether it changed the record (nothing is written otherwise).
-    pub(crate) async fn modify<T>(
-        &self,
+    ///
+    /// Group commit: the changes of this worker's runs of one key that arrive while a write of
+    /// the key is in flight join the next write, applied in arrival order to the same record,
+    /// so one compare-and-set takes or frees many slots. The first caller to find no write in
+    /// flight starts a task that writes the queued changes until none is queued.
+    pub(crate) async fn modify<T: Send + 'static>(
+        self: &Arc<Self>,
         key: &str,
-        mut change: impl FnMut(&mut LimitRecord) -> (T, bool),
+        mut change: impl FnMut(&mut LimitRecord) -> (T, bool) + Send + 'static,
     ) -> anyhow::Result<T> {
-        let turn = {
-            let mut writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
-            writing.entry(key.to_string()).or_default().clone()
+        let out = Arc::new(Mutex::new(None));
+        let slot = Arc::clone(&out);
+        let (done, result) = oneshot::channel();
+        let pending = Pending {
+            change: Box::new(move |record: &mut LimitRecord| {
+                let (value, changed) = change(record);
+                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(value);
+                changed
+            }),
+            done,
         };
-        let _turn = turn.lock().await;
+        let lead = {
+            let mut writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+            let writes = writes.entry(key.to_string()).or_default();
+            writes.queue.push(pending);
+            !std::mem::replace(&mut writes.writing, true)
+        };
+        if lead {
+            // Its own task: the queued changes get their write even if this caller goes away.
+            let (limits, key) = (Arc::clone(self), key.to_string());
+            tokio::spawn(async move { limits.flush(&key).await });
+        }
+        match result.await {
+            Ok(Ok(())) => out
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .with_context(|| format!("limit {key}: the write gave no result")),
+            Ok(Err(error)) => Err(anyhow::anyhow!(error)),
+            Err(_) => anyhow::bail!("limit {key}: the write was abandoned"),
+        }
+    }
+
+    /// Writes the changes of `key` queued, batch after batch, until none is queued.
+    async fn flush(&self, key: &str) {
+        loop {
+            let mut batch = {
+                let mut writes = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(writes) = writes.get_mut(key) else { return };
+                if writes.queue.is_empty() {
+                    writes.writing = false;
+                    return;
+                }
+                std::mem::take(&mut writes.queue)
+            };
+            let outcome = self.write_batch(key, &mut batch).await.map_err(|error| format!("{error:#}"));
+            for pending in batch {
+                let _ = pending.done.send(outcome.clone());
+            }
+        }
+    }
+
+    /// Applies every change of `batch` in order to the latest record of `key` and stores the
+    /// result with one compare-and-set (again from a fresh read when another worker wrote first).
+    async fn write_batch(&self, key: &str, batch: &mut [Pending]) -> anyhow::Result<()> {
         let mut current = match self.known(key) {
             Some(known) => known,
             None => self.read(key).await?,
         };
         for _ in 0..CAS_ROUNDS {
             let mut record = current.record.clone();
-            let (out, changed) = change(&mut record);
+            let mut changed = false;
+            for pending in batch.iter_mut() {
+                changed |= (pending.change)(&mut record);
+            }
             if !changed {
-                return Ok(out);
+                return Ok(());
             }
             let body: bytes::Bytes = serde_json::to_vec(&record).context("encode limit record")?.into();
             let written = if current.revision == 0 {
@@ -173,7 +244,7 @@ impl Limits {
                     if known.get(key).is_none_or(|k| k.revision < revision) {
                         known.insert(key.to_string(), Versioned { record, revision });
                     }
-                    return Ok(out);
+                    return Ok(());
                 }
                 None => current = self.read(key).await?,
             }
@@ -182,23 +253,31 @@ impl Limits {
     }
 
     /// A delivery's claim of a slot of `key`.
-    pub(crate) async fn acquire(&self, key: &str, claim: &Claim<'_>) -> anyhow::Result<Decision> {
+    pub(crate) async fn acquire(self: &Arc<Self>, key: &str, claim: &Claim<'_>) -> anyhow::Result<Decision> {
         let lease = self.lease_chrono();
-        self.modify(key, |record| {
+        let claim = claim.owned();
+        self.modify(key, move |record| {
             let before = record.clone();
-            let decision = rules::acquire(record, claim, Utc::now(), lease);
+            let decision = rules::acquire(record, &claim.as_claim(), Utc::now(), lease);
             (decision, *record != before)
         })
         .await
     }
 
     /// Frees the slot of `execution_id` held by message `seq`, and hands free slots over.
-    pub(crate) async fn release(&self, key: &str, execution_id: &str, seq: u64) -> anyhow::Result<()> {
+    pub(crate) async fn release(
+        self: &Arc<Self>,
+        key: &str,
+        execution_id: &str,
+        seq: u64,
+    ) -> anyhow::Result<()> {
         let lease = self.lease_chrono();
+        let execution_id = execution_id.to_string();
+        let worker = self.worker.clone();
         let handed = self
-            .modify(key, |record| {
-                let released = rules::release(record, execution_id, seq);
-                let handed = rules::hand_over(record, &self.worker, Utc::now(), lease);
+            .modify(key, move |record| {
+                let released = rules::release(record, &execution_id, seq);
+                let handed = rules::hand_over(record, &worker, Utc::now(), lease);
                 let changed = released || !handed.is_empty();
                 (handed, changed)
             })
@@ -208,10 +287,16 @@ impl Limits {
     }
 
     /// Renews the lease of a running slot; false when the slot is not held any more.
-    pub(crate) async fn renew(&self, key: &str, execution_id: &str, seq: u64) -> anyhow::Result<bool> {
+    pub(crate) async fn renew(
+        self: &Arc<Self>,
+        key: &str,
+        execution_id: &str,
+        seq: u64,
+    ) -> anyhow::Result<bool> {
         let lease = self.lease_chrono();
-        self.modify(key, |record| {
-            let renewed = rules::renew(record, execution_id, seq, Utc::now(), lease);
+        let execution_id = execution_id.to_string();
+        self.modify(key, move |record| {
+            let renewed = rules::renew(record, &execution_id, seq, Utc::now(), lease);
             (renewed, renewed)
         })
         .await
@@ -221,7 +306,7 @@ impl Limits {
     /// that finds the slot gone (its lease ran out: this worker was cut off) is logged and
     /// counted; the run goes on.
     pub(crate) async fn holding<T>(
-        &self,
+        self: &Arc<Self>,
         key: &str,
         execution_id: &str,
         seq: u64,
@@ -290,14 +375,20 @@ impl Limits {
     }
 
     /// Drops the expired holders of `key` and hands free slots over.
-    async fn reclaim(&self, key: &str) -> anyhow::Result<()> {
+    async fn reclaim(self: &Arc<Self>, key: &str) -> anyhow::Result<()> {
         let lease = self.lease_chrono();
+        let worker = self.worker.clone();
+        let name = key.to_string();
         let handed = self
-            .modify(key, |record| {
+            .modify(key, move |record| {
                 let expired = rules::expire(record, Utc::now());
-                let handed = rules::hand_over(record, &self.worker, Utc::now(), lease);
+                let handed = rules::hand_over(record, &worker, Utc::now(), lease);
                 if expired > 0 {
-                    tracing::info!(key, expired, "concurrency slots whose lease ran out reclaimed");
+                    tracing::info!(
+                        key = name.as_str(),
+                        expired,
+                        "concurrency slots whose lease ran out reclaimed"
+                    );
                 }
                 let changed = expired > 0 || !handed.is_empty();
                 (handed, changed)

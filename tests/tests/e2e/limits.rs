@@ -375,3 +375,43 @@ async fn a_paused_tasks_waiting_run_is_skipped_and_its_slot_goes_to_the_next_at_
     wait_run_status(&js, &names, &next, RunStatus::Succeeded, Duration::from_secs(10)).await;
     assert_eq!(started.lock().unwrap().len(), 2, "the paused task's run never ran");
 }
+
+#[tokio::test]
+async fn a_workers_runs_arriving_together_on_one_key_share_its_writes() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let names = Names::default();
+    let (handlers, started) = noting(
+        "hold",
+        |run| run.execution_id.clone(),
+        |_| async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Outcome::ok()
+        },
+    );
+    let _worker = App::worker(config(&server, "g-1"), handlers).await;
+    let task =
+        spec("pg", "many").handler("hold").field("concurrency", json!({"key": "many", "limit": 10000}));
+    api.store(&task.json()).await;
+    let runs = 96;
+    let mut executions = Vec::new();
+    for nominal in 0..runs {
+        executions.push(dispatch(&js, &names, &task.task(), nominal * 1000).await);
+    }
+    for execution in &executions {
+        wait_run_status(&js, &names, execution, RunStatus::Succeeded, Duration::from_secs(60)).await;
+    }
+    assert_eq!(started.lock().unwrap().len(), executions.len(), "every run ran once");
+    let limits = js.get_key_value(names.limits_bucket()).await.expect("limits bucket");
+    let key = concurrency_key("pg", "many");
+    let entry = limits.entry(&key).await.expect("read the limits bucket").expect("the key's entry");
+    let record: LimitRecord = serde_json::from_slice(&entry.value).expect("a limit record");
+    assert!(record.holders.is_empty() && record.waiters.is_empty(), "every slot freed: {record:?}");
+    // The key is the bucket's only one: its revision counts every write. One write per take and
+    // one per free would be two per run; runs taking and freeing together share writes.
+    let writes = entry.revision;
+    assert!(
+        writes < 2 * executions.len() as u64 * 3 / 4,
+        "{writes} writes for {} takes and frees",
+        2 * executions.len()
+    );
+}

@@ -11,6 +11,8 @@
 //! server's schedule took a quarter of a second each, and the same 451 runs took 65 s instead
 //! of 24 s.
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use async_nats::HeaderMap;
 use async_nats::jetstream::message::StreamMessage;
@@ -35,7 +37,7 @@ impl Limits {
     /// Delivers each waiter handed a slot of `key`; a waiter whose parked message is gone gives
     /// its slot back (and the next waiter gets it). Failures are logged and counted: the
     /// reservation's lease frees the slot, the parked message comes back by itself.
-    pub(crate) async fn deliver_handed(&self, key: &str, mut handed: Vec<Waiter>) {
+    pub(crate) async fn deliver_handed(self: &Arc<Self>, key: &str, mut handed: Vec<Waiter>) {
         for _ in 0..MISSING_ROUNDS {
             let mut missing = self.wake_all(key, handed).await;
             for pause in PARKING_PAUSES {
@@ -53,8 +55,9 @@ impl Limits {
             }
             let missing: Vec<String> = missing.into_iter().map(|w| w.execution_id).collect();
             let lease = self.lease_chrono();
+            let worker = self.worker.clone();
             let given_back = self
-                .modify(key, |record| {
+                .modify(key, move |record| {
                     let mut changed = false;
                     for id in &missing {
                         if record.holders.get(id).is_some_and(|h| h.seq.is_none()) {
@@ -62,7 +65,7 @@ impl Limits {
                             changed = true;
                         }
                     }
-                    let next = rules::hand_over(record, &self.worker, Utc::now(), lease);
+                    let next = rules::hand_over(record, &worker, Utc::now(), lease);
                     changed |= !next.is_empty();
                     (next, changed)
                 })

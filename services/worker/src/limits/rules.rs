@@ -30,6 +30,53 @@ pub(crate) struct Claim<'a> {
     pub(crate) limit: u32,
 }
 
+impl Claim<'_> {
+    /// The claim with its own copies of the texts, to be applied later (a group commit).
+    pub(crate) fn owned(&self) -> OwnedClaim {
+        OwnedClaim {
+            execution_id: self.execution_id.to_string(),
+            seq: self.seq,
+            delivered: self.delivered,
+            worker: self.worker.to_string(),
+            priority: self.priority,
+            namespace: self.namespace.to_string(),
+            task_id: self.task_id.to_string(),
+            parked_subject: self.parked_subject.to_string(),
+            limit: self.limit,
+        }
+    }
+}
+
+/// A [`Claim`] owning its texts.
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedClaim {
+    execution_id: String,
+    seq: u64,
+    delivered: u64,
+    worker: String,
+    priority: Priority,
+    namespace: String,
+    task_id: String,
+    parked_subject: String,
+    limit: u32,
+}
+
+impl OwnedClaim {
+    pub(crate) fn as_claim(&self) -> Claim<'_> {
+        Claim {
+            execution_id: &self.execution_id,
+            seq: self.seq,
+            delivered: self.delivered,
+            worker: &self.worker,
+            priority: self.priority,
+            namespace: &self.namespace,
+            task_id: &self.task_id,
+            parked_subject: &self.parked_subject,
+            limit: self.limit,
+        }
+    }
+}
+
 /// What the record says to a delivery asking for a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Decision {
