@@ -8,11 +8,13 @@ use anyhow::Context;
 use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
-use jetsched_shared::names::Names;
+use jetsched_shared::follow;
+use jetsched_shared::names::{Names, limit_name};
+use jetsched_shared::wire::LimitRecord;
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
-use crate::rules::DlqState;
+use crate::rules::{DlqState, LimitWait};
 
 /// How long JetStream has to answer a check.
 const ANSWER_WITHIN: Duration = Duration::from_secs(2);
@@ -24,6 +26,8 @@ pub(crate) struct Seen {
     pub(crate) unavailable: Option<String>,
     pub(crate) depths: Option<Vec<(String, u64)>>,
     pub(crate) dlq: Option<DlqState>,
+    /// The concurrency keys with waiting runs.
+    pub(crate) limit_waits: Option<Vec<LimitWait>>,
 }
 
 pub(crate) struct Checks {
@@ -43,7 +47,8 @@ impl Checks {
         self.next_at
     }
 
-    /// Runs a check; the next is due an interval after this one started.
+    /// Runs a check; the next is due an interval after this one started. The dead-letter
+    /// stream is read last: its gauges moving mean every other probe of the check ran.
     pub(crate) async fn run(&mut self, js: &jetstream::Context, names: &Names) -> Seen {
         self.next_at = Instant::now() + self.interval;
         let at = Utc::now();
@@ -54,7 +59,7 @@ impl Checks {
         };
         if unavailable.is_some() {
             // Every probe below would only wait out its timeout.
-            return Seen { at, unavailable, depths: None, dlq: None };
+            return Seen { at, unavailable, depths: None, dlq: None, limit_waits: None };
         }
         let depths = match queue_depths(js, names).await {
             Ok(depths) => {
@@ -66,6 +71,14 @@ impl Checks {
             Err(error) => {
                 self.metrics.errors.with_label_values(&["queue_depth"]).inc();
                 tracing::warn!(error = format!("{error:#}"), "cannot read queue depths");
+                None
+            }
+        };
+        let limit_waits = match limit_waits(js, names, at).await {
+            Ok(waits) => Some(waits),
+            Err(error) => {
+                self.metrics.errors.with_label_values(&["limit_waits"]).inc();
+                tracing::warn!(error = format!("{error:#}"), "cannot read the concurrency keys");
                 None
             }
         };
@@ -82,7 +95,7 @@ impl Checks {
                 None
             }
         };
-        Seen { at, unavailable, depths, dlq }
+        Seen { at, unavailable, depths, dlq, limit_waits }
     }
 }
 
@@ -104,6 +117,47 @@ async fn queue_depths(js: &jetstream::Context, names: &Names) -> anyhow::Result<
         }
     }
     Ok(depths.into_iter().collect())
+}
+
+/// Every concurrency key with waiting runs, from one read of the limits bucket (the latest
+/// record of each key).
+async fn limit_waits(
+    js: &jetstream::Context,
+    names: &Names,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Vec<LimitWait>> {
+    let bucket = names.limits_bucket();
+    let kv = js.get_key_value(&bucket).await.with_context(|| format!("look up bucket {bucket}"))?;
+    let mut waits = Vec::new();
+    let mut undecodable = 0;
+    let load = follow::load(&kv, |entry| {
+        if !matches!(entry.operation, jetstream::kv::Operation::Put) {
+            return;
+        }
+        let Ok(record) = serde_json::from_slice::<LimitRecord>(&entry.value) else {
+            undecodable += 1;
+            return;
+        };
+        let Some(oldest) = record.waiters.iter().min_by_key(|w| w.since) else { return };
+        waits.push(LimitWait {
+            key: limit_name(&entry.key).unwrap_or(&entry.key).to_string(),
+            waiting: record.waiters.len(),
+            limit: record.effective_limit(),
+            in_use: record.in_use(now),
+            since: oldest.since,
+            namespace: oldest.namespace.clone(),
+            task_id: oldest.task_id.clone(),
+            execution_id: oldest.execution_id.clone(),
+        });
+    });
+    // The watch ends with this read: each check reads the bucket afresh.
+    tokio::time::timeout(ANSWER_WITHIN, load)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {ANSWER_WITHIN:?}"))??;
+    if undecodable > 0 {
+        tracing::warn!(bucket, undecodable, "limit records that do not decode are not checked");
+    }
+    Ok(waits)
 }
 
 /// Messages and bytes in the dead-letter stream, and its byte limit.

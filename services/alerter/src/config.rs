@@ -53,7 +53,10 @@ pub struct Config {
     /// Share of the dead-letter stream's byte limit (--dlq-max-bytes) that counts as nearly full.
     #[arg(long, env = "JETSCHED_ALERTER_DLQ_FULL_RATIO", default_value_t = 0.9, help_heading = "Rules")]
     pub dlq_full_ratio: f64,
-    /// How often queue depths and the dead-letter stream are read.
+    /// A run waiting this long for a slot of a concurrency key alerts (`limit_waiting`).
+    #[arg(long, env = "JETSCHED_ALERTER_LIMIT_WAIT", default_value = "5m", value_parser = parse_duration, help_heading = "Rules")]
+    pub limit_wait: Duration,
+    /// How often queue depths, the dead-letter stream and the concurrency keys are read.
     #[arg(long, env = "JETSCHED_ALERTER_CHECK_INTERVAL", default_value = "10s", value_parser = parse_duration, help_heading = "Rules")]
     pub check_interval: Duration,
 
@@ -199,7 +202,8 @@ impl Config {
         let rule_defaults = Thresholds::default();
         let Thresholds { enabled: rules, backlog_threshold, backlog_for, no_leader_after, .. } =
             rule_defaults;
-        let Thresholds { fire_lag, flap_changes, flap_window, dlq_full_ratio, .. } = rule_defaults;
+        let Thresholds { fire_lag, flap_changes, flap_window, dlq_full_ratio, limit_wait, .. } =
+            rule_defaults;
         let ThrottleConfig { dedup_window, rate_per_minute, group_wait, summary_interval, .. } =
             ThrottleConfig::default();
         Config {
@@ -213,6 +217,7 @@ impl Config {
             flap_changes,
             flap_window,
             dlq_full_ratio,
+            limit_wait,
             check_interval: Duration::from_secs(10),
             dedup_window,
             rate_limit: rate_per_minute,
@@ -297,6 +302,7 @@ impl Config {
             flap_changes: self.flap_changes,
             flap_window: self.flap_window,
             dlq_full_ratio: self.dlq_full_ratio,
+            limit_wait: self.limit_wait,
         }
     }
 

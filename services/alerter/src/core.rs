@@ -135,6 +135,9 @@ impl Core {
         if let Some(dlq) = seen.dlq {
             candidates.extend(self.detector.on_dlq(seen.at, dlq));
         }
+        if let Some(waits) = &seen.limit_waits {
+            candidates.extend(self.detector.on_limit_waits(seen.at, waits));
+        }
         self.alerts.raise(Utc::now(), candidates).await;
     }
 

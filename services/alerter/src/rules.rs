@@ -44,10 +44,13 @@ pub enum Rule {
     /// JetStream does not answer (its servers disabled it, e.g. on a full disk, or none is
     /// reachable): nothing can be dispatched or recorded; once per episode.
     JetstreamUnavailable,
+    /// A run has waited for a slot of a concurrency key longer than the threshold; once per
+    /// episode of the key, until no run has waited that long.
+    LimitWaiting,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 12] = [
+    pub const ALL: [Rule; 13] = [
         Rule::RunFailed,
         Rule::RunDead,
         Rule::QueueBacklog,
@@ -60,6 +63,7 @@ impl Rule {
         Rule::BreakerOpen,
         Rule::ClockSkew,
         Rule::JetstreamUnavailable,
+        Rule::LimitWaiting,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,14 +80,18 @@ impl Rule {
             Rule::BreakerOpen => "breaker_open",
             Rule::ClockSkew => "clock_skew",
             Rule::JetstreamUnavailable => "jetstream_unavailable",
+            Rule::LimitWaiting => "limit_waiting",
         }
     }
 
     pub fn severity(self) -> Severity {
         match self {
-            Rule::RunFailed | Rule::FireLag | Rule::DlqGrowing | Rule::BreakerOpen | Rule::ClockSkew => {
-                Severity::Warning
-            }
+            Rule::RunFailed
+            | Rule::FireLag
+            | Rule::DlqGrowing
+            | Rule::BreakerOpen
+            | Rule::ClockSkew
+            | Rule::LimitWaiting => Severity::Warning,
             Rule::RunDead
             | Rule::QueueBacklog
             | Rule::LeaderChanged
@@ -109,7 +117,8 @@ impl Rule {
             | Rule::NoLeader
             | Rule::DlqGrowing
             | Rule::DlqFull
-            | Rule::JetstreamUnavailable => &[],
+            | Rule::JetstreamUnavailable
+            | Rule::LimitWaiting => &[],
         }
     }
 }
@@ -136,6 +145,8 @@ pub struct Thresholds {
     pub flap_window: Duration,
     /// Share of the dead-letter stream's byte limit that counts as nearly full (0..=1).
     pub dlq_full_ratio: f64,
+    /// A run waiting this long for a slot of a concurrency key alerts.
+    pub limit_wait: Duration,
 }
 
 impl Default for Thresholds {
@@ -149,6 +160,7 @@ impl Default for Thresholds {
             flap_changes: 3,
             flap_window: Duration::from_secs(600),
             dlq_full_ratio: 0.9,
+            limit_wait: Duration::from_secs(300),
         }
     }
 }
@@ -160,6 +172,22 @@ pub struct DlqState {
     pub bytes: u64,
     /// The stream's byte limit; zero or less when unlimited.
     pub max_bytes: i64,
+}
+
+/// What a check of one concurrency key with waiting runs saw: how many wait and the run
+/// that has waited longest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitWait {
+    /// The concurrency key (as `jetsched limits` shows it).
+    pub key: String,
+    pub waiting: usize,
+    pub limit: u32,
+    pub in_use: usize,
+    /// The longest waiting run: when it started waiting, its task and execution id.
+    pub since: DateTime<Utc>,
+    pub namespace: String,
+    pub task_id: String,
+    pub execution_id: String,
 }
 
 /// A rule that fired, before de-duplication.

@@ -395,6 +395,13 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
         metric_value(&metrics, "jetsched_dlq_depth").is_some_and(|depth| depth >= 1.0)
     })
     .await;
+    // ... its read of the concurrency keys too.
+    let metrics = alerter.metrics().await;
+    assert_eq!(
+        metric_value(&metrics, "jetsched_alerter_errors_total{what=\"limit_waits\"}"),
+        None,
+        "{metrics}"
+    );
 
     // The CLI: API commands as `client`, inspection (JetStream reads) as `operator`.
     for (user, args) in [

@@ -10,7 +10,8 @@ use jetsched_shared::names::SYSTEM_NAMESPACE;
 use jetsched_shared::wire::{Event, EventKind, format_time};
 
 use super::{
-    Candidate, DLQ_SUBJECT, DlqState, JETSTREAM_SUBJECT, Rule, SCHEDULER_SUBJECT, Thresholds, chrono_duration,
+    Candidate, DLQ_SUBJECT, DlqState, JETSTREAM_SUBJECT, LimitWait, Rule, SCHEDULER_SUBJECT, Thresholds,
+    chrono_duration,
 };
 
 /// The `breaker_open` alert of a `breaker.opened` event. Its subject is the event's: the task
@@ -69,6 +70,9 @@ pub struct Detector {
     /// until it has closed. By key, since a task's own breaker and a named one of its namespace
     /// may have events about the same `(namespace, id)`.
     open_breakers: HashSet<(String, String)>,
+    /// Concurrency keys whose current episode (a run waiting longer than the threshold)
+    /// alerted.
+    waiting_keys: HashSet<String>,
 }
 
 impl Detector {
@@ -82,6 +86,7 @@ impl Detector {
             dlq_full: false,
             jetstream_down: false,
             open_breakers: HashSet::new(),
+            waiting_keys: HashSet::new(),
         }
     }
 
@@ -297,6 +302,40 @@ impl Detector {
                     .detail("bytes", dlq.bytes)
                     .detail("max_bytes", dlq.max_bytes)
                     .detail("depth", depth),
+            );
+        }
+        out
+    }
+
+    /// A check of the concurrency keys with waiting runs: a key whose longest waiting run has
+    /// waited `limit_wait` or more alerts once, again only after no run of it waited that long
+    /// (a key missing from `waits` has none waiting). The alert names the longest waiting run's
+    /// namespace and task, so a team's alerts reach it.
+    pub fn on_limit_waits(&mut self, now: DateTime<Utc>, waits: &[LimitWait]) -> Vec<Candidate> {
+        let threshold = chrono_duration(self.thresholds.limit_wait);
+        let over = |w: &LimitWait| now - w.since >= threshold;
+        self.waiting_keys.retain(|key| waits.iter().any(|w| &w.key == key && over(w)));
+        if !self.on(Rule::LimitWaiting) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for wait in waits.iter().filter(|w| over(w)) {
+            if !self.waiting_keys.insert(wait.key.clone()) {
+                continue;
+            }
+            let waited = (now - wait.since).num_seconds();
+            let summary = format!(
+                "concurrency key {}: a run has waited {waited}s for a slot ({} waiting, {} of {} in use)",
+                wait.key, wait.waiting, wait.in_use, wait.limit
+            );
+            out.push(
+                Candidate::new(Rule::LimitWaiting, &wait.namespace, &wait.task_id, now, summary)
+                    .detail("key", &wait.key)
+                    .detail("waiting", wait.waiting)
+                    .detail("in_use", wait.in_use)
+                    .detail("limit", wait.limit)
+                    .detail("waiting_since", format_time(wait.since))
+                    .detail("execution_id", &wait.execution_id),
             );
         }
         out

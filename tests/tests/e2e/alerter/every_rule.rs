@@ -232,6 +232,37 @@ async fn queue_backlog_from_dispatches_nobody_pulls() {
     alerter.stop().await;
 }
 
+/// Two runs of one concurrency key of limit 1: the first holds its slot, the second waits
+/// longer than the threshold; the alert goes to the waiting run's team and task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_waiting_from_a_run_waiting_for_a_slot() {
+    let (server, _client, js, names) = start().await;
+    let mut config = config(&server);
+    config.limit_wait = Duration::from_secs(1);
+    let alerter = App::alerter(config).await;
+    let handlers = Handlers::new().register("hold", |_run: RunContext| async move {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        Outcome::ok()
+    });
+    let worker = App::worker(worker_config(&server, "alert-w1"), handlers).await;
+    let one = serde_json::json!({"key": "payments", "limit": 1});
+    let task = |id: &str| spec("alerts", id).handler("hold").field("concurrency", one.clone()).task();
+    let now = chrono::Utc::now().timestamp_millis();
+    dispatch(&js, &names, &task("first"), now).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = dispatch(&js, &names, &task("second"), now).await;
+
+    let message = stored(&js, "limit_waiting").await;
+    let alert = &message.alerts[0];
+    assert_eq!(message.severity, Rule::LimitWaiting.severity());
+    assert_eq!((alert.namespace.as_str(), alert.task_id.as_str()), ("alerts", "second"));
+    assert_eq!(alert.details["key"], "alerts.payments");
+    assert_eq!(alert.details["execution_id"], waiting);
+    assert_eq!((alert.details["in_use"].as_str(), alert.details["limit"].as_str()), ("1", "1"));
+    worker.stop().await;
+    alerter.stop().await;
+}
+
 /// Dead letters fill the stream past nine tenths of its byte limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_full_from_a_nearly_full_dead_letter_stream() {

@@ -254,6 +254,55 @@ fn backlog_must_last_before_it_alerts() {
     assert_eq!(d.on_queue_depths(at(72), &q(50)).len(), 1);
 }
 
+fn waiting(key: &str, since: DateTime<Utc>, task: &str) -> LimitWait {
+    LimitWait {
+        key: key.to_string(),
+        waiting: 3,
+        limit: 2,
+        in_use: 2,
+        since,
+        namespace: "billing".to_string(),
+        task_id: task.to_string(),
+        execution_id: format!("billing.{task}:1"),
+    }
+}
+
+#[test]
+fn a_run_waiting_too_long_for_a_slot_alerts_once_per_key_and_episode() {
+    let mut d = Detector::new(Thresholds { limit_wait: Duration::from_secs(60), ..Thresholds::default() });
+    let payments = |since| waiting("billing.payments", since, "charge");
+    assert!(d.on_limit_waits(at(59), &[payments(at(0))]).is_empty());
+    let out = d.on_limit_waits(at(60), &[payments(at(0)), waiting("billing.exports", at(30), "export")]);
+    assert_eq!(out.len(), 1, "{out:?}");
+    let alert = &out[0];
+    assert_eq!((alert.rule, alert.rule.severity()), (Rule::LimitWaiting, Severity::Warning));
+    // The team of the longest waiting run gets it.
+    assert_eq!((alert.namespace.as_str(), alert.task_id.as_str()), ("billing", "charge"));
+    assert_eq!(alert.details["key"], "billing.payments");
+    assert_eq!(alert.details["execution_id"], "billing.charge:1");
+    assert!(alert.summary.contains("waited 60s"), "{}", alert.summary);
+    // Still waiting: the same episode. The other key reaches the threshold: its own alert.
+    let out = d.on_limit_waits(at(90), &[payments(at(0)), waiting("billing.exports", at(30), "export")]);
+    assert_eq!(out.iter().map(|c| c.details["key"].as_str()).collect::<Vec<_>>(), ["billing.exports"]);
+    // The runs started (the key is gone from the check), then one waits too long again.
+    assert!(d.on_limit_waits(at(100), &[]).is_empty());
+    assert!(d.on_limit_waits(at(150), &[payments(at(100))]).is_empty());
+    assert_eq!(d.on_limit_waits(at(160), &[payments(at(100))]).len(), 1);
+    // A newer waiter alone (the old ones started) below the threshold ends the episode too.
+    assert!(d.on_limit_waits(at(170), &[payments(at(165))]).is_empty());
+    assert_eq!(d.on_limit_waits(at(225), &[payments(at(165))]).len(), 1);
+}
+
+#[test]
+fn limit_waiting_off_raises_nothing() {
+    let mut d = Detector::new(Thresholds {
+        enabled: vec![Rule::RunDead],
+        limit_wait: Duration::from_secs(1),
+        ..Thresholds::default()
+    });
+    assert!(d.on_limit_waits(at(100), &[waiting("billing.payments", at(0), "charge")]).is_empty());
+}
+
 fn dlq(messages: u64, bytes: u64) -> DlqState {
     DlqState { messages, bytes, max_bytes: 1000 }
 }
