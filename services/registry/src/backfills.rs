@@ -10,7 +10,7 @@
 
 use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use jetsched_shared::backfill::Reprocess;
 use jetsched_shared::backfill::progress::{BackfillProgress, BackfillRequest, DEFAULT_MAX_ACTIVE};
 use jetsched_shared::cas::{is_revision_mismatch, live};
@@ -224,31 +224,26 @@ impl BackfillApi {
             problems.push(error);
         }
         refuse(problems)?;
-        let filter = Names::backfill_filter(&namespace, body.id.as_deref());
-        let mut keys = self
+        // Keys `<namespace>.<task>.<token>`: the namespace's (or the task's) are read.
+        let prefix = match &body.id {
+            Some(id) => format!("{namespace}.{id}."),
+            None => format!("{namespace}."),
+        };
+        let keys: Vec<String> = self
             .backfills
-            .watch_with_history(&filter)
+            .keys()
+            .await
+            .map_err(|e| Failure::unavailable("list backfills", e))?
+            .try_filter(|key| std::future::ready(key.starts_with(&prefix)))
+            .take(MAX_LISTED)
+            .try_collect()
             .await
             .map_err(|e| Failure::unavailable("list backfills", e))?;
-        // An ordered consumer of the keys' last values; none pending means all are read.
-        let mut backfills = Vec::new();
-        let info = self.backfills.status().await.map_err(|e| Failure::unavailable("list backfills", e))?;
-        if info.values() > 0 {
-            let read = async {
-                while let Some(entry) = keys.try_next().await? {
-                    if entry.operation == kv::Operation::Put
-                        && let Ok(progress) = serde_json::from_slice::<BackfillProgress>(&entry.value)
-                    {
-                        backfills.push(progress);
-                    }
-                    if entry.delta == 0 || backfills.len() >= MAX_LISTED {
-                        break;
-                    }
-                }
-                Ok::<_, kv::WatcherError>(())
-            };
-            // A filter that matches nothing delivers nothing: the wait ends after a short while.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), read).await;
+        let mut backfills = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some((progress, _)) = self.read(&key).await? {
+                backfills.push(progress);
+            }
         }
         backfills.sort_by(|a, b| b.started_at.cmp(&a.started_at).then_with(|| a.id.cmp(&b.id)));
         Ok(ListReply { backfills })
