@@ -27,12 +27,15 @@ const TO: &str = "2026-01-01T00:00:00Z";
 const NS: &str = "history";
 const FINISH: Duration = Duration::from_secs(240);
 
-/// Every run the handler saw: nominal time (ms) → (execution id, trigger) per run.
+/// The runs of one nominal time: (execution id, trigger) each.
+type Runs = Vec<(String, Trigger)>;
+
+/// Every run the handler saw, by task and nominal time (ms).
 #[derive(Clone, Default)]
-struct Ran(Arc<Mutex<BTreeMap<(String, i64), Vec<(String, Trigger)>>>>);
+struct Ran(Arc<Mutex<BTreeMap<(String, i64), Runs>>>);
 
 impl Ran {
-    fn of(&self, task: &str) -> BTreeMap<i64, Vec<(String, Trigger)>> {
+    fn of(&self, task: &str) -> BTreeMap<i64, Runs> {
         let ran = self.0.lock().unwrap();
         ran.iter().filter(|((t, _), _)| t == task).map(|((_, ms), runs)| (*ms, runs.clone())).collect()
     }
