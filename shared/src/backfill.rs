@@ -12,6 +12,7 @@
 //! nominal time and the backfill's id ([`crate::names::backfill_rerun_msg_id`]), so the same
 //! backfill resumed dispatches each rerun once and never masks the live run of that time.
 
+pub mod progress;
 #[cfg(test)]
 mod tests;
 

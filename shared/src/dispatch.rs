@@ -81,6 +81,10 @@ pub enum Origin<'a> {
     /// A dead letter dispatched again: its nominal time, a fresh execution id, and a message id
     /// derived from the dead run's execution id.
     Replay { nominal_time: DateTime<Utc>, dead_execution_id: &'a str },
+    /// A nominal time of a backfill sent by leader `term`: the live fire's ids, or for a rerun
+    /// (`rerun_by`: the backfill's id) ids derived from the nominal time and the backfill
+    /// ([`crate::backfill::ids`]).
+    Backfill { nominal_ms: i64, term: u64, rerun_by: Option<&'a str> },
 }
 
 impl Origin<'_> {
@@ -90,6 +94,7 @@ impl Origin<'_> {
             Origin::Scheduled { catchup: true, .. } => Trigger::Catchup,
             Origin::Manual { .. } | Origin::Requested { .. } => Trigger::Manual,
             Origin::Replay { .. } => Trigger::Replay,
+            Origin::Backfill { .. } => Trigger::Backfill,
         }
     }
 }
@@ -174,6 +179,10 @@ pub fn build_traced(
         }
         Origin::Replay { nominal_time, dead_execution_id } => {
             (nominal_time, 0, wire::fresh_execution_id(), names::replay_msg_id(dead_execution_id))
+        }
+        Origin::Backfill { nominal_ms, term, rerun_by } => {
+            let (msg_id, execution_id) = crate::backfill::ids(namespace, task_id, nominal_ms, rerun_by);
+            (from_ms(nominal_ms), term, execution_id, msg_id)
         }
     };
     let payload = match origin {
@@ -274,7 +283,7 @@ mod tests {
         let spec = TaskSpec::parse(SPEC).expect("valid spec");
         let at = from_ms(NOMINAL + 5);
         let payload = serde_json::json!({"edit": 7});
-        let cases: [(Origin<'_>, Trigger, u64, i64); 5] = [
+        let cases: [(Origin<'_>, Trigger, u64, i64); 7] = [
             (
                 Origin::Scheduled { nominal_ms: NOMINAL, term: 42, catchup: false },
                 Trigger::Schedule,
@@ -298,6 +307,18 @@ mod tests {
                 Origin::Replay { nominal_time: from_ms(NOMINAL), dead_execution_id: "dead-1" },
                 Trigger::Replay,
                 0,
+                NOMINAL,
+            ),
+            (
+                Origin::Backfill { nominal_ms: NOMINAL, term: 44, rerun_by: None },
+                Trigger::Backfill,
+                44,
+                NOMINAL,
+            ),
+            (
+                Origin::Backfill { nominal_ms: NOMINAL, term: 44, rerun_by: Some("billing.report.b1") },
+                Trigger::Backfill,
+                44,
                 NOMINAL,
             ),
         ];
@@ -328,6 +349,19 @@ mod tests {
                         names::manual_msg_id("billing", "report", "exec-1")
                     }
                     Origin::Replay { .. } => names::replay_msg_id("dead-1"),
+                    Origin::Backfill { rerun_by: None, .. } => {
+                        // The live fire's ids: a backfilled time and its fire are one run.
+                        assert_eq!(
+                            message.execution_id,
+                            wire::scheduled_execution_id("billing", "report", NOMINAL)
+                        );
+                        names::dispatch_msg_id("billing", "report", NOMINAL)
+                    }
+                    Origin::Backfill { rerun_by: Some(backfill), .. } => {
+                        let msg_id = names::backfill_rerun_msg_id("billing", "report", NOMINAL, backfill);
+                        assert_eq!(message.execution_id, wire::execution_id_of_fire(&msg_id));
+                        msg_id
+                    }
                 };
                 assert_eq!(header(&message, "Nats-Msg-Id"), Some(expected_id));
                 assert_eq!(header(&message, wire::HDR_TASK).as_deref(), Some("billing.report"));

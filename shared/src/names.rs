@@ -8,6 +8,7 @@ use crate::error::{ApiError, ErrorCode};
 use crate::priority::Priority;
 
 mod api;
+mod backfills;
 mod breaker_keys;
 mod cancels;
 mod flow;
@@ -16,6 +17,7 @@ mod limits;
 mod msg_ids;
 mod reserved;
 
+pub use backfills::{BACKFILL_CANCEL, BACKFILL_LIST, BACKFILL_START, BACKFILL_STATUS};
 #[cfg(test)]
 use breaker_keys::is_name_token;
 pub use breaker_keys::{BreakerKey, breaker_named_key, breaker_shared_key, breaker_task_key};

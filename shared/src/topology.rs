@@ -128,6 +128,8 @@ pub struct Topology {
     pub rates: kv::Store,
     /// De-duplication claims of triggers and submissions, each with its own time to live.
     pub dedupe: kv::Store,
+    /// Backfill progress: created by the registry, advanced by the scheduler leader.
+    pub backfills: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -228,6 +230,7 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         // Kept without an age: a key's state may lie far ahead (a long backlog of delayed runs).
         base(names.rates_bucket(), "jetsched rate limits (GCRA state per key)", 1, Duration::ZERO),
         dedupe,
+        base(names.backfills_bucket(), "jetsched backfill progress", 1, Duration::ZERO),
     ]
 }
 
@@ -380,7 +383,7 @@ async fn ensure_once(
         stores.push(ensure_bucket(js, config, &mut changes).await?);
     }
     let mut stores = stores.into_iter();
-    let mut next = || stores.next().expect("eight buckets");
+    let mut next = || stores.next().expect("every bucket");
     Ok(Topology {
         tasks: next(),
         leader: next(),
@@ -392,6 +395,7 @@ async fn ensure_once(
         limits: next(),
         rates: next(),
         dedupe: next(),
+        backfills: next(),
         changes,
     })
 }

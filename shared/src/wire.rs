@@ -110,7 +110,7 @@ pub use dispatch::{
     Dispatch, DispatchDecoder, Trigger, execution_id_of_fire, fresh_execution_id, scheduled_execution_id,
 };
 pub use dlq_api::DlqRequest;
-pub use event::{Event, EventKind};
+pub use event::{BackfillSummary, Event, EventKind};
 pub use flow::{
     DEFAULT_DEDUPE_TTL, DedupeClaim, HDR_DEBOUNCE_FIRST, HDR_DEBOUNCE_TRIGGERS, HDR_DEDUPE_KEY,
     HDR_DEDUPE_TTL, MAX_DEDUPE_KEY, MAX_DEDUPE_TTL, MAX_TRIGGER_PAYLOAD, check_dedupe_key, check_payload,

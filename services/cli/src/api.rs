@@ -166,6 +166,16 @@ impl Api {
         self.call(endpoint, self.client.names().limits_api_subject(endpoint), request).await
     }
 
+    /// A backfill endpoint (`start`, `status`, `list`, `cancel`) on the subject of `namespace`.
+    pub(crate) async fn backfill<R: Serialize, T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        namespace: &str,
+        request: &R,
+    ) -> Result<T, Failure> {
+        self.call(endpoint, self.client.names().backfill_api_namespaced(endpoint, namespace), request).await
+    }
+
     /// `endpoint` on `subject` with a typed request, its reply decoded as `T`.
     async fn call<R: Serialize, T: DeserializeOwned>(
         &self,

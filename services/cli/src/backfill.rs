@@ -1,46 +1,67 @@
-//! `jetsched backfill <ns/id> --from T1 --to T2 --dry-run`: the plan of a backfill, every nominal
-//! time of the task's schedule in `[from, to)` with its DST mark and what a backfill would do
-//! with it (dispatch, skip a time that has a run, rerun it when `--reprocess` asks), decided
-//! from the run records keyed by each time's execution id.
+//! `jetsched backfill`: start a backfill of a task's nominal times in `[from, to)` (the
+//! scheduler leader dispatches them in batches, each time once), follow it (`status`, `list`)
+//! or stop it (`cancel`); with `--dry-run`, only the plan ([`plan`]).
+
+mod plan;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
-use clap::Args;
-use futures::StreamExt;
-use jetsched_shared::backfill::{self, Decision, DstMark, Reprocess};
-use jetsched_shared::names::Names;
-use jetsched_shared::schedule::Schedule;
-use jetsched_shared::wire::{RunStatus, format_time};
+use clap::{Args, Subcommand};
+use jetsched_shared::backfill::Reprocess;
+use jetsched_shared::names::{BACKFILL_CANCEL, BACKFILL_LIST, BACKFILL_START, BACKFILL_STATUS, Names};
 use serde_json::{Value, json};
 
 use crate::api::{Api, Failure, task_ref};
 use crate::output::{self, outln};
 
-/// Run records read at once.
-const READS_IN_FLIGHT: usize = 64;
-
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub(crate) struct BackfillArgs {
+    #[command(subcommand)]
+    action: Option<BackfillAction>,
     /// The task: `namespace/id`, or `id` in namespace `default`.
-    task: String,
+    #[arg(required = true)]
+    task: Option<String>,
     /// First instant of the range (RFC 3339), included.
-    #[arg(long, value_parser = crate::api::parse_instant)]
-    from: DateTime<Utc>,
-    /// End of the range (RFC 3339), excluded.
-    #[arg(long, value_parser = crate::api::parse_instant)]
-    to: DateTime<Utc>,
-    /// Which times that already have a run would run again.
+    #[arg(long, required = true, value_parser = crate::api::parse_instant)]
+    from: Option<DateTime<Utc>>,
+    /// End of the range (RFC 3339), excluded; not in the future (the live schedule fires those).
+    #[arg(long, required = true, value_parser = crate::api::parse_instant)]
+    to: Option<DateTime<Utc>>,
+    /// Which times that already have a run run again.
     #[arg(long, value_enum, default_value_t = Reprocess::None)]
     reprocess: Reprocess,
+    /// Runs of this backfill in flight at most (1 to 1000; default 10).
+    #[arg(long)]
+    max_active: Option<i64>,
     /// Newest time first.
     #[arg(long)]
     backwards: bool,
     /// List the times and what would be skipped, with DST gaps and folds marked; dispatch nothing.
-    #[arg(long, required = true)]
+    #[arg(long)]
     dry_run: bool,
 }
 
-/// Prints the plan: one line per nominal time, then the counts.
+#[derive(Debug, Subcommand)]
+enum BackfillAction {
+    /// A backfill's state, cursor and counts.
+    Status {
+        /// The backfill's id (`<namespace>.<task>.<token>`, as `jetsched backfill` printed it).
+        id: String,
+    },
+    /// The backfills of a task (`namespace/id`), newest first.
+    List {
+        /// The task: `namespace/id`, or `id` in namespace `default`.
+        task: String,
+    },
+    /// Stop a running backfill: the batch being dispatched finishes, no further time is.
+    Cancel {
+        /// The backfill's id.
+        id: String,
+    },
+}
+
+/// Runs `jetsched backfill`.
 pub(crate) async fn run(
     client: &async_nats::Client,
     names: &Names,
@@ -48,83 +69,111 @@ pub(crate) async fn run(
     args: BackfillArgs,
     json_out: bool,
 ) -> Result<(), Failure> {
-    let task = task_ref(&args.task);
-    let reply: Value = api.task_in("get", &task.namespace, &task).await?;
-    let schedule = Schedule::parse_value(&reply["task"]["schedule"])
-        .map_err(|errors| anyhow::anyhow!("the stored schedule does not parse: {errors:?}"))?;
-    let times = backfill::nominal_times(&schedule, args.from, args.to, args.backwards)?;
-    let runs = async_nats::jetstream::new(client.clone())
-        .get_key_value(names.runs_bucket())
-        .await
-        .context("open the run records")?;
-    let statuses: Vec<Option<RunStatus>> = futures::stream::iter(times.iter())
-        .map(|time| {
-            let (_, execution_id) =
-                backfill::ids(&task.namespace, &task.id, time.at.timestamp_millis(), None);
-            let runs = &runs;
-            async move {
-                let entry = runs.get(&execution_id).await.context("read a run record")?;
-                Ok::<_, anyhow::Error>(entry.and_then(|bytes| {
-                    let record: Value = serde_json::from_slice(&bytes).ok()?;
-                    serde_json::from_value(record.get("status")?.clone()).ok()
-                }))
+    let BackfillArgs { action, task, from, to, reprocess, max_active, backwards, dry_run } = args;
+    match action {
+        Some(BackfillAction::Status { id }) => {
+            let reply: Value =
+                api.backfill(BACKFILL_STATUS, namespace_of(&id), &json!({"backfill": id})).await?;
+            show(&reply, json_out)
+        }
+        Some(BackfillAction::Cancel { id }) => {
+            let reply: Value =
+                api.backfill(BACKFILL_CANCEL, namespace_of(&id), &json!({"backfill": id})).await?;
+            show(&reply, json_out)
+        }
+        Some(BackfillAction::List { task }) => {
+            let task = task_ref(&task);
+            let reply: Value = api.backfill(BACKFILL_LIST, &task.namespace, &json!({"id": task.id})).await?;
+            list(&reply, json_out);
+            Ok(())
+        }
+        None => {
+            let (Some(task), Some(from), Some(to)) = (task, from, to) else {
+                return Err(anyhow::anyhow!("backfill needs a task, --from and --to").into());
+            };
+            if dry_run {
+                let args = plan::PlanArgs { task, from, to, reprocess, backwards };
+                return plan::print(client, names, api, args, json_out).await;
             }
-        })
-        .buffered(READS_IN_FLIGHT)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
-    let zone = match &schedule {
-        Schedule::Cron(cron) => Some(cron.timezone()),
-        _ => None,
-    };
-    let rows: Vec<Value> = times
-        .iter()
-        .zip(&statuses)
-        .map(|(time, status)| {
-            json!({
-                "nominal_time": format_time(time.at),
-                "local_time": zone.map(|tz| time.at.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S %Z").to_string()),
-                "dst": time.dst,
-                "run": status,
-                "decision": backfill::decide(args.reprocess, *status),
-            })
-        })
-        .collect();
-    let count = |decision: Decision| {
-        times.iter().zip(&statuses).filter(|(_, s)| backfill::decide(args.reprocess, **s) == decision).count()
-    };
-    let marks = |mark: DstMark| times.iter().filter(|t| t.dst == Some(mark)).count();
-    let summary = json!({
-        "task": format!("{}/{}", task.namespace, task.id),
-        "times": rows.len(),
-        "dispatch": count(Decision::Dispatch),
-        "skip": count(Decision::Skip),
-        "rerun": count(Decision::Rerun),
-        "dst_gaps": marks(DstMark::Gap),
-        "dst_folds": marks(DstMark::Fold),
-    });
+            let task = task_ref(&task);
+            let request = json!({
+                "id": task.id,
+                "from": jetsched_shared::wire::format_time(from),
+                "to": jetsched_shared::wire::format_time(to),
+                "reprocess": reprocess,
+                "max_active": max_active,
+                "backwards": backwards,
+            });
+            let reply: Value = api.backfill(BACKFILL_START, &task.namespace, &request).await?;
+            if json_out {
+                output::pretty(&reply);
+            } else {
+                outln!("{}", text(&reply["id"]));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The namespace of a backfill id (its first token).
+fn namespace_of(id: &str) -> &str {
+    id.split('.').next().unwrap_or_default()
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        Value::Null => "-".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// One backfill, field by field.
+fn show(reply: &Value, json_out: bool) -> Result<(), Failure> {
     if json_out {
-        output::pretty(&json!({"summary": summary, "plan": rows}));
+        output::pretty(reply);
         return Ok(());
     }
-    let text = |value: &Value| value.as_str().unwrap_or("-").to_string();
-    let table: Vec<Vec<String>> = rows
+    let object = reply.as_object().context("a backfill reply is an object")?;
+    for key in [
+        "id",
+        "state",
+        "from",
+        "to",
+        "backwards",
+        "reprocess",
+        "max_active",
+        "cursor",
+        "total",
+        "dispatched",
+        "skipped",
+        "rerun",
+        "started_at",
+        "finished_at",
+    ] {
+        outln!("{key:<12} {}", text(object.get(key).unwrap_or(&Value::Null)));
+    }
+    let active = object.get("active").and_then(Value::as_array).map_or(0, Vec::len);
+    outln!("{:<12} {active}", "in_flight");
+    Ok(())
+}
+
+fn list(reply: &Value, json_out: bool) {
+    if json_out {
+        output::pretty(reply);
+        return;
+    }
+    let rows: Vec<Vec<String>> = reply["backfills"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
         .iter()
-        .map(|row| {
-            ["nominal_time", "local_time", "decision", "run", "dst"].iter().map(|k| text(&row[*k])).collect()
+        .map(|b| {
+            ["id", "state", "from", "to", "cursor", "total", "dispatched", "skipped", "rerun"]
+                .iter()
+                .map(|k| text(&b[*k]))
+                .collect()
         })
         .collect();
-    output::table(&["NOMINAL (UTC)", "LOCAL", "WOULD", "RUN", "DST"], &table);
-    outln!(
-        "{} times: {} to dispatch, {} skipped (a run exists), {} to rerun; {} DST gaps, {} folds",
-        summary["times"],
-        summary["dispatch"],
-        summary["skip"],
-        summary["rerun"],
-        summary["dst_gaps"],
-        summary["dst_folds"]
-    );
-    Ok(())
+    output::table(&["ID", "STATE", "FROM", "TO", "CURSOR", "TOTAL", "DISPATCHED", "SKIPPED", "RERUN"], &rows);
 }

@@ -165,7 +165,7 @@ enum Command {
     Queue(QueueCommand),
     /// Cancel a run (queued, held or running), or a task's runs not started yet (--task).
     Cancel(crate::cancel::CancelArgs),
-    /// Every nominal time of a task's schedule in a range, and what a backfill would do with each.
+    /// Backfill a task: dispatch every nominal time of a range once (`status`, `list`, `cancel`; `--dry-run` plans).
     Backfill(crate::backfill::BackfillArgs),
     /// Concurrency limits: each key's limit, slots in use, runs waiting; `set`/`clear` an override.
     Limits {

@@ -9,8 +9,12 @@ use async_nats::service::{Request, Service};
 use futures::StreamExt;
 use futures::stream::{BoxStream, SelectAll};
 use jetsched_shared::error::{ApiError, ErrorCode};
-use jetsched_shared::names::{CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT, Names};
+use jetsched_shared::names::{
+    BACKFILL_CANCEL, BACKFILL_LIST, BACKFILL_START, BACKFILL_STATUS, CANCEL_ENDPOINT, CANCEL_TASK_ENDPOINT,
+    Names,
+};
 
+use crate::backfills::{BackfillApi, BackfillEndpoint};
 use crate::breakers::{BreakerApi, BreakerEndpoint};
 use crate::cancel::{CancelApi, CancelEndpoint};
 use crate::codec::{self, Limits, TaskEndpoint};
@@ -42,6 +46,8 @@ pub(crate) enum Endpoint {
     Cancel(CancelEndpoint),
     /// A namespace's event history, served by [`crate::history`].
     EventsHistory,
+    /// A backfill endpoint, served by [`crate::backfills`].
+    Backfill(BackfillEndpoint),
     /// Anything else under `<prefix>.api.>`: answered `unknown_endpoint`.
     Unknown,
 }
@@ -63,6 +69,8 @@ pub(crate) enum Group {
     Runs,
     /// `<prefix>.api.events`.
     Events,
+    /// `<prefix>.api.backfill`.
+    Backfill,
     /// `<prefix>.api.>`: every API subject (the catch-all).
     Api,
 }
@@ -77,6 +85,7 @@ impl Group {
             Group::Limits => names.limits_api_group(),
             Group::Runs => names.runs_api_group(),
             Group::Events => names.events_api_group(),
+            Group::Backfill => names.backfill_api_group(),
             Group::Api => names.api_wildcard(),
         }
     }
@@ -124,8 +133,8 @@ pub(crate) struct Route {
 
 /// Every endpoint of the registry, in registration order.
 #[rustfmt::skip]
-pub(crate) static ROUTES: [Route; 26] = {
-    use {BreakerEndpoint as B, CancelEndpoint as C, DlqEndpoint as D, Endpoint as E, Group as G, LimitEndpoint as L, QueueEndpoint as Q, Reach as R, TaskEndpoint as T};
+pub(crate) static ROUTES: [Route; 30] = {
+    use {BackfillEndpoint as F, BreakerEndpoint as B, CancelEndpoint as C, DlqEndpoint as D, Endpoint as E, Group as G, LimitEndpoint as L, QueueEndpoint as Q, Reach as R, TaskEndpoint as T};
     const fn row(group: Group, subject: &'static str, name: &'static str, endpoint: Endpoint, reach: Reach, tracing: Tracing) -> Route {
         Route { group, subject, name, endpoint, reach, tracing }
     }
@@ -156,6 +165,10 @@ pub(crate) static ROUTES: [Route; 26] = {
         row(G::Runs,    CANCEL_ENDPOINT, "runs-cancel", E::Cancel(C::Run), R::Namespaced, Tracing::Span("cancel")),
         row(G::Runs,    CANCEL_TASK_ENDPOINT, "runs-cancel-task", E::Cancel(C::Task), R::Namespaced, Tracing::Span("cancel task")),
         row(G::Events,  "history", "events-history", E::EventsHistory,     R::Namespaced, Tracing::None),
+        row(G::Backfill, BACKFILL_START,  "backfill-start",  E::Backfill(F::Start),  R::Both, Tracing::Span("backfill start")),
+        row(G::Backfill, BACKFILL_STATUS, "backfill-status", E::Backfill(F::Status), R::Both, Tracing::None),
+        row(G::Backfill, BACKFILL_LIST,   "backfill-list",   E::Backfill(F::List),   R::Both, Tracing::None),
+        row(G::Backfill, BACKFILL_CANCEL, "backfill-cancel", E::Backfill(F::Cancel), R::Both, Tracing::Span("backfill cancel")),
         row(G::Api,     "",        "unknown",        E::Unknown,           R::Rest,       Tracing::None),
     ]
 };
@@ -257,12 +270,14 @@ pub(crate) struct Handlers {
     pub(crate) runs: async_nats::jetstream::kv::Store,
     pub(crate) cancels: CancelApi,
     pub(crate) history: EventHistory,
+    pub(crate) backfills: BackfillApi,
     pub(crate) limits: Limits,
 }
 
 /// Answers one request with its handler's reply or its error reply, counted and timed.
 pub(crate) async fn serve(handlers: Arc<Handlers>, metrics: &Metrics, (route, namespaced, request): Routed) {
-    let Handlers { store, dlq, breakers, queues, concurrency, runs, cancels, history, limits } = &*handlers;
+    let Handlers { store, dlq, breakers, queues, concurrency, runs, cancels, history, backfills, limits } =
+        &*handlers;
     let started = Instant::now();
     let message = &request.message;
     let scope = namespaced.then(|| message.subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
@@ -282,6 +297,7 @@ pub(crate) async fn serve(handlers: Arc<Handlers>, metrics: &Metrics, (route, na
                 Box::pin(cancels.handle(endpoint, scope.unwrap_or_default(), payload)).await
             }
             Endpoint::EventsHistory => Box::pin(history.handle(scope.unwrap_or_default(), payload)).await,
+            Endpoint::Backfill(endpoint) => Box::pin(backfills.handle(endpoint, scope, payload)).await,
             Endpoint::Unknown => Err(ApiError::new(
                 ErrorCode::UnknownEndpoint,
                 format!("no endpoint {}; see `nats micro info` for the endpoints", message.subject),
@@ -346,6 +362,8 @@ mod tests {
             names.runs_api_namespaced(CANCEL_ENDPOINT, "demo"),
             names.runs_api_namespaced(CANCEL_TASK_ENDPOINT, "demo"),
             names.events_api_namespaced("history", "demo"),
+            names.backfill_api_subject(BACKFILL_START),
+            names.backfill_api_namespaced(BACKFILL_CANCEL, "demo"),
         ] {
             assert!(owned.owns(&subject), "{subject}");
         }

@@ -9,6 +9,7 @@
 //! [`failure::Failure`] until `endpoints` answers it with the error reply.
 
 mod api;
+mod backfills;
 mod breaker_users;
 pub mod breakers;
 mod cancel;

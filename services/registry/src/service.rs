@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backfills::BackfillApi;
 use crate::breakers::BreakerApi;
 use crate::cancel::CancelApi;
 use crate::codec::Limits;
@@ -82,6 +83,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         topology.cancels.clone(),
         events.clone(),
     );
+    let backfills = BackfillApi::new(topology.tasks.clone(), topology.backfills.clone(), events.clone());
     let store = TaskStore::new(
         js.clone(),
         topology.tasks,
@@ -126,6 +128,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             runs: topology.runs,
             cancels,
             history: EventHistory::new(js.clone(), names.clone()),
+            backfills,
             limits,
         },
         event_pump,

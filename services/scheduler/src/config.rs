@@ -42,7 +42,14 @@ pub struct Config {
     /// (fires follow the server's clock either way).
     #[arg(long, env = "JETSCHED_SCHEDULER_MAX_CLOCK_SKEW", default_value = "1s", value_parser = parse_duration)]
     pub max_clock_skew: Duration,
+    /// Nominal times of a backfill dispatched per batch: one batch's publishes are in flight at
+    /// once, and the live schedule's fires go first between batches.
+    #[arg(long, env = "JETSCHED_SCHEDULER_BACKFILL_BATCH", default_value_t = DEFAULT_BACKFILL_BATCH)]
+    pub backfill_batch: usize,
 }
+
+/// The default backfill batch.
+pub(crate) const DEFAULT_BACKFILL_BATCH: usize = 500;
 
 /// The default publish window: wide enough that a burst of due fires is bound by what the
 /// server can store, not by the acknowledgements' round trip (512 left the two cores idle a
@@ -65,6 +72,7 @@ impl Config {
             catchup_rate: 5000,
             fire_events: true,
             max_clock_skew: Duration::from_secs(1),
+            backfill_batch: DEFAULT_BACKFILL_BATCH,
         }
     }
 
@@ -79,6 +87,7 @@ impl Config {
         problems.at_least("catchup-max", self.catchup_max, 1);
         problems.at_least("catchup-rate", self.catchup_rate, 1);
         problems.positive("max-clock-skew", self.max_clock_skew);
+        problems.at_least("backfill-batch", self.backfill_batch, 1);
         problems.finish::<Config>()
     }
 }

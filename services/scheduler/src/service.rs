@@ -18,6 +18,7 @@ use prometheus::Registry as MetricsRegistry;
 use tokio_util::sync::CancellationToken;
 
 use crate::acks::Acks;
+use crate::backfills::Driver;
 use crate::catchup::Limits;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
@@ -56,6 +57,8 @@ pub struct Scheduler {
     presence: async_nats::service::Service,
     /// The clock guard's heartbeat (none on a test clock).
     meter: Option<Meter>,
+    /// Dispatches running backfills while this replica leads.
+    backfills: Driver,
 }
 
 /// Connects, ensures the topology, opens the tasks watch and binds the admin listener; the
@@ -77,7 +80,8 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     let role = Role::new("scheduler", DEFAULT_ADMIN_ADDR, &["tasks_loaded"])
         .with_subscription_capacity(WATCH_BUFFER);
     let base = Base::start(role, &config.shared, registry.clone()).await?;
-    let Topology { tasks, leader, state, runs, .. } = base.ensure_topology(&config.shared.topology).await?;
+    let Topology { tasks, leader, state, runs, backfills, .. } =
+        base.ensure_topology(&config.shared.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
     let specs = Arc::new(Specs::default());
     let (feed, messages) = discovery::open_tasks(&tasks, specs.clone()).await?;
@@ -112,13 +116,24 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     )
     .await?;
     let limits = Limits { threshold: config.misfire_threshold, max: config.catchup_max };
+    let takeover = Takeover::new(campaign, limits);
+    let backfills = Driver {
+        names: names.clone(),
+        js: js.clone(),
+        tasks: tasks.clone(),
+        runs: runs.clone(),
+        backfills,
+        events: events.clone(),
+        lease: takeover.lease_watch(),
+        batch: config.backfill_batch,
+    };
     let time = Time::new(clock);
     let core = Core {
         wake: Wake::new(time.now_ms(), capacity),
         time,
         tasks: Tasks::with_capacity(capacity, specs.clone()),
         follow: Follow::new(feed, empty, specs, readiness.jetstream_returns()),
-        takeover: Takeover::new(campaign, limits),
+        takeover,
         pipeline: Pipeline::new(config.publish_window, config.catchup_rate, Acks::subscribe(&client).await?),
         overlap: Overlap::default(),
         flush: Flush::new(config.state_flush),
@@ -144,7 +159,7 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     )
     .await?;
     tracing::info!(admin = %admin.local_addr(), instance = %core.report.instance, "scheduler ready");
-    Ok(Scheduler { client, core, admin, event_pump, presence, meter })
+    Ok(Scheduler { client, core, admin, event_pump, presence, meter, backfills })
 }
 
 impl Scheduler {
@@ -155,12 +170,17 @@ impl Scheduler {
     /// Follows the tasks, campaigns for the lease and dispatches while leader, until `shutdown`;
     /// then waits for pending acks, writes the fire state, releases the lease and drains.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Scheduler { client, mut core, admin, event_pump, presence, meter } = self;
+        let Scheduler { client, mut core, admin, event_pump, presence, meter, backfills } = self;
         let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
+        let backfills_task = tokio::spawn(backfills.run(shutdown.clone()));
         let events_task = tokio::spawn(event_pump.run());
         let meter_task = meter.map(|m| tokio::spawn(m.run(core.report.events.clone(), shutdown.clone())));
 
         core.run(&shutdown).await;
+        // A batch under way is acknowledged or stays pending for the next leader.
+        if tokio::time::timeout(SHUTDOWN_GRACE, backfills_task).await.is_err() {
+            tracing::warn!("a backfill batch still under way at shutdown");
+        }
         core.drain().await;
         drop(core);
         if let Some(task) = meter_task {

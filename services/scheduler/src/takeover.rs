@@ -18,11 +18,16 @@ use crate::tasks::{TaskInfo, from_ms};
 pub(crate) const STATE_CATCHUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The lease this replica holds.
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    term: u64,
-    valid_until: Instant,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub(crate) term: u64,
+    /// The local deadline: nothing is published at or after it.
+    pub(crate) valid_until: Instant,
 }
+
+/// The lease as other tasks of this replica follow it (the backfill driver): `None` while not
+/// leader.
+pub(crate) type LeaseWatch = tokio::sync::watch::Receiver<Option<Held>>;
 
 /// A new leader waiting until the fire-state watch has caught up with the stream's last
 /// sequence as read after the lease was acquired; then it plans the catch-up and dispatches.
@@ -115,11 +120,23 @@ pub(crate) struct Takeover {
     fenced: bool,
     load: Option<StateLoad>,
     limits: Limits,
+    /// Tells the lease held to the tasks that publish under it.
+    shared: tokio::sync::watch::Sender<Option<Held>>,
 }
 
 impl Takeover {
     pub(crate) fn new(campaign: Campaign, limits: Limits) -> Takeover {
-        Takeover { campaign, held: None, fenced: false, load: None, limits }
+        let (shared, _) = tokio::sync::watch::channel(None);
+        Takeover { campaign, held: None, fenced: false, load: None, limits, shared }
+    }
+
+    /// Follows the lease held (term and local deadline).
+    pub(crate) fn lease_watch(&self) -> LeaseWatch {
+        self.shared.subscribe()
+    }
+
+    fn share(&self) {
+        self.shared.send_replace(self.held);
     }
 
     pub(crate) fn campaign(&mut self) -> &mut Campaign {
@@ -146,12 +163,14 @@ impl Takeover {
         self.held = Some(Held { term, valid_until });
         self.fenced = false;
         self.load = Some(StateLoad::new(seen, Instant::now()));
+        self.share();
     }
 
     /// The lease was renewed until `valid_until`; true when that lifts the fence.
     pub(crate) fn renewed(&mut self, valid_until: Instant, now: Instant) -> bool {
         let Some(held) = &mut self.held else { return false };
         held.valid_until = valid_until;
+        self.share();
         let lifted = self.fenced && now < valid_until;
         if lifted {
             self.fenced = false;
@@ -194,7 +213,9 @@ impl Takeover {
     pub(crate) fn clear(&mut self) -> Option<u64> {
         self.fenced = false;
         self.load = None;
-        self.held.take().map(|h| h.term)
+        let term = self.held.take().map(|h| h.term);
+        self.share();
+        term
     }
 
     /// The fires of a task between its last handled fire (or its registration) and `now_ms`,

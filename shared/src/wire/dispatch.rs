@@ -19,6 +19,8 @@ pub enum Trigger {
     Manual,
     Catchup,
     Replay,
+    /// A nominal time of a backfill (its ids are the live fire's, or a rerun's).
+    Backfill,
 }
 
 impl Trigger {
@@ -28,6 +30,7 @@ impl Trigger {
             Trigger::Manual => "manual",
             Trigger::Catchup => "catchup",
             Trigger::Replay => "replay",
+            Trigger::Backfill => "backfill",
         }
     }
 

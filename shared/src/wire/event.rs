@@ -85,6 +85,18 @@ pub enum EventKind {
     /// A scheduler replica's clock is off the server's by more than `--max-clock-skew`.
     #[serde(rename = "scheduler.clock_skew")]
     SchedulerClockSkew,
+    /// A backfill was accepted (`backfill`: its id, range and counts).
+    #[serde(rename = "backfill.started")]
+    BackfillStarted,
+    /// A running backfill's counts and cursor, told at most once per few seconds.
+    #[serde(rename = "backfill.progress")]
+    BackfillProgress,
+    /// Every nominal time of a backfill was handled.
+    #[serde(rename = "backfill.finished")]
+    BackfillFinished,
+    /// A backfill was stopped on request.
+    #[serde(rename = "backfill.cancelled")]
+    BackfillCancelled,
 }
 
 impl EventKind {
@@ -120,6 +132,10 @@ impl EventKind {
             EventKind::TriggerDeduplicated => "trigger.deduplicated",
             EventKind::TriggerDebounced => "trigger.debounced",
             EventKind::SchedulerClockSkew => "scheduler.clock_skew",
+            EventKind::BackfillStarted => "backfill.started",
+            EventKind::BackfillProgress => "backfill.progress",
+            EventKind::BackfillFinished => "backfill.finished",
+            EventKind::BackfillCancelled => "backfill.cancelled",
         }
     }
 }
@@ -193,6 +209,22 @@ pub struct Event {
     /// `trigger.debounced`: the triggers the pending run collapsed so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub triggers: Option<u64>,
+    /// Backfill events: the backfill's id, state, cursor and counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill: Option<BackfillSummary>,
+}
+
+/// What a backfill event tells of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackfillSummary {
+    pub id: String,
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub cursor: Option<DateTime<Utc>>,
+    pub total: u64,
+    pub dispatched: u64,
+    pub skipped: u64,
+    pub rerun: u64,
 }
 
 impl Event {
@@ -225,6 +257,7 @@ impl Event {
             release_at: None,
             replay_of: None,
             triggers: None,
+            backfill: None,
         }
     }
 }

@@ -2,6 +2,8 @@
 //! task across both DST changes of two zones, planned exactly once per nominal time, and the
 //! times that already have a run skipped, or rerun as `--reprocess` says, from the run records.
 
+mod execution;
+
 use jetsched_shared::backfill;
 use jetsched_shared::names::Names;
 use jetsched_tests::spec;

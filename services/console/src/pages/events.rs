@@ -10,7 +10,7 @@ use super::{layout, task_href, when};
 use crate::trace::TraceLinks;
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 29] = [
+pub(crate) const KINDS: [EventKind; 33] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -40,6 +40,10 @@ pub(crate) const KINDS: [EventKind; 29] = [
     EventKind::SchedulerClockSkew,
     EventKind::TriggerDeduplicated,
     EventKind::TriggerDebounced,
+    EventKind::BackfillStarted,
+    EventKind::BackfillProgress,
+    EventKind::BackfillFinished,
+    EventKind::BackfillCancelled,
 ];
 
 /// The filters of the events page and its stream.
@@ -228,6 +232,10 @@ mod tests {
                 SchedulerClockSkew => 26,
                 TriggerDeduplicated => 27,
                 TriggerDebounced => 28,
+                BackfillStarted => 29,
+                BackfillProgress => 30,
+                BackfillFinished => 31,
+                BackfillCancelled => 32,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

@@ -48,6 +48,10 @@ fn every_kind() -> Vec<EventKind> {
         SchedulerClockSkew,
         TriggerDeduplicated,
         TriggerDebounced,
+        BackfillStarted,
+        BackfillProgress,
+        BackfillFinished,
+        BackfillCancelled,
     ];
     for kind in all {
         match kind {
@@ -56,7 +60,8 @@ fn every_kind() -> Vec<EventKind> {
             | RunRetrying | RunDead | RunSkipped | RunHeld | RunCancelled | BreakerOpened
             | BreakerHalfOpened | BreakerClosed | LimitThrottled | LeaderAcquired | LeaderLost
             | QueuePaused | QueueResumed | LimitSaturated | SchedulerClockSkew | TriggerDeduplicated
-            | TriggerDebounced => {}
+            | TriggerDebounced | BackfillStarted | BackfillProgress | BackfillFinished
+            | BackfillCancelled => {}
         }
     }
     all.to_vec()
