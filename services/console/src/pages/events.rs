@@ -10,13 +10,14 @@ use super::{layout, task_href, when};
 use crate::trace::TraceLinks;
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 29] = [
+pub(crate) const KINDS: [EventKind; 30] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
     EventKind::TaskPaused,
     EventKind::TaskResumed,
     EventKind::TaskRejected,
+    EventKind::TaskCompleted,
     EventKind::FireDispatched,
     EventKind::FireSkipped,
     EventKind::FireMissed,
