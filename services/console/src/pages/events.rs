@@ -17,7 +17,6 @@ pub(crate) const KINDS: [EventKind; 30] = [
     EventKind::TaskPaused,
     EventKind::TaskResumed,
     EventKind::TaskRejected,
-    EventKind::TaskCompleted,
     EventKind::FireDispatched,
     EventKind::FireSkipped,
     EventKind::FireMissed,
@@ -41,6 +40,7 @@ pub(crate) const KINDS: [EventKind; 30] = [
     EventKind::SchedulerClockSkew,
     EventKind::TriggerDeduplicated,
     EventKind::TriggerDebounced,
+    EventKind::TaskCompleted,
 ];
 
 /// The filters of the events page and its stream.
@@ -229,6 +229,7 @@ mod tests {
                 SchedulerClockSkew => 26,
                 TriggerDeduplicated => 27,
                 TriggerDebounced => 28,
+                TaskCompleted => 29,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

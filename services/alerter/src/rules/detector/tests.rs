@@ -48,6 +48,7 @@ fn every_kind() -> Vec<EventKind> {
         SchedulerClockSkew,
         TriggerDeduplicated,
         TriggerDebounced,
+        TaskCompleted,
     ];
     for kind in all {
         match kind {
@@ -56,7 +57,7 @@ fn every_kind() -> Vec<EventKind> {
             | RunRetrying | RunDead | RunSkipped | RunHeld | RunCancelled | BreakerOpened
             | BreakerHalfOpened | BreakerClosed | LimitThrottled | LeaderAcquired | LeaderLost
             | QueuePaused | QueueResumed | LimitSaturated | SchedulerClockSkew | TriggerDeduplicated
-            | TriggerDebounced => {}
+            | TriggerDebounced | TaskCompleted => {}
         }
     }
     all.to_vec()
