@@ -422,10 +422,17 @@ fn count_lost(failed: &prometheus::IntCounter, event: &Event, error: &str) {
 /// whose publish was acknowledged, and one whose publish of the same fire came back a
 /// duplicate (a retry after a lost acknowledgement, a new leader re-publishing what its
 /// predecessor stored before it stepped down). The stream keeps the first and absorbs the
-/// others within its duplicate window. Every other event gets an id of its own.
+/// others within its duplicate window. A `task.completed` is named after its task and last
+/// fire, for the same reason. Every other event gets an id of its own.
 pub fn event_msg_id(event: &Event) -> String {
     match (event.kind, &event.execution_id) {
         (EventKind::FireDispatched, Some(execution_id)) => format!("fire.dispatched:{execution_id}"),
+        (EventKind::TaskCompleted, _) => format!(
+            "task.completed:{}.{}:{}",
+            event.namespace,
+            event.task_id,
+            event.nominal_time.map_or(0, |t| t.timestamp_millis())
+        ),
         _ => names::event_msg_id(),
     }
 }

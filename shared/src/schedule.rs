@@ -9,6 +9,7 @@
 mod cron_expr;
 #[cfg(test)]
 mod tests;
+mod window;
 
 use std::time::Duration;
 
@@ -16,6 +17,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{Value, json};
 
 pub use self::cron_expr::CronSchedule;
+pub(crate) use self::cron_expr::resolve;
+pub use self::window::{EndReason, Window, nth_fire};
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{Obj, Problems, err, format_duration, format_instant};
 
@@ -178,6 +181,14 @@ impl Schedule {
                 return found.into();
             }
             span = span * 4;
+        }
+    }
+
+    /// The zone whose wall clock the schedule reads: a cron's timezone, UTC for the others.
+    pub fn timezone(&self) -> chrono_tz::Tz {
+        match self {
+            Schedule::Cron(cron) => cron.timezone(),
+            _ => chrono_tz::Tz::UTC,
         }
     }
 

@@ -6,6 +6,7 @@
 //! are rejected at every level. [`TaskSpec::parse`] is structural (no clock); [`TaskSpec::admit`]
 //! adds the checks that need the registration time.
 
+mod bounds;
 mod breaker;
 mod concurrency;
 mod debounce;
@@ -27,6 +28,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 
+pub use self::bounds::MAX_RUNS;
 pub use self::breaker::{BreakerSpec, OnOpen};
 pub use self::concurrency::ConcurrencySpec;
 pub use self::debounce::DebounceSpec;
@@ -42,7 +44,7 @@ pub use self::schema::{SCHEMA_PATH, json_schema, json_schema_text};
 use crate::error::{ApiError, ErrorCode};
 use crate::field::{self, format_duration, truncate_ms};
 pub use crate::priority::Priority;
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, Window};
 
 /// A queue name as a spec's `queue` field takes it: `[A-Za-z0-9_-]{1,64}` (`invalid_id` naming
 /// the field `queue` otherwise).
@@ -101,6 +103,18 @@ pub struct TaskSpec {
     pub rate_limit: Option<RateLimitSpec>,
     /// Triggers within `period` of each other collapse into one run with the last payload.
     pub debounce: Option<DebounceSpec>,
+    /// No scheduled fire before this instant (inclusive): RFC 3339, or a wall time without an
+    /// offset on the schedule's zone. Repeating schedules only.
+    #[schemars(with = "Option<schema::Bound>")]
+    pub start_at: Option<DateTime<Utc>>,
+    /// No scheduled fire at or after this instant (exclusive); same forms as `start_at`.
+    #[schemars(with = "Option<schema::Bound>")]
+    pub end_at: Option<DateTime<Utc>>,
+    /// The number of scheduled fires the task makes, counted from `start_at` (admission sets
+    /// `start_at` to the registration time when it is absent); manual triggers and backfills
+    /// do not count.
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_runs: Option<u32>,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
     #[schemars(
         default = "schema::empty_map",
@@ -223,7 +237,38 @@ impl TaskSpec {
             }
             Schedule::Every { .. } => {}
         }
+        self.admit_bounds(now)
+    }
+
+    /// `max_runs` without `start_at` counts from `now`; a window with no fire left after
+    /// `now - catchup_window` is `in_the_past` (field `end_at`, or `max_runs` when the count
+    /// ends it).
+    fn admit_bounds(mut self, now: DateTime<Utc>) -> Result<TaskSpec, ApiError> {
+        if self.max_runs.is_some() && self.start_at.is_none() {
+            self.start_at = Some(truncate_ms(now));
+        }
+        let window = self.window();
+        if window.end.is_none() || matches!(self.schedule, Schedule::At(_)) {
+            return Ok(self);
+        }
+        let oldest = TimeDelta::from_std(self.catchup_window).ok().and_then(|w| now.checked_sub_signed(w));
+        if window.next_after(&self.schedule, oldest.unwrap_or(now)).is_none() {
+            let field = match window.ends_by {
+                Some(crate::schedule::EndReason::MaxRuns) => "max_runs",
+                _ => "end_at",
+            };
+            return Err(ApiError::at(
+                ErrorCode::InThePast,
+                field,
+                "the task's bounds leave no fire after now",
+            ));
+        }
         Ok(self)
+    }
+
+    /// The window of the task's scheduled fires ([`Window`]): a pure function of the spec.
+    pub fn window(&self) -> Window {
+        Window::new(&self.schedule, self.start_at, self.end_at, self.max_runs)
     }
 
     /// The task's key in storage and subjects: `<namespace>.<id>`.
@@ -286,6 +331,15 @@ impl TaskSpec {
         }
         if let Some(debounce) = self.debounce {
             v["debounce"] = debounce.to_json();
+        }
+        if let Some(start_at) = self.start_at {
+            v["start_at"] = Value::String(field::format_instant(start_at));
+        }
+        if let Some(end_at) = self.end_at {
+            v["end_at"] = Value::String(field::format_instant(end_at));
+        }
+        if let Some(max_runs) = self.max_runs {
+            v["max_runs"] = json!(max_runs);
         }
         v
     }

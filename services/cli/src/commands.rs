@@ -394,7 +394,8 @@ async fn next(
         output::pretty(&reply);
         return Ok(());
     }
-    let NextReply { timezone, times, local_times } = serde_json::from_value(reply).context("next reply")?;
+    let NextReply { timezone, times, local_times, ends_by, last_fire } =
+        serde_json::from_value(reply).context("next reply")?;
     let mut previous_offset: Option<String> = None;
     let rows: Vec<Vec<String>> = times
         .into_iter()
@@ -410,6 +411,10 @@ async fn next(
         })
         .collect();
     output::table(&["UTC", &format!("LOCAL ({timezone})"), ""], &rows);
+    if let Some(reason) = ends_by {
+        let last = last_fire.map_or_else(String::new, |last| format!(" (last fire {last})"));
+        println!("no fire after that: the task ends by {reason}{last}");
+    }
     Ok(())
 }
 

@@ -34,6 +34,7 @@ pub(crate) struct TaskView {
     paused: bool,
     paused_reason: Option<String>,
     breaker: Option<Value>,
+    max_runs: Option<u32>,
 }
 
 /// A task state as `ls --state` names it.
@@ -206,6 +207,13 @@ pub(crate) async fn get(api: &Api, task: &str, json_out: bool) -> Result<(), Fai
         ("schedule".into(), text::schedule(&stored.task.schedule)),
         ("next fire".into(), instant(status.and_then(|s| s.next_fire))),
         ("last fire".into(), instant(status.and_then(|s| s.last_fire))),
+        (
+            "remaining runs".into(),
+            match status.and_then(|s| s.remaining_runs) {
+                Some(left) => format!("{left} of {}", stored.task.max_runs.unwrap_or(left)),
+                None => "-".into(),
+            },
+        ),
         (
             "last run".into(),
             match status.and_then(|s| s.last_execution_id.as_ref().map(|id| (id, s.last_outcome))) {

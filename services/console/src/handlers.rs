@@ -82,6 +82,7 @@ pub(crate) async fn task(
     // The registry's state by the shared rule (a fired one-shot is completed).
     let task_state = stored.get("status").and_then(|s| serde_json::from_value::<TaskStatus>(s.clone()).ok());
     let paused = spec.get("paused").and_then(Value::as_bool).unwrap_or(false);
+    let remaining_runs = task_state.as_ref().and_then(|s| s.remaining_runs);
     let task_state = task_state.map(|s| s.state).unwrap_or_else(|| {
         TaskState::derive(spec.get("schedule").and_then(TaskState::one_shot_at), paused, None)
     });
@@ -98,6 +99,7 @@ pub(crate) async fn task(
         spec: &spec,
         revision,
         state: task_state,
+        remaining_runs,
         next: next.map_err(|e| e.to_string()),
         runs: &runs,
         events: &events,

@@ -71,7 +71,15 @@ async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec<u8>, Failu
 
 /// The next `count` fires of a spec after `after`, in UTC and on the zone's wall clock.
 fn preview(spec: &TaskSpec, count: usize, after: DateTime<Utc>) -> NextReply {
-    let times = spec.schedule.upcoming(after, count);
+    let window = spec.window();
+    let mut times = Vec::with_capacity(count.min(1024));
+    let mut cursor = after;
+    while times.len() < count {
+        let Some(next) = window.next_after(&spec.schedule, cursor) else { break };
+        times.push(next);
+        cursor = next;
+    }
+    let ended = times.len() < count;
     let tz: Tz = match &spec.schedule {
         Schedule::Cron(cron) => cron.timezone(),
         _ => Tz::UTC,
@@ -80,5 +88,7 @@ fn preview(spec: &TaskSpec, count: usize, after: DateTime<Utc>) -> NextReply {
         timezone: tz.name().to_string(),
         local_times: times.iter().map(|t| t.with_timezone(&tz).to_rfc3339()).collect(),
         times: times.into_iter().map(wire::format_time).collect(),
+        ends_by: window.ends_by.filter(|_| ended).map(|reason| reason.as_str().to_string()),
+        last_fire: window.last_fire(&spec.schedule).map(wire::format_time),
     }
 }

@@ -41,6 +41,7 @@ pub(crate) async fn fill(
     names: &Names,
     tasks: &mut [TaskReply],
 ) -> Result<(), Failure> {
+    let now = chrono::Utc::now();
     let keys: Vec<String> = tasks.iter().map(|t| task_key(&t.task.namespace, &t.task.id)).collect();
     let states = latest(client, &names.state_bucket(), &keys).await?;
     let fires: Vec<Option<FireState>> =
@@ -63,10 +64,18 @@ pub(crate) async fn fill(
         records.get(id).and_then(|value| serde_json::from_slice::<RunView>(value).ok()).map(|r| r.status)
     };
     for ((reply, fire), recent) in tasks.iter_mut().zip(fires).zip(recent) {
-        let one_shot_at = match reply.task.schedule {
-            Schedule::At(at) => Some(at),
-            _ => None,
-        };
+        let spec = &reply.task;
+        let window = spec.window();
+        let last_fire = window.last_fire(&spec.schedule);
+        let recorded = fire.as_ref().map(|f| f.last_nominal_fire);
+        // Nothing left to fire: past the last fire, or no fire of the window remains after
+        // the oldest instant a catch-up still reaches.
+        let oldest = chrono::TimeDelta::from_std(spec.catchup_window)
+            .ok()
+            .and_then(|w| now.checked_sub_signed(w))
+            .unwrap_or(now);
+        let closed = window.ends_by.is_some()
+            && window.next_after(&spec.schedule, recorded.map_or(oldest, |r| r.max(oldest))).is_none();
         let ended: Vec<RunStatus> = recent
             .iter()
             .filter_map(status_of)
@@ -74,7 +83,11 @@ pub(crate) async fn fill(
             .collect();
         let last_execution_id = fire.as_ref().and_then(|f| f.last_execution_id.clone());
         reply.status = Some(TaskStatus {
-            state: TaskState::derive(one_shot_at, reply.task.paused, fire.as_ref()),
+            state: if closed {
+                TaskState::Completed
+            } else {
+                TaskState::derive(last_fire, reply.task.paused, fire.as_ref())
+            },
             next_fire: fire.as_ref().and_then(|f| f.next_fire),
             last_fire: fire.as_ref().map(|f| f.last_nominal_fire),
             last_outcome: last_execution_id.as_ref().and_then(status_of),
@@ -82,6 +95,8 @@ pub(crate) async fn fill(
             recent_runs: ended.len() as u32,
             recent_succeeded: ended.iter().filter(|s| **s == RunStatus::Succeeded).count() as u32,
             fires: fire.as_ref().map_or(0, |f| f.fires),
+            remaining_runs: window.remaining_runs(&spec.schedule, recorded),
+            ends_by: window.ends_by.map(|reason| reason.as_str().to_string()),
         });
     }
     Ok(())

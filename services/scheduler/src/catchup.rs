@@ -12,6 +12,8 @@ use jetsched_shared::schedule::Schedule;
 use jetsched_shared::spec::MisfirePolicy;
 use jetsched_shared::wire::Trigger;
 
+use crate::tasks::{Bounds, from_ms};
+
 /// Fires examined per task at most; beyond it the plan jumps ahead (bounds the work after a
 /// long outage of a fast schedule).
 pub(crate) const SCAN_LIMIT: usize = 100_000;
@@ -62,9 +64,11 @@ pub(crate) struct Plan {
     pub(crate) last: Option<i64>,
 }
 
-/// Plans the fires of `schedule` in `(floor, now]` under `policy`.
+/// Plans the fires of `schedule` within `bounds` in `(floor, now]` under `policy`: nothing
+/// before the window's start or at or after its end is ever planned.
 pub(crate) fn plan(
     schedule: &Schedule,
+    bounds: Bounds,
     policy: MisfirePolicy,
     window: Duration,
     floor: DateTime<Utc>,
@@ -78,7 +82,7 @@ pub(crate) fn plan(
     let mut late: Vec<i64> = Vec::new();
     let mut cursor = floor;
     let mut scanned = 0usize;
-    while let Some(next) = schedule.next_after(cursor) {
+    while let Some(next) = bounds.next_after(schedule, cursor.timestamp_millis()).map(from_ms) {
         if next > now {
             break;
         }
@@ -138,6 +142,39 @@ mod tests {
 
     fn t(s: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(s, 0).expect("valid")
+    }
+
+    fn plan(
+        schedule: &Schedule,
+        policy: MisfirePolicy,
+        window: Duration,
+        floor: DateTime<Utc>,
+        now: DateTime<Utc>,
+        limits: Limits,
+    ) -> Plan {
+        super::plan(schedule, Bounds::NONE, policy, window, floor, now, limits)
+    }
+
+    #[test]
+    fn catch_up_never_plans_past_the_window() {
+        // Window [100 s, 130 s): fires 100..=129; floor 90, now 200.
+        let bounds = Bounds { start_ms: 100_000, end_ms: 130_000, ends_by: None };
+        for policy in [MisfirePolicy::Skip, MisfirePolicy::FireOnce, MisfirePolicy::FireAll] {
+            let plan = super::plan(&every(1), bounds, policy, HOUR, t(90), t(200), LIMITS);
+            assert_eq!(plan.last, Some(129_000), "{policy:?}");
+            assert!(plan.dispatch.iter().all(|&(ms, _)| (100_000..130_000).contains(&ms)), "{policy:?}");
+            assert!(plan.skipped.iter().all(|&(ms, _)| (100_000..130_000).contains(&ms)), "{policy:?}");
+        }
+        let all = super::plan(
+            &every(1),
+            bounds,
+            MisfirePolicy::FireAll,
+            HOUR,
+            t(90),
+            t(200),
+            Limits { max: 100, ..LIMITS },
+        );
+        assert_eq!(all.dispatch.len(), 30, "every fire of the window, none past it");
     }
 
     fn every(secs: u64) -> Schedule {

@@ -227,8 +227,9 @@ impl Takeover {
         let floor = done_ms.unwrap_or(info.created_ms).max(info.created_ms);
         catchup::plan(
             &info.schedule,
+            info.bounds(),
             info.misfire,
-            info.catchup_window,
+            Duration::from_millis(info.catchup_window_ms),
             from_ms(floor),
             from_ms(now_ms),
             self.limits,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use hashbrown::HashTable;
-use jetsched_shared::schedule::Schedule;
+use jetsched_shared::schedule::{EndReason, Schedule};
 use jetsched_shared::spec::{MisfirePolicy, OverlapPolicy, Priority, TaskSpec};
 
 use crate::specs::{Scratch, Specs};
@@ -33,7 +33,8 @@ pub(crate) struct TaskInfo {
     pub(crate) priority: Priority,
     pub(crate) schedule: Schedule,
     pub(crate) misfire: MisfirePolicy,
-    pub(crate) catchup_window: Duration,
+    /// The catch-up window in ms (a `Duration` takes twice the room).
+    pub(crate) catchup_window_ms: u64,
     pub(crate) overlap: OverlapPolicy,
     pub(crate) paused: bool,
     /// Deterministic jitter offset (ms).
@@ -44,6 +45,27 @@ pub(crate) struct TaskInfo {
     pub(crate) revision: u64,
     /// When that revision was stored (Unix ms): fires start after it.
     pub(crate) created_ms: i64,
+    /// The window `start_at`, `end_at` and `max_runs` leave (boxed: most tasks have none).
+    pub(crate) bounds: Option<Box<Bounds>>,
+}
+
+/// A task's window of fires in Unix ms: `[start_ms, end_ms)`, and what ends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bounds {
+    pub(crate) start_ms: i64,
+    pub(crate) end_ms: i64,
+    pub(crate) ends_by: Option<EndReason>,
+}
+
+impl Bounds {
+    /// No bounds: every fire.
+    pub(crate) const NONE: Bounds = Bounds { start_ms: i64::MIN, end_ms: i64::MAX, ends_by: None };
+
+    /// The next fire of `schedule` in the window strictly after `after_ms`.
+    pub(crate) fn next_after(&self, schedule: &Schedule, after_ms: i64) -> Option<i64> {
+        let after = if after_ms < self.start_ms { self.start_ms - 1 } else { after_ms };
+        schedule.next_after(from_ms(after)).map(|t| t.timestamp_millis()).filter(|&next| next < self.end_ms)
+    }
 }
 
 impl TaskInfo {
@@ -90,8 +112,19 @@ impl TaskInfo {
         // Fires start after the revision was stored, except a one-shot stored after its time
         // (admitted within its catch-up window): it starts just before that time, so that it
         // is a misfire (caught up or skipped by policy, never dropped without a trace).
-        let created_ms = match &spec.schedule {
-            Schedule::At(at) => created_ms.min(at.timestamp_millis() - 1),
+        let window = spec.window();
+        let bounds = (window.start.is_some() || window.end.is_some()).then(|| {
+            Box::new(Bounds {
+                start_ms: window.start.map_or(i64::MIN, |t| t.timestamp_millis()),
+                end_ms: window.end.map_or(i64::MAX, |t| t.timestamp_millis()),
+                ends_by: window.ends_by,
+            })
+        });
+        // Likewise the fires `max_runs` counts from `start_at` (set at admission, a moment
+        // before the revision is stored): none is lost, the late ones are misfires.
+        let created_ms = match (&spec.schedule, &bounds) {
+            (Schedule::At(at), _) => created_ms.min(at.timestamp_millis() - 1),
+            (_, Some(bounds)) if spec.max_runs.is_some() => created_ms.min(bounds.start_ms.saturating_sub(1)),
             _ => created_ms,
         };
         TaskInfo {
@@ -105,11 +138,12 @@ impl TaskInfo {
             jitter_random_ms: spec.jitter.and_then(|j| j.max_random).map(ms).unwrap_or(0),
             schedule: spec.schedule,
             misfire: spec.misfire,
-            catchup_window: spec.catchup_window,
+            catchup_window_ms: u64::try_from(spec.catchup_window.as_millis()).unwrap_or(u64::MAX),
             overlap: spec.overlap,
             paused: spec.paused,
             revision,
             created_ms,
+            bounds,
         }
     }
 
@@ -141,13 +175,28 @@ impl TaskInfo {
             + u64::from(random_ms.min(self.jitter_random_ms))
     }
 
-    /// The next nominal fire strictly after `after_ms` and after the revision was stored.
+    /// The next nominal fire strictly after `after_ms` and after the revision was stored,
+    /// within the task's bounds.
     pub(crate) fn next_nominal(&self, after_ms: i64) -> Option<i64> {
         if self.paused {
             return None;
         }
-        let after = after_ms.max(self.created_ms);
-        self.schedule.next_after(from_ms(after)).map(|t| t.timestamp_millis())
+        self.bounds().next_after(&self.schedule, after_ms.max(self.created_ms))
+    }
+
+    /// The task's window of fires ([`Bounds::NONE`] when unbounded).
+    pub(crate) fn bounds(&self) -> Bounds {
+        self.bounds.as_deref().copied().unwrap_or(Bounds::NONE)
+    }
+
+    /// Why no fire follows `nominal_ms` when it is the task's last (`None` otherwise, and for
+    /// a task nothing ends): its one-shot, `end_at` or `max_runs`.
+    pub(crate) fn ended_by(&self, nominal_ms: i64) -> Option<EndReason> {
+        let ends_by = match &self.schedule {
+            Schedule::At(_) => EndReason::OneShot,
+            _ => self.bounds.as_ref()?.ends_by?,
+        };
+        self.bounds().next_after(&self.schedule, nominal_ms).is_none().then_some(ends_by)
     }
 }
 
@@ -209,7 +258,6 @@ impl Tasks {
         self.index.find(hash, |&idx| key_of(slots, idx) == key).copied().ok_or(KeyHash(hash))
     }
 
-    #[cfg(test)]
     pub(crate) fn get(&self, idx: u32) -> Option<&Slot> {
         self.slots.get(idx as usize).and_then(Option::as_ref)
     }

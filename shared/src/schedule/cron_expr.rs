@@ -207,7 +207,7 @@ impl CronSchedule {
 
 /// The instant of the wall time `local` in `tz`: the earlier one in a fold, the transition
 /// instant in a gap.
-fn resolve(tz: &Tz, local: NaiveDateTime) -> DateTime<Utc> {
+pub(crate) fn resolve(tz: &Tz, local: NaiveDateTime) -> DateTime<Utc> {
     match tz.from_local_datetime(&local) {
         LocalResult::Single(t) => t.to_utc(),
         LocalResult::Ambiguous(a, b) => a.to_utc().min(b.to_utc()),

@@ -19,6 +19,7 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
+use super::bounds::read_bounds;
 use super::executor::{check_header, parse_method, validate_handler_name, validate_subject, validate_url};
 use super::{
     BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, DebounceSpec, Executor,
@@ -64,6 +65,11 @@ struct Doc<'a> {
     concurrency: Option<Value>,
     rate_limit: Option<Value>,
     debounce: Option<Value>,
+    #[serde(borrow)]
+    start_at: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    end_at: Option<Cow<'a, str>>,
+    max_runs: Option<u32>,
     labels: Option<BTreeMap<String, String>>,
 }
 
@@ -232,6 +238,10 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
     let namespace = doc.namespace.unwrap_or(Cow::Borrowed("default"));
     validate_id("namespace", &namespace).ok()?;
     let schedule = schedule(doc.schedule?.0)?;
+    let bounds = Problems::collect(|problems| {
+        read_bounds(Some(&schedule), doc.start_at.as_deref(), doc.end_at.as_deref(), doc.max_runs, problems)
+    })
+    .ok()?;
     let queue = doc.queue.unwrap_or(Cow::Borrowed("default"));
     validate_name("queue", &queue, 64).ok()?;
     let priority = match doc.priority {
@@ -323,6 +333,9 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         concurrency,
         rate_limit,
         debounce,
+        start_at: bounds.start_at,
+        end_at: bounds.end_at,
+        max_runs: bounds.max_runs,
         labels,
     })
 }

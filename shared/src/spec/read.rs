@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use super::bounds::read_bounds;
 use super::{
     BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, DebounceSpec, Executor, Jitter,
     MAX_LABELS, MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RateLimitSpec,
@@ -35,6 +36,9 @@ const FIELDS: &[&str] = &[
     "concurrency",
     "rate_limit",
     "debounce",
+    "start_at",
+    "end_at",
+    "max_runs",
     "labels",
 ];
 
@@ -259,6 +263,16 @@ impl TaskSpec {
         let concurrency = obj.get("concurrency").map(|c| ConcurrencySpec::read(c, problems));
         let rate_limit = obj.get("rate_limit").map(|rate| RateLimitSpec::read(rate, problems));
         let debounce = obj.get("debounce").map(|debounce| DebounceSpec::read(debounce, problems));
+        let start_at = problems.take(obj.string("start_at"));
+        let end_at = problems.take(obj.string("end_at"));
+        let max_runs = problems.take(obj.u32("max_runs"));
+        let bounds = read_bounds(
+            schedule.as_ref(),
+            start_at.flatten(),
+            end_at.flatten(),
+            max_runs.flatten(),
+            problems,
+        );
         let labels = read_labels(&obj, problems);
         // The keys are checked against the task once its namespace, id and labels are known.
         if let (Some(Some(concurrency)), Some(id), Some(labels)) = (&concurrency, id, &labels) {
@@ -307,6 +321,9 @@ impl TaskSpec {
                 Some(debounce) => Some(debounce?),
                 None => None,
             },
+            start_at: bounds?.start_at,
+            end_at: bounds?.end_at,
+            max_runs: bounds?.max_runs,
             labels: labels?,
         })
     }

@@ -114,6 +114,25 @@ impl JsonSchema for HumanDuration {
     }
 }
 
+/// A bound of the task's fires (`start_at`, `end_at`): an instant or a wall time on the
+/// schedule's zone.
+pub(super) struct Bound;
+
+impl JsonSchema for Bound {
+    fn schema_name() -> Cow<'static, str> {
+        "Bound".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "An RFC 3339 instant with its offset (\"2027-01-01T00:00:00Z\"), or a wall time without one (\"2027-01-01T00:00:00\") read on the schedule's zone: in a spring-forward gap the transition instant, in an autumn fold the earlier instant. Kept to the millisecond, stored as UTC.",
+            "type": "string",
+            "minLength": 1,
+            "examples": ["2027-01-01T00:00:00Z", "2027-01-01T00:00:00"]
+        })
+    }
+}
+
 /// The schedule: exactly one of `cron` (with `timezone`), `every` (with `anchor`), `at` and
 /// `after`. Hand-written: the reader picks the kind by the key present.
 impl JsonSchema for Schedule {

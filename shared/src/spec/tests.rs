@@ -1509,3 +1509,73 @@ fn a_concurrency_key_is_expanded_from_the_specs_own_values() {
     assert_eq!(concurrency.expand(&spec.namespace, &spec.id, &spec.labels).unwrap(), "pay-billing");
     assert_eq!(spec.to_json()["concurrency"], json!({"key": "pay-{labels.team}", "limit": 2}));
 }
+
+// ---- bounds: start_at, end_at, max_runs --------------------------------------------------
+
+fn bounded(patch: Value) -> Result<TaskSpec, ApiErrors> {
+    let mut spec = json!({
+        "id": "bounded",
+        "schedule": {"every": "10s"},
+        "executor": {"kind": "nats", "subject": "work.bounded"}
+    });
+    merge(&mut spec, &patch);
+    parse_and_admit(&serde_json::to_vec(&spec).unwrap())
+}
+
+#[test]
+fn bounds_refuse_every_problem_at_once() {
+    let errors = bounded(json!({"start_at": "soon", "end_at": "2027-01-01T00:00:00", "max_runs": 0}))
+        .expect_err("three problems");
+    let fields: Vec<_> =
+        errors.as_slice().iter().map(|e| (e.code, e.field.as_deref().unwrap_or(""))).collect();
+    assert_eq!(fields, [(InvalidValue, "start_at"), (InvalidValue, "max_runs")]);
+    let errors = bounded(json!({
+        "start_at": "2027-02-01T00:00:00Z", "end_at": "2027-01-01T00:00:00Z", "max_runs": 10_001
+    }))
+    .expect_err("two problems");
+    let fields: Vec<_> = errors.as_slice().iter().map(|e| e.field.as_deref().unwrap_or("")).collect();
+    assert_eq!(fields, ["max_runs", "end_at"]);
+    // Both readers refuse alike.
+    let bytes = br#"{"id":"x","schedule":{"at":"2026-07-01T00:00:00Z"},"executor":{"kind":"nats","subject":"s"},"start_at":"2026-06-30T00:00:00Z","max_runs":3}"#;
+    let fields = |r: Result<TaskSpec, ApiErrors>| -> Vec<String> {
+        r.expect_err("one-shot bounds")
+            .as_slice()
+            .iter()
+            .map(|e| e.field.clone().unwrap_or_default())
+            .collect()
+    };
+    assert_eq!(fields(TaskSpec::parse(bytes)), ["start_at", "max_runs"]);
+    assert_eq!(fields(TaskSpec::parse_reference(bytes)), ["start_at", "max_runs"]);
+    let after = br#"{"id":"x","schedule":{"after":"5m"},"executor":{"kind":"nats","subject":"s"},"end_at":"2026-06-30T00:00:00Z"}"#;
+    assert_eq!(fields(TaskSpec::parse(after)), ["end_at"]);
+}
+
+#[test]
+fn bounds_read_wall_times_on_the_schedule_zone_and_keep_the_instant() {
+    let spec = bounded(json!({
+        "schedule": {"every": null, "cron": "0 0 9 * * *", "timezone": "Europe/Paris"},
+        "start_at": "2026-07-01T00:00:00", "end_at": "2026-08-01T00:00:00+02:00", "max_runs": 5
+    }))
+    .expect("valid");
+    assert_eq!(spec.start_at, Some("2026-06-30T22:00:00Z".parse().unwrap()));
+    assert_eq!(spec.end_at, Some("2026-07-31T22:00:00Z".parse().unwrap()));
+    assert_eq!(spec.max_runs, Some(5));
+    let json = spec.to_json();
+    assert_eq!(json["start_at"], "2026-06-30T22:00:00Z");
+    assert_eq!(json["max_runs"], 5);
+    assert_eq!(TaskSpec::parse_value(json.clone()), Ok(spec.clone()), "the canonical form reads back");
+    assert_eq!(TaskSpec::parse(&serde_json::to_vec(&json).unwrap()), Ok(spec), "the fast path agrees");
+}
+
+#[test]
+fn admission_anchors_max_runs_at_registration_and_refuses_a_spent_window() {
+    let spec = bounded(json!({"max_runs": 3})).expect("valid");
+    assert_eq!(spec.start_at, Some(now()), "the count starts at registration");
+    // Admitting the stored form again keeps the anchor.
+    let again = spec.clone().admit(now() + chrono::TimeDelta::hours(1)).expect("still has fires");
+    assert_eq!(again.start_at, spec.start_at);
+    let spent = bounded(json!({"end_at": "2026-06-15T10:00:00Z"})).expect_err("ended two hours ago");
+    assert_eq!((spent.first().code, spent.first().field.as_deref()), (InThePast, Some("end_at")));
+    let counted = bounded(json!({"start_at": "2026-06-14T00:00:00Z", "max_runs": 2})).expect_err("done");
+    assert_eq!((counted.first().code, counted.first().field.as_deref()), (InThePast, Some("max_runs")));
+}

@@ -82,6 +82,13 @@ pub struct NextReply {
     pub times: Vec<String>,
     /// The same instants on the zone's wall clock, with offset.
     pub local_times: Vec<String>,
+    /// Why the list stops short of the count asked: what ends the task's fires (`end_at`,
+    /// `max_runs`, `one_shot`), when the last one is among them or already past.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_by: Option<String>,
+    /// The task's last fire, when something ends its fires and it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fire: Option<String>,
 }
 
 /// Reply of `delete`.

@@ -20,6 +20,11 @@ pub enum EventKind {
     TaskResumed,
     #[serde(rename = "task.rejected")]
     TaskRejected,
+    /// The task's last fire is handled (dispatched, or skipped by policy): nothing fires again.
+    /// `reason` says what ended it (`end_at`, `max_runs`, `one_shot`), `nominal_time` is the
+    /// last fire. One per task and last fire, whichever leader handles it.
+    #[serde(rename = "task.completed")]
+    TaskCompleted,
     #[serde(rename = "fire.dispatched")]
     FireDispatched,
     #[serde(rename = "fire.skipped")]
@@ -109,6 +114,7 @@ impl EventKind {
             EventKind::TaskPaused => "task.paused",
             EventKind::TaskResumed => "task.resumed",
             EventKind::TaskRejected => "task.rejected",
+            EventKind::TaskCompleted => "task.completed",
             EventKind::FireDispatched => "fire.dispatched",
             EventKind::FireSkipped => "fire.skipped",
             EventKind::FireMissed => "fire.missed",

@@ -51,7 +51,8 @@ pub enum TaskState {
     Active,
     /// Fires nothing until resumed.
     Paused,
-    /// A one-shot whose fire was dispatched (or recorded as skipped): it never fires again.
+    /// A task whose last fire (its one-shot, the last before `end_at`, the `max_runs`-th) was
+    /// dispatched (or recorded as skipped), or whose window closed: it never fires again.
     Completed,
 }
 
@@ -64,10 +65,11 @@ impl TaskState {
         }
     }
 
-    /// The state of a task from its spec (`one_shot_at`: the instant of an `at` schedule,
-    /// `None` for any other; `paused`) and its fire state in the state bucket: a one-shot whose
-    /// last recorded fire is at or after its instant is `completed` (paused or not: nothing is
-    /// left to fire); otherwise a paused task is `paused`, any other `active`.
+    /// The state of a task from its spec (`one_shot_at`: its last fire, the instant of an `at`
+    /// schedule or the last of its bounded window, `None` for a task nothing ends; `paused`)
+    /// and its fire state in the state bucket: a task whose last recorded fire is at or after
+    /// its last fire is `completed` (paused or not: nothing is left to fire); otherwise a
+    /// paused task is `paused`, any other `active`.
     pub fn derive(one_shot_at: Option<DateTime<Utc>>, paused: bool, fire: Option<&FireState>) -> TaskState {
         match (one_shot_at, fire) {
             (Some(at), Some(fire)) if fire.last_nominal_fire >= at => TaskState::Completed,
@@ -109,6 +111,12 @@ pub struct TaskStatus {
     pub recent_succeeded: u32,
     /// Fires dispatched so far.
     pub fires: u64,
+    /// Of a task with `max_runs`: the scheduled fires it has left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining_runs: Option<u32>,
+    /// What ends the task's fires (`end_at`, `max_runs`, `one_shot`), when something does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_by: Option<String>,
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use super::{layout, task_href, when};
 use crate::trace::TraceLinks;
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 33] = [
+pub(crate) const KINDS: [EventKind; 34] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -44,6 +44,7 @@ pub(crate) const KINDS: [EventKind; 33] = [
     EventKind::BackfillProgress,
     EventKind::BackfillFinished,
     EventKind::BackfillCancelled,
+    EventKind::TaskCompleted,
 ];
 
 /// The filters of the events page and its stream.
@@ -236,6 +237,7 @@ mod tests {
                 BackfillProgress => 30,
                 BackfillFinished => 31,
                 BackfillCancelled => 32,
+                TaskCompleted => 33,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

@@ -191,6 +191,8 @@ pub(crate) struct TaskView<'a> {
     pub(crate) events: &'a [Event],
     /// Active, paused or completed (by the shared rule).
     pub(crate) state: TaskState,
+    /// Of a task with `max_runs`: the scheduled fires it has left.
+    pub(crate) remaining_runs: Option<u32>,
     /// Runs of the task an open breaker holds now.
     pub(crate) held: Result<u64, String>,
     /// Where trace ids link to.
@@ -211,6 +213,7 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
             " · priority " span #task-priority { (view.spec.get("priority").and_then(Value::as_str).unwrap_or("normal")) }
             " · breaker " (super::breakers::of_task(view.namespace, view.id, view.spec))
             " · held runs " span #task-held { (view.held.as_ref().map_or_else(|e| format!("? ({e})"), |n| n.to_string())) }
+            @if let Some(left) = view.remaining_runs { " · remaining runs " span #task-remaining { (left) } }
         }
         div.actions {
             @if paused { (action(ctx, &format!("{href}/resume"), "Resume", None)) }
@@ -243,6 +246,13 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
                     }
                 }
                 Err(error) => p.error { "Next fires unavailable: " (error) }
+            }
+            @if let Some(reason) = view.next.as_ref().ok().and_then(|next| next.get("ends_by")).and_then(Value::as_str) {
+                p #task-ends {
+                    "No fire after "
+                    (view.next.as_ref().ok().and_then(|next| next.get("last_fire")).and_then(Value::as_str).unwrap_or("the last one"))
+                    ": the task ends by " (reason) "."
+                }
             }
         }
         section {
@@ -388,6 +398,7 @@ mod tests {
             spec: &spec,
             revision: 3,
             state: TaskState::Active,
+            remaining_runs: None,
             next: Err("<u>no registry</u>".into()),
             runs: &[],
             events: &events,

@@ -169,7 +169,26 @@ impl Core {
                 ..WireEvent::new(EventKind::FireDispatched, info.namespace(), info.task_id())
             });
         }
+        self.completed_if_last(fire.idx, fire.generation, fire.nominal_ms);
         self.handled(&fire);
+    }
+
+    /// `task.completed` when `nominal_ms` is the task's last fire (its one-shot, the last before
+    /// `end_at`, the `max_runs`-th): emitted before the fire state covering it is written, and
+    /// named after the task and the fire, so a leader that handles the fire again (after its
+    /// predecessor died) adds no second event.
+    pub(super) fn completed_if_last(&self, idx: u32, generation: u32, nominal_ms: i64) {
+        let Some(slot) = self.tasks.get(idx).filter(|slot| slot.generation == generation) else { return };
+        let info = &slot.info;
+        let Some(reason) = info.ended_by(nominal_ms) else { return };
+        self.report.emit(WireEvent {
+            nominal_time: Some(from_ms(nominal_ms)),
+            reason: Some(reason.as_str().to_string()),
+            revision: Some(info.revision),
+            instance: Some(self.report.instance.clone()),
+            term: self.takeover.term(),
+            ..WireEvent::new(EventKind::TaskCompleted, info.namespace(), info.task_id())
+        });
     }
 
     /// A queued fire is handled (stored or skipped): once none of the task's is pending, the
@@ -240,6 +259,7 @@ impl Core {
             term: self.takeover.term(),
             ..WireEvent::new(EventKind::FireSkipped, info.namespace(), info.task_id())
         });
+        self.completed_if_last(fire.idx, fire.generation, fire.nominal_ms);
         self.handled(fire);
     }
 

@@ -172,6 +172,9 @@ impl Core {
         report_plan(&self.report, self.takeover.term(), &slot.info, &plan);
         let counts = (plan.dispatch.len(), plan.skipped.len() as u64 + plan.skipped_more, plan.missed);
         let generation = slot.generation;
+        // A last fire skipped or missed completes the task here; a dispatched one on its ack.
+        let last_not_dispatched =
+            plan.last.filter(|last| plan.dispatch.last().is_none_or(|&(ms, _)| ms != *last));
         slot.cursor_ms = now;
         if plan.dispatch.is_empty() {
             if let Some(last) = plan.last {
@@ -185,6 +188,9 @@ impl Core {
             for &(nominal, trigger) in &plan.dispatch {
                 self.pipeline.push(Fire { idx, generation, nominal_ms: nominal, trigger });
             }
+        }
+        if let Some(last) = last_not_dispatched {
+            self.completed_if_last(idx, generation, last);
         }
         self.wake.schedule_next(&mut self.tasks, idx);
         counts

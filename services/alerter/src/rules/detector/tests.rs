@@ -52,6 +52,7 @@ fn every_kind() -> Vec<EventKind> {
         BackfillProgress,
         BackfillFinished,
         BackfillCancelled,
+        TaskCompleted,
     ];
     for kind in all {
         match kind {
@@ -61,7 +62,7 @@ fn every_kind() -> Vec<EventKind> {
             | BreakerHalfOpened | BreakerClosed | LimitThrottled | LeaderAcquired | LeaderLost
             | QueuePaused | QueueResumed | LimitSaturated | SchedulerClockSkew | TriggerDeduplicated
             | TriggerDebounced | BackfillStarted | BackfillProgress | BackfillFinished
-            | BackfillCancelled => {}
+            | BackfillCancelled | TaskCompleted => {}
         }
     }
     all.to_vec()
