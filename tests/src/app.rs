@@ -38,31 +38,37 @@ pub struct App {
 }
 
 impl App {
-    /// Builds and runs a registry; panics when `build` fails.
+    /// Builds and runs a registry; panics when `build` fails. (Each `build` future is boxed: a
+    /// service's start-up is a large future, and a test starting several inline would overflow
+    /// its thread's stack in a debug build.)
     pub async fn registry(config: jetsched_registry::Config) -> App {
-        let service =
-            jetsched_registry::build(config).await.unwrap_or_else(|e| panic!("registry builds: {e:#}"));
+        let service = Box::pin(jetsched_registry::build(config))
+            .await
+            .unwrap_or_else(|e| panic!("registry builds: {e:#}"));
         App::spawn("registry", service.admin_addr(), |shutdown| service.run(shutdown))
     }
 
     /// Builds and runs a scheduler replica; panics when `build` fails.
     pub async fn scheduler(config: jetsched_scheduler::Config) -> App {
-        let service =
-            jetsched_scheduler::build(config).await.unwrap_or_else(|e| panic!("scheduler builds: {e:#}"));
+        let service = Box::pin(jetsched_scheduler::build(config))
+            .await
+            .unwrap_or_else(|e| panic!("scheduler builds: {e:#}"));
         App::spawn("scheduler", service.admin_addr(), |shutdown| service.run(shutdown))
     }
 
     /// Builds and runs a worker with the embedded `handlers`; panics when `build` fails.
     pub async fn worker(config: jetsched_worker::Config, handlers: jetsched_worker::Handlers) -> App {
-        let service =
-            jetsched_worker::build(config, handlers).await.unwrap_or_else(|e| panic!("worker builds: {e:#}"));
+        let service = Box::pin(jetsched_worker::build(config, handlers))
+            .await
+            .unwrap_or_else(|e| panic!("worker builds: {e:#}"));
         App::spawn("worker", service.admin_addr(), |shutdown| service.run(shutdown))
     }
 
     /// Builds and runs an alerter; panics when `build` fails.
     pub async fn alerter(config: jetsched_alerter::Config) -> App {
-        let service =
-            jetsched_alerter::build(config).await.unwrap_or_else(|e| panic!("alerter builds: {e:#}"));
+        let service = Box::pin(jetsched_alerter::build(config))
+            .await
+            .unwrap_or_else(|e| panic!("alerter builds: {e:#}"));
         App::spawn("alerter", service.admin_addr(), |shutdown| service.run(shutdown))
     }
 

@@ -74,7 +74,9 @@ impl Checks {
                 None
             }
         };
-        let limit_waits = match limit_waits(js, names, at).await {
+        // Boxed: the bucket's watch makes a large future, and the check runs inline in the
+        // alerter's loop.
+        let limit_waits = match Box::pin(limit_waits(js, names, at)).await {
             Ok(waits) => Some(waits),
             Err(error) => {
                 self.metrics.errors.with_label_values(&["limit_waits"]).inc();
