@@ -167,7 +167,11 @@ async fn a_retry_waits_for_the_limit_like_a_first_attempt_and_spends_no_attempt_
     let mut calls = calls.lock().unwrap().clone();
     calls.sort_by_key(|(_, _, at)| *at);
     assert_eq!(calls.len(), 3, "{calls:?}");
-    // What the limit guarantees is the reserved starts: the second run and the retry each wait
+    // The worker takes both deliveries at once: whichever reserves the key first starts first
+    // (its call fails and is retried), the other waits.
+    let (leader, waiter) =
+        if calls[0].0 == first { (first.clone(), second.clone()) } else { (second.clone(), first.clone()) };
+    // What the limit guarantees is the reserved starts: the waiting run and the retry each wait
     // for theirs (told as `release_at` by `run.held`), 2 s and 4 s after the first start, whose
     // reservation the key's TAT keeps (three starts: the first + 3 × 2 s).
     let held = eventually(WAIT, "two runs held", || async {
@@ -182,9 +186,9 @@ async fn a_retry_waits_for_the_limit_like_a_first_attempt_and_spends_no_attempt_
     let tat = rate_record(&js, "rlr.push").await.expect("the key's state").tat_us;
     let first_start = DateTime::<Utc>::from_timestamp_micros(tat - 6_000_000).expect("a time");
     let mut starts = [
-        (first.clone(), 1, first_start),
-        (second.clone(), 1, reserved(&second, 1)),
-        (first.clone(), 2, reserved(&first, 2)),
+        (leader.clone(), 1, first_start),
+        (waiter.clone(), 1, reserved(&waiter, 1)),
+        (leader.clone(), 2, reserved(&leader, 2)),
     ];
     starts.sort_by_key(|(_, _, at)| *at);
     for pair in starts.windows(2) {
@@ -200,9 +204,9 @@ async fn a_retry_waits_for_the_limit_like_a_first_attempt_and_spends_no_attempt_
         assert!(*at < *start + chrono::Duration::seconds(5), "call {at} long after its start {start}");
     }
     // The failed first attempt was retried as attempt 2; the waits spent no attempt.
-    let record = wait_run_status(&js, &names, &first, RunStatus::Succeeded, WAIT).await;
+    let record = wait_run_status(&js, &names, &leader, RunStatus::Succeeded, WAIT).await;
     assert_eq!(record.attempts.iter().map(|a| a.attempt).collect::<Vec<_>>(), vec![1, 2], "{record:?}");
-    let record = wait_run_status(&js, &names, &second, RunStatus::Succeeded, WAIT).await;
+    let record = wait_run_status(&js, &names, &waiter, RunStatus::Succeeded, WAIT).await;
     assert_eq!(record.attempts.len(), 1, "{record:?}");
 }
 
