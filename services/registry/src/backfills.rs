@@ -18,7 +18,7 @@ use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode};
 use jetsched_shared::events::EventSink;
 use jetsched_shared::names::Names;
 use jetsched_shared::spec::{TaskSpec, validate_id};
-use jetsched_shared::wire::{BackfillSummary, Event, EventKind};
+use jetsched_shared::wire::{Event, EventKind};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{Detail, Empty, decode, encode};
@@ -367,19 +367,7 @@ fn token(now: DateTime<Utc>) -> String {
 
 /// A backfill event: the task, and the backfill's id, state, cursor and counts.
 pub(crate) fn event(kind: EventKind, progress: &BackfillProgress) -> Event {
-    Event { backfill: Some(summary(progress)), ..Event::new(kind, &progress.namespace, &progress.task_id) }
-}
-
-fn summary(progress: &BackfillProgress) -> BackfillSummary {
-    BackfillSummary {
-        id: progress.id.clone(),
-        state: format!("{:?}", progress.state).to_lowercase(),
-        cursor: progress.cursor,
-        total: progress.total,
-        dispatched: progress.dispatched,
-        skipped: progress.skipped,
-        rerun: progress.rerun,
-    }
+    Event { backfill: Some(progress.summary()), ..Event::new(kind, &progress.namespace, &progress.task_id) }
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::events::EventSink;
 use jetsched_shared::names::{self, Names};
 use jetsched_shared::spec::TaskSpec;
-use jetsched_shared::wire::{BackfillSummary, Event, EventKind, RunStatus};
+use jetsched_shared::wire::{Event, EventKind, RunStatus};
 use serde::Deserialize;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
@@ -290,15 +290,7 @@ impl Driver {
     fn tell(&self, kind: EventKind, progress: &BackfillProgress, reason: Option<&str>) {
         let term = self.lease.borrow().map(|held| held.term);
         let event = Event {
-            backfill: Some(BackfillSummary {
-                id: progress.id.clone(),
-                state: format!("{:?}", progress.state).to_lowercase(),
-                cursor: progress.cursor,
-                total: progress.total,
-                dispatched: progress.dispatched,
-                skipped: progress.skipped,
-                rerun: progress.rerun,
-            }),
+            backfill: Some(progress.summary()),
             reason: reason.map(str::to_string),
             term,
             ..Event::new(kind, &progress.namespace, &progress.task_id)

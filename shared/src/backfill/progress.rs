@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::{Decision, NominalTime, Reprocess, decide, nominal_times};
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::schedule::Schedule;
-use crate::wire::{RunStatus, millis};
+use crate::wire::{BackfillSummary, RunStatus, millis};
 
 /// The most runs of one backfill in flight that `--max-active` may ask for.
 pub const MAX_ACTIVE_LIMIT: u32 = 1_000;
@@ -150,6 +150,19 @@ pub struct Batch {
 }
 
 impl BackfillProgress {
+    /// What the `backfill.*` events carry of it.
+    pub fn summary(&self) -> BackfillSummary {
+        BackfillSummary {
+            id: self.id.clone(),
+            state: format!("{:?}", self.state).to_lowercase(),
+            cursor: self.cursor,
+            total: self.total,
+            dispatched: self.dispatched,
+            skipped: self.skipped,
+            rerun: self.rerun,
+        }
+    }
+
     /// A backfill that has handled nothing yet; `Finished` at once when the range is empty of
     /// nominal times.
     pub fn start(
