@@ -92,6 +92,20 @@ impl Browser {
         element.send_keys(text).await.unwrap_or_else(|e| panic!("type into {css}: {e}"));
     }
 
+    /// Waits, without refreshing, until the text of the first element matching `css` satisfies
+    /// `ready` (a click that submits a form returns before the next page has loaded), and
+    /// returns that text; fails naming `what` after `within`.
+    pub(crate) async fn text_when(
+        &self,
+        within: Duration,
+        what: &str,
+        css: &str,
+        ready: impl Fn(&str) -> bool,
+    ) -> String {
+        jetsched_tests::eventually(within, what, || async { ready(&self.text(css).await) }).await;
+        self.text(css).await
+    }
+
     /// Refreshes the page until `ready` holds for the text of the first element matching
     /// `css`; fails naming `what` after `within`.
     pub(crate) async fn refresh_until(

@@ -145,7 +145,7 @@ async fn console_for_a_day_on_call_columns_filters_zones_traces_live_runs_charts
     // Trace links: a run's page and the events page link each execution to its trace.
     page.goto(&format!("{base}/tasks?q=heartbeat")).await.unwrap();
     browser.click("#task-table td.last-run a").await;
-    let trace_id = browser.text("#trace-id").await;
+    let trace_id = browser.text_when(WAIT, "the run's page loads", "#trace-id", |t| !t.is_empty()).await;
     assert_eq!(trace_id.len(), 32, "a trace id: {trace_id}");
     let link = page.find(Locator::Css("dd a.trace")).await.expect("a trace link");
     assert_eq!(link.attr("href").await.unwrap().unwrap(), TRACE_URL.replace("{trace_id}", &trace_id));

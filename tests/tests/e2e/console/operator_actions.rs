@@ -62,7 +62,8 @@ async fn console_edits_a_spec_showing_every_problem_at_once_and_saves_only_over_
     let browser = Browser::start().await;
     browser.client.goto(&format!("{base}/tasks/ops/report")).await.unwrap();
     browser.click("#edit-task").await;
-    assert_eq!(browser.text("#editor-revision").await, loaded.to_string());
+    let revision = browser.text_when(WAIT, "the editor loads", "#editor-revision", |t| !t.is_empty()).await;
+    assert_eq!(revision, loaded.to_string());
     let prefilled: Value = serde_json::from_str(&spec_text(&browser).await).expect("the stored spec as JSON");
     assert_eq!(prefilled["schedule"]["every"], "1h", "{prefilled}");
 
@@ -103,7 +104,8 @@ async fn console_edits_a_spec_showing_every_problem_at_once_and_saves_only_over_
     // A conflicting edit: someone else saves after the form was loaded; the console's save is
     // refused saying so, and their version stays.
     browser.click("#edit-task").await;
-    assert_eq!(browser.text("#editor-revision").await, saved.to_string());
+    let revision = browser.text_when(WAIT, "the editor loads", "#editor-revision", |t| !t.is_empty()).await;
+    assert_eq!(revision, saved.to_string());
     let theirs = spec("ops", "report").every("2h").handler("ok").labels(&[("owner", "someone-else")]);
     let other = api.put_over(&theirs.json(), saved).await;
     let their_revision = other["revision"].as_u64().unwrap_or_else(|| panic!("their save: {other}"));
@@ -177,7 +179,7 @@ async fn console_retries_a_dead_run_by_replaying_its_dead_letter_and_links_run_d
         .refresh_until(WAIT, "the run page links its dead letter", "#dead-letter", |t| !t.is_empty())
         .await;
     browser.click("#dead-letter a").await;
-    assert!(browser.text("h1").await.starts_with("Dead letter"), "{}", browser.text("h1").await);
+    browser.text_when(WAIT, "the dead letter's page loads", "h1", |t| t.starts_with("Dead letter")).await;
     browser.click(&format!("a[href='/runs/{dead}']")).await;
 
     // Retry now: the dead letter is replayed (and so consumed), the new run executes.
@@ -238,10 +240,16 @@ async fn console_bulk_replays_exactly_the_dead_letters_a_filter_selects() {
     .await;
     assert_eq!(browser.text("#dlq-bulk button[value=replay]").await, "Replay 2 selected…");
     browser.click("#dlq-bulk button[value=replay]").await;
-    assert!(browser.text("#bulk-count").await.starts_with("2 dead letters selected"));
+    browser
+        .text_when(WAIT, "the bulk form counts the selection", "#bulk-count", |t| {
+            t.starts_with("2 dead letters selected")
+        })
+        .await;
     browser.click("#bulk-form input[name=confirm]").await;
     browser.click("#bulk-form button").await;
-    assert_eq!(browser.text("#replayed-count").await, "2", "{}", browser.text("main").await);
+    let replayed =
+        browser.text_when(WAIT, "the bulk result loads", "#replayed-count", |t| !t.is_empty()).await;
+    assert_eq!(replayed, "2", "{}", browser.text("main").await);
     assert_eq!(browser.text("#refused-count").await, "0");
 
     eventually(WAIT, "both replayed runs run", || async { runs.lock().unwrap().len() == 2 }).await;
