@@ -101,6 +101,11 @@ pub struct TaskSpec {
     pub rate_limit: Option<RateLimitSpec>,
     /// Triggers within `period` of each other collapse into one run with the last payload.
     pub debounce: Option<DebounceSpec>,
+    /// Business calendars of the task's namespace and what a fire outside their business time
+    /// does: `exclude` skips it, `shift_next_business_day` / `shift_previous_business_day` move
+    /// it (docs/spec.md, "Calendars"). Each calendar named once; shifts in one direction only.
+    #[schemars(default)]
+    pub calendars: Vec<crate::calendar::CalendarRef>,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
     #[schemars(
         default = "schema::empty_map",
@@ -286,6 +291,9 @@ impl TaskSpec {
         }
         if let Some(debounce) = self.debounce {
             v["debounce"] = debounce.to_json();
+        }
+        if !self.calendars.is_empty() {
+            v["calendars"] = Value::Array(self.calendars.iter().map(|c| c.to_json()).collect());
         }
         v
     }

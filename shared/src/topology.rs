@@ -128,6 +128,8 @@ pub struct Topology {
     pub rates: kv::Store,
     /// De-duplication claims of triggers and submissions, each with its own time to live.
     pub dedupe: kv::Store,
+    /// Business calendars by namespace, written by the registry, followed by the scheduler.
+    pub calendars: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -228,6 +230,8 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         // Kept without an age: a key's state may lie far ahead (a long backlog of delayed runs).
         base(names.rates_bucket(), "jetsched rate limits (GCRA state per key)", 1, Duration::ZERO),
         dedupe,
+        // History like the tasks': `nats kv history` shows a calendar's edits.
+        base(names.calendars_bucket(), "jetsched business calendars", args.tasks_history, Duration::ZERO),
     ]
 }
 
@@ -380,7 +384,7 @@ async fn ensure_once(
         stores.push(ensure_bucket(js, config, &mut changes).await?);
     }
     let mut stores = stores.into_iter();
-    let mut next = || stores.next().expect("eight buckets");
+    let mut next = || stores.next().expect("one store per bucket config");
     Ok(Topology {
         tasks: next(),
         leader: next(),
@@ -392,6 +396,7 @@ async fn ensure_once(
         limits: next(),
         rates: next(),
         dedupe: next(),
+        calendars: next(),
         changes,
     })
 }

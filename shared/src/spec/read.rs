@@ -10,6 +10,7 @@ use super::{
     MAX_LABELS, MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RateLimitSpec,
     RetryPolicy, TaskSpec, fast,
 };
+use crate::calendar::CalendarRef;
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{Obj, Problems, err};
 use crate::schedule::Schedule;
@@ -35,6 +36,7 @@ const FIELDS: &[&str] = &[
     "concurrency",
     "rate_limit",
     "debounce",
+    "calendars",
     "labels",
 ];
 
@@ -259,6 +261,10 @@ impl TaskSpec {
         let concurrency = obj.get("concurrency").map(|c| ConcurrencySpec::read(c, problems));
         let rate_limit = obj.get("rate_limit").map(|rate| RateLimitSpec::read(rate, problems));
         let debounce = obj.get("debounce").map(|debounce| DebounceSpec::read(debounce, problems));
+        let calendars = match obj.get("calendars") {
+            None | Some(Value::Null) => Some(Vec::new()),
+            Some(calendars) => CalendarRef::read(calendars, "calendars", problems),
+        };
         let labels = read_labels(&obj, problems);
         // The keys are checked against the task once its namespace, id and labels are known.
         if let (Some(Some(concurrency)), Some(id), Some(labels)) = (&concurrency, id, &labels) {
@@ -307,6 +313,7 @@ impl TaskSpec {
                 Some(debounce) => Some(debounce?),
                 None => None,
             },
+            calendars: calendars?,
             labels: labels?,
         })
     }
