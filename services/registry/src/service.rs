@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::breakers::BreakerApi;
+use crate::calendars::CalendarApi;
 use crate::cancel::CancelApi;
 use crate::codec::Limits;
 use crate::concurrency::ConcurrencyApi;
@@ -82,11 +83,13 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         topology.cancels.clone(),
         events.clone(),
     );
+    let calendars = CalendarApi::new(&js, topology.calendars.clone(), topology.tasks.clone()).await?;
     let store = TaskStore::new(
         js.clone(),
         topology.tasks,
         topology.state,
         topology.breakers.clone(),
+        calendars.clone(),
         names.clone(),
         events,
         metrics.changes.clone(),
@@ -121,6 +124,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             store,
             dlq: DlqApi::new(js.clone(), names.clone()),
             breakers,
+            calendars,
             queues,
             concurrency: ConcurrencyApi::new(js.clone(), topology.limits.clone()),
             runs: topology.runs,

@@ -14,6 +14,7 @@ use jetsched_shared::wire::{
     BreakerRecord, DeleteReply, Event, EventKind, ListReply, ListRequest, TaskReply,
 };
 
+use crate::calendars::CalendarApi;
 use crate::failure::Failure;
 use crate::quota::Quotas;
 
@@ -76,6 +77,8 @@ pub struct TaskStore {
     state: kv::Store,
     /// The breakers bucket: a resumed task's consecutive-failure count starts over there.
     breakers: kv::Store,
+    /// The calendars a task names must exist in its namespace.
+    calendars: CalendarApi,
     names: Names,
     events: EventSink,
     /// `jetsched_task_changes_total{kind}`.
@@ -113,6 +116,7 @@ impl TaskStore {
         tasks: kv::Store,
         state: kv::Store,
         breakers: kv::Store,
+        calendars: CalendarApi,
         names: Names,
         events: EventSink,
         changes: prometheus::IntCounterVec,
@@ -141,6 +145,7 @@ impl TaskStore {
             tasks_bucket,
             state,
             breakers,
+            calendars,
             names,
             events,
             changes,
@@ -223,6 +228,7 @@ impl TaskStore {
         crate::spans::task(&spec.namespace, &spec.id);
         // A `nats` executor never reaches into the server's or jetsched's own subjects.
         spec.executor.check_confined(&self.names)?;
+        self.calendars.check_refs(&spec.namespace, &spec.calendars).await?;
         let key = spec.key();
         let body = bytes::Bytes::from(serde_json::to_vec(&spec.to_json()).expect("a spec serializes"));
         self.quotas.check_spec_bytes(&spec.namespace, body.len())?;
