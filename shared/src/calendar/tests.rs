@@ -1,13 +1,13 @@
 //! Tests for calendars: validation naming every problem, bases and cycles, exclude and shift
 //! decisions across zones and DST, plans that run a shifted fire once, and property tests.
 
-use chrono::{DateTime, NaiveDate, Utc, Weekday};
+use chrono::{DateTime, Days, LocalResult, NaiveDate, NaiveDateTime, TimeDelta, TimeZone, Utc, Weekday};
 use chrono_tz::Tz;
 use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::schedule::CronSchedule;
+use crate::schedule::{CronSchedule, Schedule};
 
 fn utc(s: &str) -> DateTime<Utc> {
     s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
