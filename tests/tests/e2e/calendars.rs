@@ -214,3 +214,175 @@ async fn the_cli_applies_gets_lists_and_removes_a_calendar_and_refuses_a_stale_r
     assert_eq!(gone.status.code(), Some(1));
     registry.stop().await;
 }
+
+// ---- the scheduler following calendars ------------------------------------------------------
+
+mod scheduled {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use chrono::{DateTime, Utc};
+    use jetsched_scheduler::{Config, ManualClock, build_with_clock};
+    use jetsched_shared::names::{Names, task_key};
+    use jetsched_shared::topology::TopologyArgs;
+    use jetsched_tests::fixtures::write_task;
+    use jetsched_tests::{App, WithTopology, eventually, read_stream, server_with_topology, spec};
+    use serde_json::{Value, json};
+
+    use crate::scheduler::read_dispatches;
+
+    const WAIT: Duration = Duration::from_secs(20);
+    const NS: &str = "cal";
+
+    fn ms(text: &str) -> i64 {
+        text.parse::<DateTime<Utc>>().expect("instant").timestamp_millis()
+    }
+
+    async fn start(with: &WithTopology, at: &str) -> (App, ManualClock) {
+        let clock = ManualClock::at(ms(at) * 1000);
+        let mut config = Config::for_tests(&with.server.url());
+        config.shared.common.instance_id = Some("calendars".to_string());
+        let scheduler = build_with_clock(config, Arc::new(clock.clone())).await.expect("scheduler builds");
+        let app = App::spawn("scheduler", scheduler.admin_addr(), |shutdown| scheduler.run(shutdown));
+        let leader = with.topology.leader.clone();
+        eventually(WAIT, "the scheduler leads", || async {
+            leader.entry(Names::default().leader_key()).await.ok().flatten().is_some()
+        })
+        .await;
+        (app, clock)
+    }
+
+    async fn put_calendar(with: &WithTopology, calendar: Value) {
+        let key =
+            format!("{}.{}", calendar["namespace"].as_str().unwrap(), calendar["name"].as_str().unwrap());
+        with.topology.calendars.put(key, calendar.to_string().into()).await.expect("calendar stored");
+    }
+
+    /// The nominal times (ms) the task was dispatched with.
+    async fn dispatched(with: &WithTopology, id: &str) -> Vec<i64> {
+        let key = task_key(NS, id);
+        read_dispatches(&with.js).await.into_iter().filter(|s| s.task == key).map(|s| s.nominal_ms).collect()
+    }
+
+    /// The task's `fire.skipped` events.
+    async fn skipped(with: &WithTopology, id: &str) -> Vec<Value> {
+        let names = Names::default();
+        let subject = names.event_subject("fire.skipped", NS, id);
+        let messages = read_stream(&with.js, &names.events_stream(), WAIT).await.expect("events");
+        messages
+            .into_iter()
+            .filter(|m| m.subject.as_str() == subject)
+            .filter_map(|m| serde_json::from_slice(&m.payload).ok())
+            .collect()
+    }
+
+    async fn skip_at(with: &WithTopology, id: &str, nominal: &str) -> Value {
+        let wanted = ms(nominal);
+        eventually(WAIT, &format!("{id} skipped at {nominal}"), || async {
+            skipped(with, id).await.into_iter().find(|e| {
+                e["nominal_time"].as_str().and_then(|t| t.parse::<DateTime<Utc>>().ok())
+                    == Some(DateTime::from_timestamp_millis(wanted).unwrap())
+            })
+        })
+        .await
+    }
+
+    async fn dispatch_at(with: &WithTopology, id: &str, nominal: &str) {
+        let wanted = ms(nominal);
+        eventually(WAIT, &format!("{id} dispatched for {nominal}"), || async {
+            dispatched(with, id).await.contains(&wanted)
+        })
+        .await;
+    }
+
+    fn advance_to(clock: &ManualClock, at: &str) {
+        let by = ms(at) - clock.now_ms();
+        clock.advance(Duration::from_millis(u64::try_from(by).expect("forward")));
+    }
+
+    #[tokio::test]
+    async fn good_friday_and_christmas_in_berlin_are_skipped_and_a_live_calendar_edit_applies_to_the_next_fires()
+     {
+        let with = server_with_topology(TopologyArgs::default()).await;
+        let mut calendar = json!({
+            "namespace": NS, "name": "de-holidays", "zone": "Europe/Berlin",
+            "holidays": ["2026-04-03", "2026-12-25"], "working_days": ["mon", "tue", "wed", "thu", "fri"],
+        });
+        put_calendar(&with, calendar.clone()).await;
+        let task = spec(NS, "report")
+            .nats("jobs.report")
+            .cron_in("0 0 9 * * *", "Europe/Berlin")
+            .field("calendars", json!([{"name": "de-holidays", "rule": "exclude"}]));
+        write_task(&with.topology.tasks, &task).await;
+        let (scheduler, clock) = start(&with, "2026-04-02T12:00:00Z").await;
+
+        // Good Friday: skipped, naming the calendar and the date.
+        advance_to(&clock, "2026-04-03T12:00:00Z");
+        let friday = skip_at(&with, "report", "2026-04-03T07:00:00Z").await;
+        assert_eq!(friday["reason"], "calendar", "{friday}");
+        assert_eq!(friday["calendar"], "de-holidays", "{friday}");
+        assert_eq!(friday["calendar_date"], "2026-04-03", "{friday}");
+        advance_to(&clock, "2026-04-06T12:00:00Z");
+        dispatch_at(&with, "report", "2026-04-06T07:00:00Z").await;
+        assert_eq!(skip_at(&with, "report", "2026-04-05T07:00:00Z").await["calendar_date"], "2026-04-05");
+
+        // A holiday added while the scheduler runs applies to the next fire.
+        calendar["holidays"].as_array_mut().unwrap().push(json!("2026-04-07"));
+        put_calendar(&with, calendar.clone()).await;
+        // The edit reaches the scheduler through its watch; nothing observable says when, so
+        // give it a moment before the clock moves past the fire.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        advance_to(&clock, "2026-04-08T12:00:00Z");
+        dispatch_at(&with, "report", "2026-04-08T07:00:00Z").await;
+        assert_eq!(skip_at(&with, "report", "2026-04-07T07:00:00Z").await["calendar_date"], "2026-04-07");
+
+        // Christmas (CET, one hour from UTC).
+        advance_to(&clock, "2026-12-25T12:00:00Z");
+        dispatch_at(&with, "report", "2026-12-24T08:00:00Z").await;
+        let christmas = skip_at(&with, "report", "2026-12-25T08:00:00Z").await;
+        assert_eq!(christmas["calendar_date"], "2026-12-25", "{christmas}");
+        let fires = dispatched(&with, "report").await;
+        for day in
+            ["2026-04-03T07:00:00Z", "2026-04-04T07:00:00Z", "2026-04-07T07:00:00Z", "2026-12-25T08:00:00Z"]
+        {
+            assert!(!fires.contains(&ms(day)), "{day} was dispatched");
+        }
+        scheduler.stop().await;
+    }
+
+    /// Christmas in New York (a calendar in another zone than its Berlin task) shifts the
+    /// 25 December fire to Monday 28 December 09:00 Berlin: the weekend's fires and Monday's own
+    /// run once with it, under the 25 December nominal time.
+    #[tokio::test]
+    async fn a_shift_onto_the_next_occurrence_runs_once_with_a_calendar_in_another_zone() {
+        let with = server_with_topology(TopologyArgs::default()).await;
+        put_calendar(
+            &with,
+            json!({"namespace": NS, "name": "us-holidays", "zone": "America/New_York",
+                   "holidays": ["2026-12-25"], "working_days": ["mon", "tue", "wed", "thu", "fri"]}),
+        )
+        .await;
+        let task = spec(NS, "payroll")
+            .nats("jobs.payroll")
+            .cron_in("0 0 9 * * *", "Europe/Berlin")
+            .field("calendars", json!([{"name": "us-holidays", "rule": "shift_next_business_day"}]));
+        write_task(&with.topology.tasks, &task).await;
+        let (scheduler, clock) = start(&with, "2026-12-24T12:00:00Z").await;
+
+        advance_to(&clock, "2026-12-28T12:00:00Z");
+        dispatch_at(&with, "payroll", "2026-12-25T08:00:00Z").await;
+        for day in ["2026-12-26T08:00:00Z", "2026-12-27T08:00:00Z", "2026-12-28T08:00:00Z"] {
+            let merged = skip_at(&with, "payroll", day).await;
+            assert_eq!(merged["reason"], "calendar", "{merged}");
+            assert_eq!(merged["shifted_to"], "2026-12-28T08:00:00.000Z", "{merged}");
+        }
+        advance_to(&clock, "2026-12-29T12:00:00Z");
+        dispatch_at(&with, "payroll", "2026-12-29T08:00:00Z").await;
+        assert_eq!(
+            dispatched(&with, "payroll").await,
+            [ms("2026-12-25T08:00:00Z"), ms("2026-12-29T08:00:00Z")],
+            "one run for the shifted fire, under its nominal time"
+        );
+        scheduler.stop().await;
+    }
+}
