@@ -3,7 +3,6 @@
 //! nominal time), records fire state and catches up after failovers.
 
 mod acks;
-mod calendars;
 mod catchup;
 mod clock;
 mod config;

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use hashbrown::HashTable;
-use jetsched_shared::calendar::CalendarRef;
 use jetsched_shared::schedule::Schedule;
 use jetsched_shared::spec::{MisfirePolicy, OverlapPolicy, Priority, TaskSpec};
 
@@ -45,8 +44,6 @@ pub(crate) struct TaskInfo {
     pub(crate) revision: u64,
     /// When that revision was stored (Unix ms): fires start after it.
     pub(crate) created_ms: i64,
-    /// The business calendars its fires follow (empty for most tasks).
-    pub(crate) calendars: Box<[CalendarRef]>,
 }
 
 impl TaskInfo {
@@ -113,7 +110,6 @@ impl TaskInfo {
             paused: spec.paused,
             revision,
             created_ms,
-            calendars: spec.calendars.into_boxed_slice(),
         }
     }
 
@@ -211,12 +207,6 @@ impl Tasks {
     pub(crate) fn find(&self, key: &str) -> Result<u32, KeyHash> {
         let (slots, hash) = (&self.slots, self.hasher.hash_one(key));
         self.index.find(hash, |&idx| key_of(slots, idx) == key).copied().ok_or(KeyHash(hash))
-    }
-
-    /// The indices of the slots in use that `matches`.
-    pub(crate) fn indices_where(&self, matches: impl Fn(&Slot) -> bool) -> Vec<u32> {
-        let used = self.slots.iter().enumerate().filter_map(|(idx, slot)| Some((idx, slot.as_ref()?)));
-        used.filter(|(_, slot)| matches(slot)).map(|(idx, _)| idx as u32).collect()
     }
 
     #[cfg(test)]

@@ -6,7 +6,6 @@ use jetsched_shared::wire::{Event as WireEvent, EventKind};
 use tokio::time::Instant;
 
 use super::{Core, Report};
-use crate::calendars::Fate;
 use crate::catchup;
 use crate::fire::Fire;
 use crate::follow::{STATE_RETRY_DELAY, StateOpened, TargetRead};
@@ -169,17 +168,7 @@ impl Core {
     /// its cursor to `now`. Returns (dispatched, skipped, missed).
     pub(super) fn catch_up_task(&mut self, idx: u32, now: i64) -> (usize, u64, u64) {
         let Some(slot) = self.tasks.get_mut(idx) else { return (0, 0, 0) };
-        let mut plan = self.takeover.plan(&slot.info, slot.done_ms, now);
-        // A missed fire its calendars refuse is not caught up: it is skipped as it would have
-        // been on time (a shifted one is dispatched now, late, under its nominal time).
-        let mut refused = Vec::new();
-        plan.dispatch.retain(|&(nominal, _)| match self.calendars.fate(&slot.info, nominal - 1, nominal) {
-            Fate::Skip(refusal) => {
-                refused.push((nominal, refusal));
-                false
-            }
-            _ => true,
-        });
+        let plan = self.takeover.plan(&slot.info, slot.done_ms, now);
         report_plan(&self.report, self.takeover.term(), &slot.info, &plan);
         let counts = (plan.dispatch.len(), plan.skipped.len() as u64 + plan.skipped_more, plan.missed);
         let generation = slot.generation;
@@ -197,10 +186,7 @@ impl Core {
                 self.pipeline.push(Fire { idx, generation, nominal_ms: nominal, trigger });
             }
         }
-        for (nominal, refusal) in refused {
-            self.skip_by_calendar(idx, nominal, Some(&refusal), None);
-        }
-        self.wake.schedule_next(&mut self.tasks, idx, &self.calendars);
+        self.wake.schedule_next(&mut self.tasks, idx);
         counts
     }
 
