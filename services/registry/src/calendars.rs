@@ -14,15 +14,15 @@
 //! - `delete`: `{"namespace", "name"}` → `{"namespace", "name", "deleted": true}`; refused
 //!   with `conflict` naming its users while a task or another calendar refers to it.
 //!
-//! A task naming a calendar its namespace does not have is refused at `put`
-//! ([`CalendarApi::check_refs`]). Nothing here stops a `put` of a task and a `delete` of the
+//! A task naming a calendar its namespace does not have is refused at `put` (by the task
+//! store). Nothing here stops a `put` of a task and a `delete` of the
 //! calendar it names racing each other: the scheduler takes a calendar it does not know as
 //! refusing nothing, and `get` shows who still refers to one.
 
 use anyhow::Context as _;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, kv};
-use jetsched_shared::calendar::{Calendar, CalendarRef as TaskCalendar, Calendars};
+use jetsched_shared::calendar::{Calendar, Calendars};
 use jetsched_shared::cas::{self, is_already_exists, is_revision_mismatch, keys_once};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode};
 use jetsched_shared::names::{Names, calendar_key};
@@ -293,24 +293,6 @@ impl CalendarApi {
         }
         users.sort();
         Ok(users)
-    }
-
-    /// Refuses a task naming calendars its namespace does not have, naming each.
-    pub async fn check_refs(&self, namespace: &str, refs: &[TaskCalendar]) -> Result<(), Failure> {
-        let mut problems = Vec::new();
-        for (i, r) in refs.iter().enumerate() {
-            if self.entry(&calendar_key(namespace, &r.name)).await?.is_none() {
-                problems.push(ApiError::at(
-                    ErrorCode::InvalidValue,
-                    format!("calendars[{i}].name"),
-                    format!("no calendar {:?} in namespace {namespace:?}", r.name),
-                ));
-            }
-        }
-        match ApiErrors::from_vec(problems) {
-            Some(errors) => Err(errors.into()),
-            None => Ok(()),
-        }
     }
 }
 

@@ -89,7 +89,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         topology.tasks,
         topology.state,
         topology.breakers.clone(),
-        calendars.clone(),
+        topology.calendars.clone(),
         names.clone(),
         events,
         metrics.changes.clone(),
