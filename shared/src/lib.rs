@@ -6,6 +6,7 @@ pub mod alert;
 pub mod api_client;
 pub mod backfill;
 pub mod backoff;
+pub mod calendar;
 pub mod cas;
 pub mod config;
 pub mod direct_batch;

@@ -127,6 +127,11 @@ impl Names {
     pub fn breakers_bucket(&self) -> String {
         format!("{}_BREAKERS", self.upper)
     }
+    /// Business calendars: [`calendar_key`] → a calendar document (`crate::calendar`), written
+    /// by the registry with compare-and-set, followed by the scheduler.
+    pub fn calendars_bucket(&self) -> String {
+        format!("{}_CALENDARS", self.upper)
+    }
     /// Rate limits shared by every worker: [`rate_key`](Self::rate_key) → the key's state
     /// (`{"tat_us", "throttled_since_us"}`), written with compare-and-set.
     pub fn rates_bucket(&self) -> String {
@@ -425,6 +430,11 @@ fn token(text: &str) -> String {
 /// `<namespace>.<task_id>`: the key in the tasks and state buckets.
 pub fn task_key(namespace: &str, task_id: &str) -> String {
     format!("{namespace}.{task_id}")
+}
+
+/// `<namespace>.<name>`: a calendar's key in the calendars bucket.
+pub fn calendar_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}.{name}")
 }
 
 /// Splits a task key back into `(namespace, task_id)`.

@@ -115,6 +115,11 @@ pub struct TaskSpec {
     /// do not count.
     #[schemars(range(min = 1, max = 10000))]
     pub max_runs: Option<u32>,
+    /// Business calendars of the task's namespace and what a fire outside their business time
+    /// does: `exclude` skips it, `shift_next_business_day` / `shift_previous_business_day` move
+    /// it (docs/spec.md, "Calendars"). Each calendar named once; shifts in one direction only.
+    #[schemars(default)]
+    pub calendars: Vec<crate::calendar::CalendarRef>,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
     #[schemars(
         default = "schema::empty_map",
@@ -340,6 +345,9 @@ impl TaskSpec {
         }
         if let Some(max_runs) = self.max_runs {
             v["max_runs"] = json!(max_runs);
+        }
+        if !self.calendars.is_empty() {
+            v["calendars"] = Value::Array(self.calendars.iter().map(|c| c.to_json()).collect());
         }
         v
     }

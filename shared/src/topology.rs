@@ -130,6 +130,8 @@ pub struct Topology {
     pub dedupe: kv::Store,
     /// Backfill progress: created by the registry, advanced by the scheduler leader.
     pub backfills: kv::Store,
+    /// Business calendars by namespace, written by the registry, followed by the scheduler.
+    pub calendars: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -231,6 +233,8 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         base(names.rates_bucket(), "jetsched rate limits (GCRA state per key)", 1, Duration::ZERO),
         dedupe,
         base(names.backfills_bucket(), "jetsched backfill progress", 1, Duration::ZERO),
+        // History like the tasks': `nats kv history` shows a calendar's edits.
+        base(names.calendars_bucket(), "jetsched business calendars", args.tasks_history, Duration::ZERO),
     ]
 }
 
@@ -383,7 +387,7 @@ async fn ensure_once(
         stores.push(ensure_bucket(js, config, &mut changes).await?);
     }
     let mut stores = stores.into_iter();
-    let mut next = || stores.next().expect("every bucket");
+    let mut next = || stores.next().expect("one store per bucket config");
     Ok(Topology {
         tasks: next(),
         leader: next(),
@@ -396,6 +400,7 @@ async fn ensure_once(
         rates: next(),
         dedupe: next(),
         backfills: next(),
+        calendars: next(),
         changes,
     })
 }

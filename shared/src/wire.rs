@@ -81,6 +81,7 @@ pub const HDR_STATUS: &str = "Jetsched-Status";
 mod api;
 mod breaker;
 mod breaker_api;
+mod calendar;
 mod cancel;
 mod dead_letter;
 mod dispatch;
@@ -102,6 +103,7 @@ pub use breaker::{
     HDR_SCHEDULE_TARGET,
 };
 pub use breaker_api::{BreakerInfo, BreakerListReply, BreakerRef, BreakerResetReply};
+pub use calendar::{CalendarDeleteReply, CalendarListReply, CalendarListRequest, CalendarRef, CalendarReply};
 pub use cancel::{
     CancelMarker, CancelOutcome, CancelReply, CancelRequest, CancelTaskReply, CancelTaskRequest,
 };

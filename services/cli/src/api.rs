@@ -11,7 +11,7 @@ use async_nats::HeaderMap;
 use jetsched_shared::api_client::{ApiClient, CallError};
 use jetsched_shared::error::{ApiError, ApiErrors};
 use jetsched_shared::names::Names;
-use jetsched_shared::wire::{DlqRequest, HDR_CREATE_ONLY, TaskRef};
+use jetsched_shared::wire::{DlqRequest, HDR_CREATE_ONLY, HDR_EXPECTED_REVISION, TaskRef};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -146,6 +146,42 @@ impl Api {
         request: &R,
     ) -> Result<T, Failure> {
         self.call(endpoint, self.client.names().breaker_api_subject(endpoint), request).await
+    }
+
+    /// A calendar endpoint (`get`, `list`, `delete`) on the subject of `namespace`, or on the
+    /// plain subject (every namespace: administrators) without one.
+    pub(crate) async fn calendar<R: Serialize, T: DeserializeOwned>(
+        &self,
+        endpoint: &str,
+        namespace: Option<&str>,
+        request: &R,
+    ) -> Result<T, Failure> {
+        let names = self.client.names();
+        let subject = match namespace {
+            Some(namespace) => names.calendar_api_namespaced(endpoint, namespace),
+            None => names.calendar_api_subject(endpoint),
+        };
+        self.call(endpoint, subject, request).await
+    }
+
+    /// A calendar's `put`: the body is the calendar itself, sent on the subject of its
+    /// namespace, with compare-and-set on `revision` (0: must not exist) when given.
+    pub(crate) async fn calendar_put(
+        &self,
+        calendar: &Value,
+        revision: Option<u64>,
+        create_only: bool,
+    ) -> Result<Value, Failure> {
+        let mut headers = HeaderMap::new();
+        if create_only {
+            headers.insert(HDR_CREATE_ONLY, "true");
+        }
+        if let Some(revision) = revision {
+            headers.insert(HDR_EXPECTED_REVISION, revision.to_string().as_str());
+        }
+        let body = serde_json::to_vec(calendar).context("encode the calendar")?;
+        let subject = self.client.names().calendar_api_namespaced("put", spec_namespace(calendar));
+        Ok(self.client.request(subject, headers, body).await?)
     }
 
     /// A queue endpoint (`list`, `pause`, `resume`).

@@ -167,6 +167,9 @@ enum Command {
     Cancel(crate::cancel::CancelArgs),
     /// Backfill a task: dispatch every nominal time of a range once (`status`, `list`, `cancel`; `--dry-run` plans).
     Backfill(crate::backfill::BackfillArgs),
+    /// Business calendars of a namespace: `apply` (with compare-and-set), `get`, `ls`, `rm`.
+    #[command(subcommand)]
+    Calendar(crate::calendars::CalendarCommand),
     /// Concurrency limits: each key's limit, slots in use, runs waiting; `set`/`clear` an override.
     Limits {
         #[command(subcommand)]
@@ -236,6 +239,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Queues => crate::queues::list(&api, json_out).await,
         Command::Queue(command) => crate::queues::run(&api, command, json_out).await,
         Command::Limits { command } => crate::limits::run(&api, command, json_out).await,
+        Command::Calendar(command) => crate::calendars::run(&api, command, json_out).await,
         Command::Cancel(args) => crate::cancel::run(&api, args, json_out).await,
         Command::Backfill(args) => crate::backfill::run(&client, &names, &api, args, json_out).await,
     };

@@ -5,6 +5,7 @@
 mod api;
 mod backfill;
 mod breakers;
+mod calendars;
 mod cancel;
 mod commands;
 mod dlq;

@@ -16,6 +16,7 @@ use jetsched_shared::names::{
 
 use crate::backfills::{BackfillApi, BackfillEndpoint};
 use crate::breakers::{BreakerApi, BreakerEndpoint};
+use crate::calendars::{CalendarApi, CalendarEndpoint};
 use crate::cancel::{CancelApi, CancelEndpoint};
 use crate::codec::{self, Limits, TaskEndpoint};
 use crate::concurrency::{ConcurrencyApi, LimitEndpoint};
@@ -36,6 +37,8 @@ pub(crate) enum Endpoint {
     Dlq(DlqEndpoint),
     /// A breaker endpoint, served by [`crate::breakers`].
     Breaker(BreakerEndpoint),
+    /// A calendar endpoint, served by [`crate::calendars`].
+    Calendar(CalendarEndpoint),
     /// A queue endpoint, served by [`crate::queues`].
     Queue(QueueEndpoint),
     /// A limits endpoint, served by [`crate::concurrency`].
@@ -61,6 +64,8 @@ pub(crate) enum Group {
     Dlq,
     /// `<prefix>.api.breaker`.
     Breaker,
+    /// `<prefix>.api.calendar`.
+    Calendar,
     /// `<prefix>.api.queue`.
     Queue,
     /// `<prefix>.api.limits`.
@@ -81,6 +86,7 @@ impl Group {
             Group::Task => names.task_api_group(),
             Group::Dlq => names.dlq_api_group(),
             Group::Breaker => names.breaker_api_group(),
+            Group::Calendar => names.calendar_api_group(),
             Group::Queue => names.queue_api_group(),
             Group::Limits => names.limits_api_group(),
             Group::Runs => names.runs_api_group(),
@@ -133,8 +139,8 @@ pub(crate) struct Route {
 
 /// Every endpoint of the registry, in registration order.
 #[rustfmt::skip]
-pub(crate) static ROUTES: [Route; 30] = {
-    use {BackfillEndpoint as F, BreakerEndpoint as B, CancelEndpoint as C, DlqEndpoint as D, Endpoint as E, Group as G, LimitEndpoint as L, QueueEndpoint as Q, Reach as R, TaskEndpoint as T};
+pub(crate) static ROUTES: [Route; 34] = {
+    use {BackfillEndpoint as F, BreakerEndpoint as B, CalendarEndpoint as K, CancelEndpoint as C, DlqEndpoint as D, Endpoint as E, Group as G, LimitEndpoint as L, QueueEndpoint as Q, Reach as R, TaskEndpoint as T};
     const fn row(group: Group, subject: &'static str, name: &'static str, endpoint: Endpoint, reach: Reach, tracing: Tracing) -> Route {
         Route { group, subject, name, endpoint, reach, tracing }
     }
@@ -155,6 +161,10 @@ pub(crate) static ROUTES: [Route; 30] = {
         row(G::Breaker, "list",    "breaker-list",   E::Breaker(B::List),  R::Admin,      Tracing::None),
         row(G::Breaker, "get",     "breaker-get",    E::Breaker(B::Get),   R::Admin,      Tracing::None),
         row(G::Breaker, "reset",   "breaker-reset",  E::Breaker(B::Reset), R::Admin,      Tracing::None),
+        row(G::Calendar, "put",    "calendar-put",   E::Calendar(K::Put),  R::Both,       Tracing::None),
+        row(G::Calendar, "get",    "calendar-get",   E::Calendar(K::Get),  R::Both,       Tracing::None),
+        row(G::Calendar, "list",   "calendar-list",  E::Calendar(K::List), R::Both,       Tracing::None),
+        row(G::Calendar, "delete", "calendar-delete", E::Calendar(K::Delete), R::Both,    Tracing::None),
         row(G::Queue,   "list",    "queue-list",     E::Queue(Q::List),    R::Admin,      Tracing::None),
         row(G::Queue,   "pause",   "queue-pause",    E::Queue(Q::Pause),   R::Admin,      Tracing::None),
         row(G::Queue,   "resume",  "queue-resume",   E::Queue(Q::Resume),  R::Admin,      Tracing::None),
@@ -265,6 +275,7 @@ pub(crate) struct Handlers {
     pub(crate) store: TaskStore,
     pub(crate) dlq: DlqApi,
     pub(crate) breakers: BreakerApi,
+    pub(crate) calendars: CalendarApi,
     pub(crate) queues: QueueApi,
     pub(crate) concurrency: ConcurrencyApi,
     pub(crate) runs: async_nats::jetstream::kv::Store,
@@ -276,8 +287,19 @@ pub(crate) struct Handlers {
 
 /// Answers one request with its handler's reply or its error reply, counted and timed.
 pub(crate) async fn serve(handlers: Arc<Handlers>, metrics: &Metrics, (route, namespaced, request): Routed) {
-    let Handlers { store, dlq, breakers, queues, concurrency, runs, cancels, history, backfills, limits } =
-        &*handlers;
+    let Handlers {
+        store,
+        dlq,
+        breakers,
+        calendars,
+        queues,
+        concurrency,
+        runs,
+        cancels,
+        history,
+        backfills,
+        limits,
+    } = &*handlers;
     let started = Instant::now();
     let message = &request.message;
     let scope = namespaced.then(|| message.subject.rsplit_once('.').map_or("", |(_, namespace)| namespace));
@@ -290,6 +312,10 @@ pub(crate) async fn serve(handlers: Arc<Handlers>, metrics: &Metrics, (route, na
             Endpoint::Task(endpoint) => Box::pin(api::handle(store, *limits, endpoint, scope, message)).await,
             Endpoint::Dlq(endpoint) => Box::pin(dlq.handle(endpoint, scope, payload)).await,
             Endpoint::Breaker(endpoint) => Box::pin(breakers.handle(endpoint, payload)).await,
+            Endpoint::Calendar(endpoint) => {
+                let headers = message.headers.as_ref();
+                Box::pin(calendars.handle(endpoint, scope, *limits, payload, headers)).await
+            }
             Endpoint::Queue(endpoint) => Box::pin(queues.handle(endpoint, payload)).await,
             Endpoint::Limit(endpoint) => Box::pin(concurrency.handle(endpoint, payload)).await,
             Endpoint::RunsGet => Box::pin(runs::get(runs, scope.unwrap_or_default(), payload)).await,
@@ -358,6 +384,8 @@ mod tests {
             names.dlq_api_subject("replay"),
             names.breaker_api_subject("reset"),
             names.queue_api_subject("pause"),
+            names.calendar_api_subject("put"),
+            names.calendar_api_namespaced("delete", "demo"),
             names.runs_api_namespaced("get", "demo"),
             names.runs_api_namespaced(CANCEL_ENDPOINT, "demo"),
             names.runs_api_namespaced(CANCEL_TASK_ENDPOINT, "demo"),

@@ -5,13 +5,14 @@
 //!
 //! A request goes from `endpoints` (the table of every endpoint, and the router) through the
 //! [`codec`] (decoded and validated at the edge) to its API (`api` for tasks, [`dlq`],
-//! [`breakers`], [`queues`], `runs`, `history`) and on to the store; a failure stays a typed
+//! [`breakers`], [`queues`], [`calendars`], `runs`, `history`) and on to the store; a failure stays a typed
 //! [`failure::Failure`] until `endpoints` answers it with the error reply.
 
 mod api;
 mod backfills;
 mod breaker_users;
 pub mod breakers;
+pub mod calendars;
 mod cancel;
 pub mod codec;
 pub mod concurrency;

@@ -49,6 +49,12 @@ fn confine(object: &mut Map<String, Value>, field: &str, namespace: &str) -> Res
     }
 }
 
+/// A request body (an object) confined to `namespace` like a task request's: `namespace` added
+/// when missing, refused when another; anything else passed on for the decoder to refuse.
+pub fn confine_object(namespace: &str, payload: &[u8]) -> Result<Vec<u8>, ApiError> {
+    confine_body(TaskEndpoint::Get, namespace, payload)
+}
+
 /// The body of a task request confined to `namespace`: unchanged when it already names it,
 /// with `namespace` added when it does not (an empty body is `{}`), refused when it names
 /// another. A body that is not a JSON object is passed on for the decoder to refuse. `next`

@@ -21,6 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::backfills::BackfillApi;
 use crate::breakers::BreakerApi;
+use crate::calendars::CalendarApi;
 use crate::cancel::CancelApi;
 use crate::codec::Limits;
 use crate::concurrency::ConcurrencyApi;
@@ -84,11 +85,13 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         events.clone(),
     );
     let backfills = BackfillApi::new(topology.tasks.clone(), topology.backfills.clone(), events.clone());
+    let calendars = CalendarApi::new(&js, topology.calendars.clone(), topology.tasks.clone()).await?;
     let store = TaskStore::new(
         js.clone(),
         topology.tasks,
         topology.state,
         topology.breakers.clone(),
+        topology.calendars.clone(),
         names.clone(),
         events,
         metrics.changes.clone(),
@@ -123,6 +126,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             store,
             dlq: DlqApi::new(js.clone(), names.clone()),
             breakers,
+            calendars,
             queues,
             concurrency: ConcurrencyApi::new(js.clone(), topology.limits.clone()),
             runs: topology.runs,

@@ -8,7 +8,7 @@ use async_nats::jetstream::{self, kv};
 use jetsched_shared::cas::{self, is_already_exists, is_revision_mismatch, keys_once};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::events::EventSink;
-use jetsched_shared::names::{Names, breaker_task_key, task_key};
+use jetsched_shared::names::{Names, breaker_task_key, calendar_key, task_key};
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{
     BreakerRecord, DeleteReply, Event, EventKind, ListReply, ListRequest, TaskReply,
@@ -76,6 +76,8 @@ pub struct TaskStore {
     state: kv::Store,
     /// The breakers bucket: a resumed task's consecutive-failure count starts over there.
     breakers: kv::Store,
+    /// The calendars bucket: the calendars a task names must exist in its namespace.
+    calendars: kv::Store,
     names: Names,
     events: EventSink,
     /// `jetsched_task_changes_total{kind}`.
@@ -108,11 +110,13 @@ fn decode(entry: &Latest) -> Result<TaskSpec, Failure> {
 }
 
 impl TaskStore {
+    #[allow(clippy::too_many_arguments, reason = "one handle per bucket the store reads or writes")]
     pub async fn new(
         js: jetstream::Context,
         tasks: kv::Store,
         state: kv::Store,
         breakers: kv::Store,
+        calendars: kv::Store,
         names: Names,
         events: EventSink,
         changes: prometheus::IntCounterVec,
@@ -141,6 +145,7 @@ impl TaskStore {
             tasks_bucket,
             state,
             breakers,
+            calendars,
             names,
             events,
             changes,
@@ -223,6 +228,7 @@ impl TaskStore {
         crate::spans::task(&spec.namespace, &spec.id);
         // A `nats` executor never reaches into the server's or jetsched's own subjects.
         spec.executor.check_confined(&self.names)?;
+        self.check_calendars(&spec).await?;
         let key = spec.key();
         let body = bytes::Bytes::from(serde_json::to_vec(&spec.to_json()).expect("a spec serializes"));
         self.quotas.check_spec_bytes(&spec.namespace, body.len())?;
@@ -267,6 +273,30 @@ impl TaskStore {
         let event = Event { revision: Some(revision), ..Event::new(kind, &spec.namespace, &spec.id) };
         self.emit(event).await;
         Ok(Stored { body, revision, kind })
+    }
+
+    /// Refuses a spec naming calendars its namespace does not have, naming each.
+    async fn check_calendars(&self, spec: &TaskSpec) -> Result<(), Failure> {
+        let mut problems = Vec::new();
+        for (i, calendar) in spec.calendars.iter().enumerate() {
+            let key = calendar_key(&spec.namespace, &calendar.name);
+            let entry = self
+                .calendars
+                .entry(&key)
+                .await
+                .map_err(|e| Failure::unavailable("read calendars bucket", e))?;
+            if cas::live(entry).is_none() {
+                problems.push(ApiError::at(
+                    ErrorCode::InvalidValue,
+                    format!("calendars[{i}].name"),
+                    format!("no calendar {:?} in namespace {:?}", calendar.name, spec.namespace),
+                ));
+            }
+        }
+        match ApiErrors::from_vec(problems) {
+            Some(errors) => Err(errors.into()),
+            None => Ok(()),
+        }
     }
 
     async fn put_unconditional(&self, key: &str, body: bytes::Bytes) -> Result<(u64, EventKind), Failure> {

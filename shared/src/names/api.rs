@@ -44,6 +44,19 @@ impl Names {
     pub fn breaker_api_subject(&self, endpoint: &str) -> String {
         format!("{}.{endpoint}", self.breaker_api_group())
     }
+    /// `jetsched.api.calendar` — the group of the calendar endpoints (`put`, `get`, `list`,
+    /// `delete`); like the task endpoints, each also served as `<endpoint>.<namespace>`.
+    pub fn calendar_api_group(&self) -> String {
+        format!("{}.api.calendar", self.prefix)
+    }
+    /// `jetsched.api.calendar.<endpoint>`.
+    pub fn calendar_api_subject(&self, endpoint: &str) -> String {
+        format!("{}.{endpoint}", self.calendar_api_group())
+    }
+    /// `jetsched.api.calendar.<endpoint>.<namespace>`.
+    pub fn calendar_api_namespaced(&self, endpoint: &str, namespace: &str) -> String {
+        format!("{}.{endpoint}.{namespace}", self.calendar_api_group())
+    }
     /// `jetsched.api.queue` — the group of the queue endpoints (`list`, `pause`, `resume`), for
     /// operators only: a queue spans namespaces.
     pub fn queue_api_group(&self) -> String {

@@ -1,7 +1,7 @@
 //! The fast path of [`TaskSpec::parse`]: the spec, its schedule and its executor (except
 //! `shell`) are deserialized into typed fields (strings borrowed from the input where they have
 //! no escapes) instead of a `serde_json::Value` tree, then checked with the same validators as
-//! the reference reader in `spec.rs`; `retry`, `jitter`, `breaker`, `rate_limit` and `debounce` go through the reference parsers.
+//! the reference reader in `spec.rs`; `retry`, `jitter`, `breaker`, `rate_limit`, `debounce` and `calendars` go through the reference parsers.
 //!
 //! It only ever answers "valid, and here is the spec" or "not mine": every input it does not
 //! accept (a type error, a duplicate key, a value that fails validation) goes to the reference
@@ -26,6 +26,7 @@ use super::{
     MAX_LABELS, MAX_TIMEOUT, MISFIRE, OVERLAP, PRIORITY, RateLimitSpec, RetryPolicy, TaskSpec, check_label,
     check_pause_after_failures, check_paused_reason, lookup, read_jitter, validate_id, validate_name,
 };
+use crate::calendar::CalendarRef;
 use crate::field::{Problems, parse_duration, parse_instant};
 use crate::schedule::{CronSchedule, Schedule, check_interval};
 
@@ -70,6 +71,7 @@ struct Doc<'a> {
     #[serde(borrow)]
     end_at: Option<Cow<'a, str>>,
     max_runs: Option<u32>,
+    calendars: Option<Value>,
     labels: Option<BTreeMap<String, String>>,
 }
 
@@ -289,6 +291,12 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         Some(debounce) => Some(Problems::collect(|problems| DebounceSpec::read(debounce, problems)).ok()?),
         None => None,
     };
+    let calendars = match &doc.calendars {
+        Some(calendars) => {
+            Problems::collect(|problems| CalendarRef::read(calendars, "calendars", problems)).ok()?
+        }
+        None => Vec::new(),
+    };
     let labels = doc.labels.unwrap_or_default();
     if labels.len() > MAX_LABELS {
         return None;
@@ -336,6 +344,7 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         start_at: bounds.start_at,
         end_at: bounds.end_at,
         max_runs: bounds.max_runs,
+        calendars,
         labels,
     })
 }

@@ -11,6 +11,7 @@ use super::{
     MAX_LABELS, MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RateLimitSpec,
     RetryPolicy, TaskSpec, fast,
 };
+use crate::calendar::CalendarRef;
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::field::{Obj, Problems, err};
 use crate::schedule::Schedule;
@@ -39,6 +40,7 @@ const FIELDS: &[&str] = &[
     "start_at",
     "end_at",
     "max_runs",
+    "calendars",
     "labels",
 ];
 
@@ -273,6 +275,10 @@ impl TaskSpec {
             max_runs.flatten(),
             problems,
         );
+        let calendars = match obj.get("calendars") {
+            None | Some(Value::Null) => Some(Vec::new()),
+            Some(calendars) => CalendarRef::read(calendars, "calendars", problems),
+        };
         let labels = read_labels(&obj, problems);
         // The keys are checked against the task once its namespace, id and labels are known.
         if let (Some(Some(concurrency)), Some(id), Some(labels)) = (&concurrency, id, &labels) {
@@ -324,6 +330,7 @@ impl TaskSpec {
             start_at: bounds?.start_at,
             end_at: bounds?.end_at,
             max_runs: bounds?.max_runs,
+            calendars: calendars?,
             labels: labels?,
         })
     }

@@ -6,6 +6,7 @@ mod autopause;
 mod backfill;
 mod bench;
 mod breakers;
+mod calendars;
 mod cancel;
 mod chaos;
 mod cli;
