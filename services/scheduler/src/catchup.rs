@@ -158,7 +158,7 @@ mod tests {
     #[test]
     fn catch_up_never_plans_past_the_window() {
         // Window [100 s, 130 s): fires 100..=129; floor 90, now 200.
-        let bounds = Bounds { start_ms: 100_000, end_ms: 130_000, ends_by: None };
+        let bounds = Bounds { start_ms: 100_000, end_ms: 130_000, ends_by: None, ..Bounds::NONE };
         for policy in [MisfirePolicy::Skip, MisfirePolicy::FireOnce, MisfirePolicy::FireAll] {
             let plan = super::plan(&every(1), bounds, policy, HOUR, t(90), t(200), LIMITS);
             assert_eq!(plan.last, Some(129_000), "{policy:?}");

@@ -1,6 +1,6 @@
 //! The scheduler's loop: one `select!` over a closed [`Event`] (shutdown first, then lease
 //! changes, publish acks, overlap decisions, the wheel's next deadline, task changes, the
-//! fire-state watch, state writes and the parts' timers), and `Core`, which holds the parts
+//! fire-state watch, state writes, the parts' timers and calendar changes), and `Core`, which holds the parts
 //! and moves fires between them.
 //!
 //! Each part owns its state and its rules: [`Wake`] (wheel and sleep), [`Tasks`] (the task
@@ -23,6 +23,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::acks::Acked;
+use crate::calendars::{CalendarBook, CalendarFeed};
 use crate::clock::SharedClock;
 use crate::flush::{Flush, Flushed};
 use crate::follow::{Follow, Followed};
@@ -112,6 +113,7 @@ enum Event {
     Refollow,
     StateRefollow,
     StateLoadWake,
+    Calendar(kv::Entry),
 }
 
 /// The loop's owner: the parts and what they share.
@@ -126,6 +128,9 @@ pub(crate) struct Core {
     pub(crate) pipeline: Pipeline,
     pub(crate) overlap: Overlap,
     pub(crate) flush: Flush,
+    /// Every namespace's business calendars, and the watch that keeps them current.
+    pub(crate) calendars: CalendarBook,
+    pub(crate) calendar_feed: CalendarFeed,
 }
 
 async fn sleep_opt(at: Option<Instant>) {
@@ -165,6 +170,7 @@ impl Core {
                 _ = sleep_opt(refollow_at.tasks) => Event::Refollow,
                 _ = sleep_opt(refollow_at.state) => Event::StateRefollow,
                 _ = sleep_opt(load_wake_at) => Event::StateLoadWake,
+                entry = self.calendar_feed.next() => Event::Calendar(entry),
             };
             self.time.tick();
             match event {
@@ -194,6 +200,7 @@ impl Core {
                 Event::Refollow => self.follow.reopen_feed(&self.nats.tasks),
                 Event::StateRefollow => self.open_state_watch(),
                 Event::StateLoadWake => self.on_state_load_wake(),
+                Event::Calendar(entry) => self.on_calendar(&entry),
             }
         }
     }

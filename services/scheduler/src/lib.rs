@@ -4,6 +4,7 @@
 
 mod acks;
 mod backfills;
+mod calendars;
 mod catchup;
 mod clock;
 mod config;

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::acks::Acks;
 use crate::backfills::Driver;
+use crate::calendars::CalendarFeed;
 use crate::catchup::Limits;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::{Config, DEFAULT_ADMIN_ADDR};
@@ -80,9 +81,11 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     let role = Role::new("scheduler", DEFAULT_ADMIN_ADDR, &["tasks_loaded"])
         .with_subscription_capacity(WATCH_BUFFER);
     let base = Base::start(role, &config.shared, registry.clone()).await?;
-    let Topology { tasks, leader, state, runs, backfills, .. } =
+    let Topology { tasks, leader, state, runs, backfills, calendars, .. } =
         base.ensure_topology(&config.shared.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
+    // Calendars are read before the tasks: the first plan of each task already follows them.
+    let (calendar_feed, calendars) = CalendarFeed::open(&js, calendars).await?;
     let specs = Arc::new(Specs::default());
     let (feed, messages) = discovery::open_tasks(&tasks, specs.clone()).await?;
     let empty = messages == 0;
@@ -137,6 +140,8 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
         pipeline: Pipeline::new(config.publish_window, config.catchup_rate, Acks::subscribe(&client).await?),
         overlap: Overlap::default(),
         flush: Flush::new(config.state_flush),
+        calendars,
+        calendar_feed,
         nats: Nats {
             names,
             client: client.clone(),

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use hashbrown::HashTable;
+use jetsched_shared::calendar::CalendarRef;
 use jetsched_shared::schedule::{EndReason, Schedule};
 use jetsched_shared::spec::{MisfirePolicy, OverlapPolicy, Priority, TaskSpec};
 
@@ -45,8 +46,16 @@ pub(crate) struct TaskInfo {
     pub(crate) revision: u64,
     /// When that revision was stored (Unix ms): fires start after it.
     pub(crate) created_ms: i64,
-    /// The window `start_at`, `end_at` and `max_runs` leave (boxed: most tasks have none).
-    pub(crate) bounds: Option<Box<Bounds>>,
+    /// The window `start_at`, `end_at` and `max_runs` leave and the business calendars its
+    /// fires follow (boxed together: most tasks have neither).
+    extras: Option<Box<Extras>>,
+}
+
+/// What few tasks have.
+#[derive(Debug)]
+struct Extras {
+    bounds: Option<Bounds>,
+    calendars: Vec<CalendarRef>,
 }
 
 /// A task's window of fires in Unix ms: `[start_ms, end_ms)`, and what ends it.
@@ -55,11 +64,17 @@ pub(crate) struct Bounds {
     pub(crate) start_ms: i64,
     pub(crate) end_ms: i64,
     pub(crate) ends_by: Option<EndReason>,
+    /// The spec's own `end_at` (`i64::MAX` without one): a fire shifted past it is skipped.
+    pub(crate) end_at_ms: i64,
+    /// The spec's `max_runs`: the task's calendars refit `end_ms` so that fires they skip do
+    /// not count.
+    pub(crate) max_runs: Option<u32>,
 }
 
 impl Bounds {
     /// No bounds: every fire.
-    pub(crate) const NONE: Bounds = Bounds { start_ms: i64::MIN, end_ms: i64::MAX, ends_by: None };
+    pub(crate) const NONE: Bounds =
+        Bounds { start_ms: i64::MIN, end_ms: i64::MAX, ends_by: None, end_at_ms: i64::MAX, max_runs: None };
 
     /// The next fire of `schedule` in the window strictly after `after_ms`.
     pub(crate) fn next_after(&self, schedule: &Schedule, after_ms: i64) -> Option<i64> {
@@ -113,12 +128,12 @@ impl TaskInfo {
         // (admitted within its catch-up window): it starts just before that time, so that it
         // is a misfire (caught up or skipped by policy, never dropped without a trace).
         let window = spec.window();
-        let bounds = (window.start.is_some() || window.end.is_some()).then(|| {
-            Box::new(Bounds {
-                start_ms: window.start.map_or(i64::MIN, |t| t.timestamp_millis()),
-                end_ms: window.end.map_or(i64::MAX, |t| t.timestamp_millis()),
-                ends_by: window.ends_by,
-            })
+        let bounds = (window.start.is_some() || window.end.is_some()).then(|| Bounds {
+            start_ms: window.start.map_or(i64::MIN, |t| t.timestamp_millis()),
+            end_ms: window.end.map_or(i64::MAX, |t| t.timestamp_millis()),
+            ends_by: window.ends_by,
+            end_at_ms: spec.end_at.map_or(i64::MAX, |t| t.timestamp_millis()),
+            max_runs: spec.max_runs,
         });
         // Likewise the fires `max_runs` counts from `start_at` (set at admission, a moment
         // before the revision is stored): none is lost, the late ones are misfires.
@@ -127,6 +142,8 @@ impl TaskInfo {
             (_, Some(bounds)) if spec.max_runs.is_some() => created_ms.min(bounds.start_ms.saturating_sub(1)),
             _ => created_ms,
         };
+        let extras = (bounds.is_some() || !spec.calendars.is_empty())
+            .then(|| Box::new(Extras { bounds, calendars: spec.calendars }));
         TaskInfo {
             blob: blob.into_boxed_str(),
             key_len,
@@ -143,8 +160,18 @@ impl TaskInfo {
             paused: spec.paused,
             revision,
             created_ms,
-            bounds,
+            extras,
         }
+    }
+
+    /// The business calendars its fires follow.
+    pub(crate) fn calendars(&self) -> &[CalendarRef] {
+        self.extras.as_deref().map_or(&[], |extras| extras.calendars.as_slice())
+    }
+
+    /// The window's bounds to refit, when the task has any.
+    pub(crate) fn bounds_mut(&mut self) -> Option<&mut Bounds> {
+        self.extras.as_deref_mut()?.bounds.as_mut()
     }
 
     /// `<namespace>.<task_id>`.
@@ -186,7 +213,7 @@ impl TaskInfo {
 
     /// The task's window of fires ([`Bounds::NONE`] when unbounded).
     pub(crate) fn bounds(&self) -> Bounds {
-        self.bounds.as_deref().copied().unwrap_or(Bounds::NONE)
+        self.extras.as_deref().and_then(|extras| extras.bounds).unwrap_or(Bounds::NONE)
     }
 
     /// Why no fire follows `nominal_ms` when it is the task's last (`None` otherwise, and for
@@ -194,7 +221,7 @@ impl TaskInfo {
     pub(crate) fn ended_by(&self, nominal_ms: i64) -> Option<EndReason> {
         let ends_by = match &self.schedule {
             Schedule::At(_) => EndReason::OneShot,
-            _ => self.bounds.as_ref()?.ends_by?,
+            _ => self.extras.as_ref()?.bounds?.ends_by?,
         };
         self.bounds().next_after(&self.schedule, nominal_ms).is_none().then_some(ends_by)
     }
@@ -256,6 +283,12 @@ impl Tasks {
     pub(crate) fn find(&self, key: &str) -> Result<u32, KeyHash> {
         let (slots, hash) = (&self.slots, self.hasher.hash_one(key));
         self.index.find(hash, |&idx| key_of(slots, idx) == key).copied().ok_or(KeyHash(hash))
+    }
+
+    /// The indices of the slots in use that `matches`.
+    pub(crate) fn indices_where(&self, matches: impl Fn(&Slot) -> bool) -> Vec<u32> {
+        let used = self.slots.iter().enumerate().filter_map(|(idx, slot)| Some((idx, slot.as_ref()?)));
+        used.filter(|(_, slot)| matches(slot)).map(|(idx, _)| idx as u32).collect()
     }
 
     pub(crate) fn get(&self, idx: u32) -> Option<&Slot> {

@@ -7,6 +7,7 @@
 use futures::FutureExt;
 use futures::future::{BoxFuture, Fuse};
 
+use crate::calendars::{CalendarBook, Fate};
 use crate::clock::Clock;
 use crate::tasks::Tasks;
 use crate::timer::{DenseKey, TimerWheel};
@@ -74,17 +75,22 @@ impl Wake {
     }
 
     /// Puts the next fire of slot `idx` (after its cursor) in the wheel, or takes it out when
-    /// there is none (paused, a one-shot done).
-    pub(crate) fn schedule_next(&mut self, tasks: &mut Tasks, idx: u32) {
+    /// there is none (paused, a one-shot done). A fire its calendars shift is due on the day
+    /// they shift it to; one they skip or merge, at its nominal time (to be reported then).
+    pub(crate) fn schedule_next(&mut self, tasks: &mut Tasks, idx: u32, calendars: &CalendarBook) {
         let Some(slot) = tasks.get_mut(idx) else { return };
         slot.next_ms = slot.info.next_nominal(slot.cursor_ms);
         match slot.next_ms {
             Some(nominal) => {
+                let due = match calendars.fate(&slot.info, slot.cursor_ms, nominal) {
+                    Fate::Due { due_ms, .. } => due_ms,
+                    Fate::Skip(_) | Fate::Merged { .. } => nominal,
+                };
                 let random = match slot.info.jitter_random_ms {
                     0 => 0,
                     max => rand::random_range(0..=max),
                 };
-                self.wheel.insert(DenseKey(idx), slot.info.wheel_due(nominal, random));
+                self.wheel.insert(DenseKey(idx), slot.info.wheel_due(due, random));
             }
             None => {
                 self.wheel.cancel(&DenseKey(idx));
@@ -119,7 +125,7 @@ mod tests {
             );
             let spec = TaskSpec::parse(json.as_bytes()).expect("spec");
             let idx = tasks.insert(TaskInfo::new(spec, json.as_bytes(), 1, 0), clock.now_ms());
-            wake.schedule_next(&mut tasks, idx);
+            wake.schedule_next(&mut tasks, idx, &CalendarBook::default());
         }
         assert_eq!(wake.len(), 2);
         wake.arm(&clock);

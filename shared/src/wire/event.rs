@@ -215,6 +215,17 @@ pub struct Event {
     /// `trigger.debounced`: the triggers the pending run collapsed so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub triggers: Option<u64>,
+    /// `fire.skipped` (reason `calendar`) and `fire.dispatched` of a shifted fire: the business
+    /// calendar that refused the nominal time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<String>,
+    /// With `calendar`: the date it refused (`YYYY-MM-DD`, in the calendar's zone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar_date: Option<String>,
+    /// `fire.dispatched` of a shifted fire: when it was dispatched instead of its nominal
+    /// time; `fire.skipped` of a fire merged into another: when that one ran.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "millis::option")]
+    pub shifted_to: Option<DateTime<Utc>>,
     /// Backfill events: the backfill's id, state, cursor and counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backfill: Option<BackfillSummary>,
@@ -264,6 +275,9 @@ impl Event {
             replay_of: None,
             triggers: None,
             backfill: None,
+            calendar: None,
+            calendar_date: None,
+            shifted_to: None,
         }
     }
 }

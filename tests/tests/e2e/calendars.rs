@@ -214,3 +214,221 @@ async fn the_cli_applies_gets_lists_and_removes_a_calendar_and_refuses_a_stale_r
     assert_eq!(gone.status.code(), Some(1));
     registry.stop().await;
 }
+
+// ---- the scheduler following calendars ------------------------------------------------------
+
+mod scheduled {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use chrono::{DateTime, Datelike, Days, NaiveDate, SecondsFormat, Utc};
+    use jetsched_scheduler::{Clock, Config, ManualClock, build_with_clock};
+    use jetsched_shared::names::{Names, task_key};
+    use jetsched_shared::schedule::Schedule;
+    use jetsched_shared::topology::TopologyArgs;
+    use jetsched_tests::fixtures::write_task;
+    use jetsched_tests::{App, WithTopology, eventually, read_stream, server_with_topology, spec};
+    use serde_json::{Value, json};
+
+    use crate::scheduler::read_dispatches;
+
+    const WAIT: Duration = Duration::from_secs(20);
+    const NS: &str = "cal";
+
+    fn ms(text: &str) -> i64 {
+        text.parse::<DateTime<Utc>>().expect("instant").timestamp_millis()
+    }
+
+    async fn start(with: &WithTopology, at: &str) -> (App, ManualClock) {
+        let clock = ManualClock::at(ms(at) * 1000);
+        let mut config = Config::for_tests(&with.server.url());
+        config.shared.common.instance_id = Some("calendars".to_string());
+        let scheduler = build_with_clock(config, Arc::new(clock.clone())).await.expect("scheduler builds");
+        let app = App::spawn("scheduler", scheduler.admin_addr(), |shutdown| scheduler.run(shutdown));
+        let leader = with.topology.leader.clone();
+        eventually(WAIT, "the scheduler leads", || async {
+            leader.entry(Names::default().leader_key()).await.ok().flatten().is_some()
+        })
+        .await;
+        (app, clock)
+    }
+
+    async fn put_calendar(with: &WithTopology, calendar: Value) {
+        let key =
+            format!("{}.{}", calendar["namespace"].as_str().unwrap(), calendar["name"].as_str().unwrap());
+        with.topology.calendars.put(key, calendar.to_string().into()).await.expect("calendar stored");
+    }
+
+    /// The nominal times (ms) the task was dispatched with.
+    async fn dispatched(with: &WithTopology, id: &str) -> Vec<i64> {
+        let key = task_key(NS, id);
+        read_dispatches(&with.js).await.into_iter().filter(|s| s.task == key).map(|s| s.nominal_ms).collect()
+    }
+
+    /// The task's `fire.skipped` events.
+    async fn skipped(with: &WithTopology, id: &str) -> Vec<Value> {
+        let names = Names::default();
+        let subject = names.event_subject("fire.skipped", NS, id);
+        let messages = read_stream(&with.js, &names.events_stream(), WAIT).await.expect("events");
+        messages
+            .into_iter()
+            .filter(|m| m.subject.as_str() == subject)
+            .filter_map(|m| serde_json::from_slice(&m.payload).ok())
+            .collect()
+    }
+
+    async fn skip_at(with: &WithTopology, id: &str, nominal: &str) -> Value {
+        let wanted = ms(nominal);
+        eventually(WAIT, &format!("{id} skipped at {nominal}"), || async {
+            skipped(with, id).await.into_iter().find(|e| {
+                e["nominal_time"].as_str().and_then(|t| t.parse::<DateTime<Utc>>().ok())
+                    == Some(DateTime::from_timestamp_millis(wanted).unwrap())
+            })
+        })
+        .await
+    }
+
+    async fn dispatch_at(with: &WithTopology, id: &str, nominal: &str) {
+        let wanted = ms(nominal);
+        eventually(WAIT, &format!("{id} dispatched for {nominal}"), || async {
+            dispatched(with, id).await.contains(&wanted)
+        })
+        .await;
+    }
+
+    fn advance_to(clock: &ManualClock, at: &str) {
+        let by = ms(at) - clock.now_ms();
+        clock.advance(Duration::from_millis(u64::try_from(by).expect("forward")));
+    }
+
+    /// Easter Sunday of `year` (Gregorian, the anonymous algorithm).
+    fn easter(year: i32) -> NaiveDate {
+        let (a, b, c) = (year % 19, year / 100, year % 100);
+        let (d, e) = (b / 4, b % 4);
+        let g = (8 * b + 13) / 25;
+        let h = (19 * a + b - d - g + 15) % 30;
+        let (i, k) = (c / 4, c % 4);
+        let l = (32 + 2 * e + 2 * i - h - k) % 7;
+        let m = (a + 11 * h + 22 * l) / 451;
+        let month = (h + l - 7 * m + 114) / 31;
+        let day = (h + l - 7 * m + 114) % 31 + 1;
+        NaiveDate::from_ymd_opt(year, month as u32, day as u32).expect("Easter")
+    }
+
+    /// The dates are next year's: fires start after a task is stored, on the server's clock.
+    fn next_year() -> i32 {
+        Utc::now().year() + 1
+    }
+
+    /// 09:00 on Berlin's wall clock on `date`, as RFC 3339 UTC.
+    fn nine_in_berlin(date: NaiveDate) -> String {
+        let schedule = Schedule::parse_value(&json!({"cron": "0 0 9 * * *", "timezone": "Europe/Berlin"}))
+            .expect("schedule");
+        let midnight = date.and_hms_opt(0, 0, 0).expect("midnight").and_utc();
+        let nine = schedule.next_after(midnight).expect("a fire that day");
+        nine.to_rfc3339_opts(SecondsFormat::Secs, true)
+    }
+
+    /// Noon UTC on `date`, when the day's 09:00 Berlin fire has passed.
+    fn noon(date: NaiveDate) -> String {
+        format!("{date}T12:00:00Z")
+    }
+
+    #[tokio::test]
+    async fn good_friday_and_christmas_in_berlin_are_skipped_and_a_live_calendar_edit_applies_to_the_next_fires()
+     {
+        let with = server_with_topology(TopologyArgs::default()).await;
+        let year = next_year();
+        let friday = easter(year) - Days::new(2);
+        let christmas = NaiveDate::from_ymd_opt(year, 12, 25).expect("Christmas");
+        let day = |n: u64| friday + Days::new(n);
+        let mut calendar = json!({
+            "namespace": NS, "name": "de-holidays", "zone": "Europe/Berlin",
+            "holidays": [friday.to_string(), christmas.to_string()],
+            "working_days": ["mon", "tue", "wed", "thu", "fri"],
+        });
+        put_calendar(&with, calendar.clone()).await;
+        let task = spec(NS, "report")
+            .nats("jobs.report")
+            .cron_in("0 0 9 * * *", "Europe/Berlin")
+            .field("calendars", json!([{"name": "de-holidays", "rule": "exclude"}]));
+        write_task(&with.topology.tasks, &task).await;
+        let (scheduler, clock) = start(&with, &noon(friday - Days::new(1))).await;
+
+        // Good Friday: skipped, naming the calendar and the date.
+        advance_to(&clock, &noon(friday));
+        let skipped_friday = skip_at(&with, "report", &nine_in_berlin(friday)).await;
+        assert_eq!(skipped_friday["reason"], "calendar", "{skipped_friday}");
+        assert_eq!(skipped_friday["calendar"], "de-holidays", "{skipped_friday}");
+        assert_eq!(skipped_friday["calendar_date"], friday.to_string(), "{skipped_friday}");
+        advance_to(&clock, &noon(day(3)));
+        dispatch_at(&with, "report", &nine_in_berlin(day(3))).await;
+        let sunday = skip_at(&with, "report", &nine_in_berlin(day(2))).await;
+        assert_eq!(sunday["calendar_date"], day(2).to_string(), "{sunday}");
+
+        // A holiday added while the scheduler runs applies to the next fire.
+        calendar["holidays"].as_array_mut().unwrap().push(json!(day(4).to_string()));
+        put_calendar(&with, calendar.clone()).await;
+        // The edit reaches the scheduler through its watch; nothing observable says when, so
+        // give it a moment before the clock moves past the fire.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        advance_to(&clock, &noon(day(5)));
+        dispatch_at(&with, "report", &nine_in_berlin(day(5))).await;
+        let tuesday = skip_at(&with, "report", &nine_in_berlin(day(4))).await;
+        assert_eq!(tuesday["calendar_date"], day(4).to_string(), "{tuesday}");
+
+        // Christmas (CET, one hour from UTC).
+        advance_to(&clock, &noon(christmas));
+        let eve = christmas - Days::new(1);
+        if eve.weekday().num_days_from_monday() < 5 {
+            dispatch_at(&with, "report", &nine_in_berlin(eve)).await;
+        }
+        let skipped_christmas = skip_at(&with, "report", &nine_in_berlin(christmas)).await;
+        assert_eq!(skipped_christmas["calendar_date"], christmas.to_string(), "{skipped_christmas}");
+        let fires = dispatched(&with, "report").await;
+        for date in [friday, day(1), day(4), christmas] {
+            assert!(!fires.contains(&ms(&nine_in_berlin(date))), "{date} was dispatched");
+        }
+        scheduler.stop().await;
+    }
+
+    /// A Friday holiday in New York (a calendar in another zone than its Berlin task) shifts
+    /// that Friday's fire to Monday 09:00 Berlin: the weekend's fires and Monday's own run once
+    /// with it, under the Friday's nominal time.
+    #[tokio::test]
+    async fn a_shift_onto_the_next_occurrence_runs_once_with_a_calendar_in_another_zone() {
+        let with = server_with_topology(TopologyArgs::default()).await;
+        let first = NaiveDate::from_ymd_opt(next_year(), 12, 1).expect("1 December");
+        let friday = first + Days::new(u64::from((4 + 7 - first.weekday().num_days_from_monday()) % 7));
+        let day = |n: u64| friday + Days::new(n);
+        put_calendar(
+            &with,
+            json!({"namespace": NS, "name": "us-holidays", "zone": "America/New_York",
+                   "holidays": [friday.to_string()], "working_days": ["mon", "tue", "wed", "thu", "fri"]}),
+        )
+        .await;
+        let task = spec(NS, "payroll")
+            .nats("jobs.payroll")
+            .cron_in("0 0 9 * * *", "Europe/Berlin")
+            .field("calendars", json!([{"name": "us-holidays", "rule": "shift_next_business_day"}]));
+        write_task(&with.topology.tasks, &task).await;
+        let (scheduler, clock) = start(&with, &noon(friday - Days::new(1))).await;
+
+        advance_to(&clock, &noon(day(3)));
+        dispatch_at(&with, "payroll", &nine_in_berlin(friday)).await;
+        let monday = format!("{}T08:00:00.000Z", day(3));
+        for n in [1, 2, 3] {
+            let merged = skip_at(&with, "payroll", &nine_in_berlin(day(n))).await;
+            assert_eq!(merged["reason"], "calendar", "{merged}");
+            assert_eq!(merged["shifted_to"], monday, "{merged}");
+        }
+        advance_to(&clock, &noon(day(4)));
+        dispatch_at(&with, "payroll", &nine_in_berlin(day(4))).await;
+        assert_eq!(
+            dispatched(&with, "payroll").await,
+            [ms(&nine_in_berlin(friday)), ms(&nine_in_berlin(day(4)))],
+            "one run for the shifted fire, under its nominal time"
+        );
+        scheduler.stop().await;
+    }
+}

@@ -1,7 +1,7 @@
 //! What the watches deliver: task changes (put, remove, invalid) into the task table and the
 //! wheel, and other leaders' fire state into the table (or kept for tasks not seen yet).
 
-use async_nats::jetstream::kv::Operation;
+use async_nats::jetstream::kv::{self, Operation};
 use jetsched_shared::wire::FireState;
 
 use super::Core;
@@ -64,7 +64,8 @@ impl Core {
 
     fn apply(&mut self, change: Change) {
         match change {
-            Change::Put(info) => {
+            Change::Put(mut info) => {
+                self.calendars.refit(&mut info);
                 let hash = match self.tasks.find(info.key()) {
                     Ok(idx) => {
                         let Some(slot) = self.tasks.get_mut(idx) else { return };
@@ -72,7 +73,7 @@ impl Core {
                             return; // re-delivered after a re-opened watch
                         }
                         slot.info = info;
-                        self.wake.schedule_next(&mut self.tasks, idx);
+                        self.wake.schedule_next(&mut self.tasks, idx, &self.calendars);
                         return;
                     }
                     Err(hash) => hash,
@@ -97,7 +98,7 @@ impl Core {
                 if late {
                     self.catch_up_task(idx, now);
                 } else {
-                    self.wake.schedule_next(&mut self.tasks, idx);
+                    self.wake.schedule_next(&mut self.tasks, idx, &self.calendars);
                 }
             }
             Change::Remove { key } => self.remove(&key),
@@ -107,6 +108,22 @@ impl Core {
                 self.remove(&key);
             }
         }
+    }
+
+    /// A calendar changed: every task of its namespace naming a calendar is planned again from
+    /// its cursor, so the edit applies to its next fires.
+    pub(super) fn on_calendar(&mut self, entry: &kv::Entry) {
+        let Some(namespace) = self.calendars.apply(entry) else { return };
+        let affected = self
+            .tasks
+            .indices_where(|slot| !slot.info.calendars().is_empty() && slot.info.namespace() == namespace);
+        for &idx in &affected {
+            if let Some(slot) = self.tasks.get_mut(idx) {
+                self.calendars.refit(&mut slot.info);
+            }
+            self.wake.schedule_next(&mut self.tasks, idx, &self.calendars);
+        }
+        tracing::info!(calendar = %entry.key, tasks = affected.len(), "calendar changed; tasks planned again");
     }
 
     fn remove(&mut self, key: &str) {

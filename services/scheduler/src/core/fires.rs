@@ -3,6 +3,7 @@
 //! counts and fire state, and the coalesced fire-state writes.
 
 use async_nats::jetstream::message::OutboundMessage;
+use jetsched_shared::calendar::Refusal;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::trace;
 use jetsched_shared::wire::{Event as WireEvent, EventKind, Trigger, scheduled_execution_id};
@@ -12,6 +13,7 @@ use tracing::Instrument;
 
 use super::Core;
 use crate::acks::Acked;
+use crate::calendars::Fate;
 use crate::catchup::SkipReason;
 use crate::fire::Fire;
 use crate::flush::{Flushed, Step};
@@ -29,15 +31,67 @@ impl Core {
         for &(DenseKey(idx), _) in &due {
             let Some(slot) = self.tasks.get_mut(idx) else { continue };
             let Some(nominal) = slot.next_ms.take() else { continue };
+            let fate = self.calendars.fate(&slot.info, slot.cursor_ms, nominal);
             slot.cursor_ms = nominal;
-            if leading {
-                slot.inflight += 1;
-                let generation = slot.generation;
-                self.pipeline.push(Fire { idx, generation, nominal_ms: nominal, trigger: Trigger::Schedule });
+            match fate {
+                Fate::Due { .. } if leading => {
+                    slot.inflight += 1;
+                    let generation = slot.generation;
+                    self.pipeline.push(Fire {
+                        idx,
+                        generation,
+                        nominal_ms: nominal,
+                        trigger: Trigger::Schedule,
+                    });
+                }
+                Fate::Skip(refusal) if leading => self.skip_by_calendar(idx, nominal, Some(&refusal), None),
+                Fate::Merged { floor_ms, refusal } if leading => {
+                    self.skip_by_calendar(idx, nominal, refusal.as_ref(), Some(floor_ms));
+                }
+                _ => {}
             }
-            self.wake.schedule_next(&mut self.tasks, idx);
+            self.wake.schedule_next(&mut self.tasks, idx, &self.calendars);
         }
         self.wake.recycle(due);
+    }
+
+    /// `fire.skipped` (reason `calendar`, naming the calendar and the date it refused, if one
+    /// refused this fire; for a fire merged into the one made at `merged_at`, that time as
+    /// `shifted_to`: it runs once, as that fire), and the fire state advances past the fire.
+    pub(super) fn skip_by_calendar(
+        &mut self,
+        idx: u32,
+        nominal: i64,
+        refusal: Option<&Refusal>,
+        merged_at: Option<i64>,
+    ) {
+        let Some(slot) = self.tasks.get_mut(idx) else { return };
+        let reason = "calendar";
+        self.report.metrics.skipped.with_label_values(&[reason]).inc();
+        let info = &slot.info;
+        spans::skipped(info.namespace(), info.task_id(), nominal, reason, self.takeover.term());
+        self.report.emit(WireEvent {
+            nominal_time: Some(from_ms(nominal)),
+            trigger: Some(Trigger::Schedule),
+            reason: Some(reason.to_string()),
+            calendar: refusal.map(|r| r.calendar.clone()),
+            calendar_date: refusal.map(|r| r.date.format("%Y-%m-%d").to_string()),
+            shifted_to: merged_at.map(from_ms),
+            instance: Some(self.report.instance.clone()),
+            term: self.takeover.term(),
+            ..WireEvent::new(EventKind::FireSkipped, info.namespace(), info.task_id())
+        });
+        // Handled once every fire before it is: the fire state then covers it too.
+        slot.pending_ms = Some(slot.pending_ms.map_or(nominal, |p| p.max(nominal)));
+        let generation = slot.generation;
+        if slot.inflight == 0 {
+            let pending = slot.pending_ms.take();
+            slot.done_ms = slot.done_ms.max(pending);
+            self.flush.mark(&mut self.tasks, idx, Instant::now());
+        }
+        // A skipped last fire completes the task too (a skipped fire does not count towards
+        // `max_runs`: the window's end is past the last fire that runs).
+        self.completed_if_last(idx, generation, nominal);
     }
 
     /// Publishes queued fires while the window has room and the lease is valid.
@@ -159,7 +213,15 @@ impl Core {
         if self.report.fire_events {
             let info = &slot.info;
             let execution_id = scheduled_execution_id(info.namespace(), info.task_id(), fire.nominal_ms);
+            // A fire a calendar shifted says which calendar, which date and where it moved.
+            let shift = match fire.trigger {
+                Trigger::Schedule | Trigger::Catchup => self.calendars.shift_of(info, fire.nominal_ms),
+                _ => None,
+            };
             self.report.emit(WireEvent {
+                calendar: shift.as_ref().map(|(r, _)| r.calendar.clone()),
+                calendar_date: shift.as_ref().map(|(r, _)| r.date.format("%Y-%m-%d").to_string()),
+                shifted_to: shift.as_ref().map(|&(_, at)| from_ms(at)),
                 trace_id: trace::trace_id_of(&execution_id).map(|id| id.to_string()),
                 execution_id: Some(execution_id),
                 nominal_time: Some(from_ms(fire.nominal_ms)),

@@ -6,6 +6,7 @@ use jetsched_shared::wire::{Event as WireEvent, EventKind};
 use tokio::time::Instant;
 
 use super::{Core, Report};
+use crate::calendars::Fate;
 use crate::catchup;
 use crate::fire::Fire;
 use crate::follow::{STATE_RETRY_DELAY, StateOpened, TargetRead};
@@ -168,14 +169,44 @@ impl Core {
     /// its cursor to `now`. Returns (dispatched, skipped, missed).
     pub(super) fn catch_up_task(&mut self, idx: u32, now: i64) -> (usize, u64, u64) {
         let Some(slot) = self.tasks.get_mut(idx) else { return (0, 0, 0) };
-        let plan = self.takeover.plan(&slot.info, slot.done_ms, now);
+        let mut plan = self.takeover.plan(&slot.info, slot.done_ms, now);
+        // Missed fires follow the calendars as they would have on time: one they refuse is
+        // skipped, one shifted onto a fire made already runs once, as that fire, and one
+        // shifted to a time still ahead stays in the wheel for it (dispatched then, with every
+        // later fire after it).
+        let mut refused = Vec::new();
+        let mut ahead = None;
+        let mut previous = slot.done_ms.unwrap_or(slot.info.created_ms);
+        plan.dispatch.retain(|&(nominal, _)| {
+            if ahead.is_some() {
+                return false;
+            }
+            let fate = self.calendars.fate(&slot.info, previous, nominal);
+            previous = nominal;
+            match fate {
+                Fate::Skip(refusal) => refused.push((nominal, Some(refusal), None)),
+                Fate::Merged { floor_ms, refusal } => refused.push((nominal, refusal, Some(floor_ms))),
+                Fate::Due { due_ms, .. } if due_ms > now => ahead = Some(nominal),
+                Fate::Due { .. } => return true,
+            }
+            false
+        });
+        if let Some(ahead) = ahead {
+            let before = plan.dispatch.iter().map(|&(ms, _)| ms);
+            let before = before.chain(refused.iter().map(|&(ms, ..)| ms));
+            let before = before.chain(plan.skipped.iter().map(|&(ms, _)| ms).filter(|&ms| ms < ahead));
+            plan.last = before.max();
+        }
         report_plan(&self.report, self.takeover.term(), &slot.info, &plan);
         let counts = (plan.dispatch.len(), plan.skipped.len() as u64 + plan.skipped_more, plan.missed);
         let generation = slot.generation;
         // A last fire skipped or missed completes the task here; a dispatched one on its ack.
-        let last_not_dispatched =
-            plan.last.filter(|last| plan.dispatch.last().is_none_or(|&(ms, _)| ms != *last));
-        slot.cursor_ms = now;
+        // (A fire the calendars refused completes it when reported.)
+        let last_not_dispatched = plan.last.filter(|last| {
+            plan.dispatch.last().is_none_or(|&(ms, _)| ms != *last)
+                && !refused.iter().any(|(ms, ..)| ms == last)
+        });
+        slot.cursor_ms = ahead.map_or(now, |ahead| ahead - 1);
         if plan.dispatch.is_empty() {
             if let Some(last) = plan.last {
                 slot.done_ms = Some(slot.done_ms.map_or(last, |d| d.max(last)));
@@ -189,10 +220,13 @@ impl Core {
                 self.pipeline.push(Fire { idx, generation, nominal_ms: nominal, trigger });
             }
         }
+        for (nominal, refusal, merged_at) in refused {
+            self.skip_by_calendar(idx, nominal, refusal.as_ref(), merged_at);
+        }
         if let Some(last) = last_not_dispatched {
             self.completed_if_last(idx, generation, last);
         }
-        self.wake.schedule_next(&mut self.tasks, idx);
+        self.wake.schedule_next(&mut self.tasks, idx, &self.calendars);
         counts
     }
 
