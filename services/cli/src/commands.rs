@@ -398,8 +398,9 @@ async fn next(
         output::pretty(&reply);
         return Ok(());
     }
-    let NextReply { timezone, times, local_times, ends_by, last_fire } =
+    let NextReply { timezone, times, local_times, ends_by, last_fire, notes } =
         serde_json::from_value(reply).context("next reply")?;
+    let mut notes = notes.into_iter();
     let mut previous_offset: Option<String> = None;
     let rows: Vec<Vec<String>> = times
         .into_iter()
@@ -411,6 +412,8 @@ async fn next(
                 _ => String::new(),
             };
             previous_offset = Some(offset);
+            let calendar = notes.next().unwrap_or_default();
+            let note = [note, calendar].into_iter().filter(|n| !n.is_empty()).collect::<Vec<_>>().join("; ");
             vec![utc, local, note]
         })
         .collect();

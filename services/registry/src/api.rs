@@ -2,9 +2,15 @@
 //! namespace): a request decoded by the [`codec`](crate::codec) and carried out against the
 //! task store.
 
+use std::collections::BTreeSet;
+
 use async_nats::Message;
+use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
+use jetsched_shared::calendar::{Calendar, Calendars, Decision, Refusal, decide};
+use jetsched_shared::cas;
+use jetsched_shared::names::calendar_key;
 use jetsched_shared::schedule::Schedule;
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{self, NextReply};
@@ -64,13 +70,69 @@ async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec<u8>, Failu
                 NextSource::Inline(spec) => *spec,
                 NextSource::Stored(task) => store.get(&task.namespace, &task.id).await?.task,
             };
-            encode(&preview(&spec, count, after))
+            let calendars = calendars_of(store.calendars(), &spec).await?;
+            encode(&preview(&spec, count, after, &calendars))
         }
     }
 }
 
+/// The calendars `spec` names and their bases, as stored (those missing are left out: they
+/// refuse nothing).
+async fn calendars_of(bucket: &kv::Store, spec: &TaskSpec) -> Result<Calendars, Failure> {
+    let mut wanted: Vec<String> = spec.calendars.iter().map(|c| c.name.clone()).collect();
+    let mut found = Calendars::default();
+    let mut seen = BTreeSet::new();
+    while let Some(name) = wanted.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let key = calendar_key(&spec.namespace, &name);
+        let entry = bucket.entry(&key).await.map_err(|e| Failure::unavailable("read calendars bucket", e))?;
+        let Some(entry) = cas::live(entry) else { continue };
+        let Ok(value) = serde_json::from_slice(&entry.value) else { continue };
+        let Ok(calendar) = Calendar::parse_value(&value) else { continue };
+        wanted.extend(calendar.base.iter().cloned());
+        found.insert(calendar);
+    }
+    Ok(found)
+}
+
+/// What the task's calendars do with each of `times` (in order: a fire shifted onto one made
+/// already runs once, with it).
+fn notes(spec: &TaskSpec, times: &[DateTime<Utc>], tz: Tz, calendars: &Calendars) -> Vec<String> {
+    let by = |r: &Refusal| format!("calendar {} ({})", r.calendar, r.date.format("%Y-%m-%d"));
+    let mut last: Option<(DateTime<Utc>, DateTime<Utc>)> = None;
+    let mut notes = Vec::with_capacity(times.len());
+    for &nominal in times {
+        let (effective, note) = match decide(&spec.calendars, calendars, nominal, tz) {
+            Decision::Fire => (nominal, String::new()),
+            Decision::Skip(refusal) => {
+                notes.push(format!("skipped: {}", by(&refusal)));
+                continue;
+            }
+            Decision::Shift { at, refusal } => {
+                (at, format!("shifted to {}: {}", wire::format_time(at), by(&refusal)))
+            }
+        };
+        match last {
+            Some((last_at, last_nominal)) if effective <= last_at => {
+                let with = wire::format_time(last_nominal);
+                notes.push(format!(
+                    "runs once with the fire of {with}, shifted to {}",
+                    wire::format_time(last_at)
+                ));
+            }
+            _ => {
+                last = Some((effective, nominal));
+                notes.push(note);
+            }
+        }
+    }
+    notes
+}
+
 /// The next `count` fires of a spec after `after`, in UTC and on the zone's wall clock.
-fn preview(spec: &TaskSpec, count: usize, after: DateTime<Utc>) -> NextReply {
+fn preview(spec: &TaskSpec, count: usize, after: DateTime<Utc>, calendars: &Calendars) -> NextReply {
     let window = spec.window();
     let mut times = Vec::with_capacity(count.min(1024));
     let mut cursor = after;
@@ -84,7 +146,9 @@ fn preview(spec: &TaskSpec, count: usize, after: DateTime<Utc>) -> NextReply {
         Schedule::Cron(cron) => cron.timezone(),
         _ => Tz::UTC,
     };
+    let notes = if spec.calendars.is_empty() { Vec::new() } else { notes(spec, &times, tz, calendars) };
     NextReply {
+        notes,
         timezone: tz.name().to_string(),
         local_times: times.iter().map(|t| t.with_timezone(&tz).to_rfc3339()).collect(),
         times: times.into_iter().map(wire::format_time).collect(),

@@ -275,6 +275,11 @@ impl TaskStore {
         Ok(Stored { body, revision, kind })
     }
 
+    /// The calendars bucket (read by the `next` preview).
+    pub(crate) fn calendars(&self) -> &kv::Store {
+        &self.calendars
+    }
+
     /// Refuses a spec naming calendars its namespace does not have, naming each.
     async fn check_calendars(&self, spec: &TaskSpec) -> Result<(), Failure> {
         let mut problems = Vec::new();

@@ -89,6 +89,10 @@ pub struct NextReply {
     /// The task's last fire, when something ends its fires and it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_fire: Option<String>,
+    /// One per time, when the task names calendars: what they do with it (empty when it fires
+    /// at its nominal time), e.g. `skipped: calendar de-holidays (2026-12-25)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Reply of `delete`.

@@ -208,6 +208,29 @@ async fn the_cli_applies_gets_lists_and_removes_a_calendar_and_refuses_a_stale_r
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("zone") && said.contains("working_days[0]"), "{said}");
 
+    // `next` explains every time the calendar skips.
+    let task = dir.path().join("report.yaml");
+    std::fs::write(
+        &task,
+        "namespace: team-a\nid: report\nschedule: {cron: '0 0 9 * * *', timezone: Europe/Berlin}\n\
+         executor: {kind: nats, subject: jobs.report}\ncalendars: [{name: de-holidays, rule: exclude}]\n",
+    )
+    .unwrap();
+    let next = ["next", "--file", task.to_str().unwrap(), "-c", "4", "--after", "2026-12-23T12:00:00Z"];
+    let preview = json_out(&jetsched(&url, &[&next[..], &["--json"]].concat()).await);
+    assert_eq!(
+        preview["notes"],
+        json!([
+            "",
+            "skipped: calendar de-holidays (2026-12-25)",
+            "skipped: calendar de-holidays (2026-12-26)",
+            "skipped: calendar de-holidays (2026-12-27)"
+        ]),
+        "{preview}"
+    );
+    let table = String::from_utf8_lossy(&jetsched(&url, &next).await.stdout).into_owned();
+    assert!(table.contains("skipped: calendar de-holidays (2026-12-25)"), "{table}");
+
     let removed = jetsched(&url, &["calendar", "rm", "team-a/de-holidays"]).await;
     assert!(removed.status.success(), "{}", String::from_utf8_lossy(&removed.stderr));
     let gone = jetsched(&url, &["calendar", "get", "team-a/de-holidays"]).await;
