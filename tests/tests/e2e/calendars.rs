@@ -454,4 +454,35 @@ mod scheduled {
         );
         scheduler.stop().await;
     }
+
+    /// Good Friday and the weekend after it are excluded and do not count towards `max_runs`:
+    /// three runs are Wednesday, Thursday and Easter Monday, and the task completes with the
+    /// third.
+    #[tokio::test]
+    async fn excluded_fires_do_not_count_towards_max_runs() {
+        let with = server_with_topology(TopologyArgs::default()).await;
+        let friday = easter(next_year()) - Days::new(2);
+        let day = |n: i64| friday.checked_add_signed(chrono::TimeDelta::days(n)).expect("date");
+        put_calendar(
+            &with,
+            json!({"namespace": NS, "name": "de-holidays", "zone": "Europe/Berlin",
+                   "holidays": [friday.to_string()], "working_days": ["mon", "tue", "wed", "thu", "fri"]}),
+        )
+        .await;
+        let task = spec(NS, "counted")
+            .nats("jobs.counted")
+            .cron_in("0 0 9 * * *", "Europe/Berlin")
+            .field("start_at", json!(format!("{}T00:00:00Z", day(-2))))
+            .field("max_runs", json!(3))
+            .field("calendars", json!([{"name": "de-holidays", "rule": "exclude"}]));
+        write_task(&with.topology.tasks, &task).await;
+        let (scheduler, clock) = start(&with, &noon(day(-3))).await;
+
+        advance_to(&clock, &noon(day(4)));
+        dispatch_at(&with, "counted", &nine_in_berlin(day(3))).await;
+        skip_at(&with, "counted", &nine_in_berlin(friday)).await;
+        let runs = [day(-2), day(-1), day(3)].map(|date| ms(&nine_in_berlin(date)));
+        assert_eq!(dispatched(&with, "counted").await, runs, "three runs, none on Tuesday");
+        scheduler.stop().await;
+    }
 }
