@@ -149,6 +149,7 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     };
     if empty {
         core.report.readiness.set("tasks_loaded", true);
+        tracing::info!(tasks = 0, elapsed_ms = 0, "tasks loaded");
     }
     let presence = jetsched_shared::presence::announce(
         &client,

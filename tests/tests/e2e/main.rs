@@ -5,6 +5,7 @@ mod alerter;
 mod autopause;
 mod backfill;
 mod bench;
+mod bounds;
 mod breakers;
 mod cancel;
 mod chaos;
