@@ -124,7 +124,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             dlq: DlqApi::new(js.clone(), names.clone()),
             breakers,
             queues,
-            concurrency: ConcurrencyApi::new(js.clone(), topology.limits.clone()),
+            concurrency: ConcurrencyApi::new(js.clone(), topology.limits.clone(), topology.rates.clone()),
             runs: topology.runs,
             cancels,
             history: EventHistory::new(js.clone(), names.clone()),
