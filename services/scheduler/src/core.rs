@@ -53,6 +53,8 @@ pub(crate) struct Nats {
     pub(crate) runs: Arc<kv::Store>,
     /// The runs bucket's TTL (an older run record may be gone for that reason alone).
     pub(crate) runs_ttl: Duration,
+    /// Cancel markers: `cancel_other` and `replace` cancel the previous run through them.
+    pub(crate) cancels: kv::Store,
 }
 
 /// What the loop reports through.

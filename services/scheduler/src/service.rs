@@ -80,7 +80,7 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     let role = Role::new("scheduler", DEFAULT_ADMIN_ADDR, &["tasks_loaded"])
         .with_subscription_capacity(WATCH_BUFFER);
     let base = Base::start(role, &config.shared, registry.clone()).await?;
-    let Topology { tasks, leader, state, runs, backfills, .. } =
+    let Topology { tasks, leader, state, runs, backfills, cancels, .. } =
         base.ensure_topology(&config.shared.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
     let specs = Arc::new(Specs::default());
@@ -144,6 +144,7 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
             state,
             runs: Arc::new(runs),
             runs_ttl: config.shared.topology.runs_ttl,
+            cancels,
         },
         report: Report { metrics, events, instance, fire_events: config.fire_events, readiness },
     };
