@@ -11,7 +11,9 @@
 //!   again (now `running`). Once settled, the run can never start (a delivery that finds its
 //!   record `cancelled` is acked without running), the marker in the cancels bucket releases a
 //!   delivery waiting for a rate limit or a concurrency slot at once, and `run.cancelled` is
-//!   told, named after the run so that telling it again stores one event;
+//!   told, named after the run so that telling it again stores one event (a leader that finds
+//!   a queued run already settled for the same fire tells it again, in case the one that
+//!   settled it died first);
 //! - a running run under `cancel_other` gets a cancel marker: its worker stops the attempt and
 //!   records `cancelled` with the marker's reason (or `succeeded`, when the attempt had
 //!   finished first); under `replace` it is left to finish;
@@ -83,11 +85,14 @@ impl Room {
             let (prior, policy) = (&self.prior, self.policy);
             match rules::step(policy, status, prior.previous, prior.age, prior.ttl) {
                 Step::Dispatch => {
-                    // Cancelled for this very fire by a leader that may have died before
-                    // telling it: told again (one event, named after the run).
+                    // A queued run cancelled for this very fire by a leader that may have died
+                    // before telling it: told again (one event, named after the run). A run a
+                    // worker ended (it ran, or was delivered) was told by that worker.
                     if let Some((record, _)) =
                         stored.filter(|(r, _)| r.reason.as_deref() == Some(reason.as_str()))
                         && record.status == RunStatus::Cancelled
+                        && record.worker.is_empty()
+                        && record.attempts.is_empty()
                     {
                         self.tell(&record, &reason).await;
                     }
