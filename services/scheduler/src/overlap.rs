@@ -24,7 +24,7 @@ use crate::fire::Fire;
 mod room;
 mod rules;
 
-pub(crate) use room::Room;
+pub(crate) use room::{Queued, Room};
 pub(crate) use rules::{Decision, Previous, Prior, newest_wins};
 
 /// A held fire and the decision on it (`Err`: the check was cancelled).

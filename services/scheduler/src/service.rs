@@ -83,6 +83,10 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     let Topology { tasks, leader, state, runs, backfills, cancels, .. } =
         base.ensure_topology(&config.shared.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
+    let dispatches = js
+        .get_stream_no_info(names.dispatch_stream())
+        .await
+        .with_context(|| format!("look up stream {}", names.dispatch_stream()))?;
     let specs = Arc::new(Specs::default());
     let (feed, messages) = discovery::open_tasks(&tasks, specs.clone()).await?;
     let empty = messages == 0;
@@ -145,6 +149,7 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
             runs: Arc::new(runs),
             runs_ttl: config.shared.topology.runs_ttl,
             cancels,
+            dispatches,
         },
         report: Report { metrics, events, instance, fire_events: config.fire_events, readiness },
     };

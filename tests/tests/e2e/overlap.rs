@@ -37,6 +37,12 @@ fn replaced_by(id: &str, nominal: DateTime<Utc>, policy: &str) -> String {
     format!("replaced by the fire of {} (execution {execution}; overlap {policy})", format_time(nominal))
 }
 
+/// Now, as a spec's `start_at`: `max_runs` counts from it (the registry sets it so at
+/// admission; these tests write the tasks bucket directly).
+fn now() -> String {
+    format_time(Utc::now())
+}
+
 /// An in-process scheduler on the real clock.
 async fn scheduler(url: &str, instance: &str, lease: Duration) -> App {
     let mut config = jetsched_scheduler::Config::for_tests(url);
@@ -88,8 +94,12 @@ async fn replace_cancels_each_queued_run_for_the_newest_fire_and_only_the_newest
     let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
     let _scheduler = scheduler(&server.url(), "s-replace", lease).await;
     // No worker yet: every run queues.
-    let task =
-        spec(NS, "queued").every("1s").handler("note").field("overlap", "replace").field("max_runs", 4);
+    let task = spec(NS, "queued")
+        .every("1s")
+        .handler("note")
+        .field("overlap", "replace")
+        .field("start_at", now())
+        .field("max_runs", 4);
     write_task(&topology.tasks, &task).await;
     let cancelled = eventually(WAIT, "three queued runs replaced", || async {
         let records = records_of(&topology, "queued").await;
@@ -151,7 +161,12 @@ async fn replace_lets_a_running_run_finish_and_then_runs_only_the_newest_fire() 
     );
     let _worker = App::worker(config(&server, "w-busy"), handlers).await;
     let _scheduler = scheduler(&server.url(), "s-busy", lease).await;
-    let task = spec(NS, "busy").every("2s").handler("busy").field("overlap", "replace").field("max_runs", 4);
+    let task = spec(NS, "busy")
+        .every("2s")
+        .handler("busy")
+        .field("overlap", "replace")
+        .field("start_at", now())
+        .field("max_runs", 4);
     write_task(&topology.tasks, &task).await;
 
     let records = eventually(Duration::from_secs(30), "two runs succeeded", || async {
@@ -260,6 +275,7 @@ async fn cancel_other_aborts_the_running_http_request_and_sends_the_new_fires_af
         .executor(executor)
         .timeout("2m")
         .field("overlap", "cancel_other")
+        .field("start_at", now())
         .field("max_runs", 2);
     write_task(&topology.tasks, &task).await;
 
@@ -383,4 +399,76 @@ async fn cancel_other_survives_a_killed_leader_and_a_killed_worker_without_two_r
         at += chrono::Duration::seconds(2);
     }
     assert!(requests.len() >= 6, "{requests:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replace_survives_a_killed_leader_each_queued_run_cancelled_once_and_only_the_last_runs() {
+    let lease = Duration::from_secs(3);
+    let WithTopology { server, js, topology, .. } = server_with_topology(with_lease(lease)).await;
+    // No worker until the task's last fire: every run queues.
+    let task = spec(NS, "queued-failover")
+        .every("1s")
+        .handler("note")
+        .field("overlap", "replace")
+        .field("start_at", now())
+        .field("max_runs", 10);
+    write_task(&topology.tasks, &task).await;
+    let mut schedulers: HashMap<String, ChildProcess> = ["s-c", "s-d"]
+        .into_iter()
+        .map(|instance| (instance.to_string(), spawn_scheduler(&server.url(), instance, lease)))
+        .collect();
+    for process in schedulers.values() {
+        tasks_loaded(process).await;
+    }
+    eventually(Duration::from_secs(20), "three queued runs replaced", || async {
+        let cancelled = records_of(&topology, "queued-failover").await.len();
+        (cancelled >= 3).then_some(()).ok_or(cancelled)
+    })
+    .await;
+    let first_leader = eventually(WAIT, "a leader", || async { leader(&topology).await }).await;
+    schedulers.get_mut(&first_leader).expect("the leader is ours").kill9();
+
+    // The task's tenth fire handled (the task completed): its run queued, every earlier fire
+    // a cancelled record or a skip.
+    eventually(Duration::from_secs(30), "the task completed", || async {
+        let completed = events_about(&js, EventKind::TaskCompleted, NS, "queued-failover", WAIT).await;
+        (!completed.is_empty()).then_some(())
+    })
+    .await;
+    let skips = eventually(WAIT, "the last fire queued after the cancelled ones", || async {
+        let records = records_of(&topology, "queued-failover").await;
+        let skips = skips_of(&js, "queued-failover").await;
+        let pending = dispatch_pending(&js).await as usize;
+        let queued = records.len() + skips.len() == 9 && pending == records.len() + 1;
+        if queued { Ok(skips) } else { Err((records.len(), skips.len(), pending)) }
+    })
+    .await;
+
+    let (handlers, ran) =
+        noting("note", |run: &RunContext| run.execution_id.clone(), |_| async { Outcome::ok() });
+    let _worker = App::worker(config(&server, "w-queued"), handlers).await;
+    eventually(WAIT, "every message acked", || async { dispatch_pending(&js).await == 0 }).await;
+    let records = records_of(&topology, "queued-failover").await;
+    let ran = ran.lock().unwrap().clone();
+    assert_eq!(ran.len(), 1, "only the newest fire ran: {ran:?}");
+    let newest = records.last().expect("records");
+    assert_eq!((newest.status, &newest.execution_id), (RunStatus::Succeeded, &ran[0]), "{records:?}");
+
+    // Each run before it was cancelled once, never started, naming a later fire that was
+    // dispatched; no fire replaced two runs; no fire both dispatched and skipped.
+    let told = cancels_told(&js, "queued-failover").await;
+    let dispatched: HashSet<String> = records.iter().map(|r| r.execution_id.clone()).collect();
+    let mut replacing = HashSet::new();
+    for record in &records[..records.len() - 1] {
+        assert_eq!(record.status, RunStatus::Cancelled, "{record:?}");
+        assert!(record.attempts.is_empty(), "{record:?}");
+        let reason = record.reason.clone().expect("a reason");
+        let by = reason.split("(execution ").nth(1).and_then(|r| r.split(';').next()).expect("names a fire");
+        assert!(dispatched.contains(by), "{reason} names a fire that was not dispatched");
+        assert!(replacing.insert(by.to_string()), "one fire replaced two runs: {reason}");
+        assert_eq!(told.get(&record.execution_id), Some(&reason), "told once: {told:?}");
+        assert!(!skips.contains_key(&record.nominal_time.timestamp_millis()), "{record:?} also skipped");
+    }
+    assert_eq!(told.len(), records.len() - 1, "{told:?}");
+    assert_eq!(records.len() + skips.len(), 10, "{records:?} {skips:?}");
 }

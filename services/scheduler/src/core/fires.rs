@@ -15,7 +15,7 @@ use crate::acks::Acked;
 use crate::catchup::SkipReason;
 use crate::fire::Fire;
 use crate::flush::{Flushed, Step};
-use crate::overlap::{self, Admission, Checked, Decision, Prior, Room};
+use crate::overlap::{self, Admission, Checked, Decision, Prior, Queued, Room};
 use crate::spans::{self, FireFacts};
 use crate::tasks::from_ms;
 use crate::timer::DenseKey;
@@ -250,6 +250,15 @@ impl Core {
                             info.task_id(),
                             fire.nominal_ms,
                         ),
+                        queued: Queued {
+                            stream: self.nats.dispatches.clone(),
+                            subject: self.nats.names.lane_subject(
+                                &info.queue,
+                                info.priority,
+                                info.namespace(),
+                                info.task_id(),
+                            ),
+                        },
                     };
                     self.overlap.make_room(fire, room);
                 } else {

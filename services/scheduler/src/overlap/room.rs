@@ -20,6 +20,11 @@
 //! - then the run record is watched until final ([`rules::wait_idle`]), and only then does the
 //!   new fire go: two runs of the task never run at once.
 //!
+//! A leader that took over knows the previous fire only from the fire state, and that fire may
+//! have been skipped: a missing record then means a queued run only when the task's latest
+//! message in the dispatch stream is that run's ([`Queued`]); one that is not found there is
+//! taken as not dispatched.
+//!
 //! The reason recorded names the fire that replaced the run (its nominal time and execution
 //! id), the same text whichever leader writes it.
 
@@ -27,14 +32,17 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use async_nats::jetstream::kv;
+use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 use chrono::{DateTime, Utc};
 use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, live};
 use jetsched_shared::events::EventSink;
 use jetsched_shared::spec::OverlapPolicy;
 use jetsched_shared::trace;
-use jetsched_shared::wire::{CancelMarker, Event, EventKind, RunRecord, RunStatus, Trigger, format_time};
+use jetsched_shared::wire::{
+    CancelMarker, Event, EventKind, HDR_EXECUTION_ID, RunRecord, RunStatus, Trigger, format_time,
+};
 
-use super::rules::{self, Prior, Step};
+use super::rules::{self, Previous, Prior, Step};
 
 /// Compare-and-set rounds on the previous run's record before the check gives up.
 const CAS_ROUNDS: usize = 8;
@@ -55,6 +63,29 @@ pub(crate) struct Room {
     /// The new fire: its nominal time (Unix ms) and execution id.
     pub(crate) fire_ms: i64,
     pub(crate) fire_execution: String,
+    /// Where the task's dispatches wait.
+    pub(crate) queued: Queued,
+}
+
+/// The dispatch stream and the subject the task's runs wait on.
+pub(crate) struct Queued {
+    pub(crate) stream: Stream<()>,
+    pub(crate) subject: String,
+}
+
+impl Queued {
+    /// Whether the latest message on the subject is the dispatch of `execution_id` (on a work
+    /// queue a message stays until a worker acknowledges it: queued, or in flight).
+    async fn holds(&self, execution_id: &str) -> anyhow::Result<bool> {
+        let last = self.stream.raw_message_builder().last_by_subject(self.subject.clone()).send().await;
+        match last {
+            Ok(message) => {
+                Ok(message.headers.get(HDR_EXECUTION_ID).is_some_and(|value| value.as_str() == execution_id))
+            }
+            Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => Ok(false),
+            Err(error) => Err(error).context("read the task's latest dispatch"),
+        }
+    }
 }
 
 /// The reason a run cancelled to make room for the fire `execution` at `nominal` records.
@@ -72,6 +103,7 @@ impl Room {
         let nominal = DateTime::from_timestamp_millis(self.fire_ms).context("fire time out of range")?;
         let reason = reason(self.policy, nominal, &self.fire_execution);
         let key = self.prior.execution_id.as_str();
+        let mut previous = self.prior.previous;
         for _ in 0..CAS_ROUNDS {
             let entry = live(self.runs.entry(key).await.context("read run record")?);
             let stored = match &entry {
@@ -82,8 +114,11 @@ impl Room {
                 None => None,
             };
             let status = stored.as_ref().map(|(record, _)| record.status);
+            if status.is_none() && previous == Previous::Inherited && self.queued.holds(key).await? {
+                previous = Previous::Dispatched;
+            }
             let (prior, policy) = (&self.prior, self.policy);
-            match rules::step(policy, status, prior.previous, prior.age, prior.ttl) {
+            match rules::step(policy, status, previous, prior.age, prior.ttl) {
                 Step::Dispatch => {
                     // A queued run cancelled for this very fire by a leader that may have died
                     // before telling it: told again (one event, named after the run). A run a
