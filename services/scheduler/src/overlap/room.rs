@@ -145,7 +145,15 @@ impl Room {
                             policy = policy.as_str(),
                             "previous run cancelled before it started"
                         );
-                        self.mark(&reason).await?;
+                        // Settled, the run never starts: the marker only hurries a delivery
+                        // waiting for a limit, so a marker not written is only logged.
+                        if let Err(error) = self.mark(&reason).await {
+                            tracing::warn!(
+                                error = format!("{error:#}"),
+                                execution = key,
+                                "cancel marker not written"
+                            );
+                        }
                         self.tell(&record, &reason).await;
                         return Ok(());
                     }
@@ -156,7 +164,15 @@ impl Room {
                         by = %self.fire_execution,
                         "previous run still running: cancelling it"
                     );
-                    self.mark(&reason).await?;
+                    // Without its marker the run is not stopped, but the new fire still waits
+                    // for it to end: two runs never run at once.
+                    if let Err(error) = self.mark(&reason).await {
+                        tracing::warn!(
+                            error = format!("{error:#}"),
+                            execution = key,
+                            "cannot cancel the running run; the new fire waits for it to end"
+                        );
+                    }
                     return rules::wait_idle(self.runs.clone(), self.prior.clone()).await;
                 }
                 Step::Wait => return rules::wait_idle(self.runs.clone(), self.prior.clone()).await,
