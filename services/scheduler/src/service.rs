@@ -80,9 +80,13 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     let role = Role::new("scheduler", DEFAULT_ADMIN_ADDR, &["tasks_loaded"])
         .with_subscription_capacity(WATCH_BUFFER);
     let base = Base::start(role, &config.shared, registry.clone()).await?;
-    let Topology { tasks, leader, state, runs, backfills, .. } =
+    let Topology { tasks, leader, state, runs, backfills, cancels, .. } =
         base.ensure_topology(&config.shared.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
+    let dispatches = js
+        .get_stream_no_info(names.dispatch_stream())
+        .await
+        .with_context(|| format!("look up stream {}", names.dispatch_stream()))?;
     let specs = Arc::new(Specs::default());
     let (feed, messages) = discovery::open_tasks(&tasks, specs.clone()).await?;
     let empty = messages == 0;
@@ -144,6 +148,8 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
             state,
             runs: Arc::new(runs),
             runs_ttl: config.shared.topology.runs_ttl,
+            cancels,
+            dispatches,
         },
         report: Report { metrics, events, instance, fire_events: config.fire_events, readiness },
     };

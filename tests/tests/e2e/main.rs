@@ -31,6 +31,7 @@ mod limits;
 mod local;
 mod nemesis;
 mod operator_truth;
+mod overlap;
 mod paused_runs;
 mod priorities;
 mod queues;
