@@ -423,10 +423,13 @@ fn count_lost(failed: &prometheus::IntCounter, event: &Event, error: &str) {
 /// duplicate (a retry after a lost acknowledgement, a new leader re-publishing what its
 /// predecessor stored before it stepped down). The stream keeps the first and absorbs the
 /// others within its duplicate window. A `task.completed` is named after its task and last
-/// fire, for the same reason. Every other event gets an id of its own.
+/// fire, for the same reason; a `run.cancelled` after its run (a run ends cancelled once, and
+/// a scheduler that cancelled a run its overlap policy replaced tells it again when its
+/// predecessor may have died before telling it). Every other event gets an id of its own.
 pub fn event_msg_id(event: &Event) -> String {
     match (event.kind, &event.execution_id) {
         (EventKind::FireDispatched, Some(execution_id)) => format!("fire.dispatched:{execution_id}"),
+        (EventKind::RunCancelled, Some(execution_id)) => format!("run.cancelled:{execution_id}"),
         (EventKind::TaskCompleted, _) => format!(
             "task.completed:{}.{}:{}",
             event.namespace,
@@ -460,8 +463,20 @@ mod tests {
         // Two schedulers recording the same dispatch: one id, so the stream keeps one.
         assert_eq!(event_msg_id(&dispatched("a", "e1")), event_msg_id(&dispatched("a", "e1")));
         assert_ne!(event_msg_id(&dispatched("a", "e1")), event_msg_id(&dispatched("a", "e2")));
+        // A run ends cancelled once: every telling of it is one event.
+        let cancelled = |execution: &str| Event {
+            execution_id: Some(execution.to_owned()),
+            ..Event::new(EventKind::RunCancelled, "ns", "a")
+        };
+        assert_eq!(event_msg_id(&cancelled("e1")), event_msg_id(&cancelled("e1")));
+        assert_ne!(event_msg_id(&cancelled("e1")), event_msg_id(&cancelled("e2")));
         // Other events (and a dispatched event without an execution) never share an id.
-        for kind in [EventKind::FireSkipped, EventKind::RunStarted, EventKind::FireDispatched] {
+        for kind in [
+            EventKind::FireSkipped,
+            EventKind::RunStarted,
+            EventKind::FireDispatched,
+            EventKind::RunCancelled,
+        ] {
             let event = Event::new(kind, "ns", "a");
             assert_ne!(event_msg_id(&event), event_msg_id(&event), "{}", kind.as_str());
         }

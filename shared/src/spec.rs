@@ -153,6 +153,11 @@ pub enum OverlapPolicy {
     Skip,
     /// Keep at most one pending fire, run it when the current run ends.
     BufferOne,
+    /// Cancel the previous run (running, queued or held); the new fire runs once it has ended.
+    CancelOther,
+    /// Cancel the previous run if it has not started; a running one finishes first. At most
+    /// one fire waits, the newest.
+    Replace,
 }
 
 /// Spreads fires of a task in time: `spread` is a deterministic per-task offset
@@ -182,6 +187,8 @@ impl OverlapPolicy {
             OverlapPolicy::Allow => "allow",
             OverlapPolicy::Skip => "skip",
             OverlapPolicy::BufferOne => "buffer_one",
+            OverlapPolicy::CancelOther => "cancel_other",
+            OverlapPolicy::Replace => "replace",
         }
     }
 }

@@ -121,6 +121,6 @@ pub use flow::{
 pub use limit::{Holder, LimitInfo, LimitListReply, LimitRecord, LimitRequest, Waiter};
 pub use pause::PauseRequest;
 pub use queue::{LaneInfo, QueueInfo, QueueListReply, QueueReply, QueueRequest, QueueState};
-pub use rate::{HDR_RATE_START, RateRecord, format_rate_start, parse_rate_start};
+pub use rate::{HDR_RATE_START, RateDeclared, RateInfo, RateRecord, format_rate_start, parse_rate_start};
 pub use run::{AttemptOutcome, AttemptRecord, MAX_KEPT_ATTEMPTS, RunRecord, RunStatus};
 pub use state::{FireState, LeaderRecord, RECENT_RUNS, TaskState, TaskStatus};

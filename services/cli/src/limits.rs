@@ -1,10 +1,10 @@
 //! `jetsched limits` and `jetsched limits set|clear`: every concurrency key with its limit,
-//! slots in use and runs waiting, and operators' overrides of a key's limit, through the
-//! registry's limits API.
+//! slots in use and runs waiting, every rate-limit key with its limit and whether it throttles,
+//! and operators' overrides of a concurrency key's limit, through the registry's limits API.
 
 use anyhow::Context;
 use clap::Subcommand;
-use jetsched_shared::wire::{LimitInfo, LimitListReply, LimitRequest, format_time};
+use jetsched_shared::wire::{LimitInfo, LimitListReply, LimitRequest, RateInfo, format_time};
 use serde_json::Value;
 
 use crate::api::{Api, Failure};
@@ -28,6 +28,7 @@ pub(crate) enum LimitCommand {
 }
 
 const HEADER: [&str; 6] = ["KEY", "LIMIT", "OVERRIDE", "IN USE", "WAITING", "OLDEST WAIT"];
+const RATE_HEADER: [&str; 6] = ["RATE KEY", "LIMIT", "BURST", "AVAILABLE", "NEXT START", "THROTTLED SINCE"];
 
 /// `jetsched limits [set|clear]`.
 pub(crate) async fn run(api: &Api, command: Option<LimitCommand>, json_out: bool) -> Result<(), Failure> {
@@ -52,9 +53,28 @@ async fn list(api: &Api, json_out: bool) -> Result<(), Failure> {
         output::pretty(&reply);
         return Ok(());
     }
-    let LimitListReply { limits } = serde_json::from_value(reply).context("list reply")?;
+    let LimitListReply { limits, rates } = serde_json::from_value(reply).context("list reply")?;
     output::table(&HEADER, &limits.iter().map(row).collect::<Vec<_>>());
+    if !rates.is_empty() {
+        println!();
+        output::table(&RATE_HEADER, &rates.iter().map(rate_row).collect::<Vec<_>>());
+    }
     Ok(())
+}
+
+fn rate_row(info: &RateInfo) -> Vec<String> {
+    let (limit, burst) = match info.declared {
+        Some(declared) => (declared.per_period(), declared.burst.to_string()),
+        None => ("?".to_string(), "?".to_string()),
+    };
+    vec![
+        info.key.clone(),
+        limit,
+        burst,
+        info.available.map(|n| n.to_string()).unwrap_or_default(),
+        info.next_start.map(format_time).unwrap_or_default(),
+        info.throttled_since.map(format_time).unwrap_or_default(),
+    ]
 }
 
 fn row(info: &LimitInfo) -> Vec<String> {

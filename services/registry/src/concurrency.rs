@@ -1,12 +1,14 @@
 //! The limits API, `jetsched.api.limits.{list,set,clear}`: every concurrency key with its
-//! limit, slots in use and runs waiting, and operators' overrides of a key's limit. The state
-//! lives in `JETSCHED_LIMITS` (one key per concurrency key), written by the workers; an
+//! limit, slots in use and runs waiting, every rate-limit key with its limit and whether it
+//! throttles, and operators' overrides of a concurrency key's limit. The state lives in
+//! `JETSCHED_LIMITS` (one key per concurrency key) and `JETSCHED_RATES` (one per rate-limit
+//! key, read only here), written by the workers; an
 //! override is one more field of the entry, set with compare-and-set. Workers follow the
 //! bucket: a raised limit hands free slots to waiting runs at once, a lowered one lets the
 //! runs holding slots finish and starts no new one above it.
 //!
 //! Requests (JSON):
-//! - `list`: `{}` → `{"limits": [<key>...]}` by key (`<namespace>.<key>`).
+//! - `list`: `{}` → `{"limits": [<key>...], "rates": [<key>...]}` by key (`<namespace>.<key>`).
 //! - `set`: `{"key": "<namespace>.<key>", "limit": 3}` → the key as `list` shows it.
 //! - `clear`: `{"key": "<namespace>.<key>"}` → the same, the spec's limit in force again.
 //!
@@ -20,7 +22,7 @@ use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode};
 use jetsched_shared::names::{concurrency_key, limit_name};
 use jetsched_shared::spec::limit_key::valid_key;
 use jetsched_shared::spec::validate_id;
-use jetsched_shared::wire::{LimitInfo, LimitListReply, LimitRecord, LimitRequest};
+use jetsched_shared::wire::{LimitInfo, LimitListReply, LimitRecord, LimitRequest, RateInfo, RateRecord};
 
 use crate::breakers::latest;
 use crate::codec::{Detail, Empty, decode, encode};
@@ -46,11 +48,12 @@ const MAX_OVERRIDE: u32 = 10_000;
 pub struct ConcurrencyApi {
     js: jetstream::Context,
     limits: kv::Store,
+    rates: kv::Store,
 }
 
 impl ConcurrencyApi {
-    pub fn new(js: jetstream::Context, limits: kv::Store) -> ConcurrencyApi {
-        ConcurrencyApi { js, limits }
+    pub fn new(js: jetstream::Context, limits: kv::Store, rates: kv::Store) -> ConcurrencyApi {
+        ConcurrencyApi { js, limits, rates }
     }
 
     /// Handles one request; returns the reply body.
@@ -65,7 +68,7 @@ impl ConcurrencyApi {
         }
     }
 
-    /// Every key, by name.
+    /// Every concurrency key and every rate-limit key, by name.
     pub async fn list(&self) -> Result<LimitListReply, Failure> {
         let now = Utc::now();
         let limits = latest(&self.js, &self.limits)
@@ -77,7 +80,15 @@ impl ConcurrencyApi {
                 Some(LimitInfo::of(name, &record, now))
             })
             .collect();
-        Ok(LimitListReply { limits })
+        let rates = latest(&self.js, &self.rates)
+            .await?
+            .into_iter()
+            .filter_map(|(key, (_, value))| {
+                let record = serde_json::from_slice::<RateRecord>(&value).ok()?;
+                Some(RateInfo::of(&key, &record, now))
+            })
+            .collect();
+        Ok(LimitListReply { limits, rates })
     }
 
     /// Sets (`limit`) or clears the override of a key with compare-and-set.

@@ -128,7 +128,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
             breakers,
             calendars,
             queues,
-            concurrency: ConcurrencyApi::new(js.clone(), topology.limits.clone()),
+            concurrency: ConcurrencyApi::new(js.clone(), topology.limits.clone(), topology.rates.clone()),
             runs: topology.runs,
             cancels,
             history: EventHistory::new(js.clone(), names.clone()),

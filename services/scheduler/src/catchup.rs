@@ -28,6 +28,9 @@ pub(crate) enum SkipReason {
     /// Overlap policy `skip` (or a second waiting fire under `buffer_one`): the task's
     /// previous run was still going (see `overlap.rs`).
     Overlap,
+    /// Overlap policy `cancel_other` or `replace`: a newer fire of the task took the place of
+    /// this one while it waited for the previous run to end (see `overlap.rs`).
+    Replaced,
 }
 
 impl SkipReason {
@@ -36,6 +39,7 @@ impl SkipReason {
             SkipReason::Misfire => "misfire",
             SkipReason::Coalesced => "coalesced",
             SkipReason::Overlap => "overlap",
+            SkipReason::Replaced => "replaced",
         }
     }
 }

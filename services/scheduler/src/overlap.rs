@@ -1,9 +1,13 @@
-//! The overlap part: tasks with overlap `skip` or `buffer_one` take turns. A fire whose task's
-//! previous scheduled run may still be going is held while that run's record is read (or, for
-//! `buffer_one`, watched) in a future of its own; the loop gets the decision back as an event.
-//! At most one fire per task waits; `allow` tasks never come here.
+//! The overlap part: tasks with overlap `skip`, `buffer_one`, `cancel_other` or `replace` take
+//! turns. A fire whose task's previous scheduled run may still be going is held while that
+//! run's record is read (or, for `buffer_one`, watched; for `cancel_other` and `replace`, the
+//! run cancelled as the policy says and then watched) in a future of its own; the loop gets the
+//! decision back as an event. At most one fire per task waits: under `skip` and `buffer_one`
+//! a further fire is skipped, under `cancel_other` and `replace` it takes the waiting fire's
+//! place (the newest wins). `allow` tasks never come here.
 //!
-//! The rules and the reads are in `overlap/rules.rs`; this part keeps each gated task's turn.
+//! The rules and the reads are in `overlap/rules.rs`, the cancels of `cancel_other` and
+//! `replace` in `overlap/room.rs`; this part keeps each gated task's turn.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,9 +21,11 @@ use jetsched_shared::spec::OverlapPolicy;
 
 use crate::fire::Fire;
 
+mod room;
 mod rules;
 
-pub(crate) use rules::{Decision, Previous, Prior};
+pub(crate) use room::{Queued, Room};
+pub(crate) use rules::{Decision, Previous, Prior, newest_wins};
 
 /// A held fire and the decision on it (`Err`: the check was cancelled).
 pub(crate) type Checked = (Fire, Result<anyhow::Result<Decision>, Aborted>);
@@ -41,7 +47,7 @@ struct Turn {
     /// The latest scheduled fire this leader let through (nominal ms).
     last_ms: Option<i64>,
     /// The one fire being checked or buffered, and the handle cancelling its read or watch.
-    waiting: Option<(i64, AbortHandle)>,
+    waiting: Option<(Fire, AbortHandle)>,
 }
 
 /// Every gated task's turn and the checks under way.
@@ -49,6 +55,8 @@ struct Turn {
 pub(crate) struct Overlap {
     turns: HashMap<u32, Turn>,
     checks: FuturesUnordered<BoxFuture<'static, Checked>>,
+    /// The waiting fire the last admitted one took the place of (`cancel_other`, `replace`).
+    replaced: Option<Fire>,
 }
 
 impl Overlap {
@@ -70,6 +78,13 @@ impl Overlap {
         if turn.last_ms.is_some_and(|last| last >= fire.nominal_ms) {
             return Admission::Publish;
         }
+        // The newest fire wins: the one waiting gives way (its check is dropped).
+        if rules::newest_wins(policy)
+            && let Some((waiting, check)) = turn.waiting.take()
+        {
+            check.abort();
+            self.replaced = Some(waiting);
+        }
         // The previous scheduled fire: the one this leader let through, else the fire state's.
         let prior = match turn.last_ms {
             Some(ms) => Some((ms, Previous::Dispatched)),
@@ -85,7 +100,13 @@ impl Overlap {
         }
     }
 
-    /// Holds `fire` (after [`Admission::Check`]) while the previous run is read from `runs`.
+    /// The waiting fire the last admitted fire took the place of, once: it is not dispatched.
+    pub(crate) fn take_replaced(&mut self) -> Option<Fire> {
+        self.replaced.take()
+    }
+
+    /// Holds `fire` (after [`Admission::Check`]) while the previous run is read from `runs`
+    /// (`skip`), or watched until it ends (`buffer_one`).
     pub(crate) fn check(&mut self, fire: Fire, policy: OverlapPolicy, prior: Prior, runs: Arc<kv::Store>) {
         let check = match policy {
             OverlapPolicy::BufferOne => {
@@ -93,9 +114,19 @@ impl Overlap {
             }
             _ => rules::is_going(runs, prior).map(move |r| r.map(|g| rules::decision(policy, g))).boxed(),
         };
+        self.hold(fire, check);
+    }
+
+    /// Holds `fire` (after [`Admission::Check`], `cancel_other` or `replace`) while the previous
+    /// run is cancelled as the policy says and until it has ended ([`Room::make`]).
+    pub(crate) fn make_room(&mut self, fire: Fire, room: Room) {
+        self.hold(fire, room.make().map(|r| r.map(|()| Decision::Dispatch)).boxed());
+    }
+
+    fn hold(&mut self, fire: Fire, check: BoxFuture<'static, anyhow::Result<Decision>>) {
         let (check, handle) = futures::future::abortable(check);
         if let Some(turn) = self.turns.get_mut(&fire.idx) {
-            turn.waiting = Some((fire.nominal_ms, handle));
+            turn.waiting = Some((fire, handle));
         }
         self.checks.push(check.map(move |result| (fire, result)).boxed());
     }
@@ -105,7 +136,9 @@ impl Overlap {
     pub(crate) fn decided(&mut self, (fire, result): Checked) -> Option<Decision> {
         let result = result.ok()?; // cancelled: the task went away
         let turn = self.turns.get_mut(&fire.idx)?;
-        if turn.generation != fire.generation || turn.waiting.as_ref().map(|w| w.0) != Some(fire.nominal_ms) {
+        if turn.generation != fire.generation
+            || turn.waiting.as_ref().map(|w| w.0.nominal_ms) != Some(fire.nominal_ms)
+        {
             return None;
         }
         turn.waiting = None;
@@ -142,6 +175,7 @@ impl Overlap {
     pub(crate) fn clear(&mut self) {
         self.turns.clear();
         self.checks = FuturesUnordered::new();
+        self.replaced = None;
     }
 }
 
@@ -163,7 +197,7 @@ mod tests {
     /// Holds `fire` as `check` would, with a check that never ends.
     fn hold(overlap: &mut Overlap, fire: Fire) {
         let (check, handle) = futures::future::abortable(std::future::pending::<anyhow::Result<Decision>>());
-        overlap.turns.get_mut(&fire.idx).expect("turn").waiting = Some((fire.nominal_ms, handle));
+        overlap.turns.get_mut(&fire.idx).expect("turn").waiting = Some((fire, handle));
         overlap.checks.push(check.map(move |result| (fire, result)).boxed());
     }
 
@@ -243,6 +277,90 @@ mod tests {
         overlap.remove(3);
         overlap.clear();
         assert_eq!(overlap.admit(fire(4000, 1), OverlapPolicy::Skip, None), Admission::Publish);
+    }
+
+    #[test]
+    fn under_cancel_other_and_replace_the_newest_fire_takes_the_waiting_ones_place() {
+        for policy in [OverlapPolicy::CancelOther, OverlapPolicy::Replace] {
+            let mut overlap = Overlap::default();
+            assert_eq!(overlap.admit(fire(1000, 1), policy, None), Admission::Publish);
+            assert_eq!(overlap.take_replaced(), None);
+            let checked = Admission::Check(1000, Previous::Dispatched);
+            assert_eq!(overlap.admit(fire(2000, 1), policy, None), checked, "{policy:?}");
+            hold(&mut overlap, fire(2000, 1));
+            // The third fire waits instead of the second, checked against the same run.
+            assert_eq!(overlap.admit(fire(3000, 1), policy, None), checked, "{policy:?}");
+            assert_eq!(overlap.take_replaced(), Some(fire(2000, 1)), "{policy:?}");
+            assert_eq!(overlap.take_replaced(), None, "told once");
+            hold(&mut overlap, fire(3000, 1));
+            // The replaced fire's decision, should it come, changes nothing.
+            assert_eq!(overlap.decided((fire(2000, 1), Ok(Ok(Decision::Dispatch)))), None);
+            assert_eq!(
+                overlap.decided((fire(3000, 1), Ok(Ok(Decision::Dispatch)))),
+                Some(Decision::Dispatch)
+            );
+            assert_eq!(
+                overlap.admit(fire(4000, 1), policy, None),
+                Admission::Check(3000, Previous::Dispatched),
+                "the newest fire is the previous run now"
+            );
+        }
+        // Under buffer_one the waiting fire stays, the new one is skipped.
+        let mut overlap = Overlap::default();
+        overlap.admit(fire(1000, 1), OverlapPolicy::BufferOne, None);
+        overlap.admit(fire(2000, 1), OverlapPolicy::BufferOne, None);
+        hold(&mut overlap, fire(2000, 1));
+        assert_eq!(overlap.admit(fire(3000, 1), OverlapPolicy::BufferOne, None), Admission::Skip);
+        assert_eq!(overlap.take_replaced(), None);
+    }
+
+    proptest::proptest! {
+        /// Against a model, under `cancel_other` and `replace`: whatever the order of fires
+        /// and decisions, each fire is published once, replaced, or the one waiting; at most
+        /// one waits; a new fire is checked against the last fire published; nothing is skipped.
+        #[test]
+        fn the_newest_fire_waits_and_every_fire_is_published_or_replaced_once(
+            steps in proptest::collection::vec(proptest::bool::ANY, 1..60),
+            replace in proptest::bool::ANY,
+        ) {
+            let policy = if replace { OverlapPolicy::Replace } else { OverlapPolicy::CancelOther };
+            let mut overlap = Overlap::default();
+            let (mut published, mut replaced, mut waiting) = (Vec::new(), Vec::new(), None::<i64>);
+            let mut next = 1000;
+            for fires in steps {
+                if fires {
+                    let nominal = next;
+                    next += 1000;
+                    let admission = overlap.admit(fire(nominal, 1), policy, None);
+                    let gave_way = overlap.take_replaced().map(|f| f.nominal_ms);
+                    proptest::prop_assert_eq!(gave_way, waiting.take());
+                    replaced.extend(gave_way);
+                    match admission {
+                        Admission::Publish => {
+                            proptest::prop_assert!(published.is_empty(), "only the first fire goes unchecked");
+                            published.push(nominal);
+                        }
+                        Admission::Check(prior, Previous::Dispatched) => {
+                            proptest::prop_assert_eq!(Some(&prior), published.last());
+                            hold(&mut overlap, fire(nominal, 1));
+                            waiting = Some(nominal);
+                        }
+                        other => proptest::prop_assert!(false, "{other:?}"),
+                    }
+                } else if let Some(nominal) = waiting.take() {
+                    let decided = overlap.decided((fire(nominal, 1), Ok(Ok(Decision::Dispatch))));
+                    proptest::prop_assert_eq!(decided, Some(Decision::Dispatch));
+                    // The loop queues it again; it goes through as the fire let through.
+                    proptest::prop_assert_eq!(overlap.admit(fire(nominal, 1), policy, None), Admission::Publish);
+                    published.push(nominal);
+                }
+            }
+            let mut all: Vec<i64> = published.iter().chain(&replaced).chain(waiting.iter()).copied().collect();
+            all.sort_unstable();
+            let expected: Vec<i64> = (1..next / 1000).map(|n| n * 1000).collect();
+            proptest::prop_assert_eq!(all, expected, "each fire once");
+            proptest::prop_assert!(published.windows(2).all(|w| w[0] < w[1]));
+        }
     }
 
     #[test]

@@ -81,11 +81,15 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     let role = Role::new("scheduler", DEFAULT_ADMIN_ADDR, &["tasks_loaded"])
         .with_subscription_capacity(WATCH_BUFFER);
     let base = Base::start(role, &config.shared, registry.clone()).await?;
-    let Topology { tasks, leader, state, runs, backfills, calendars, .. } =
+    let Topology { tasks, leader, state, runs, backfills, cancels, calendars, .. } =
         base.ensure_topology(&config.shared.topology).await?;
     let Base { names, instance, readiness, admin, client, js } = base;
     // Calendars are read before the tasks: the first plan of each task already follows them.
     let (calendar_feed, calendars) = CalendarFeed::open(&js, calendars).await?;
+    let dispatches = js
+        .get_stream_no_info(names.dispatch_stream())
+        .await
+        .with_context(|| format!("look up stream {}", names.dispatch_stream()))?;
     let specs = Arc::new(Specs::default());
     let (feed, messages) = discovery::open_tasks(&tasks, specs.clone()).await?;
     let empty = messages == 0;
@@ -149,11 +153,14 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
             state,
             runs: Arc::new(runs),
             runs_ttl: config.shared.topology.runs_ttl,
+            cancels,
+            dispatches,
         },
         report: Report { metrics, events, instance, fire_events: config.fire_events, readiness },
     };
     if empty {
         core.report.readiness.set("tasks_loaded", true);
+        tracing::info!(tasks = 0, elapsed_ms = 0, "tasks loaded");
     }
     let presence = jetsched_shared::presence::announce(
         &client,

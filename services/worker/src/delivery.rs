@@ -89,7 +89,7 @@ impl Delivery<'_> {
         // A run cancelled before it started never starts (a released held run included).
         if let Some(reason) = self.parts.cancels.reason(&dispatch.execution_id) {
             self.end_cancelled(&reason).await;
-            self.give_back_reservation().await;
+            self.give_back_reservation();
             self.flush_events().await;
             return;
         }
@@ -97,7 +97,7 @@ impl Delivery<'_> {
             && self.parts.pauses.is_paused(&dispatch.namespace, &dispatch.task_id)
             && self.skip_paused().await
         {
-            self.give_back_reservation().await;
+            self.give_back_reservation();
             self.flush_events().await;
             return;
         }
@@ -105,11 +105,11 @@ impl Delivery<'_> {
         match gate {
             Some(gate) if gate.admission == Admission::ShortCircuit => {
                 self.short_circuit(&gate).await;
-                self.give_back_reservation().await;
+                self.give_back_reservation();
             }
             // Its rate limit skipped it, delayed it or handed it back: a concurrency slot
             // handed over to it goes to the next waiting run meanwhile.
-            _ if self.rate_limit().await => self.give_back_reservation().await,
+            _ if self.rate_limit().await => self.give_back_reservation(),
             gate => {
                 self.gate = gate;
                 if self.take_slot().await {
@@ -122,7 +122,7 @@ impl Delivery<'_> {
                         None => self.run().await,
                     };
                     self.conclude(ending).await;
-                    self.free_slot().await;
+                    self.free_slot();
                 }
             }
         }

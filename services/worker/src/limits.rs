@@ -31,6 +31,7 @@ use jetsched_shared::names::limit_name;
 use jetsched_shared::wire::LimitRecord;
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use self::rules::{Claim, Decision};
 use crate::metrics::Metrics;
@@ -78,6 +79,9 @@ pub(crate) struct Limits {
     writes: Mutex<HashMap<String, Writes>>,
     changed: Notify,
     metrics: Metrics,
+    /// Slots being freed after their runs ended: the run's worker permit is not held for the
+    /// write; a graceful shutdown waits for them ([`Limits::settle`]).
+    frees: TaskTracker,
 }
 
 impl Limits {
@@ -99,7 +103,31 @@ impl Limits {
             writes: Mutex::default(),
             changed: Notify::new(),
             metrics,
+            frees: TaskTracker::new(),
         }
+    }
+
+    /// Frees the slot of a run that ended, in the background: the run's permit goes to the next
+    /// run at once, and the free joins the key's next write. Failures are logged and counted
+    /// (the slot's lease frees it then).
+    pub(crate) fn free(self: &Arc<Self>, key: String, execution_id: String, seq: u64) {
+        let limits = Arc::clone(self);
+        self.frees.spawn(async move {
+            if let Err(error) = limits.release(&key, &execution_id, seq).await {
+                limits.metrics.errors.with_label_values(&["limit"]).inc();
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    key,
+                    "cannot free the concurrency slot; its lease will"
+                );
+            }
+        });
+    }
+
+    /// Waits for the slots being freed (at shutdown, once no run is left).
+    pub(crate) async fn settle(&self) {
+        self.frees.close();
+        self.frees.wait().await;
     }
 
     fn lease_chrono(&self) -> chrono::Duration {

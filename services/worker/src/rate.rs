@@ -24,7 +24,7 @@ use jetsched_shared::cas::{is_already_exists, is_revision_mismatch, read_leader}
 use jetsched_shared::events::EventPublisher;
 use jetsched_shared::metrics::counter_vec;
 use jetsched_shared::spec::OnLimit;
-use jetsched_shared::wire::{Event, EventKind, RateRecord};
+use jetsched_shared::wire::{Event, EventKind, RateDeclared, RateRecord};
 use prometheus::{IntCounterVec, Registry};
 use tokio::sync::oneshot;
 
@@ -71,6 +71,8 @@ struct Committed {
 /// A run waiting for its key's decision.
 struct Request {
     gcra: Gcra,
+    /// The limit as the run's spec declares it, stored with the state for the limits API.
+    declared: RateDeclared,
     on_limit: OnLimit,
     /// The run, for the event that a throttling episode began.
     about: Event,
@@ -111,6 +113,7 @@ impl Rates {
         self: &Arc<Self>,
         key: &str,
         gcra: Gcra,
+        declared: RateDeclared,
         on_limit: OnLimit,
         about: Event,
     ) -> anyhow::Result<Decision> {
@@ -127,7 +130,7 @@ impl Rates {
                 self.starts.with_label_values(&["ahead"]).inc();
                 return Ok(Decision::Start(start));
             }
-            cell.pending.push(Request { gcra, on_limit, about, reply });
+            cell.pending.push(Request { gcra, declared, on_limit, about, reply });
             !std::mem::replace(&mut cell.flushing, true)
         };
         if lead {
@@ -167,8 +170,8 @@ impl Rates {
                 (cell.pending.drain(..same).collect::<Vec<_>>(), cell.known, want)
             };
             let on_limits: Vec<OnLimit> = batch.iter().map(|r| r.on_limit).collect();
-            let gcra = batch[0].gcra;
-            let decided = self.commit(key, gcra, &on_limits, known, want).await;
+            let (gcra, declared) = (batch[0].gcra, batch[0].declared);
+            let decided = self.commit(key, gcra, declared, &on_limits, known, want).await;
             match decided {
                 Ok(Committed { batch: decided, revision, ahead, at }) => {
                     self.remember(key, decided.state, revision, gcra, ahead, at);
@@ -198,6 +201,7 @@ impl Rates {
         &self,
         key: &str,
         gcra: Gcra,
+        declared: RateDeclared,
         on_limits: &[OnLimit],
         known: Option<(KeyState, u64)>,
         want: u32,
@@ -217,8 +221,11 @@ impl Rates {
             if !batch.changed {
                 return Ok(Committed { batch, revision, ahead, at: now });
             }
-            let record =
-                RateRecord { tat_us: batch.state.tat, throttled_since_us: batch.state.throttled_since };
+            let record = RateRecord {
+                tat_us: batch.state.tat,
+                throttled_since_us: batch.state.throttled_since,
+                declared: Some(declared),
+            };
             let value = serde_json::to_vec(&record).context("encode rate record")?;
             let written = if revision == 0 {
                 self.kv.create(key, value.into()).await.map_err(|error| {

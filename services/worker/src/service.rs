@@ -328,6 +328,7 @@ impl Worker {
             parts.hard_stop.cancel();
             runs.wait().await;
         }
+        parts.limits.settle().await;
         breakers_stop.cancel();
         if let Err(error) = presence.stop().await {
             tracing::warn!(%error, "stopping the presence service");

@@ -120,6 +120,8 @@ pub(super) const OVERLAP: &[(&str, OverlapPolicy)] = &[
     ("allow", OverlapPolicy::Allow),
     ("skip", OverlapPolicy::Skip),
     ("buffer_one", OverlapPolicy::BufferOne),
+    ("cancel_other", OverlapPolicy::CancelOther),
+    ("replace", OverlapPolicy::Replace),
 ];
 
 /// The value `text` names among `choices`.

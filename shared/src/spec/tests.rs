@@ -490,6 +490,7 @@ fn invalid_specs_report_code_and_field() {
         ("misfire upper-case", patched(json!({"misfire": "SKIP"})), InvalidValue, Some("misfire")),
         ("overlap unknown", patched(json!({"overlap": "queue"})), InvalidValue, Some("overlap")),
         ("overlap boolean", patched(json!({"overlap": true})), InvalidType, Some("overlap")),
+        ("overlap misspelt", patched(json!({"overlap": "cancel-other"})), InvalidValue, Some("overlap")),
         (
             "zero catchup_window",
             patched(json!({"catchup_window": "0s"})),
@@ -1004,7 +1005,11 @@ const FIELDS_FOR_TESTS: &[(&str, &[&str], &[&str])] = &[
     ("retry", &["", r#"{"max_attempts": 5}"#, "null"], &[r#"{"max_attempts": 0}"#, r#"{"bogus": 1}"#, "1"]),
     ("misfire", &["", "\"skip\"", "\"fire_all\"", "null"], &["\"never\"", "0"]),
     ("catchup_window", &["", "\"10m\"", "null"], &["\"-1m\"", "{}"]),
-    ("overlap", &["", "\"buffer_one\"", "null"], &["\"queue\"", "\"Allow\""]),
+    (
+        "overlap",
+        &["", "\"buffer_one\"", "\"cancel_other\"", "\"replace\"", "null"],
+        &["\"queue\"", "\"Allow\"", "\"cancel-other\"", "\"Replace\""],
+    ),
     ("jitter", &["", r#"{"spread": "10s"}"#, "null"], &["{}", r#"{"max_random": "x"}"#, "\"1s\""]),
     ("paused", &["", "true", "null"], &["\"yes\"", "0"]),
     (
@@ -1578,4 +1583,20 @@ fn admission_anchors_max_runs_at_registration_and_refuses_a_spent_window() {
     assert_eq!((spent.first().code, spent.first().field.as_deref()), (InThePast, Some("end_at")));
     let counted = bounded(json!({"start_at": "2026-06-14T00:00:00Z", "max_runs": 2})).expect_err("done");
     assert_eq!((counted.first().code, counted.first().field.as_deref()), (InThePast, Some("max_runs")));
+}
+
+#[test]
+fn every_overlap_policy_reads_by_its_name_and_is_written_back_the_same() {
+    use OverlapPolicy::*;
+    for policy in [Allow, Skip, BufferOne, CancelOther, Replace] {
+        let text = format!(
+            r#"{{"id": "t", "schedule": {{"every": "1m"}}, "executor": {{"kind": "handler", "name": "h"}},
+                "overlap": "{}"}}"#,
+            policy.as_str()
+        );
+        let spec = TaskSpec::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{}: {e:?}", policy.as_str()));
+        assert_eq!(spec.overlap, policy);
+        let again = TaskSpec::parse(&serde_json::to_vec(&spec.to_json()).expect("json")).expect("reads back");
+        assert_eq!(again.overlap, policy, "{}", policy.as_str());
+    }
 }

@@ -132,7 +132,11 @@ impl LimitInfo {
 /// `limits.list` reply: every key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitListReply {
+    /// Concurrency keys.
     pub limits: Vec<LimitInfo>,
+    /// Rate-limit keys.
+    #[serde(default)]
+    pub rates: Vec<super::RateInfo>,
 }
 
 /// `limits.set` (with `limit`) and `limits.clear` (without): `{"key": "<namespace>.<key>",

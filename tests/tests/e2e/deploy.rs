@@ -19,6 +19,7 @@ use async_nats::jetstream;
 use async_nats::jetstream::consumer::PullConsumer;
 use futures::StreamExt;
 use jetsched_shared::names::Names;
+use jetsched_shared::wire::{RunRecord, RunStatus, scheduled_execution_id};
 use jetsched_tests::fixtures::noting;
 use jetsched_tests::{
     Api, App, ChildProcess, SpecBuilder, eventually, init_test_logging, metric_value, spec, workspace_bin,
@@ -227,7 +228,7 @@ async fn next_dispatch(consumer: &PullConsumer) -> jetstream::Message {
 }
 
 /// The shipped secured config, enforced: each service runs with its own user and has what it
-/// needs for registration, intake, scheduled fires, execution, dead letters and alerts (no
+/// needs for registration, intake, scheduled fires (overlap `replace` too), execution, dead letters and alerts (no
 /// violation logged for them); a `client` can only use the API and the intake; a worker can
 /// consume dispatches but cannot write the tasks bucket nor serve the API.
 #[tokio::test]
@@ -338,7 +339,15 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
         "probe",
         |run| run.task_id.clone(),
         |run| async move {
-            if run.task_id == "doomed" { Outcome::permanent("refused on purpose") } else { Outcome::ok() }
+            match run.task_id.as_str() {
+                "doomed" => Outcome::permanent("refused on purpose"),
+                // Longer than its schedule's period: the next fire waits for it.
+                "replacing" => {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    Outcome::ok()
+                }
+                _ => Outcome::ok(),
+            }
         },
     );
     let worker = App::worker(worker_config, handlers).await;
@@ -348,6 +357,40 @@ async fn secured_config_gives_each_user_exactly_its_subjects() {
         runs.lock().expect("runs lock").iter().filter(|task| *task == "ticking").count() >= 2
     })
     .await;
+    // Overlap `replace` on the scheduler's user: a fire waits for the running run (a watch of
+    // its record), and a run queued where no worker serves is cancelled for the next fire (its
+    // record settled, a cancel marker written).
+    let replacing = secured("replacing").every("1s").field("overlap", "replace");
+    api.task("put", replacing.json()).await;
+    let unserved = secured("unserved").every("1s").field("overlap", "replace").field("queue", "unserved");
+    let put = api.task("put", unserved.json()).await;
+    assert!(put["revision"].is_u64(), "{put}");
+    // Read as the registry's user (direct gets of the records of the fires since the put).
+    let registry_probe = server.connect("registry").await;
+    let records = jetstream::new(registry_probe.client.clone())
+        .get_key_value(names.runs_bucket())
+        .await
+        .expect("runs bucket");
+    let since = chrono::Utc::now().timestamp_millis() / 1000 * 1000;
+    eventually(WAIT, "replace waited for runs and cancelled a queued one", || async {
+        let ran = runs.lock().expect("runs lock").iter().filter(|task| *task == "replacing").count();
+        let mut cancelled = false;
+        for nominal in (since..=chrono::Utc::now().timestamp_millis()).step_by(1000) {
+            let key = scheduled_execution_id("secure", "unserved", nominal);
+            let Ok(Some(value)) = records.get(&key).await else { continue };
+            let record: RunRecord = serde_json::from_slice(&value).expect("a run record");
+            cancelled |= record.status == RunStatus::Cancelled
+                && record
+                    .reason
+                    .as_deref()
+                    .is_some_and(|reason| reason.starts_with("replaced by the fire of"));
+        }
+        (ran >= 2 && cancelled).then_some(()).ok_or((ran, cancelled))
+    })
+    .await;
+    for id in ["replacing", "unserved"] {
+        api.task("delete", json!({"namespace": "secure", "id": id})).await;
+    }
 
     let mut alerter_config = jetsched_alerter::Config::for_tests(&server.url);
     alerter_config.shared.nats = server.nats_args("alerter");

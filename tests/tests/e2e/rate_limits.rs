@@ -3,7 +3,8 @@
 //! ends the excess runs `skipped` with reason `rate_limited` and tells `limit.throttled` once;
 //! a retry waits for the limit like a first attempt; a run its open breaker skips takes no
 //! start from the limit; a run the limit holds is recorded `held` with its start, and skipped
-//! if its task is paused before it comes back.
+//! if its task is paused before it comes back; `jetsched limits` lists a rate key with its
+//! limit and, while it throttles, the next start.
 //!
 //! The paced test runs 10 s in CI; `JETSCHED_RATE_SECONDS=30` runs it for 30 s.
 
@@ -20,6 +21,7 @@ use jetsched_worker::{Handlers, Outcome, RunContext};
 use serde_json::json;
 
 use crate::breakers::Downstream;
+use crate::cli::{jetsched, json_out};
 use crate::registry::{Served, served};
 use crate::worker_support::{WAIT, config, wait_for_workers, worker_process};
 
@@ -145,6 +147,48 @@ async fn on_limit_skip_ends_the_excess_skipped_rate_limited_and_tells_the_episod
     let record = rate_record(&js, "rls.sync").await.expect("state");
     let now = Utc::now().timestamp_micros();
     assert!(record.tat_us > now + 3_600_000_000 && record.tat_us < now + 7_300_000_000, "{record:?}");
+}
+
+/// `jetsched limits` lists a rate-limit key with the limit it runs under; with its burst used
+/// up it shows no start free and the earliest next one, and since when it throttles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetsched_limits_lists_a_rate_key_with_its_limit_and_next_start_while_it_throttles() {
+    let Served { server, registry: _registry, js, .. } = served(|_| {}).await;
+    let (url, names) = (server.url(), Names::default());
+    let (handlers, calls) = recording(0);
+    let _worker = App::worker(config(&server, "rll-w"), handlers).await;
+    let rate = json!({"key": "partner-api", "limit": 1, "period": "1h", "burst": 2, "on_limit": "skip"});
+    let task = spec("rll", "sync").handler("rec").field("rate_limit", rate).task();
+    let base = Utc::now().timestamp_millis();
+    let mut runs = Vec::new();
+    for n in 0..3 {
+        runs.push(dispatch(&js, &names, &task, base + n).await);
+    }
+    for id in &runs {
+        eventually(WAIT, "the run ends", || async {
+            let record = jetsched_tests::fixtures::run_record(&js, &names, id).await?;
+            record.status.is_final().then_some(())
+        })
+        .await;
+    }
+    assert_eq!(calls.lock().unwrap().len(), 2, "the burst ran, the third was skipped");
+    let listed = Utc::now();
+    let reply = json_out(&jetsched(&url, &["limits", "--json"]).await);
+    let rates = reply["rates"].as_array().expect("rates listed");
+    assert_eq!(rates.len(), 1, "{reply}");
+    let key = &rates[0];
+    assert_eq!(key["key"], "rll.partner-api", "{key}");
+    assert_eq!(key["declared"], json!({"limit": 1, "period_ms": 3_600_000, "burst": 2}), "{key}");
+    assert_eq!(key["available"], 0, "{key}");
+    // Two starts an hour apart in a burst of two: the next one is an hour after the first.
+    let next: DateTime<Utc> = key["next_start"].as_str().expect("next start").parse().expect("an instant");
+    let hour = chrono::TimeDelta::hours(1);
+    assert!(next > listed + hour - chrono::TimeDelta::minutes(1) && next <= listed + hour, "{key}");
+    assert!(key["throttled_since"].is_string(), "the third run began an episode: {key}");
+    let table = String::from_utf8_lossy(&jetsched(&url, &["limits"]).await.stdout).into_owned();
+    let line = table.lines().find(|l| l.starts_with("rll.partner-api")).unwrap_or_else(|| panic!("{table}"));
+    let columns: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(columns[1..4], ["1/1h", "2", "0"], "{table}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,13 +22,7 @@ impl Core {
                     if entry.delta == 0
                         && let Some(took) = self.follow.finish_load()
                     {
-                        self.mark_loaded();
-                        self.report.metrics.load_seconds.observe(took.as_secs_f64());
-                        tracing::info!(
-                            tasks = self.tasks.len(),
-                            elapsed_ms = took.as_millis() as u64,
-                            "tasks loaded"
-                        );
+                        self.loaded(took);
                     }
                 }
                 Err(error) => {
@@ -57,9 +51,18 @@ impl Core {
 
     /// A tasks feed being opened is open (or failed, tried again later).
     pub(super) fn on_opened(&mut self, opened: Opened) {
-        if self.follow.opened(opened) && self.follow.finish_load().is_some() {
-            self.mark_loaded();
+        if self.follow.opened(opened)
+            && let Some(took) = self.follow.finish_load()
+        {
+            self.loaded(took);
         }
+    }
+
+    /// Every task stored when the watch opened has been read (none, for an empty bucket).
+    fn loaded(&mut self, took: std::time::Duration) {
+        self.mark_loaded();
+        self.report.metrics.load_seconds.observe(took.as_secs_f64());
+        tracing::info!(tasks = self.tasks.len(), elapsed_ms = took.as_millis() as u64, "tasks loaded");
     }
 
     fn apply(&mut self, change: Change) {

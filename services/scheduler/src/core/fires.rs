@@ -17,7 +17,7 @@ use crate::calendars::Fate;
 use crate::catchup::SkipReason;
 use crate::fire::Fire;
 use crate::flush::{Flushed, Step};
-use crate::overlap::{self, Admission, Checked, Decision, Prior};
+use crate::overlap::{self, Admission, Checked, Decision, Prior, Queued, Room};
 use crate::spans::{self, FireFacts};
 use crate::tasks::from_ms;
 use crate::timer::DenseKey;
@@ -270,28 +270,62 @@ impl Core {
 
     /// Whether `fire` may be published now. A fire of a gated task whose previous scheduled
     /// run may still be going is held for a check (its decision comes back as
-    /// an overlap event), or skipped when another fire of the task already waits.
+    /// an overlap event), or skipped when another fire of the task already waits; under
+    /// `cancel_other` and `replace` it takes the waiting fire's place instead (that one is
+    /// skipped, reason `replaced`) and the previous run is cancelled as the policy says.
     fn admit(&mut self, fire: Fire) -> bool {
         let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return true };
         let policy = slot.info.overlap;
-        match self.overlap.admit(fire, policy, slot.done_ms) {
+        let admission = self.overlap.admit(fire, policy, slot.done_ms);
+        if let Some(replaced) = self.overlap.take_replaced() {
+            self.skip(&replaced, SkipReason::Replaced);
+        }
+        let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return true };
+        match admission {
             Admission::Publish => true,
             Admission::Skip => {
-                self.skip_overlapping(&fire);
+                self.skip(&fire, SkipReason::Overlap);
                 false
             }
             Admission::Check(prior_ms, previous) => {
+                let info = &slot.info;
                 let prior = Prior {
-                    execution_id: scheduled_execution_id(
-                        slot.info.namespace(),
-                        slot.info.task_id(),
-                        prior_ms,
-                    ),
+                    execution_id: scheduled_execution_id(info.namespace(), info.task_id(), prior_ms),
                     previous,
                     age: overlap::age(prior_ms, self.time.now_ms()),
                     ttl: self.nats.runs_ttl,
                 };
-                self.overlap.check(fire, policy, prior, self.nats.runs.clone());
+                if overlap::newest_wins(policy) {
+                    let room = Room {
+                        runs: self.nats.runs.clone(),
+                        cancels: self.nats.cancels.clone(),
+                        events: self.report.events.clone(),
+                        policy,
+                        prior,
+                        prior_ms,
+                        namespace: info.namespace().to_string(),
+                        task_id: info.task_id().to_string(),
+                        queue: info.queue.to_string(),
+                        fire_ms: fire.nominal_ms,
+                        fire_execution: scheduled_execution_id(
+                            info.namespace(),
+                            info.task_id(),
+                            fire.nominal_ms,
+                        ),
+                        queued: Queued {
+                            stream: self.nats.dispatches.clone(),
+                            subject: self.nats.names.lane_subject(
+                                &info.queue,
+                                info.priority,
+                                info.namespace(),
+                                info.task_id(),
+                            ),
+                        },
+                    };
+                    self.overlap.make_room(fire, room);
+                } else {
+                    self.overlap.check(fire, policy, prior, self.nats.runs.clone());
+                }
                 false
             }
         }
@@ -301,15 +335,15 @@ impl Core {
         let fire = checked.0;
         match self.overlap.decided(checked) {
             Some(Decision::Dispatch) => self.pipeline.push_front(fire),
-            Some(Decision::Skip) => self.skip_overlapping(&fire),
+            Some(Decision::Skip) => self.skip(&fire, SkipReason::Overlap),
             None => {}
         }
     }
 
-    /// `fire.skipped` (reason overlap) and the fire state advances past the fire.
-    fn skip_overlapping(&mut self, fire: &Fire) {
+    /// `fire.skipped` (reason `overlap` or `replaced`) and the fire state advances past the fire.
+    fn skip(&mut self, fire: &Fire, reason: SkipReason) {
         let Some(slot) = self.tasks.get_live(fire.idx, fire.generation) else { return };
-        let reason = SkipReason::Overlap.as_str();
+        let reason = reason.as_str();
         self.report.metrics.skipped.with_label_values(&[reason]).inc();
         let info = &slot.info;
         spans::skipped(info.namespace(), info.task_id(), fire.nominal_ms, reason, self.takeover.term());

@@ -1,5 +1,6 @@
-//! The overlap rules (`allow`, `skip`, `buffer_one`): whether a task's previous scheduled run
-//! is still going, from its run record in `JETSCHED_RUNS`, and what happens to the new fire.
+//! The overlap rules (`allow`, `skip`, `buffer_one`, `cancel_other`, `replace`): whether a
+//! task's previous scheduled run is still going, from its run record in `JETSCHED_RUNS`, what
+//! happens to the new fire, and what is done to the previous run to make room for it.
 //!
 //! The decisions are pure (record, absence, age and policy in; decision out); the two reads
 //! ([`is_going`] and [`wait_idle`]) run outside the scheduler's loop, which gets their result
@@ -67,12 +68,54 @@ pub(crate) fn gated(policy: OverlapPolicy) -> bool {
 }
 
 /// A fire of a gated task arrives: `waiting` = another fire of the task is being checked or
-/// buffered, `known` = a previous scheduled execution is known.
+/// buffered, `known` = a previous scheduled execution is known. (Under a policy where the
+/// newest fire wins, [`newest_wins`], the waiting fire gives way instead of the new one.)
 pub(crate) fn arrive(waiting: bool, known: bool) -> Arrival {
     match (waiting, known) {
         (true, _) => Arrival::Skip,
         (false, false) => Arrival::Dispatch,
         (false, true) => Arrival::Check,
+    }
+}
+
+/// Whether a new fire takes the place of the fire waiting (`cancel_other`, `replace`), rather
+/// than being skipped itself (`skip`, `buffer_one`).
+pub(crate) fn newest_wins(policy: OverlapPolicy) -> bool {
+    matches!(policy, OverlapPolicy::CancelOther | OverlapPolicy::Replace)
+}
+
+/// What a check under `cancel_other` or `replace` does next about the previous run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Nothing of it is going (ended, or never known to be dispatched): the new fire goes.
+    Dispatch,
+    /// It has not started (queued without a record, or held), or under `cancel_other` waits
+    /// for a retry: settle its record `cancelled` by compare-and-set, so it never starts.
+    Settle,
+    /// It is running and the policy is `cancel_other`: mark it cancelled for its worker to
+    /// stop it, then wait for its record to be final.
+    Stop,
+    /// It is running (or, under `replace`, waits for a retry): wait for its record to be final.
+    Wait,
+}
+
+/// The next step of a check under `policy` (`cancel_other` or `replace`), from the previous
+/// run's record status (`None`: no record) as [`going`] reads a missing one.
+pub(crate) fn step(
+    policy: OverlapPolicy,
+    record: Option<RunStatus>,
+    previous: Previous,
+    age: Duration,
+    ttl: Duration,
+) -> Step {
+    let cancel_other = policy == OverlapPolicy::CancelOther;
+    match record {
+        Some(status) if status.is_final() => Step::Dispatch,
+        None if !going(None, previous, age, ttl) => Step::Dispatch,
+        None | Some(RunStatus::Held) => Step::Settle,
+        Some(RunStatus::Retrying) if cancel_other => Step::Settle,
+        Some(_) if cancel_other => Step::Stop,
+        Some(_) => Step::Wait,
     }
 }
 
@@ -105,7 +148,7 @@ pub(crate) fn status_of(entry: &Entry) -> anyhow::Result<Option<RunStatus>> {
     }
 }
 
-async fn read_status(runs: &kv::Store, execution_id: &str) -> anyhow::Result<Option<RunStatus>> {
+pub(crate) async fn read_status(runs: &kv::Store, execution_id: &str) -> anyhow::Result<Option<RunStatus>> {
     match runs.entry(execution_id).await.context("read run record")? {
         Some(entry) => status_of(&entry),
         None => Ok(None),
@@ -206,10 +249,62 @@ mod tests {
     }
 
     #[test]
+    fn cancel_other_stops_what_is_going_and_replace_only_what_has_not_started() {
+        use OverlapPolicy::{CancelOther, Replace};
+        use Previous::{Dispatched, Inherited};
+        use RunStatus::*;
+        let cases = [
+            // Ended: the new fire goes at once, whatever the policy.
+            (CancelOther, Some(Succeeded), Dispatched, Step::Dispatch),
+            (Replace, Some(Cancelled), Dispatched, Step::Dispatch),
+            (Replace, Some(Dead), Inherited, Step::Dispatch),
+            (CancelOther, Some(Skipped), Inherited, Step::Dispatch),
+            // Not started: both settle it cancelled.
+            (CancelOther, None, Dispatched, Step::Settle),
+            (Replace, None, Dispatched, Step::Settle),
+            (CancelOther, Some(Held), Inherited, Step::Settle),
+            (Replace, Some(Held), Dispatched, Step::Settle),
+            // Never known to be dispatched (it may have been skipped): nothing to cancel.
+            (CancelOther, None, Inherited, Step::Dispatch),
+            (Replace, None, Inherited, Step::Dispatch),
+            // Started: cancel_other stops it (a retry waiting is settled), replace waits.
+            (CancelOther, Some(Running), Dispatched, Step::Stop),
+            (CancelOther, Some(Retrying), Dispatched, Step::Settle),
+            (Replace, Some(Running), Dispatched, Step::Wait),
+            (Replace, Some(Retrying), Inherited, Step::Wait),
+        ];
+        for (policy, record, previous, expected) in cases {
+            assert_eq!(
+                step(policy, record, previous, SECOND, TTL),
+                expected,
+                "{policy:?} {record:?} {previous:?}"
+            );
+        }
+        // A record that may have expired is not a run waiting.
+        assert_eq!(step(Replace, None, Dispatched, TTL + SECOND, TTL), Step::Dispatch);
+    }
+
+    #[test]
+    fn only_cancel_other_and_replace_let_the_newest_fire_wait() {
+        let wins = [
+            (OverlapPolicy::Allow, false),
+            (OverlapPolicy::Skip, false),
+            (OverlapPolicy::BufferOne, false),
+            (OverlapPolicy::CancelOther, true),
+            (OverlapPolicy::Replace, true),
+        ];
+        for (policy, expected) in wins {
+            assert_eq!(newest_wins(policy), expected, "{policy:?}");
+        }
+    }
+
+    #[test]
     fn only_allow_is_ungated() {
         assert!(!gated(OverlapPolicy::Allow));
         assert!(gated(OverlapPolicy::Skip));
         assert!(gated(OverlapPolicy::BufferOne));
+        assert!(gated(OverlapPolicy::CancelOther));
+        assert!(gated(OverlapPolicy::Replace));
     }
 
     #[test]

@@ -124,26 +124,18 @@ impl Delivery<'_> {
         parts.answers.send(message, AckKind::Ack).await;
     }
 
-    /// Frees the slot this delivery holds, if any, and hands it over (logged and counted when
-    /// it fails: the lease frees it then).
-    pub(super) async fn free_slot(&mut self) {
+    /// Frees the slot this delivery holds, if any, and hands it over, without holding the
+    /// worker permit for the write ([`crate::limits::Limits::free`]).
+    pub(super) fn free_slot(&mut self) {
         let Some(key) = self.slot.take() else { return };
-        let parts = self.parts;
-        let released = parts.limits.release(&key, &self.dispatch.execution_id, self.received.sequence).await;
-        if let Err(error) = released {
-            parts.metrics.errors.with_label_values(&["limit"]).inc();
-            tracing::warn!(
-                error = format!("{error:#}"),
-                key,
-                "cannot free the concurrency slot; its lease will"
-            );
-        }
+        let execution_id = self.dispatch.execution_id.clone();
+        self.parts.limits.free(key, execution_id, self.received.sequence);
     }
 
     /// A delivery that ends before asking for a slot (cancelled, its task paused, its breaker
     /// open) gives back a slot handed over to it, so the next waiting run need not wait for the
     /// reservation's lease. Costs nothing when the run holds none (the watched record says so).
-    pub(super) async fn give_back_reservation(&mut self) {
+    pub(super) fn give_back_reservation(&mut self) {
         let dispatch = self.dispatch;
         let Some(concurrency) = &dispatch.spec.concurrency else { return };
         let Ok(key) = concurrency.expand(&dispatch.namespace, &dispatch.task_id, &dispatch.spec.labels)
@@ -151,7 +143,7 @@ impl Delivery<'_> {
             return;
         };
         self.slot = Some(concurrency_key(&dispatch.namespace, &key));
-        self.free_slot().await;
+        self.free_slot();
     }
 
     /// Dead-letters a run whose concurrency key does not expand (a spec stored before its rule):

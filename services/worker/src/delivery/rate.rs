@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_nats::jetstream::AckKind;
 use chrono::{DateTime, Utc};
 use jetsched_shared::names::{Names, breaker_reason};
-use jetsched_shared::wire::{EventKind, format_rate_start};
+use jetsched_shared::wire::{EventKind, RateDeclared, format_rate_start};
 
 use super::shortcut::RETRY_DELAY;
 use super::state::Delivery;
@@ -49,8 +49,10 @@ impl Delivery<'_> {
             Some((attempt, start)) if attempt == self.attempt => start,
             _ => {
                 let gcra = Gcra::new(rate.interval_us(), rate.burst);
+                let period_ms = u64::try_from(rate.period.as_millis()).unwrap_or(u64::MAX);
+                let declared = RateDeclared { limit: rate.limit, period_ms, burst: rate.burst };
                 let about = self.event(EventKind::LimitThrottled, self.attempt);
-                match parts.rates.admit(&key, gcra, rate.on_limit, about).await {
+                match parts.rates.admit(&key, gcra, declared, rate.on_limit, about).await {
                     Ok(Decision::Start(start)) => start,
                     Ok(Decision::Skip) => {
                         spans::outcome("rate_limited");

@@ -106,15 +106,16 @@ impl Limits {
         missing
     }
 
-    /// Called by a run once it is parked: when its entry is gone from the key (a hand-over
-    /// looked for its parked message before it was stored, and gave the slot back), it wakes
-    /// itself, so it asks again at once instead of waiting to come back by itself.
+    /// Called by a run once it is parked: unless it still waits on the key, it wakes itself, so
+    /// it asks again at once instead of waiting to come back by itself. Its entry is gone when
+    /// a hand-over looked for its parked message before it was stored and gave the slot back;
+    /// and a slot reserved for it may be given back just after this read, by a hand-over whose
+    /// last look came before the message was stored. A hand-over's wake and this one publish
+    /// the same copy (one message id), so the run comes back once.
     pub(crate) async fn parked(&self, key: &str, execution_id: &str, subject: &str) -> anyhow::Result<()> {
         let current = self.read(key).await?;
-        let record = &current.record;
-        let listed = record.holders.contains_key(execution_id)
-            || record.waiters.iter().any(|w| w.execution_id == execution_id);
-        if !listed && self.wake(subject, execution_id).await? {
+        let waiting = current.record.waiters.iter().any(|w| w.execution_id == execution_id);
+        if !waiting && self.wake(subject, execution_id).await? {
             tracing::info!(key, execution_id, "a hand-over missed the run while it parked: it asks again");
         }
         Ok(())
