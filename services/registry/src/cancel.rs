@@ -21,7 +21,7 @@ use jetsched_shared::names::Names;
 use jetsched_shared::spec::validate_id;
 use jetsched_shared::wire::{
     CancelMarker, CancelOutcome, CancelReply, CancelRequest, CancelTaskReply, CancelTaskRequest, Dispatch,
-    DispatchDecoder, Event, EventKind, HDR_EXECUTION_ID, RunRecord, RunStatus,
+    DispatchDecoder, Event, HDR_EXECUTION_ID, RunRecord, RunStatus,
 };
 
 use crate::codec::{Detail, Empty, decode, encode};
@@ -300,15 +300,7 @@ impl CancelApi {
 
     /// `run.cancelled` about a run the registry cancelled before it started.
     async fn tell(&self, record: &RunRecord, reason: &str) {
-        let event = Event {
-            execution_id: Some(record.execution_id.clone()),
-            nominal_time: Some(record.nominal_time),
-            trigger: Some(record.trigger),
-            reason: Some(reason.to_string()),
-            trace_id: record.trace_id.clone(),
-            ..Event::new(EventKind::RunCancelled, &record.namespace, &record.task_id)
-        };
-        self.events.emit(event).await;
+        self.events.emit(Event::run_cancelled(record, reason)).await;
     }
 
     /// The run `execution_id` of `namespace` waiting in the dispatch stream: held by its

@@ -245,6 +245,19 @@ pub struct BackfillSummary {
 }
 
 impl Event {
+    /// `run.cancelled` about a run cancelled before it started, told by whoever settled its
+    /// record (the registry's cancel, or the scheduler's overlap policy).
+    pub fn run_cancelled(record: &super::RunRecord, reason: &str) -> Event {
+        Event {
+            execution_id: Some(record.execution_id.clone()),
+            nominal_time: Some(record.nominal_time),
+            trigger: Some(record.trigger),
+            reason: Some(reason.to_string()),
+            trace_id: record.trace_id.clone(),
+            ..Event::new(EventKind::RunCancelled, &record.namespace, &record.task_id)
+        }
+    }
+
     /// An event with only the mandatory fields set; fill the rest with struct update syntax.
     pub fn new(kind: EventKind, namespace: impl Into<String>, task_id: impl Into<String>) -> Event {
         Event {

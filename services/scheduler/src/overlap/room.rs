@@ -39,7 +39,7 @@ use jetsched_shared::events::EventSink;
 use jetsched_shared::spec::OverlapPolicy;
 use jetsched_shared::trace;
 use jetsched_shared::wire::{
-    CancelMarker, Event, EventKind, HDR_EXECUTION_ID, RunRecord, RunStatus, Trigger, format_time,
+    CancelMarker, Event, HDR_EXECUTION_ID, RunRecord, RunStatus, Trigger, format_time,
 };
 
 use super::rules::{self, Previous, Prior, Step};
@@ -252,15 +252,7 @@ impl Room {
 
     /// `run.cancelled` about a run cancelled before it started.
     async fn tell(&self, record: &RunRecord, reason: &str) {
-        let event = Event {
-            execution_id: Some(record.execution_id.clone()),
-            nominal_time: Some(record.nominal_time),
-            trigger: Some(record.trigger),
-            reason: Some(reason.to_string()),
-            trace_id: record.trace_id.clone(),
-            ..Event::new(EventKind::RunCancelled, &record.namespace, &record.task_id)
-        };
-        self.events.emit(event).await;
+        self.events.emit(Event::run_cancelled(record, reason)).await;
     }
 }
 
