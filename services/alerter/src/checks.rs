@@ -61,7 +61,7 @@ impl Checks {
             // Every probe below would only wait out its timeout.
             return Seen { at, unavailable, depths: None, dlq: None, limit_waits: None };
         }
-        let depths = match queue_depths(js, names).await {
+        let depths = match within(queue_depths(js, names)).await {
             Ok(depths) => {
                 for (queue, depth) in &depths {
                     self.metrics.queue_depth.with_label_values(&[queue]).set(gauge(*depth));
@@ -76,7 +76,7 @@ impl Checks {
         };
         // Boxed: the bucket's watch makes a large future, and the check runs inline in the
         // alerter's loop.
-        let limit_waits = match Box::pin(limit_waits(js, names, at)).await {
+        let limit_waits = match within(Box::pin(limit_waits(js, names, at))).await {
             Ok(waits) => Some(waits),
             Err(error) => {
                 self.metrics.errors.with_label_values(&["limit_waits"]).inc();
@@ -84,7 +84,7 @@ impl Checks {
                 None
             }
         };
-        let dlq = match dlq_state(js, names).await {
+        let dlq = match within(dlq_state(js, names)).await {
             Ok(dlq) => {
                 self.metrics.dlq_depth.set(gauge(dlq.messages));
                 self.metrics.dlq_bytes.set(gauge(dlq.bytes));
@@ -99,6 +99,15 @@ impl Checks {
         };
         Seen { at, unavailable, depths, dlq, limit_waits }
     }
+}
+
+/// A probe bounded like the check's first question: a server that goes away during a check
+/// costs each remaining probe [`ANSWER_WITHIN`], not a request timeout per request it makes,
+/// so the next check finds it gone soon.
+async fn within<T>(probe: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::time::timeout(ANSWER_WITHIN, probe)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {ANSWER_WITHIN:?}"))?
 }
 
 fn gauge(value: u64) -> i64 {
@@ -153,9 +162,7 @@ async fn limit_waits(
         });
     });
     // The watch ends with this read: each check reads the bucket afresh.
-    tokio::time::timeout(ANSWER_WITHIN, load)
-        .await
-        .map_err(|_| anyhow::anyhow!("no answer within {ANSWER_WITHIN:?}"))??;
+    load.await?;
     if undecodable > 0 {
         tracing::warn!(bucket, undecodable, "limit records that do not decode are not checked");
     }
