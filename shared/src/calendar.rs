@@ -14,10 +14,12 @@
 //! fires a schedule makes under its rules, a fire shifted onto one already made running once.
 
 mod rules;
+mod runs;
 #[cfg(test)]
 mod tests;
 
 pub use self::rules::{CalendarRef, CalendarRule, Decision, Planned, decide, plan, schedule_zone};
+pub use self::runs::{Fate, Fires, MAX_COUNTED_FIRES, fate_of};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -370,6 +372,31 @@ impl Calendars {
     /// Calendars naming `name` as a base (deleting `name` is refused while there are any).
     pub fn based_on(&self, name: &str) -> Vec<String> {
         self.0.values().filter(|c| c.base.iter().any(|b| b == name)).map(|c| c.name.clone()).collect()
+    }
+
+    /// The calendars of `namespace` named in `names` and their bases, as stored in the
+    /// calendars bucket (one missing, or stored unreadable, is left out: it refuses nothing).
+    pub async fn stored<'a>(
+        bucket: &async_nats::jetstream::kv::Store,
+        namespace: &str,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> anyhow::Result<Calendars> {
+        let mut wanted: Vec<String> = names.into_iter().map(str::to_owned).collect();
+        let mut found = Calendars::default();
+        let mut seen = BTreeSet::new();
+        while let Some(name) = wanted.pop() {
+            if !seen.insert(name.clone()) {
+                continue;
+            }
+            let key = crate::names::calendar_key(namespace, &name);
+            let entry = bucket.entry(&key).await?;
+            let Some(entry) = crate::cas::live(entry) else { continue };
+            let Ok(value) = serde_json::from_slice(&entry.value) else { continue };
+            let Ok(calendar) = Calendar::parse_value(&value) else { continue };
+            wanted.extend(calendar.base.iter().cloned());
+            found.insert(calendar);
+        }
+        Ok(found)
     }
 
     /// Why `instant` is not business time by `name` and its bases (the first refusing calendar,

@@ -283,6 +283,49 @@ impl TaskSpec {
         Window::new(&self.schedule, self.start_at, self.end_at, self.max_runs)
     }
 
+    /// The window under the task's business calendars (`calendars`: its namespace's): with
+    /// `max_runs`, the fires its calendars skip, shift out of the bounds or merge into another
+    /// do not count, as the scheduler counts them. Without calendars, [`window`](Self::window).
+    pub fn window_with(&self, calendars: &crate::calendar::Calendars) -> Window {
+        match self.fires(calendars) {
+            Some(fires) if self.max_runs.is_some() => {
+                Window::counted_by(&self.schedule, self.start_at, self.end_at, self.max_runs, |_, n| {
+                    fires.nth_run(n)
+                })
+            }
+            _ => self.window(),
+        }
+    }
+
+    /// How many of the task's `max_runs` fires are left after `cursor` (the last fire made),
+    /// under its business calendars; `None` without `max_runs`.
+    pub fn remaining_runs_with(
+        &self,
+        calendars: &crate::calendar::Calendars,
+        cursor: Option<DateTime<Utc>>,
+    ) -> Option<u32> {
+        let window = self.window_with(calendars);
+        match self.fires(calendars) {
+            Some(fires) => window.remaining_runs_of(fires.own_runs(), cursor),
+            None => window.remaining_runs(&self.schedule, cursor),
+        }
+    }
+
+    /// The task's fires under its calendars, when it names some and has a `start_at`.
+    fn fires<'a>(&'a self, calendars: &'a crate::calendar::Calendars) -> Option<crate::calendar::Fires<'a>> {
+        if self.calendars.is_empty() {
+            return None;
+        }
+        Some(crate::calendar::Fires {
+            schedule: &self.schedule,
+            zone: crate::calendar::schedule_zone(&self.schedule),
+            refs: &self.calendars,
+            calendars,
+            start: self.start_at?,
+            end_at: self.end_at,
+        })
+    }
+
     /// The task's key in storage and subjects: `<namespace>.<id>`.
     pub fn key(&self) -> String {
         format!("{}.{}", self.namespace, self.id)

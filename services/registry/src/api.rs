@@ -2,15 +2,10 @@
 //! namespace): a request decoded by the [`codec`](crate::codec) and carried out against the
 //! task store.
 
-use std::collections::BTreeSet;
-
 use async_nats::Message;
-use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
-use jetsched_shared::calendar::{Calendar, Calendars, Decision, Refusal, decide};
-use jetsched_shared::cas;
-use jetsched_shared::names::calendar_key;
+use jetsched_shared::calendar::{Calendars, Decision, Refusal, decide};
 use jetsched_shared::schedule::Schedule;
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{self, NextReply};
@@ -70,31 +65,13 @@ async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec<u8>, Failu
                 NextSource::Inline(spec) => *spec,
                 NextSource::Stored(task) => store.get(&task.namespace, &task.id).await?.task,
             };
-            let calendars = calendars_of(store.calendars(), &spec).await?;
+            let names = spec.calendars.iter().map(|c| c.name.as_str());
+            let calendars = Calendars::stored(store.calendars(), &spec.namespace, names)
+                .await
+                .map_err(|e| Failure::unavailable("read calendars bucket", e))?;
             encode(&preview(&spec, count, after, &calendars))
         }
     }
-}
-
-/// The calendars `spec` names and their bases, as stored (those missing are left out: they
-/// refuse nothing).
-async fn calendars_of(bucket: &kv::Store, spec: &TaskSpec) -> Result<Calendars, Failure> {
-    let mut wanted: Vec<String> = spec.calendars.iter().map(|c| c.name.clone()).collect();
-    let mut found = Calendars::default();
-    let mut seen = BTreeSet::new();
-    while let Some(name) = wanted.pop() {
-        if !seen.insert(name.clone()) {
-            continue;
-        }
-        let key = calendar_key(&spec.namespace, &name);
-        let entry = bucket.entry(&key).await.map_err(|e| Failure::unavailable("read calendars bucket", e))?;
-        let Some(entry) = cas::live(entry) else { continue };
-        let Ok(value) = serde_json::from_slice(&entry.value) else { continue };
-        let Ok(calendar) = Calendar::parse_value(&value) else { continue };
-        wanted.extend(calendar.base.iter().cloned());
-        found.insert(calendar);
-    }
-    Ok(found)
 }
 
 /// What the task's calendars do with each of `times` (in order: a fire shifted onto one made
@@ -133,7 +110,7 @@ fn notes(spec: &TaskSpec, times: &[DateTime<Utc>], tz: Tz, calendars: &Calendars
 
 /// The next `count` fires of a spec after `after`, in UTC and on the zone's wall clock.
 fn preview(spec: &TaskSpec, count: usize, after: DateTime<Utc>, calendars: &Calendars) -> NextReply {
-    let window = spec.window();
+    let window = spec.window_with(calendars);
     let mut times = Vec::with_capacity(count.min(1024));
     let mut cursor = after;
     while times.len() < count {

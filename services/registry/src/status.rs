@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use jetsched_shared::calendar::Calendars;
 use jetsched_shared::direct_batch::latest_values;
 use jetsched_shared::names::{Names, task_key};
 use jetsched_shared::schedule::Schedule;
@@ -39,6 +40,7 @@ async fn latest(
 pub(crate) async fn fill(
     client: &async_nats::Client,
     names: &Names,
+    calendars_bucket: &async_nats::jetstream::kv::Store,
     tasks: &mut [TaskReply],
 ) -> Result<(), Failure> {
     let now = chrono::Utc::now();
@@ -65,7 +67,19 @@ pub(crate) async fn fill(
     };
     for ((reply, fire), recent) in tasks.iter_mut().zip(fires).zip(recent) {
         let spec = &reply.task;
-        let window = spec.window();
+        // A count (`max_runs`) leaves out the fires the task's calendars keep from running.
+        let calendars = if spec.max_runs.is_some() && !spec.calendars.is_empty() {
+            Calendars::stored(
+                calendars_bucket,
+                &spec.namespace,
+                spec.calendars.iter().map(|c| c.name.as_str()),
+            )
+            .await
+            .map_err(|e| Failure::unavailable("read calendars bucket", e))?
+        } else {
+            Calendars::default()
+        };
+        let window = spec.window_with(&calendars);
         let last_fire = window.last_fire(&spec.schedule);
         let recorded = fire.as_ref().map(|f| f.last_nominal_fire);
         // Nothing left to fire: past the last fire, or no fire of the window remains after
@@ -95,7 +109,7 @@ pub(crate) async fn fill(
             recent_runs: ended.len() as u32,
             recent_succeeded: ended.iter().filter(|s| **s == RunStatus::Succeeded).count() as u32,
             fires: fire.as_ref().map_or(0, |f| f.fires),
-            remaining_runs: window.remaining_runs(&spec.schedule, recorded),
+            remaining_runs: spec.remaining_runs_with(&calendars, recorded),
             ends_by: window.ends_by.map(|reason| reason.as_str().to_string()),
         });
     }

@@ -341,7 +341,7 @@ impl TaskStore {
 
     /// Sets each task's status (state, fires, recent outcomes) in a few batched reads.
     pub async fn fill_status(&self, tasks: &mut [TaskReply]) -> Result<(), Failure> {
-        crate::status::fill(&self.js.client(), &self.names, tasks).await
+        crate::status::fill(&self.js.client(), &self.names, &self.calendars, tasks).await
     }
 
     /// Lists tasks in key order, filtered by namespace and labels, one page at a time.

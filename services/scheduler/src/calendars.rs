@@ -8,15 +8,22 @@
 //! namespace naming a calendar (`Core::on_calendar`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
-use jetsched_shared::calendar::{Calendar, Calendars, Decision, Refusal, decide, schedule_zone};
+use jetsched_shared::calendar::{
+    Calendar, Calendars, Decision, Fires, MAX_SHIFT_DAYS, Refusal, decide, schedule_zone,
+};
 use jetsched_shared::schedule::EndReason;
+use tokio::sync::watch;
 
 use crate::tasks::{TaskInfo, from_ms};
+
+/// The nominal fires [`CalendarBook::first_shifted_ahead`] looks at, at most.
+const AHEAD_SCAN: usize = 100_000;
 
 /// What happens to a task's next nominal fire.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,16 +101,46 @@ impl CalendarFeed {
     }
 }
 
+/// Every namespace's calendars, as parts of the service beside the loop (the backfill driver)
+/// see them: a copy replaced after each change.
+pub(crate) type CalendarView = watch::Receiver<Arc<HashMap<String, Calendars>>>;
+
 /// Every namespace's calendars.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct CalendarBook {
     by_namespace: HashMap<String, Calendars>,
     empty: Calendars,
+    /// The copy [`CalendarView`]s see, replaced after each change once one is taken.
+    shared: watch::Sender<Arc<HashMap<String, Calendars>>>,
+}
+
+impl Default for CalendarBook {
+    fn default() -> CalendarBook {
+        CalendarBook {
+            by_namespace: HashMap::new(),
+            empty: Calendars::default(),
+            shared: watch::Sender::new(Arc::default()),
+        }
+    }
 }
 
 impl CalendarBook {
+    /// A view of every namespace's calendars that follows this book's changes.
+    pub(crate) fn view(&self) -> CalendarView {
+        self.shared.send_replace(Arc::new(self.by_namespace.clone()));
+        self.shared.subscribe()
+    }
+
     /// Applies one entry of the calendars bucket; the namespace it changed, if any.
     pub(crate) fn apply(&mut self, entry: &kv::Entry) -> Option<String> {
+        let changed = self.apply_entry(entry);
+        if changed.is_some() && self.shared.receiver_count() > 0 {
+            self.shared.send_replace(Arc::new(self.by_namespace.clone()));
+        }
+        changed
+    }
+
+    fn apply_entry(&mut self, entry: &kv::Entry) -> Option<String> {
         let (namespace, name) = entry.key.split_once('.')?;
         let calendars = self.by_namespace.entry(namespace.to_string()).or_default();
         match entry.operation {
@@ -168,6 +205,28 @@ impl CalendarBook {
         Fate::Due { due_ms, shifted: None }
     }
 
+    /// The first nominal fire of `info` in `(floor_ms, now_ms]` that its calendars shift to
+    /// a time after `now_ms`, if any. Only the last [`MAX_SHIFT_DAYS`] days before `now_ms` are
+    /// looked at (no shift moves a fire further), at most [`AHEAD_SCAN`] fires.
+    pub(crate) fn first_shifted_ahead(&self, info: &TaskInfo, floor_ms: i64, now_ms: i64) -> Option<i64> {
+        if info.calendars().is_empty() {
+            return None;
+        }
+        let reach_ms = i64::try_from(MAX_SHIFT_DAYS).ok()?.saturating_add(1).saturating_mul(86_400_000);
+        let mut previous = floor_ms.max(now_ms.saturating_sub(reach_ms));
+        let bounds = info.bounds();
+        for _ in 0..AHEAD_SCAN {
+            let nominal = bounds.next_after(&info.schedule, previous).filter(|&next| next <= now_ms)?;
+            if let Fate::Due { due_ms, .. } = self.fate(info, previous, nominal)
+                && due_ms > now_ms
+            {
+                return Some(nominal);
+            }
+            previous = nominal;
+        }
+        None
+    }
+
     /// The calendar that moved the fire at `nominal_ms` and where to (for its dispatch event),
     /// if one did.
     pub(crate) fn shift_of(&self, info: &TaskInfo, nominal_ms: i64) -> Option<(Refusal, i64)> {
@@ -191,42 +250,23 @@ impl CalendarBook {
         let bounds = info.bounds();
         let Some(max_runs) = bounds.max_runs else { return };
         let (start_ms, end_at_ms) = (bounds.start_ms, bounds.end_at_ms);
-        let calendars = self.of(info.namespace());
-        let zone = schedule_zone(&info.schedule);
-        let mut end = (end_at_ms, (end_at_ms < i64::MAX).then_some(EndReason::EndAt));
-        let (mut counted, mut last_ms, mut after_ms) = (0u32, i64::MIN, start_ms.saturating_sub(1));
-        for _ in 0..REFIT_MAX_FIRES {
-            let Some(next) = info.schedule.next_after(from_ms(after_ms)) else { break };
-            let next_ms = next.timestamp_millis();
-            if next_ms >= end_at_ms {
-                break;
-            }
-            let runs_at = match decide(info.calendars(), calendars, next, zone) {
-                Decision::Fire => Some(next_ms),
-                Decision::Shift { at, .. } => {
-                    Some(at.timestamp_millis()).filter(|&at| at < end_at_ms && at >= start_ms)
-                }
-                Decision::Skip(_) => None,
-            };
-            if let Some(at) = runs_at.filter(|&at| at > last_ms) {
-                last_ms = at;
-                counted += 1;
-                if counted == max_runs {
-                    end = (next_ms.saturating_add(1), Some(EndReason::MaxRuns));
-                    break;
-                }
-            }
-            after_ms = next_ms;
-        }
+        let fires = Fires {
+            schedule: &info.schedule,
+            zone: schedule_zone(&info.schedule),
+            refs: info.calendars(),
+            calendars: self.of(info.namespace()),
+            start: from_ms(start_ms),
+            end_at: (end_at_ms < i64::MAX).then(|| from_ms(end_at_ms)),
+        };
+        let end = match fires.nth_run(max_runs) {
+            Some(last) => (last.timestamp_millis().saturating_add(1), Some(EndReason::MaxRuns)),
+            None => (end_at_ms, (end_at_ms < i64::MAX).then_some(EndReason::EndAt)),
+        };
         if let Some(bounds) = info.bounds_mut() {
             (bounds.end_ms, bounds.ends_by) = end;
         }
     }
 }
-
-/// The nominal fires [`CalendarBook::refit`] looks at, at most: past them (a calendar refusing
-/// nearly every fire for decades) the window ends at `end_at`, or never.
-const REFIT_MAX_FIRES: usize = 200_000;
 
 #[cfg(test)]
 mod tests {

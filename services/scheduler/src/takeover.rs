@@ -219,15 +219,27 @@ impl Takeover {
     }
 
     /// The fires of a task between its last handled fire (or its registration) and `now_ms`,
-    /// under its misfire policy. A paused task catches up nothing.
-    pub(crate) fn plan(&self, info: &TaskInfo, done_ms: Option<i64>, now_ms: i64) -> catchup::Plan {
+    /// under its misfire policy, all before `before_ms` when given (a fire its calendars shift
+    /// to a time still ahead, and every one after it, is the wheel's, not the catch-up's). A
+    /// paused task catches up nothing.
+    pub(crate) fn plan(
+        &self,
+        info: &TaskInfo,
+        done_ms: Option<i64>,
+        now_ms: i64,
+        before_ms: Option<i64>,
+    ) -> catchup::Plan {
         if info.paused {
             return catchup::Plan::default();
         }
         let floor = done_ms.unwrap_or(info.created_ms).max(info.created_ms);
+        let mut bounds = info.bounds();
+        if let Some(before) = before_ms {
+            bounds.end_ms = bounds.end_ms.min(before);
+        }
         catchup::plan(
             &info.schedule,
-            info.bounds(),
+            bounds,
             info.misfire,
             Duration::from_millis(info.catchup_window_ms),
             from_ms(floor),
@@ -261,7 +273,7 @@ mod tests {
     fn plan_of(done_ms: Option<i64>, misfire: &str, paused: bool, now_ms: i64) -> (Vec<(i64, Trigger)>, u64) {
         let takeover =
             Takeover::new(Campaign::detached(), Limits { threshold: Duration::from_secs(2), max: 100 });
-        let plan = takeover.plan(&info(r#"{"every":"1s"}"#, misfire, paused, 10_000), done_ms, now_ms);
+        let plan = takeover.plan(&info(r#"{"every":"1s"}"#, misfire, paused, 10_000), done_ms, now_ms, None);
         (plan.dispatch, plan.skipped.len() as u64 + plan.skipped_more)
     }
 

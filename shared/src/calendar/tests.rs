@@ -143,6 +143,51 @@ fn a_shift_that_lands_on_the_next_occurrence_runs_once() {
 }
 
 #[test]
+fn one_time_seen_alone_has_the_fate_the_live_schedule_gives_it() {
+    let calendars = Calendars::new([de_holidays()]);
+    let weekdays = cron("0 0 9 * * MON-FRI", "Europe/Berlin");
+    let zone = schedule_zone(&weekdays);
+    let shift = refs(json!([{"name": "de-holidays", "rule": "shift_next_business_day"}]));
+    let fate = |rules: &[CalendarRef], at: &str| fate_of(&weekdays, zone, rules, &calendars, utc(at));
+    assert_eq!(fate(&shift, "2026-12-24T08:00:00Z"), Fate::Runs { shifted: None });
+    let Fate::Runs { shifted: Some((refusal, at)) } = fate(&shift, "2026-12-25T08:00:00Z") else {
+        panic!("Christmas is shifted")
+    };
+    assert_eq!((refusal.date, at), (date("2026-12-25"), utc("2026-12-28T08:00:00Z")));
+    let Fate::Merged { into, .. } = fate(&shift, "2026-12-28T08:00:00Z") else {
+        panic!("Monday's own fire runs with Christmas's")
+    };
+    assert_eq!(into, utc("2026-12-25T08:00:00Z"));
+    let exclude = refs(json!([{"name": "de-holidays", "rule": "exclude"}]));
+    assert!(matches!(fate(&exclude, "2026-12-25T08:00:00Z"), Fate::Skipped(_)));
+    assert_eq!(fate(&exclude, "2026-12-28T08:00:00Z"), Fate::Runs { shifted: None });
+    assert_eq!(fate(&[], "2026-12-25T08:00:00Z"), Fate::Runs { shifted: None }, "no calendars");
+}
+
+#[test]
+fn max_runs_counts_only_the_fires_that_run_on_their_own() {
+    let calendars = Calendars::new([de_holidays()]);
+    let weekdays = cron("0 0 9 * * MON-FRI", "Europe/Berlin");
+    let shift = refs(json!([{"name": "de-holidays", "rule": "shift_next_business_day"}]));
+    let fires = Fires {
+        schedule: &weekdays,
+        zone: schedule_zone(&weekdays),
+        refs: &shift,
+        calendars: &calendars,
+        start: utc("2026-12-24T00:00:00Z"),
+        end_at: None,
+    };
+    // Thu 24th, Fri 25th (runs Mon 28th), Mon 28th (merged), Tue 29th.
+    let own: Vec<_> = fires.own_runs().take(3).collect();
+    assert_eq!(own, [utc("2026-12-24T08:00:00Z"), utc("2026-12-25T08:00:00Z"), utc("2026-12-29T08:00:00Z")]);
+    assert_eq!(fires.nth_run(3), Some(utc("2026-12-29T08:00:00Z")));
+    // Shifted past `end_at`: Christmas does not run, so it does not count.
+    let bounded = Fires { end_at: Some(utc("2026-12-28T00:00:00Z")), ..fires };
+    assert_eq!(bounded.own_runs().collect::<Vec<_>>(), [utc("2026-12-24T08:00:00Z")]);
+    assert_eq!(bounded.nth_run(2), None);
+}
+
+#[test]
 fn shifting_back_skips_the_weekend_and_keeps_the_wall_clock() {
     let calendars = Calendars::new([de_holidays()]);
     let monthly = cron("0 30 7 1 * *", "Europe/Berlin");
@@ -314,6 +359,35 @@ proptest! {
                 last = at;
             }
         }
+    }
+}
+
+proptest! {
+    /// The fires counted towards `max_runs` are exactly the ones a plan runs.
+    #[test]
+    fn counted_fires_are_the_planned_runs(
+        cal in arb_calendar(),
+        start in arb_instant(),
+        hour in 0u32..24,
+        rule in prop_oneof![
+            Just(CalendarRule::Exclude),
+            Just(CalendarRule::ShiftNextBusinessDay),
+            Just(CalendarRule::ShiftPreviousBusinessDay),
+        ],
+    ) {
+        let calendars = Calendars::new([cal]);
+        let rules = [CalendarRef { name: "c".into(), rule }];
+        let daily = cron(&format!("0 15 {hour} * * *"), "Europe/Berlin");
+        let zone = schedule_zone(&daily);
+        let planned: Vec<_> = plan(&daily, zone, &rules, &calendars, start - TimeDelta::milliseconds(1), 60)
+            .into_iter()
+            .filter(|p| p.runs_at().is_some())
+            .map(|p| p.nominal)
+            .collect();
+        let last = daily.upcoming(start - TimeDelta::milliseconds(1), 60).pop().expect("a daily schedule");
+        let fires = Fires { schedule: &daily, zone, refs: &rules, calendars: &calendars, start, end_at: None };
+        let counted: Vec<_> = fires.own_runs().take_while(|at| *at <= last).collect();
+        prop_assert_eq!(counted, planned);
     }
 }
 

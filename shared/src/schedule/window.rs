@@ -60,6 +60,19 @@ impl Window {
         end_at: Option<DateTime<Utc>>,
         max_runs: Option<u32>,
     ) -> Window {
+        Window::counted_by(schedule, start_at, end_at, max_runs, |start, n| nth_fire(schedule, start, n))
+    }
+
+    /// [`new`](Self::new), with the `max_runs`-th fire found by `nth` (given `start_at` and
+    /// `max_runs`): a task's business calendars leave out the fires that do not run on their own
+    /// ([`crate::calendar::Fires::nth_run`]).
+    pub fn counted_by(
+        schedule: &Schedule,
+        start_at: Option<DateTime<Utc>>,
+        end_at: Option<DateTime<Utc>>,
+        max_runs: Option<u32>,
+        nth: impl FnOnce(DateTime<Utc>, u32) -> Option<DateTime<Utc>>,
+    ) -> Window {
         if let Schedule::At(at) = schedule {
             return Window {
                 end: at.checked_add_signed(MS),
@@ -76,7 +89,7 @@ impl Window {
             max_runs,
         };
         if let (Some(n), Some(start)) = (max_runs, start_at)
-            && let Some(nth) = nth_fire(schedule, start, n)
+            && let Some(nth) = nth(start, n)
             && end_at.is_none_or(|end| nth < end)
         {
             window.end = nth.checked_add_signed(MS);
@@ -128,6 +141,23 @@ impl Window {
             cursor = next;
         }
         Some(left)
+    }
+
+    /// [`remaining_runs`](Self::remaining_runs) counted over `runs`, the nominal times that run
+    /// on their own from `start_at` on, in order (under business calendars,
+    /// [`crate::calendar::Fires::own_runs`]).
+    pub fn remaining_runs_of(
+        &self,
+        runs: impl Iterator<Item = DateTime<Utc>>,
+        cursor: Option<DateTime<Utc>>,
+    ) -> Option<u32> {
+        let max = self.max_runs?;
+        let left = runs
+            .take_while(|at| self.end.is_none_or(|end| *at < end))
+            .filter(|at| cursor.is_none_or(|cursor| *at > cursor))
+            .take(max as usize)
+            .count();
+        Some(left as u32)
     }
 }
 

@@ -238,6 +238,46 @@ async fn the_cli_applies_gets_lists_and_removes_a_calendar_and_refuses_a_stale_r
     registry.stop().await;
 }
 
+#[tokio::test]
+async fn a_max_runs_count_leaves_out_the_fires_the_calendars_skip_in_next_and_get() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let url = server.url();
+    let stored = put(&api, &de_holidays("team-c"), HeaderMap::new()).await;
+    assert!(stored.get("error").is_none(), "{stored}");
+    // Daily at 09:00 Berlin from Mon 21 December, five runs, none on a holiday or a weekend:
+    // 21, 22, 23, 24 and 28 December (from the spec alone the fifth would be the 25th).
+    let task = spec("team-c", "report")
+        .cron_in("0 0 9 * * *", "Europe/Berlin")
+        .field("start_at", "2026-12-21T00:00:00Z")
+        .field("max_runs", 5)
+        .field("calendars", json!([{"name": "de-holidays", "rule": "exclude"}]))
+        .json();
+    api.store(&task).await;
+    let next = json_out(
+        &jetsched(&url, &["--json", "next", "team-c/report", "-c", "10", "--after", "2026-12-20T00:00:00Z"])
+            .await,
+    );
+    assert_eq!(
+        (&next["last_fire"], &next["ends_by"]),
+        (&json!("2026-12-28T08:00:00.000Z"), &json!("max_runs")),
+        "{next}"
+    );
+    assert_eq!(next["times"].as_array().map(Vec::len), Some(8), "21 to 28 December: {next}");
+
+    // The scheduler has passed the 25th (skipped): one run is left, and the task is not
+    // completed, though the spec's own fifth fire is behind it.
+    let names = jetsched_shared::names::Names::default();
+    let state = js.get_key_value(names.state_bucket()).await.unwrap();
+    let fire = json!({"last_nominal_fire": "2026-12-25T08:00:00.000Z", "fires": 4, "revision": 1});
+    state
+        .put(jetsched_shared::names::task_key("team-c", "report"), fire.to_string().into_bytes().into())
+        .await
+        .unwrap();
+    let got = json_out(&jetsched(&url, &["--json", "get", "team-c/report"]).await);
+    let status = &got["status"];
+    assert_eq!((&status["remaining_runs"], &status["state"]), (&json!(1), &json!("active")), "{got}");
+}
+
 // ---- the scheduler following calendars ------------------------------------------------------
 
 mod scheduled {
@@ -263,14 +303,21 @@ mod scheduled {
     }
 
     async fn start(with: &WithTopology, at: &str) -> (App, ManualClock) {
+        start_as(with, at, "calendars").await
+    }
+
+    async fn start_as(with: &WithTopology, at: &str, instance: &str) -> (App, ManualClock) {
         let clock = ManualClock::at(ms(at) * 1000);
         let mut config = Config::for_tests(&with.server.url());
-        config.shared.common.instance_id = Some("calendars".to_string());
+        config.shared.common.instance_id = Some(instance.to_string());
         let scheduler = build_with_clock(config, Arc::new(clock.clone())).await.expect("scheduler builds");
         let app = App::spawn("scheduler", scheduler.admin_addr(), |shutdown| scheduler.run(shutdown));
         let leader = with.topology.leader.clone();
         eventually(WAIT, "the scheduler leads", || async {
-            leader.entry(Names::default().leader_key()).await.ok().flatten().is_some()
+            let value = leader.get(Names::default().leader_key()).await.ok().flatten();
+            value
+                .and_then(|v| serde_json::from_slice::<Value>(&v).ok())
+                .is_some_and(|r| r["instance"] == instance)
         })
         .await;
         (app, clock)
@@ -453,6 +500,64 @@ mod scheduled {
             "one run for the shifted fire, under its nominal time"
         );
         scheduler.stop().await;
+    }
+
+    /// A change of leader between a shifted fire's nominal time and the time it runs, and
+    /// another right after it ran: the new leaders plan the shift from the fire state alone, so
+    /// the Friday holiday's fire runs once, on Monday, under Friday's nominal time; the
+    /// weekend's and Monday's own fires stay merged into it, and Tuesday's runs.
+    #[tokio::test]
+    async fn a_shifted_fire_runs_once_across_two_changes_of_leader() {
+        let with = server_with_topology(TopologyArgs::default()).await;
+        let first = NaiveDate::from_ymd_opt(next_year(), 11, 1).expect("1 November");
+        let friday = first + Days::new(u64::from((4 + 7 - first.weekday().num_days_from_monday()) % 7));
+        let day = |n: u64| friday + Days::new(n);
+        put_calendar(
+            &with,
+            json!({"namespace": NS, "name": "bridge-day", "zone": "Europe/Berlin",
+                   "holidays": [friday.to_string()], "working_days": ["mon", "tue", "wed", "thu", "fri"]}),
+        )
+        .await;
+        let task = spec(NS, "ledger")
+            .nats("jobs.ledger")
+            .cron_in("0 0 9 * * *", "Europe/Berlin")
+            .field("calendars", json!([{"name": "bridge-day", "rule": "shift_next_business_day"}]));
+        write_task(&with.topology.tasks, &task).await;
+
+        // The first leader sees Thursday's fire and Friday's nominal time pass; Friday's fire
+        // waits for Monday when it stops.
+        let thursday_date = friday - Days::new(1);
+        let (first_leader, clock) = start_as(&with, &format!("{thursday_date}T06:00:00Z"), "first").await;
+        advance_to(&clock, &noon(thursday_date));
+        dispatch_at(&with, "ledger", &nine_in_berlin(thursday_date)).await;
+        let thursday = ms(&nine_in_berlin(thursday_date));
+        advance_to(&clock, &noon(friday));
+        // Nothing observable says the loop has seen the clock move past Friday's nominal time.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        first_leader.stop().await;
+        assert_eq!(dispatched(&with, "ledger").await, [thursday], "Friday's fire has not run yet");
+
+        // The second leader runs it on Monday, once, and stops right after.
+        let (second_leader, clock) = start_as(&with, &noon(friday), "second").await;
+        advance_to(&clock, &noon(day(3)));
+        dispatch_at(&with, "ledger", &nine_in_berlin(friday)).await;
+        let monday = format!("{}T08:00:00.000Z", day(3));
+        for n in [1, 2, 3] {
+            let merged = skip_at(&with, "ledger", &nine_in_berlin(day(n))).await;
+            assert_eq!(merged["shifted_to"], monday, "{merged}");
+        }
+        second_leader.stop().await;
+
+        // The third goes on from there: Tuesday, and nothing of Friday again.
+        let (third_leader, clock) = start_as(&with, &noon(day(3)), "third").await;
+        advance_to(&clock, &noon(day(4)));
+        dispatch_at(&with, "ledger", &nine_in_berlin(day(4))).await;
+        assert_eq!(
+            dispatched(&with, "ledger").await,
+            [thursday, ms(&nine_in_berlin(friday)), ms(&nine_in_berlin(day(4)))],
+            "the shifted fire once, under its nominal time, across two changes of leader"
+        );
+        third_leader.stop().await;
     }
 
     /// Good Friday and the weekend after it are excluded and do not count towards `max_runs`:

@@ -169,7 +169,12 @@ impl Core {
     /// its cursor to `now`. Returns (dispatched, skipped, missed).
     pub(super) fn catch_up_task(&mut self, idx: u32, now: i64) -> (usize, u64, u64) {
         let Some(slot) = self.tasks.get_mut(idx) else { return (0, 0, 0) };
-        let mut plan = self.takeover.plan(&slot.info, slot.done_ms, now);
+        // A fire whose nominal time has passed but which its calendars shift to a time still
+        // ahead is not late, however old its nominal time: the wheel keeps it (and the fires
+        // after it) for its time, whatever the catch-up window says.
+        let floor = slot.done_ms.unwrap_or(slot.info.created_ms).max(slot.info.created_ms);
+        let shifted_ahead = self.calendars.first_shifted_ahead(&slot.info, floor, now);
+        let mut plan = self.takeover.plan(&slot.info, slot.done_ms, now, shifted_ahead);
         // Missed fires follow the calendars as they would have on time: one they refuse is
         // skipped, one shifted onto a fire made already runs once, as that fire, and one
         // shifted to a time still ahead stays in the wheel for it (dispatched then, with every
@@ -191,6 +196,7 @@ impl Core {
             }
             false
         });
+        let ahead = ahead.or(shifted_ahead);
         if let Some(ahead) = ahead {
             let before = plan.dispatch.iter().map(|&(ms, _)| ms);
             let before = before.chain(refused.iter().map(|&(ms, ..)| ms));
