@@ -40,6 +40,44 @@ pub enum Reprocess {
     All,
 }
 
+/// What a backfill does with a time whose turn comes while a run of the task is going (one
+/// of the backfill's own, or the live schedule's latest run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum BackfillOverlap {
+    /// Dispatched anyway: up to `max_active` of the backfill's runs at once, beside the live
+    /// schedule's.
+    #[default]
+    Allow,
+    /// Skipped (counted in `overlap`): only times whose turn comes while nothing of the task
+    /// runs get a run, one at a time.
+    Skip,
+    /// Waits until nothing of the task runs, then is dispatched: the backfill's runs go one
+    /// after another, nothing skipped.
+    BufferOne,
+}
+
+impl BackfillOverlap {
+    /// Reads the request's `overlap`; the task policies that cancel runs are refused by name.
+    pub fn parse(text: &str) -> Result<BackfillOverlap, ApiError> {
+        match text {
+            "allow" => Ok(BackfillOverlap::Allow),
+            "skip" => Ok(BackfillOverlap::Skip),
+            "buffer_one" => Ok(BackfillOverlap::BufferOne),
+            "cancel_other" | "replace" => Err(ApiError::at(
+                ErrorCode::InvalidValue,
+                "overlap",
+                format!("{text:?} cancels runs, which a backfill never does: use allow, skip or buffer_one"),
+            )),
+            other => Err(ApiError::at(
+                ErrorCode::InvalidValue,
+                "overlap",
+                format!("{other:?} is not an overlap policy for a backfill: use allow, skip or buffer_one"),
+            )),
+        }
+    }
+}
+
 /// How a nominal time relates to a daylight-saving change of the schedule's zone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -68,6 +106,25 @@ pub enum Decision {
     Skip,
     /// A run exists and `--reprocess` asks for another: dispatched with rerun ids.
     Rerun,
+    /// The task's business calendars leave it out: an `exclude` calendar skips it, or it is
+    /// shifted onto the schedule's previous fire and runs once, as that fire
+    /// ([`crate::calendar::fate_of`]).
+    Calendar,
+    /// Its turn came while a run of the task was going, under `overlap: skip`.
+    Overlap,
+}
+
+impl Decision {
+    /// Whether the time is dispatched (a first run or a rerun).
+    pub fn starts_run(self) -> bool {
+        matches!(self, Decision::Dispatch | Decision::Rerun)
+    }
+}
+
+/// Decides one nominal time from its calendars (`left_out`: they keep it from running on its
+/// own) and the status of its existing run (`None`: no record).
+pub fn decide_with(reprocess: Reprocess, left_out: bool, existing: Option<RunStatus>) -> Decision {
+    if left_out { Decision::Calendar } else { decide(reprocess, existing) }
 }
 
 /// Decides one nominal time from the status of its existing run (`None`: no record).

@@ -7,7 +7,7 @@ mod plan;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
-use jetsched_shared::backfill::Reprocess;
+use jetsched_shared::backfill::{BackfillOverlap, Reprocess};
 use jetsched_shared::names::{BACKFILL_CANCEL, BACKFILL_LIST, BACKFILL_START, BACKFILL_STATUS, Names};
 use serde_json::{Value, json};
 
@@ -31,12 +31,18 @@ pub(crate) struct BackfillArgs {
     /// Which times that already have a run run again.
     #[arg(long, value_enum, default_value_t = Reprocess::None)]
     reprocess: Reprocess,
-    /// Runs of this backfill in flight at most (1 to 1000; default 10).
+    /// Runs of this backfill in flight at most (1 to 1000; default 10); 0: no bound (every time
+    /// dispatched at once, the runs wait in the work queue for the workers).
     #[arg(long)]
     max_active: Option<i64>,
     /// Newest time first.
     #[arg(long)]
     backwards: bool,
+    /// What a time does while a run of the task is going: dispatched anyway (`allow`, up to
+    /// --max-active), skipped (`skip`), or dispatched once nothing of the task runs
+    /// (`buffer-one`: one run at a time).
+    #[arg(long, value_enum, default_value_t = BackfillOverlap::Allow)]
+    overlap: BackfillOverlap,
     /// List the times and what would be skipped, with DST gaps and folds marked; dispatch nothing.
     #[arg(long)]
     dry_run: bool,
@@ -69,7 +75,7 @@ pub(crate) async fn run(
     args: BackfillArgs,
     json_out: bool,
 ) -> Result<(), Failure> {
-    let BackfillArgs { action, task, from, to, reprocess, max_active, backwards, dry_run } = args;
+    let BackfillArgs { action, task, from, to, reprocess, max_active, backwards, overlap, dry_run } = args;
     match action {
         Some(BackfillAction::Status { id }) => {
             let reply: Value =
@@ -103,6 +109,7 @@ pub(crate) async fn run(
                 "reprocess": reprocess,
                 "max_active": max_active,
                 "backwards": backwards,
+                "overlap": overlap,
             });
             let reply: Value = api.backfill(BACKFILL_START, &task.namespace, &request).await?;
             if json_out {
@@ -143,11 +150,14 @@ fn show(reply: &Value, json_out: bool) -> Result<(), Failure> {
         "backwards",
         "reprocess",
         "max_active",
+        "overlap",
         "cursor",
         "total",
         "dispatched",
         "skipped",
         "rerun",
+        "calendar",
+        "overlapped",
         "started_at",
         "finished_at",
     ] {
@@ -169,11 +179,14 @@ fn list(reply: &Value, json_out: bool) {
         .unwrap_or_default()
         .iter()
         .map(|b| {
-            ["id", "state", "from", "to", "cursor", "total", "dispatched", "skipped", "rerun"]
+            ["id", "state", "from", "to", "cursor", "total", "dispatched", "skipped", "rerun", "calendar"]
                 .iter()
                 .map(|k| text(&b[*k]))
                 .collect()
         })
         .collect();
-    output::table(&["ID", "STATE", "FROM", "TO", "CURSOR", "TOTAL", "DISPATCHED", "SKIPPED", "RERUN"], &rows);
+    output::table(
+        &["ID", "STATE", "FROM", "TO", "CURSOR", "TOTAL", "DISPATCHED", "SKIPPED", "RERUN", "CALENDAR"],
+        &rows,
+    );
 }

@@ -1,5 +1,6 @@
-//! The actions: `POST /tasks/<ns>/<id>/{pause,resume,trigger,delete,cancel-held,cancel-queued}`
-//! (a pause with its reason), `POST /runs/<execution>/cancel` and `POST /dlq/<seq>/{replay,purge}`,
+//! The actions: `POST /tasks/<ns>/<id>/{pause,resume,trigger,delete,backfill,cancel-held,cancel-queued}`
+//! (a pause with its reason, a backfill with its range and options), `POST /backfills/<id>/cancel`,
+//! `POST /runs/<execution>/cancel` and `POST /dlq/<seq>/{replay,purge}`,
 //! each refused (403) unless actions are allowed and the
 //! form carries the page's CSRF token, each done through the registry API.
 
@@ -27,6 +28,17 @@ pub(crate) struct ActionForm {
     /// Why (a task's or a queue's pause).
     #[serde(default)]
     pub(crate) reason: String,
+    /// A backfill's range and options, as typed (the registry checks them).
+    #[serde(default)]
+    from: String,
+    #[serde(default)]
+    to: String,
+    #[serde(default)]
+    reprocess: String,
+    #[serde(default)]
+    max_active: String,
+    #[serde(default)]
+    overlap: String,
 }
 
 /// A task's actions that cancel its runs not started.
@@ -75,11 +87,14 @@ pub(crate) async fn task(
     Path((namespace, id, action)): Path<(String, String, String)>,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Response {
-    let known = ["pause", "resume", "trigger", "delete", CANCEL_HELD, CANCEL_QUEUED];
+    let known = ["pause", "resume", "trigger", "delete", "backfill", CANCEL_HELD, CANCEL_QUEUED];
     let form = match accept(&state, form, &action, &known, &["delete", CANCEL_HELD, CANCEL_QUEUED]) {
         Ok(form) => form,
         Err(refusal) => return refusal,
     };
+    if action == "backfill" {
+        return backfill(&state, &namespace, &id, &form).await;
+    }
     if action == CANCEL_HELD || action == CANCEL_QUEUED {
         let which = if action == CANCEL_HELD { "held" } else { "queued" };
         let request = json!({"id": id, which: true, "by": "console"});
@@ -107,6 +122,58 @@ pub(crate) async fn task(
                 },
                 _ => Redirect::to(&pages::task_href(&namespace, &id)).into_response(),
             }
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Starts a backfill of a task from its page's form; a refusal lists every problem the
+/// registry named.
+async fn backfill(state: &AppState, namespace: &str, id: &str, form: &ActionForm) -> Response {
+    let mut request = json!({"id": id, "from": form.from.trim(), "to": form.to.trim()});
+    for (key, value) in [("reprocess", &form.reprocess), ("overlap", &form.overlap)] {
+        if !value.trim().is_empty() {
+            request[key] = value.trim().into();
+        }
+    }
+    if !form.max_active.trim().is_empty() {
+        match form.max_active.trim().parse::<i64>() {
+            Ok(n) => request["max_active"] = n.into(),
+            Err(_) => return refused(StatusCode::BAD_REQUEST, "Max active must be a whole number."),
+        }
+    }
+    match state.api.backfill("start", namespace, request).await {
+        Ok(reply) => {
+            let backfill = reply.get("id").and_then(Value::as_str).unwrap_or_default();
+            tracing::info!(%namespace, task = %id, backfill, "console backfill");
+            Redirect::to(&format!("{}#backfills", pages::task_href(namespace, id))).into_response()
+        }
+        Err(error) if error.code.is_some() => {
+            html(StatusCode::BAD_REQUEST, pages::problem("Backfill refused", &error.messages))
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// `POST /backfills/<id>/cancel`: stops a running backfill (the batch being dispatched
+/// finishes) and goes back to its task's page.
+pub(crate) async fn backfill_cancel(
+    State(state): State<AppState>,
+    Path(backfill): Path<String>,
+    form: Result<Form<ActionForm>, FormRejection>,
+) -> Response {
+    if let Err(refusal) = accept(&state, form, "cancel", &["cancel"], &["cancel"]) {
+        return refusal;
+    }
+    // `<namespace>.<task>.<token>`: the namespace and task name its subject and its page.
+    let mut parts = backfill.splitn(3, '.');
+    let (Some(namespace), Some(task), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
+        return refused(StatusCode::NOT_FOUND, "No backfill has that id.");
+    };
+    match state.api.backfill("cancel", namespace, json!({"backfill": backfill})).await {
+        Ok(_) => {
+            tracing::info!(%backfill, "console backfill cancel");
+            Redirect::to(&format!("{}#backfills", pages::task_href(namespace, task))).into_response()
         }
         Err(error) => error.into_response(),
     }

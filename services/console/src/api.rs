@@ -110,6 +110,17 @@ impl Api {
         Ok(self.client.request(subject, HeaderMap::new(), body.to_string().into_bytes()).await?)
     }
 
+    /// A backfill endpoint (`start`, `list`, `cancel`) on the subject of `namespace`.
+    pub(crate) async fn backfill(
+        &self,
+        endpoint: &str,
+        namespace: &str,
+        body: Value,
+    ) -> Result<Value, CallError> {
+        let subject = self.client.names().backfill_api_namespaced(endpoint, namespace);
+        Ok(self.client.request(subject, HeaderMap::new(), body.to_string().into_bytes()).await?)
+    }
+
     /// A breaker endpoint (`list`, `get`, `reset`).
     pub(crate) async fn breaker(&self, endpoint: &str, reference: &BreakerRef) -> Result<Value, CallError> {
         let subject = self.client.names().breaker_api_subject(endpoint);

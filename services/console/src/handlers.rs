@@ -68,11 +68,15 @@ pub(crate) async fn task(
     Path((namespace, id)): Path<(String, String)>,
 ) -> Response {
     let reference = json!({"namespace": namespace, "id": id});
-    let (stored, next, held) = tokio::join!(
+    let (stored, next, held, backfills) = tokio::join!(
         state.api.task("get", &namespace, reference),
         state.api.next(&namespace, &id, 10),
-        crate::breakers::held_of_task(&state, &namespace, &id)
+        crate::breakers::held_of_task(&state, &namespace, &id),
+        state.api.backfill("list", &namespace, json!({"id": id}))
     );
+    let backfills = backfills
+        .map(|reply| reply.get("backfills").and_then(Value::as_array).cloned().unwrap_or_default())
+        .map_err(|e| e.to_string());
     let stored = match stored {
         Ok(stored) => stored,
         Err(error) => return failed(&format!("Task {id}"), &error),
@@ -104,6 +108,7 @@ pub(crate) async fn task(
         runs: &runs,
         events: &events,
         held,
+        backfills,
         trace: &state.trace,
     };
     html(StatusCode::OK, pages::tasks::task(&state.ctx(), &view))

@@ -24,6 +24,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/tasks/{namespace}/{id}", get(handlers::task))
         .route("/tasks/{namespace}/{id}/edit", get(editor::edit_page).post(editor::save))
         .route("/tasks/{namespace}/{id}/{action}", post(actions::task))
+        .route("/backfills/{backfill}/cancel", post(actions::backfill_cancel))
         .route("/runs", get(history::runs))
         .route("/runs/{execution}", get(handlers::run))
         .route("/runs/{execution}/cancel", post(actions::run_cancel))

@@ -11,8 +11,8 @@
 use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
-use jetsched_shared::backfill::Reprocess;
 use jetsched_shared::backfill::progress::{BackfillProgress, BackfillRequest, DEFAULT_MAX_ACTIVE};
+use jetsched_shared::backfill::{BackfillOverlap, Reprocess};
 use jetsched_shared::cas::{is_revision_mismatch, live};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode};
 use jetsched_shared::events::EventSink;
@@ -52,6 +52,8 @@ struct StartBody {
     max_active: Option<i64>,
     #[serde(default)]
     backwards: bool,
+    /// Read by [`BackfillOverlap::parse`], which names the task policies a backfill refuses.
+    overlap: Option<String>,
 }
 
 /// `status` and `cancel`: a backfill by its id.
@@ -142,7 +144,15 @@ impl BackfillApi {
             None => DEFAULT_MAX_ACTIVE,
             Some(Ok(n)) => n,
             // Out of u32: refused below with the allowed range.
-            Some(Err(_)) => 0,
+            Some(Err(_)) => u32::MAX,
+        };
+        let overlap = match body.overlap.as_deref().map(BackfillOverlap::parse) {
+            None => BackfillOverlap::default(),
+            Some(Ok(overlap)) => overlap,
+            Some(Err(problem)) => {
+                problems.push(problem);
+                BackfillOverlap::default()
+            }
         };
         let spec = if names_valid { self.spec(&namespace, &task_id).await? } else { None };
         if names_valid && spec.is_none() {
@@ -162,6 +172,7 @@ impl BackfillApi {
             reprocess: body.reprocess.unwrap_or_default(),
             max_active,
             backwards: body.backwards,
+            overlap,
         };
         // Every problem with the request itself (the task's absence is named above).
         let schedule = spec.as_ref().map(|spec| &spec.schedule);

@@ -13,7 +13,8 @@
 //! wait for it. A batch is at most `--backfill-batch` times and one batch's publishes are in
 //! flight at once; between batches the driver yields. Every publish is fenced like the loop's:
 //! none after the local lease deadline. While a backfill waits for its runs in flight
-//! (`max_active`), it looks at their run records again after [`RUNS_RECHECK`].
+//! (`max_active`), it looks at their run records again after [`RUNS_RECHECK`]. Run records are
+//! read in batches of latest values (one request per 256 execution ids).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -21,27 +22,28 @@ use std::time::Duration;
 use anyhow::Context;
 use async_nats::jetstream::{self, kv};
 use chrono::Utc;
-use futures::{StreamExt, TryStreamExt};
-use jetsched_shared::backfill::Decision;
+use futures::StreamExt;
 use jetsched_shared::backfill::progress::{BackfillProgress, BackfillState, Batch};
+use jetsched_shared::backfill::{BackfillOverlap, Decision};
+use jetsched_shared::calendar::{Calendars, Fate, fate_of, schedule_zone};
 use jetsched_shared::cas::{is_revision_mismatch, live};
+use jetsched_shared::direct_batch::latest_values;
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::events::EventSink;
 use jetsched_shared::names::{self, Names};
 use jetsched_shared::spec::TaskSpec;
-use jetsched_shared::wire::{Event, EventKind, RunStatus};
+use jetsched_shared::wire::{Event, EventKind, FireState, RunStatus};
 use serde::Deserialize;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
+use crate::calendars::CalendarView;
 use crate::takeover::LeaseWatch;
 
 /// How soon a backfill waiting for its runs in flight reads their records again.
 pub(crate) const RUNS_RECHECK: Duration = Duration::from_millis(500);
 /// How soon the driver tries again after NATS failed it.
 const RETRY_DELAY: Duration = Duration::from_secs(1);
-/// Run records read at once.
-const READS_IN_FLIGHT: usize = 64;
 /// `backfill.progress` is told at most this often per backfill.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// Compare-and-set rounds when committing a batch over a concurrent change (a cancel).
@@ -64,9 +66,15 @@ pub(crate) struct Driver {
     pub(crate) js: jetstream::Context,
     pub(crate) tasks: kv::Store,
     pub(crate) runs: kv::Store,
+    /// The scheduler's fire states: the live schedule's latest run, for an `overlap` other
+    /// than `allow`.
+    pub(crate) state: kv::Store,
     pub(crate) backfills: kv::Store,
     pub(crate) events: EventSink,
     pub(crate) lease: LeaseWatch,
+    /// Every namespace's business calendars: a time they keep from running on its own is not
+    /// dispatched.
+    pub(crate) calendars: CalendarView,
     /// Nominal times per batch.
     pub(crate) batch: usize,
 }
@@ -190,10 +198,21 @@ impl Driver {
             .zip(&ids)
             .filter_map(|(t, id)| statuses.get(id).copied().flatten().map(|s| (t.at.timestamp_millis(), s)))
             .collect();
+        let book = self.calendars.borrow().clone();
+        let none = Calendars::default();
+        let calendars = book.get(&progress.namespace).unwrap_or(&none);
+        let zone = schedule_zone(&spec.schedule);
+        let left_out =
+            |at| !matches!(fate_of(&spec.schedule, zone, &spec.calendars, calendars, at), Fate::Runs { .. });
+        let live_going = progress.pending.is_none()
+            && progress.request.overlap != BackfillOverlap::Allow
+            && self.live_going(&progress).await?;
         let batch = progress.plan(
             &spec.schedule,
             |at| by_time.get(&at.timestamp_millis()).copied(),
+            left_out,
             in_flight,
+            live_going,
             self.batch,
         );
         if batch.items.is_empty() && progress.pending.is_none() {
@@ -227,7 +246,7 @@ impl Driver {
     ) -> anyhow::Result<bool> {
         let target = Target::of(spec, revision);
         let mut acks = Vec::with_capacity(batch.items.len());
-        for planned in batch.items.iter().filter(|p| p.decision != Decision::Skip) {
+        for planned in batch.items.iter().filter(|p| p.decision.starts_run()) {
             let Some(held) = *self.lease.borrow() else { return Ok(false) };
             if Instant::now() >= held.valid_until {
                 return Ok(false);
@@ -340,18 +359,35 @@ impl Driver {
         Ok(Some((spec, entry.value, entry.revision)))
     }
 
-    /// The run status of each execution id (`None`: no record).
+    /// Whether the live schedule's latest run of the backfill's task is going: its execution
+    /// id as the scheduler's fire state last stored it, and its run record not final (a run
+    /// still queued has no record yet and is not seen).
+    async fn live_going(&self, progress: &BackfillProgress) -> anyhow::Result<bool> {
+        let key = names::task_key(&progress.namespace, &progress.task_id);
+        let Some(value) = self.state.get(&key).await.context("read the task's fire state")? else {
+            return Ok(false);
+        };
+        let Some(execution_id) =
+            serde_json::from_slice::<FireState>(&value).ok().and_then(|fire| fire.last_execution_id)
+        else {
+            return Ok(false);
+        };
+        let statuses = self.statuses(vec![execution_id]).await?;
+        Ok(statuses.into_values().flatten().any(|status| !status.is_final()))
+    }
+
+    /// The run status of each execution id (`None`: no record), read in batches of latest
+    /// values (one request per 256 ids).
     async fn statuses(&self, ids: Vec<String>) -> anyhow::Result<HashMap<String, Option<RunStatus>>> {
-        futures::stream::iter(ids)
-            .map(|id| async move {
-                let entry = self.runs.get(&id).await.context("read a run record")?;
-                let status =
-                    entry.and_then(|bytes| serde_json::from_slice::<Status>(&bytes).ok()).map(|s| s.status);
-                Ok::<_, anyhow::Error>((id, status))
+        let found =
+            latest_values(&self.js.client(), &self.runs.name, &ids).await.context("read run records")?;
+        Ok(ids
+            .into_iter()
+            .map(|id| {
+                let status = found.get(&id).and_then(|bytes| serde_json::from_slice::<Status>(bytes).ok());
+                (id, status.map(|s| s.status))
             })
-            .buffer_unordered(READS_IN_FLIGHT)
-            .try_collect()
-            .await
+            .collect())
     }
 }
 

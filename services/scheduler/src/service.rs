@@ -129,9 +129,11 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
         js: js.clone(),
         tasks: tasks.clone(),
         runs: runs.clone(),
+        state: state.clone(),
         backfills,
         events: events.clone(),
         lease: takeover.lease_watch(),
+        calendars: calendars.view(),
         batch: config.backfill_batch,
     };
     let time = Time::new(clock);

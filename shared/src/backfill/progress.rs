@@ -22,7 +22,7 @@ mod tests;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{Decision, NominalTime, Reprocess, decide, nominal_times};
+use super::{BackfillOverlap, Decision, NominalTime, Reprocess, decide_with, nominal_times};
 use crate::error::{ApiError, ApiErrors, ErrorCode};
 use crate::schedule::Schedule;
 use crate::wire::{BackfillSummary, RunStatus, millis};
@@ -31,6 +31,9 @@ use crate::wire::{BackfillSummary, RunStatus, millis};
 pub const MAX_ACTIVE_LIMIT: u32 = 1_000;
 /// Runs in flight when `--max-active` is not given.
 pub const DEFAULT_MAX_ACTIVE: u32 = 10;
+/// `max_active` 0: no bound on the runs in flight. Every time is dispatched as fast as the
+/// leader can and the runs wait in the work queue for the workers' permits; none is tracked.
+pub const UNBOUNDED: u32 = 0;
 
 /// What starting a backfill asks for, before it is checked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +48,9 @@ pub struct BackfillRequest {
     pub max_active: u32,
     #[serde(default)]
     pub backwards: bool,
+    /// What a time does while a run of the task is going.
+    #[serde(default)]
+    pub overlap: BackfillOverlap,
 }
 
 fn default_max_active() -> u32 {
@@ -54,7 +60,8 @@ fn default_max_active() -> u32 {
 impl BackfillRequest {
     /// The number of nominal times the request covers, or every problem with it: an unknown
     /// task (`schedule` is `None`; field `task`), an empty or reversed range or too many times
-    /// (field `to`), `max_active` outside `1..=MAX_ACTIVE_LIMIT`.
+    /// (field `to`), `max_active` above [`MAX_ACTIVE_LIMIT`], or 0 (no bound) with an overlap
+    /// other than `allow`.
     pub fn check(&self, schedule: Option<&Schedule>) -> Result<usize, ApiErrors> {
         let mut problems = Vec::new();
         let mut count = 0;
@@ -68,11 +75,18 @@ impl BackfillRequest {
         if schedule.is_none() && self.from >= self.to {
             problems.push(ApiError::at(ErrorCode::InvalidValue, "to", "must be after from"));
         }
-        if !(1..=MAX_ACTIVE_LIMIT).contains(&self.max_active) {
+        if self.max_active > MAX_ACTIVE_LIMIT {
             problems.push(ApiError::at(
                 ErrorCode::InvalidValue,
                 "max_active",
-                format!("must be between 1 and {MAX_ACTIVE_LIMIT}"),
+                format!("must be between 0 (no bound) and {MAX_ACTIVE_LIMIT}"),
+            ));
+        }
+        if self.max_active == UNBOUNDED && self.overlap != BackfillOverlap::Allow {
+            problems.push(ApiError::at(
+                ErrorCode::InvalidValue,
+                "max_active",
+                "0 (no bound) tracks no run in flight: an overlap other than allow needs 1 or more",
             ));
         }
         match ApiErrors::from_vec(problems) {
@@ -110,6 +124,13 @@ pub struct BackfillProgress {
     pub dispatched: u64,
     pub skipped: u64,
     pub rerun: u64,
+    /// Times the task's business calendars leave out (excluded, or merged into the fire a
+    /// shift lands on).
+    #[serde(default)]
+    pub calendar: u64,
+    /// Times skipped because a run of the task was going (`overlap: skip`).
+    #[serde(default)]
+    pub overlapped: u64,
     #[serde(with = "millis")]
     pub started_at: DateTime<Utc>,
     #[serde(with = "millis::option")]
@@ -132,6 +153,10 @@ pub struct Pending {
     pub dispatched: u64,
     pub skipped: u64,
     pub rerun: u64,
+    #[serde(default)]
+    pub calendar: u64,
+    #[serde(default)]
+    pub overlapped: u64,
     pub started: Vec<String>,
 }
 
@@ -160,6 +185,8 @@ impl BackfillProgress {
             dispatched: self.dispatched,
             skipped: self.skipped,
             rerun: self.rerun,
+            calendar: self.calendar,
+            overlapped: self.overlapped,
         }
     }
 
@@ -195,6 +222,8 @@ impl BackfillProgress {
             dispatched: 0,
             skipped: 0,
             rerun: 0,
+            calendar: 0,
+            overlapped: 0,
             started_at: now,
             finished_at,
             active: Vec::new(),
@@ -216,16 +245,24 @@ impl BackfillProgress {
     /// The next batch from the cursor: at most `limit` nominal times (so the leader yields to
     /// due fires between batches), stopping before the first one that would start a run once
     /// `max_active` runs are in flight. `existing` is the status of a time's run under the
-    /// live fire's id (`None`: no record). A pending batch is planned again as it was (a time
-    /// that has a run record by now is not dispatched again), whatever the slots. Empty when
-    /// the backfill is not running and has no pending batch.
+    /// live fire's id (`None`: no record); `left_out` says whether the task's calendars keep
+    /// a time from running on its own; `live_going` whether the live schedule's latest run is
+    /// going (read only under an `overlap` other than `allow`, which also takes the
+    /// backfill's runs in flight as going: `skip` skips the times whose turn comes meanwhile,
+    /// `buffer_one` stops the batch before them). A pending batch is planned again as it was:
+    /// only the runs it recorded as started are dispatched, and a time that has a run record
+    /// by now is not dispatched again, whatever the slots. Empty when the backfill is not
+    /// running and has no pending batch.
     pub fn plan(
         &self,
         schedule: &Schedule,
         existing: impl Fn(DateTime<Utc>) -> Option<RunStatus>,
+        left_out: impl Fn(DateTime<Utc>) -> bool,
         in_flight: u32,
+        live_going: bool,
         limit: usize,
     ) -> Batch {
+        let decide = |at| decide_with(self.request.reprocess, left_out(at), existing(at));
         let Some(cursor) = self.cursor else {
             return Batch { items: Vec::new(), next_cursor: None };
         };
@@ -233,7 +270,14 @@ impl BackfillProgress {
             let items = self
                 .window(schedule, cursor, pending.times as usize)
                 .into_iter()
-                .map(|time| Planned { time, decision: decide(self.request.reprocess, existing(time.at)) })
+                .map(|time| {
+                    let mut planned = Planned { time, decision: decide(time.at) };
+                    if planned.decision.starts_run() && !pending.started.contains(&self.ids_of(&planned).1) {
+                        // Not started by the first plan (skipped, left out, or an overlap).
+                        planned.decision = Decision::Skip;
+                    }
+                    planned
+                })
                 .collect();
             return Batch { items, next_cursor: pending.next_cursor };
         }
@@ -241,15 +285,27 @@ impl BackfillProgress {
             return Batch { items: Vec::new(), next_cursor: self.cursor };
         }
         let window = self.window(schedule, cursor, limit.max(1) + 1);
-        let mut slots = self.request.max_active.saturating_sub(in_flight);
+        let overlap = self.request.overlap;
+        let mut going = overlap != BackfillOverlap::Allow && (in_flight > 0 || live_going);
+        let mut slots = match self.request.max_active {
+            UNBOUNDED => u32::MAX,
+            max_active => max_active.saturating_sub(in_flight),
+        };
         let mut items = Vec::new();
         for time in window.iter().take(limit.max(1)) {
-            let decision = decide(self.request.reprocess, existing(time.at));
-            if decision != Decision::Skip {
-                if slots == 0 {
-                    return Batch { items, next_cursor: Some(time.at) };
+            let mut decision = decide(time.at);
+            if decision.starts_run() {
+                match overlap {
+                    BackfillOverlap::Skip if going => decision = Decision::Overlap,
+                    BackfillOverlap::BufferOne if going => {
+                        return Batch { items, next_cursor: Some(time.at) };
+                    }
+                    _ if slots == 0 => return Batch { items, next_cursor: Some(time.at) },
+                    _ => {
+                        slots -= 1;
+                        going = overlap != BackfillOverlap::Allow;
+                    }
                 }
-                slots -= 1;
             }
             items.push(Planned { time: *time, decision });
         }
@@ -276,6 +332,8 @@ impl BackfillProgress {
             dispatched: 0,
             skipped: 0,
             rerun: 0,
+            calendar: 0,
+            overlapped: 0,
             started: Vec::new(),
         };
         for planned in &batch.items {
@@ -283,8 +341,10 @@ impl BackfillProgress {
                 Decision::Dispatch => pending.dispatched += 1,
                 Decision::Skip => pending.skipped += 1,
                 Decision::Rerun => pending.rerun += 1,
+                Decision::Calendar => pending.calendar += 1,
+                Decision::Overlap => pending.overlapped += 1,
             }
-            if planned.decision != Decision::Skip {
+            if planned.decision.starts_run() {
                 pending.started.push(self.ids_of(planned).1);
             }
         }
@@ -299,7 +359,11 @@ impl BackfillProgress {
         self.dispatched += pending.dispatched;
         self.skipped += pending.skipped;
         self.rerun += pending.rerun;
-        self.active.extend(pending.started);
+        self.calendar += pending.calendar;
+        self.overlapped += pending.overlapped;
+        if self.request.max_active != UNBOUNDED {
+            self.active.extend(pending.started);
+        }
         self.cursor = pending.next_cursor;
         if self.cursor.is_none() && self.state == BackfillState::Running {
             self.state = BackfillState::Finished;

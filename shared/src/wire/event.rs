@@ -242,6 +242,12 @@ pub struct BackfillSummary {
     pub dispatched: u64,
     pub skipped: u64,
     pub rerun: u64,
+    /// Times the task's business calendars left out.
+    #[serde(default)]
+    pub calendar: u64,
+    /// Times skipped while a run of the task was going (`overlap: skip`).
+    #[serde(default)]
+    pub overlapped: u64,
 }
 
 impl Event {

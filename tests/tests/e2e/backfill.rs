@@ -3,6 +3,7 @@
 //! times that already have a run skipped, or rerun as `--reprocess` says, from the run records.
 
 mod execution;
+mod rules;
 
 use jetsched_shared::backfill;
 use jetsched_shared::names::Names;

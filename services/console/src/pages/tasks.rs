@@ -195,6 +195,8 @@ pub(crate) struct TaskView<'a> {
     pub(crate) remaining_runs: Option<u32>,
     /// Runs of the task an open breaker holds now.
     pub(crate) held: Result<u64, String>,
+    /// The task's backfills (progress records), newest first.
+    pub(crate) backfills: Result<Vec<Value>, String>,
     /// Where trace ids link to.
     pub(crate) trace: &'a TraceLinks,
 }
@@ -255,6 +257,15 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
                 }
             }
         }
+        section #backfills {
+            h2 { "Backfills" }
+            (backfill_form(ctx, &format!("{href}/backfill")))
+            @match &view.backfills {
+                Ok(list) if list.is_empty() => p.empty { "No backfill of this task." }
+                Ok(list) => (backfill_table(ctx, list)),
+                Err(error) => p.error { "Backfills unavailable: " (error) }
+            }
+        }
         section {
             h2 { "Recent runs" }
             (super::runs::table(view.runs, false, view.trace))
@@ -270,6 +281,76 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
         }
     };
     layout(&format!("Task {}", view.id), "/tasks", body)
+}
+
+/// Starting a backfill of the task: every nominal time in `[from, to)` run once (the registry
+/// checks the request and names every problem).
+fn backfill_form(ctx: &Ctx, href: &str) -> Markup {
+    html! {
+        form.action.backfill #backfill-form method="post" action=(href) {
+            input type="hidden" name="csrf" value=(ctx.csrf);
+            label { "From " input type="text" name="from" required size="22" placeholder="2026-01-01T00:00:00Z"; }
+            " "
+            label { "To " input type="text" name="to" required size="22" placeholder="2026-02-01T00:00:00Z"; }
+            " "
+            label { "Reprocess "
+                select name="reprocess" {
+                    option value="none" selected { "none" }
+                    option value="failed" { "failed" }
+                    option value="all" { "all" }
+                }
+            }
+            " "
+            label { "Max active " input type="number" name="max_active" min="1" max="1000" value="10" size="5"; }
+            " "
+            label { "Overlap "
+                select name="overlap" {
+                    option value="allow" selected { "allow" }
+                    option value="skip" { "skip" }
+                    option value="buffer_one" { "buffer_one" }
+                }
+            }
+            " "
+            button type="submit" disabled[!ctx.allow_actions]
+                title=[(!ctx.allow_actions).then_some("actions are off: start the console with --allow-actions")]
+                { "Backfill" }
+        }
+    }
+}
+
+/// The task's backfills: range, state and counts, and a Cancel button while one runs.
+fn backfill_table(ctx: &Ctx, backfills: &[Value]) -> Markup {
+    let text = |b: &Value, key: &str| match &b[key] {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    html! {
+        table #backfill-table {
+            thead { tr {
+                th scope="col" { "Backfill" } th scope="col" { "State" } th scope="col" { "From" }
+                th scope="col" { "To" } th scope="col" { "Overlap" } th scope="col" { "Dispatched" }
+                th scope="col" { "Skipped" } th scope="col" { "Rerun" } th scope="col" { "Calendar" }
+                th scope="col" { "Overlapped" } th scope="col" { "Total" } th scope="col" { "" }
+            } }
+            tbody {
+                @for b in backfills {
+                    @let id = text(b, "id");
+                    tr data-backfill=(id) {
+                        td.mono { (id) }
+                        td.state { span class={"badge " (text(b, "state"))} { (text(b, "state")) } }
+                        td { (text(b, "from")) } td { (text(b, "to")) } td { (text(b, "overlap")) }
+                        td.dispatched { (text(b, "dispatched")) } td { (text(b, "skipped")) }
+                        td { (text(b, "rerun")) } td.calendar { (text(b, "calendar")) }
+                        td { (text(b, "overlapped")) } td { (text(b, "total")) }
+                        td { @if b["state"] == "running" {
+                            (action(ctx, &format!("/backfills/{id}/cancel"), "Cancel", Some("yes, cancel this backfill")))
+                        } }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The pause action with its reason (kept as the task's `paused_reason`, shown on its page and
@@ -403,6 +484,9 @@ mod tests {
             runs: &[],
             events: &events,
             held: Ok(2),
+            backfills: Ok(vec![
+                json!({"id": "ns.t.<s>bf", "state": "running", "from": "<s>x", "dispatched": 3}),
+            ]),
             trace: &TraceLinks::default(),
         };
         let html = task(&ctx, &view).into_string();
@@ -410,5 +494,10 @@ mod tests {
         assert!(html.contains("/tasks/ns/t/resume") && !html.contains("/tasks/ns/t/pause"));
         assert!(html.contains("revision 3"));
         assert!(html.contains(r#"<span id="task-held">2</span>"#), "{html}");
+        assert!(!html.contains("<s>"), "a backfill's fields are escaped: {html}");
+        assert!(
+            html.contains("/tasks/ns/t/backfill") && html.contains("/cancel"),
+            "the backfill form and its cancel"
+        );
     }
 }

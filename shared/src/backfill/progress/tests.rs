@@ -19,7 +19,14 @@ fn every(interval_ms: u64, anchor: DateTime<Utc>) -> Schedule {
 }
 
 fn request(from: DateTime<Utc>, to: DateTime<Utc>) -> BackfillRequest {
-    BackfillRequest { from, to, reprocess: Reprocess::None, max_active: DEFAULT_MAX_ACTIVE, backwards: false }
+    BackfillRequest {
+        from,
+        to,
+        reprocess: Reprocess::None,
+        max_active: DEFAULT_MAX_ACTIVE,
+        backwards: false,
+        overlap: BackfillOverlap::Allow,
+    }
 }
 
 fn start(request: BackfillRequest, schedule: &Schedule) -> BackfillProgress {
@@ -49,7 +56,7 @@ fn drive(
         }
         let in_flight = progress.settle(|_| true);
         assert!(progress.upcoming(schedule, limit).len() <= limit.max(1));
-        let batch = progress.plan(schedule, |at| runs.get(&at).copied(), in_flight, limit);
+        let batch = progress.plan(schedule, |at| runs.get(&at).copied(), |_| false, in_flight, false, limit);
         progress.begin(&batch);
         let stored = progress.clone();
         let dispatch = |items: &[Planned], runs: &mut BTreeMap<DateTime<Utc>, RunStatus>| {
@@ -64,7 +71,7 @@ fn drive(
                     Decision::Rerun => {
                         runs.insert(planned.time.at, RunStatus::Succeeded);
                     }
-                    Decision::Skip => {}
+                    Decision::Skip | Decision::Calendar | Decision::Overlap => {}
                 }
             }
         };
@@ -72,7 +79,7 @@ fn drive(
             // Half the batch dispatched, then the leader died; the next one reads the record.
             dispatch(&batch.items[..batch.items.len() / 2], runs);
             *progress = stored.clone();
-            let again = progress.plan(schedule, |at| runs.get(&at).copied(), 0, limit + 3);
+            let again = progress.plan(schedule, |at| runs.get(&at).copied(), |_| false, 0, false, limit + 3);
             assert_eq!(
                 again.items.iter().map(|p| p.time).collect::<Vec<_>>(),
                 batch.items.iter().map(|p| p.time).collect::<Vec<_>>(),
@@ -150,7 +157,7 @@ fn max_active_stops_a_batch_before_the_run_that_would_exceed_it() {
         start(BackfillRequest { max_active: 3, ..request(from, from + TimeDelta::hours(1)) }, &schedule);
     let done = from + TimeDelta::minutes(1);
     let existing = |at: DateTime<Utc>| (at == done).then_some(RunStatus::Succeeded);
-    let batch = progress.plan(&schedule, existing, 1, 100);
+    let batch = progress.plan(&schedule, existing, |_| false, 1, false, 100);
     let decisions: Vec<_> = batch.items.iter().map(|p| p.decision).collect();
     assert_eq!(
         decisions,
@@ -158,9 +165,115 @@ fn max_active_stops_a_batch_before_the_run_that_would_exceed_it() {
         "2 free slots; a skip takes none"
     );
     assert_eq!(batch.next_cursor, Some(from + TimeDelta::minutes(3)));
-    assert!(progress.plan(&schedule, existing, 3, 100).items.is_empty(), "no slot, no progress");
+    assert!(
+        progress.plan(&schedule, existing, |_| false, 3, false, 100).items.is_empty(),
+        "no slot, no progress"
+    );
     progress.apply(&batch, from);
     assert_eq!((progress.cursor, progress.dispatched, progress.skipped), (batch.next_cursor, 2, 1));
+}
+
+#[test]
+fn times_the_calendars_leave_out_take_no_slot_and_are_counted_apart() {
+    let from = instant("2026-01-01T00:00:00Z");
+    let schedule = every(60_000, DateTime::UNIX_EPOCH);
+    let mut progress =
+        start(BackfillRequest { max_active: 2, ..request(from, from + TimeDelta::minutes(6)) }, &schedule);
+    // Minutes 1 and 2 are left out; minute 3 has a run already.
+    let left_out =
+        |at: DateTime<Utc>| at == from + TimeDelta::minutes(1) || at == from + TimeDelta::minutes(2);
+    let existing = |at: DateTime<Utc>| (at == from + TimeDelta::minutes(3)).then_some(RunStatus::Failed);
+    let batch = progress.plan(&schedule, existing, left_out, 0, false, 100);
+    let decisions: Vec<_> = batch.items.iter().map(|p| p.decision).collect();
+    assert_eq!(
+        decisions,
+        [Decision::Dispatch, Decision::Calendar, Decision::Calendar, Decision::Skip, Decision::Dispatch],
+        "two slots: the calendars' times and a skip take none"
+    );
+    progress.apply(&batch, from);
+    assert_eq!((progress.dispatched, progress.skipped, progress.calendar), (2, 1, 2));
+    assert_eq!(progress.active.len(), 2);
+    assert_eq!(progress.summary().calendar, 2);
+}
+
+#[test]
+fn under_overlap_skip_only_a_time_whose_turn_finds_nothing_running_gets_a_run() {
+    let from = instant("2026-01-01T00:00:00Z");
+    let schedule = every(60_000, DateTime::UNIX_EPOCH);
+    let skip =
+        BackfillRequest { overlap: BackfillOverlap::Skip, ..request(from, from + TimeDelta::minutes(4)) };
+    let mut progress = start(skip.clone(), &schedule);
+    let batch = progress.plan(&schedule, |_| None, |_| false, 0, false, 100);
+    let decisions: Vec<_> = batch.items.iter().map(|p| p.decision).collect();
+    assert_eq!(decisions, [Decision::Dispatch, Decision::Overlap, Decision::Overlap, Decision::Overlap]);
+    progress.apply(&batch, from);
+    assert_eq!((progress.dispatched, progress.overlapped, progress.state), (1, 3, BackfillState::Finished));
+
+    let busy = start(skip, &schedule);
+    let batch = busy.plan(&schedule, |_| None, |_| false, 0, true, 100);
+    assert!(batch.items.iter().all(|p| p.decision == Decision::Overlap), "the live run is going");
+}
+
+#[test]
+fn under_overlap_buffer_one_runs_go_one_after_another_and_wait_for_the_live_run() {
+    let from = instant("2026-01-01T00:00:00Z");
+    let schedule = every(60_000, DateTime::UNIX_EPOCH);
+    let buffer = BackfillRequest {
+        overlap: BackfillOverlap::BufferOne,
+        ..request(from, from + TimeDelta::minutes(3))
+    };
+    let mut progress = start(buffer, &schedule);
+    assert!(progress.plan(&schedule, |_| None, |_| false, 0, true, 100).items.is_empty(), "the live run");
+    let mut dispatched = Vec::new();
+    for _ in 0..3 {
+        let waiting = progress.plan(&schedule, |_| None, |_| false, 1, false, 100);
+        assert!(waiting.items.is_empty(), "its own run is going");
+        let in_flight = progress.settle(|_| true);
+        let batch = progress.plan(&schedule, |_| None, |_| false, in_flight, false, 100);
+        assert_eq!(batch.items.len(), 1, "one run at a time");
+        dispatched.push(batch.items[0].time.at);
+        progress.apply(&batch, from);
+    }
+    assert_eq!(dispatched, [from, from + TimeDelta::minutes(1), from + TimeDelta::minutes(2)]);
+    assert_eq!((progress.dispatched, progress.overlapped, progress.state), (3, 0, BackfillState::Finished));
+}
+
+#[test]
+fn a_backfill_overlap_that_would_cancel_runs_is_refused_by_name() {
+    assert_eq!(BackfillOverlap::parse("buffer_one"), Ok(BackfillOverlap::BufferOne));
+    for policy in ["cancel_other", "replace", "buffer_all"] {
+        let error = BackfillOverlap::parse(policy).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("overlap"));
+        assert!(error.message.contains("use allow, skip or buffer_one"), "{error}");
+    }
+}
+
+#[test]
+fn max_active_zero_bounds_nothing_and_tracks_no_run() {
+    let from = instant("2026-01-01T00:00:00Z");
+    let schedule = every(60_000, DateTime::UNIX_EPOCH);
+    let mut progress = start(
+        BackfillRequest { max_active: UNBOUNDED, ..request(from, from + TimeDelta::hours(2)) },
+        &schedule,
+    );
+    let batch = progress.plan(&schedule, |_| None, |_| false, 0, false, 1000);
+    assert_eq!(batch.items.len(), 120, "every time at once");
+    progress.apply(&batch, from);
+    assert_eq!((progress.dispatched, progress.state), (120, BackfillState::Finished));
+    assert!(progress.active.is_empty(), "nothing tracked");
+    let with_overlap = BackfillRequest {
+        max_active: UNBOUNDED,
+        overlap: BackfillOverlap::Skip,
+        ..request(from, from + TimeDelta::hours(1))
+    };
+    let fields: Vec<_> = with_overlap
+        .check(Some(&schedule))
+        .unwrap_err()
+        .into_vec()
+        .into_iter()
+        .filter_map(|e| e.field)
+        .collect();
+    assert_eq!(fields, ["max_active"]);
 }
 
 #[test]
@@ -168,12 +281,12 @@ fn a_cancelled_backfill_plans_nothing_and_keeps_its_cursor() {
     let from = instant("2026-01-01T00:00:00Z");
     let schedule = every(60_000, DateTime::UNIX_EPOCH);
     let mut progress = start(request(from, from + TimeDelta::hours(1)), &schedule);
-    let batch = progress.plan(&schedule, |_| None, 0, 5);
+    let batch = progress.plan(&schedule, |_| None, |_| false, 0, false, 5);
     progress.apply(&batch, from);
     assert!(progress.cancel(from));
     assert!(!progress.cancel(from), "already ended");
     assert_eq!(progress.state, BackfillState::Cancelled);
-    assert!(progress.plan(&schedule, |_| None, 0, 5).items.is_empty());
+    assert!(progress.plan(&schedule, |_| None, |_| false, 0, false, 5).items.is_empty());
     progress.apply(&batch, from);
     assert_eq!((progress.cursor, progress.dispatched), (Some(from + TimeDelta::minutes(5)), 5), "unchanged");
 }
@@ -189,7 +302,7 @@ fn a_range_without_nominal_times_is_finished_at_once() {
 #[test]
 fn a_bad_request_names_every_problem() {
     let from = instant("2026-01-01T00:00:00Z");
-    let bad = BackfillRequest { max_active: 0, ..request(from, from) };
+    let bad = BackfillRequest { max_active: MAX_ACTIVE_LIMIT + 1, ..request(from, from) };
     let fields = |errors: ApiErrors| {
         errors.into_vec().into_iter().map(|e| e.field.unwrap_or_default()).collect::<Vec<_>>()
     };

@@ -252,7 +252,8 @@ async fn status_and_cancel_through_the_cli_and_bad_requests_name_every_problem()
 
     // Every problem at once: an unknown task, a reversed range, max-active out of range.
     let refused =
-        jetsched(&url, &["backfill", "history/nope", "--from", TO, "--to", FROM, "--max-active", "0"]).await;
+        jetsched(&url, &["backfill", "history/nope", "--from", TO, "--to", FROM, "--max-active", "1001"])
+            .await;
     assert_eq!(refused.status.code(), Some(1));
     let errors = String::from_utf8_lossy(&refused.stderr);
     for field in ["task", "to", "max_active"] {

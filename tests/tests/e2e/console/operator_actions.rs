@@ -1,8 +1,8 @@
 //! The console's operator actions in a real browser against a real system: editing a spec in
 //! a form (every problem at once, compare-and-set over the revision loaded, a conflicting edit
 //! refused), retrying a dead run by replaying its dead letter with the links between run, dead
-//! letter and replay, bulk replay of the dead letters a filter selects, and a pause with its
-//! reason.
+//! letter and replay, bulk replay of the dead letters a filter selects, a pause with its
+//! reason, and a backfill started from a task's page.
 
 use std::time::Duration;
 
@@ -257,5 +257,50 @@ async fn console_bulk_replays_exactly_the_dead_letters_a_filter_selects() {
     let mut left: Vec<String> = dead_letters(&js, &names).await.into_iter().map(|e| e.execution_id).collect();
     left.sort();
     assert_eq!(left, ["e-b1", "e-c1"], "the others stay");
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_starts_a_backfill_from_a_task_page_follows_it_and_names_every_problem() {
+    let (server, _registry, api) = registry().await;
+    let scheduler = crate::scheduler::spawn_scheduler(&server.url(), "console-bf", Duration::from_secs(2));
+    crate::scheduler::tasks_loaded(&scheduler).await;
+    let (_console, addr) = console(&server, None, true).await;
+    api.store(&spec("ops", "hourly").every("1h").handler("ok").json()).await;
+    let browser = Browser::start().await;
+    let page = format!("http://{addr}/tasks/ops/hourly");
+    browser.client.goto(&page).await.unwrap();
+    assert_eq!(browser.text("#backfills p.empty").await, "No backfill of this task.");
+
+    // A bad request: the page lists every problem, and nothing is started.
+    browser.type_into("#backfill-form input[name=from]", "yesterday").await;
+    browser.type_into("#backfill-form input[name=to]", "2999-01-01T00:00:00Z").await;
+    browser.click("#backfill-form button").await;
+    let problems = browser.text_when(WAIT, "the refusal's page", "div.error", |t| !t.is_empty()).await;
+    assert!(problems.contains("from") && problems.contains("future"), "{problems}");
+    let listed = api.call(api.names().backfill_api_namespaced("list", "ops"), json!({"id": "hourly"})).await;
+    assert_eq!(listed["backfills"], json!([]), "nothing started: {listed}");
+
+    // A day of hourly times, up to 100 runs in flight (no worker runs them here): all 24 are
+    // dispatched, and the task's page shows the backfill finished with its counts.
+    browser.client.goto(&page).await.unwrap();
+    browser.type_into("#backfill-form input[name=from]", "2025-06-01T00:00:00Z").await;
+    browser.type_into("#backfill-form input[name=to]", "2025-06-02T00:00:00Z").await;
+    browser
+        .client
+        .execute("document.querySelector('#backfill-form input[name=max_active]').value = '100';", vec![])
+        .await
+        .expect("set max active");
+    browser.click("#backfill-form button").await;
+    browser
+        .refresh_until(WAIT, "the backfill finished on the task's page", "#backfill-table td.state", |t| {
+            t == "finished"
+        })
+        .await;
+    assert_eq!(browser.text("#backfill-table td.dispatched").await, "24");
+    let listed = api.call(api.names().backfill_api_namespaced("list", "ops"), json!({"id": "hourly"})).await;
+    assert_eq!(listed["backfills"][0]["dispatched"], 24, "{listed}");
+    assert_eq!(listed["backfills"][0]["max_active"], 100, "{listed}");
+    browser.screenshot(super::screenshots().as_ref(), "backfill").await;
     browser.close().await;
 }
