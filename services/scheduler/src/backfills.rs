@@ -10,19 +10,21 @@
 //! duplicate window, so times far older than the window are handled exactly once too.
 //!
 //! The driver is a task of its own beside the dispatch loop: the live schedule's fires never
-//! wait for it. A batch is at most `--backfill-batch` times and one batch's publishes are in
-//! flight at once; between batches the driver yields. Every publish is fenced like the loop's:
+//! wait for it. A batch is at most `--backfill-batch` times, at most `--backfill-in-flight` of
+//! its publishes await their acknowledgement at once, and between batches the driver yields. Every publish is fenced like the loop's:
 //! none after the local lease deadline. While a backfill waits for its runs in flight
 //! (`max_active`), it looks at their run records again after [`RUNS_RECHECK`]. Run records are
 //! read in batches of latest values (one request per 256 execution ids).
 
 use std::collections::{BTreeSet, HashMap};
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::{self, kv};
 use chrono::Utc;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use jetsched_shared::backfill::progress::{BackfillProgress, BackfillState, Batch};
 use jetsched_shared::backfill::{BackfillOverlap, Decision};
 use jetsched_shared::calendar::{Calendars, Fate, fate_of, schedule_zone};
@@ -42,6 +44,11 @@ use crate::takeover::LeaseWatch;
 
 /// How soon a backfill waiting for its runs in flight reads their records again.
 pub(crate) const RUNS_RECHECK: Duration = Duration::from_millis(500);
+/// The acknowledgement of one backfill publish.
+type Stored = futures::future::BoxFuture<
+    'static,
+    Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+>;
 /// How soon the driver tries again after NATS failed it.
 const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// `backfill.progress` is told at most this often per backfill.
@@ -77,6 +84,8 @@ pub(crate) struct Driver {
     pub(crate) calendars: CalendarView,
     /// Nominal times per batch.
     pub(crate) batch: usize,
+    /// Publishes awaiting their acknowledgement at once.
+    pub(crate) in_flight: usize,
 }
 
 /// The run-record field a backfill reads.
@@ -245,8 +254,14 @@ impl Driver {
         revision: u64,
     ) -> anyhow::Result<bool> {
         let target = Target::of(spec, revision);
-        let mut acks = Vec::with_capacity(batch.items.len());
+        let mut acks: FuturesUnordered<Stored> = FuturesUnordered::new();
         for planned in batch.items.iter().filter(|p| p.decision.starts_run()) {
+            // At most `in_flight` ahead of the live schedule's fires in the stream.
+            while acks.len() >= self.in_flight {
+                if let Some(stored) = acks.next().await {
+                    stored.context("a backfill dispatch was not stored")?;
+                }
+            }
             let Some(held) = *self.lease.borrow() else { return Ok(false) };
             if Instant::now() >= held.valid_until {
                 return Ok(false);
@@ -264,11 +279,11 @@ impl Driver {
                 .send_publish(message.subject, message.message)
                 .await
                 .context("publish a backfill dispatch")?;
-            acks.push(ack);
+            acks.push(Box::pin(ack.into_future()));
         }
-        futures::future::try_join_all(acks.into_iter().map(std::future::IntoFuture::into_future))
-            .await
-            .context("a backfill dispatch was not stored")?;
+        while let Some(stored) = acks.next().await {
+            stored.context("a backfill dispatch was not stored")?;
+        }
         Ok(true)
     }
 

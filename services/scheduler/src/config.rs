@@ -46,10 +46,18 @@ pub struct Config {
     /// once, and the live schedule's fires go first between batches.
     #[arg(long, env = "JETSCHED_SCHEDULER_BACKFILL_BATCH", default_value_t = DEFAULT_BACKFILL_BATCH)]
     pub backfill_batch: usize,
+    /// A backfill's publishes awaiting their acknowledgement at once: the live schedule's fires
+    /// wait behind at most this many in the dispatch stream (fewer: less lag added to the live
+    /// fires while a backfill runs, a slower backfill).
+    #[arg(long, env = "JETSCHED_SCHEDULER_BACKFILL_IN_FLIGHT", default_value_t = DEFAULT_BACKFILL_IN_FLIGHT)]
+    pub backfill_in_flight: usize,
 }
 
+/// The default backfill publishes in flight.
+pub const DEFAULT_BACKFILL_IN_FLIGHT: usize = 64;
+
 /// The default backfill batch.
-pub(crate) const DEFAULT_BACKFILL_BATCH: usize = 500;
+pub const DEFAULT_BACKFILL_BATCH: usize = 500;
 
 /// The default publish window: wide enough that a burst of due fires is bound by what the
 /// server can store, not by the acknowledgements' round trip (512 left the two cores idle a
@@ -73,6 +81,7 @@ impl Config {
             fire_events: true,
             max_clock_skew: Duration::from_secs(1),
             backfill_batch: DEFAULT_BACKFILL_BATCH,
+            backfill_in_flight: DEFAULT_BACKFILL_IN_FLIGHT,
         }
     }
 
@@ -88,6 +97,7 @@ impl Config {
         problems.at_least("catchup-rate", self.catchup_rate, 1);
         problems.positive("max-clock-skew", self.max_clock_skew);
         problems.at_least("backfill-batch", self.backfill_batch, 1);
+        problems.at_least("backfill-in-flight", self.backfill_in_flight, 1);
         problems.finish::<Config>()
     }
 }

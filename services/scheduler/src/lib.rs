@@ -28,5 +28,7 @@ pub mod timer;
 mod wake;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
-pub use config::{Config, DEFAULT_ADMIN_ADDR, DEFAULT_PUBLISH_WINDOW};
+pub use config::{
+    Config, DEFAULT_ADMIN_ADDR, DEFAULT_BACKFILL_BATCH, DEFAULT_BACKFILL_IN_FLIGHT, DEFAULT_PUBLISH_WINDOW,
+};
 pub use service::{Scheduler, build, build_with_clock};

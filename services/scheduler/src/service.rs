@@ -135,6 +135,7 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
         lease: takeover.lease_watch(),
         calendars: calendars.view(),
         batch: config.backfill_batch,
+        in_flight: config.backfill_in_flight,
     };
     let time = Time::new(clock);
     let core = Core {

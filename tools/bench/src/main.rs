@@ -4,6 +4,7 @@
 
 mod accounts;
 mod args;
+mod backfill;
 mod breakers;
 mod console;
 mod e2e;
@@ -53,6 +54,9 @@ enum Scenario {
     Burst(scheduler::BurstArgs),
     /// N interval tasks firing at a steady rate: lag percentiles.
     Steady(scheduler::SteadyArgs),
+    /// A backfill of N nominal times against the burst of N one-shots in the same run, with the
+    /// live schedule's fire lag before and while it runs (not part of `all`).
+    Backfill(backfill::Args),
     /// No-op runs end to end with 1, 2, 4 worker replicas, against raw publish + pull + ack. With
     /// more than one round, each ratio is taken within its round and the median is reported
     /// beside every round's share of the ceiling (the machine's speed drifts between phases more
@@ -247,6 +251,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Raw(args) => raw::run(args).await?,
         Scenario::Burst(args) => scheduler::burst(args).await?,
         Scenario::Steady(args) => scheduler::steady(args).await?,
+        Scenario::Backfill(args) => backfill::run(args).await?,
         Scenario::E2e(args) => e2e::run(args).await?,
         Scenario::Breakers(args) => breakers::run(args).await?,
         Scenario::Limits(args) => limits::run(args).await?,

@@ -63,7 +63,7 @@ impl Defaults for ScaleArgs {
 impl Firing {
     /// Writes the interval tasks (ids `<prefix><i>`) to the tasks bucket; returns their
     /// interval in milliseconds.
-    async fn write(&self, topology: &Topology, prefix: &str) -> anyhow::Result<u64> {
+    pub(crate) async fn write(&self, topology: &Topology, prefix: &str) -> anyhow::Result<u64> {
         let (interval_ms, schedules) = spread_schedules(self.tasks.tasks, self.rate);
         let specs = schedules
             .into_iter()
@@ -104,14 +104,14 @@ pub(crate) struct ScaleArgs {
     pub(crate) rounds: Rounds<ScaleArgs>,
 }
 
-async fn start(url: &str) -> anyhow::Result<(Names, Topology, jetstream::Context)> {
+pub(crate) async fn start(url: &str) -> anyhow::Result<(Names, Topology, jetstream::Context)> {
     let js = jetstream::new(async_nats::connect(url).await.context("connect")?);
     let names = Names::default();
     let topology = topology::ensure(&js, &names, &TopologyArgs::default()).await?;
     Ok((names, topology, js))
 }
 
-fn config(url: &str, window: usize) -> Config {
+pub(crate) fn config(url: &str, window: usize) -> Config {
     let mut config = Config::for_tests(url);
     config.publish_window = window;
     config.fire_events = false;
