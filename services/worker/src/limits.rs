@@ -495,25 +495,9 @@ impl Limits {
                 if eligible && !limits.closing.load(std::sync::atomic::Ordering::SeqCst) {
                     let mut blocks = limits.blocks.lock().unwrap_or_else(|p| p.into_inner());
                     let block = blocks.entry(name.clone()).or_default();
-                    // Slots granted to the block by a claim before it in this write.
-                    let unknown = !record.holders.contains_key(&claim.execution_id)
-                        && !record.waiters.iter().any(|w| w.execution_id == claim.execution_id);
-                    if record.waiters.is_empty() && unknown && block.take_granted() {
-                        return (Decision::Block { granted: 0 }, false);
-                    }
-                    let want = block.want(limits.most);
-                    let granted = rules::grant_block(
-                        record,
-                        &claim.as_claim(),
-                        want,
-                        block.recorded,
-                        block.used,
-                        now,
-                        lease,
-                    );
-                    if let Some(granted) = granted {
-                        block.grant(granted);
-                        return (Decision::Block { granted }, true);
+                    if let Some(decision) = block.claim(record, &claim.as_claim(), limits.most, now, lease) {
+                        let changed = decision != (Decision::Block { granted: 0 });
+                        return (decision, changed);
                     }
                 }
                 let before = record.clone();
@@ -653,7 +637,7 @@ impl Limits {
             let now_us = micros(Utc::now());
             for (key, _) in blocks_due.into_iter().filter(|(_, at)| *at <= now_us) {
                 let write = self.block(&key, |b| {
-                    let write = !b.writing && b.tick(now_us, lease_us);
+                    let write = !b.writing && b.tick(now_us, lease_us, self.most);
                     if write {
                         b.writing = true;
                     }

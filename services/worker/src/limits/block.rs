@@ -15,6 +15,11 @@
 //! shrinks only by the slots `cap` has already let go: the slots the worker's runs may use are
 //! never more than the record counts.
 
+use chrono::{DateTime, Duration, Utc};
+use jetsched_shared::wire::LimitRecord;
+
+use super::rules::{self, Claim, Decision};
+
 /// How long a free slot of a block may go unused before it is given back, and the window the
 /// worker's demand is measured over (microseconds).
 pub(crate) const IDLE_US: i64 = 100_000;
@@ -53,13 +58,18 @@ pub(crate) struct LocalBlock {
 impl LocalBlock {
     /// A run of the key arrives at `now`: counted in the demand.
     pub(crate) fn arrive(&mut self, now: i64) {
+        self.roll(now);
+        self.this = self.this.saturating_add(1);
+    }
+
+    /// Moves the demand windows on to `now`.
+    fn roll(&mut self, now: i64) {
         let elapsed = now - self.demand_start;
         if elapsed >= IDLE_US {
             self.last = if elapsed < 2 * IDLE_US { self.this } else { 0 };
             self.this = 0;
             self.demand_start = now;
         }
-        self.this = self.this.saturating_add(1);
     }
 
     /// Slots wanted beyond the block's (those the write being prepared adds included) and a
@@ -134,9 +144,33 @@ impl LocalBlock {
         self.granted_runs += 1;
     }
 
+    /// Decides, in the write being prepared, the claim of a run that may hold a slot of this
+    /// block (a first delivery the key does not know): a slot granted to the block by a claim
+    /// before it in the same write, else slots granted now ([`rules::grant_block`], sized by
+    /// the demand, at most `most` in all). `None` when the claim is to be decided by
+    /// [`rules::acquire`]. A decision `Block { granted: 0 }` changed nothing in the record.
+    pub(crate) fn claim(
+        &mut self,
+        record: &mut LimitRecord,
+        claim: &Claim<'_>,
+        most: u32,
+        now: DateTime<Utc>,
+        lease: Duration,
+    ) -> Option<Decision> {
+        let unknown = !record.holders.contains_key(claim.execution_id)
+            && !record.waiters.iter().any(|w| w.execution_id == claim.execution_id);
+        if record.waiters.is_empty() && unknown && self.take_granted() {
+            return Some(Decision::Block { granted: 0 });
+        }
+        let want = self.want(most);
+        let granted = rules::grant_block(record, claim, want, self.recorded, self.used, now, lease)?;
+        self.grant(granted);
+        Some(Decision::Block { granted })
+    }
+
     /// A run whose claim is in the same write as a grant takes one of the slots granted beyond
     /// the claims before it, if one is left (they are not in `cap` yet, so no run took them).
-    pub(crate) fn take_granted(&mut self) -> bool {
+    fn take_granted(&mut self) -> bool {
         if self.granting <= self.granted_runs {
             return false;
         }
@@ -210,11 +244,14 @@ impl LocalBlock {
         Some(idle.map_or(renew, |idle| idle.min(renew)))
     }
 
-    /// At `now`: slots free through a whole idle window leave the block (and a new window
-    /// starts). Returns whether a write is due: slots to give back, or the lease to renew.
-    pub(crate) fn tick(&mut self, now: i64, lease_us: i64) -> bool {
+    /// At `now`: slots free through a whole idle window leave the block, but for those the
+    /// demand of the last windows still wants (at most `most`), and a new window starts.
+    /// Returns whether a write is due: slots to give back, or the lease to renew.
+    pub(crate) fn tick(&mut self, now: i64, lease_us: i64, most: u32) -> bool {
         if now >= self.window_start + IDLE_US {
-            let unused = self.least_free.min(self.free());
+            self.roll(now);
+            let keep = self.this.max(self.last).min(most);
+            let unused = self.least_free.min(self.free()).min(self.cap.saturating_sub(keep));
             self.cap -= unused;
             self.window_start = now;
             self.least_free = self.free();
@@ -265,15 +302,31 @@ mod tests {
         assert!(!b.give());
         // 2 slots were never used during the window (least free 2).
         assert_eq!(b.due(LEASE), Some(IDLE_US));
-        assert!(b.tick(IDLE_US, LEASE));
+        assert!(b.tick(IDLE_US, LEASE, 8));
         assert_eq!((b.cap, b.used, b.surplus()), (2, 1, 2));
         b.stored(2, LEASE + IDLE_US, IDLE_US);
-        assert!(!b.tick(IDLE_US + 1, LEASE));
+        assert!(!b.tick(IDLE_US + 1, LEASE, 8));
         // The last free slot goes after the next window; then only the renewal is due.
-        assert!(b.tick(2 * IDLE_US, LEASE));
+        assert!(b.tick(2 * IDLE_US, LEASE, 8));
         b.stored(1, LEASE + 2 * IDLE_US, 2 * IDLE_US);
         assert_eq!(b.due(LEASE), Some(2 * IDLE_US + LEASE / 3));
-        assert!(b.tick(2 * IDLE_US + LEASE / 3, LEASE), "renewal due");
+        assert!(b.tick(2 * IDLE_US + LEASE / 3, LEASE, 8), "renewal due");
+    }
+
+    #[test]
+    fn slots_the_demand_still_wants_stay_in_the_block() {
+        let mut b = block(6);
+        for i in 0..4 {
+            b.arrive(i);
+        }
+        assert!(b.take(10));
+        // 5 free all window long, but 4 runs came in it: 2 leave, 4 stay.
+        assert!(b.tick(IDLE_US, LEASE, 8));
+        assert_eq!((b.cap, b.surplus()), (4, 2));
+        b.stored(4, LEASE + IDLE_US, IDLE_US);
+        // After a quiet window the demand is gone, and so are the free slots.
+        assert!(b.tick(2 * IDLE_US, LEASE, 8));
+        assert_eq!((b.cap, b.used), (1, 1));
     }
 
     #[test]

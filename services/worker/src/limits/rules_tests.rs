@@ -253,7 +253,8 @@ fn give_back(key: &mut Key, worker: &mut Worker, now: DateTime<Utc>) {
 
 #[derive(Debug, Clone)]
 enum BlockOp {
-    Arrive(usize, u8),
+    /// A run of a priority arrives on a worker, and `.2` more with it if it asks with a write.
+    Arrive(usize, u8, u8),
     End(usize),
     Release(usize),
     Deliver(usize),
@@ -265,7 +266,7 @@ enum BlockOp {
 
 fn block_op() -> impl Strategy<Value = BlockOp> {
     prop_oneof![
-        6 => (0..WORKERS.len(), 0u8..4).prop_map(|(w, p)| BlockOp::Arrive(w, p)),
+        6 => (0..WORKERS.len(), 0u8..4, 0u8..4).prop_map(|(w, p, n)| BlockOp::Arrive(w, p, n)),
         4 => any::<usize>().prop_map(BlockOp::End),
         2 => any::<usize>().prop_map(BlockOp::Release),
         2 => any::<usize>().prop_map(BlockOp::Deliver),
@@ -310,7 +311,7 @@ proptest! {
                 .map(|w| (w.block.orphans(), key.record.blocks.get(w.name).map(|b| b.lease_until)))
                 .collect();
             match op {
-                BlockOp::Arrive(w, p) => {
+                BlockOp::Arrive(w, p, together) => {
                     if next == ids.len() { continue; }
                     let priority = Priority::ALL[p as usize];
                     let id = ids[next].clone();
@@ -335,33 +336,48 @@ proptest! {
                         worker.running.push(id);
                         continue;
                     }
-                    let mut c = claim(&id, seq, priority, limit);
-                    c.worker = worker.name;
+                    // It asks with a write, with the runs that arrive while it is being prepared
+                    // (a group commit: one write decides them in arrival order).
                     worker.block.round();
-                    let want = worker.block.want(MOST);
-                    let (recorded, used) = (worker.block.recorded, worker.block.used);
-                    let granted = grant_block(&mut key.record, &c, want, recorded, used, now, lease());
-                    let decision = match granted {
-                        Some(granted) => {
-                            worker.block.grant(granted);
-                            committed(&mut key, worker, now);
-                            worker.running.push(id.clone());
-                            Decision::Block { granted }
+                    let mut record = key.record.clone();
+                    let mut decided = Vec::new();
+                    for n in 0..=usize::from(together) {
+                        let id = if n == 0 {
+                            id.clone()
+                        } else if next < ids.len() {
+                            next += 1;
+                            worker.block.arrive(us(now));
+                            ids[next - 1].clone()
+                        } else {
+                            break;
+                        };
+                        seq += 1;
+                        let blocked = record.waiters.iter().any(|w| w.priority <= priority);
+                        let mut c = claim(&id, seq, priority, limit);
+                        c.worker = worker.name;
+                        let decision = match worker.block.claim(&mut record, &c, MOST, now, lease()) {
+                            Some(decision) => decision,
+                            None => acquire(&mut record, &c, now, lease()),
+                        };
+                        if blocked {
+                            prop_assert!(matches!(decision, Decision::Wait { .. }), "a write passed a waiter");
                         }
-                        None => {
-                            let before = key.record.clone();
-                            let decision = acquire(&mut key.record, &c, now, lease());
-                            if key.record != before {
-                                committed(&mut key, worker, now);
-                            }
-                            decision
-                        }
-                    };
-                    if !blockers.is_empty() {
-                        prop_assert!(matches!(decision, Decision::Wait { .. }), "a write passed a waiter");
+                        decided.push((id, decision));
                     }
-                    if matches!(decision, Decision::Wait { .. }) {
-                        key.waiter_rev.insert(id, key.rev);
+                    if record != key.record {
+                        key.record = record;
+                        committed(&mut key, worker, now);
+                    } else {
+                        worker.block.round();
+                    }
+                    for (id, decision) in decided {
+                        match decision {
+                            Decision::Block { .. } => worker.running.push(id),
+                            Decision::Wait { .. } => {
+                                key.waiter_rev.insert(id, key.rev);
+                            }
+                            Decision::Hold | Decision::Copy => {}
+                        }
                     }
                 }
                 BlockOp::End(i) => {
@@ -424,7 +440,7 @@ proptest! {
                 BlockOp::Tick(w) => {
                     let lease_us = lease().num_microseconds().unwrap();
                     let worker = &mut workers[w];
-                    if !worker.block.writing && worker.block.tick(us(now), lease_us) {
+                    if !worker.block.writing && worker.block.tick(us(now), lease_us, MOST) {
                         give_back(&mut key, worker, now);
                     }
                 }
