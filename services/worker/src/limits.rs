@@ -222,19 +222,15 @@ impl Limits {
     /// A run of `key` holding a slot of this worker's block ended: the slot goes back to the
     /// block, or, when the block is closed, back to the key by a write that hands it over.
     pub(crate) fn free_block(self: &Arc<Self>, key: &str) {
-        let (write, first_free) = {
+        let write = {
             let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
             let Some(block) = blocks.get_mut(key) else { return };
             let write = block.give();
             if write {
                 block.writing = true;
             }
-            (write, block.cap == block.used + 1)
+            write
         };
-        if first_free {
-            // A block with a free slot is due at the end of its idle window.
-            self.changed.notify_one();
-        }
         if write {
             let (limits, key) = (Arc::clone(self), key.to_string());
             self.frees.spawn(async move {

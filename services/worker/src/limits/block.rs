@@ -230,8 +230,8 @@ impl LocalBlock {
     }
 
     /// When the block needs its worker next, if it holds slots: now when slots are to be given
-    /// back, at the end of the idle window when some are free, a third of a lease after it was
-    /// stored to renew it.
+    /// back, else at the end of the idle window or a third of a lease after it was stored (to
+    /// renew it), whichever comes first.
     pub(crate) fn due(&self, lease_us: i64) -> Option<i64> {
         if self.recorded == 0 || self.writing {
             return None;
@@ -239,9 +239,9 @@ impl LocalBlock {
         if self.surplus() > 0 {
             return Some(0);
         }
+        // Every window's end, free slots or not: a run that ends frees one with no call here.
         let renew = self.written_at + lease_us / 3;
-        let idle = (self.free() > 0).then_some(self.window_start + IDLE_US);
-        Some(idle.map_or(renew, |idle| idle.min(renew)))
+        Some((self.window_start + IDLE_US).min(renew))
     }
 
     /// At `now`: slots free through a whole idle window leave the block, but for those the
@@ -309,7 +309,8 @@ mod tests {
         // The last free slot goes after the next window; then only the renewal is due.
         assert!(b.tick(2 * IDLE_US, LEASE, 8));
         b.stored(1, LEASE + 2 * IDLE_US, 2 * IDLE_US);
-        assert_eq!(b.due(LEASE), Some(2 * IDLE_US + LEASE / 3));
+        assert_eq!(b.due(LEASE), Some(3 * IDLE_US));
+        assert!(!b.tick(3 * IDLE_US, LEASE, 8), "nothing free, nothing to renew yet");
         assert!(b.tick(2 * IDLE_US + LEASE / 3, LEASE, 8), "renewal due");
     }
 
