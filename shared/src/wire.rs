@@ -118,7 +118,7 @@ pub use flow::{
     HDR_DEDUPE_TTL, MAX_DEDUPE_KEY, MAX_DEDUPE_TTL, MAX_TRIGGER_PAYLOAD, check_dedupe_key, check_payload,
     dedupe_ttl,
 };
-pub use limit::{Holder, LimitInfo, LimitListReply, LimitRecord, LimitRequest, Waiter};
+pub use limit::{Holder, LimitInfo, LimitListReply, LimitRecord, LimitRequest, SlotBlock, Waiter};
 pub use pause::PauseRequest;
 pub use queue::{LaneInfo, QueueInfo, QueueListReply, QueueReply, QueueRequest, QueueState};
 pub use rate::{HDR_RATE_START, RateDeclared, RateInfo, RateRecord, format_rate_start, parse_rate_start};

@@ -27,7 +27,7 @@ pub(crate) enum LimitCommand {
     },
 }
 
-const HEADER: [&str; 6] = ["KEY", "LIMIT", "OVERRIDE", "IN USE", "WAITING", "OLDEST WAIT"];
+const HEADER: [&str; 7] = ["KEY", "LIMIT", "OVERRIDE", "IN USE", "AHEAD", "WAITING", "OLDEST WAIT"];
 const RATE_HEADER: [&str; 6] = ["RATE KEY", "LIMIT", "BURST", "AVAILABLE", "NEXT START", "THROTTLED SINCE"];
 
 /// `jetsched limits [set|clear]`.
@@ -89,6 +89,7 @@ fn row(info: &LimitInfo) -> Vec<String> {
         info.limit.to_string(),
         info.override_limit.map(|n| n.to_string()).unwrap_or_default(),
         info.in_use.to_string(),
+        info.reserved_ahead.to_string(),
         waiting,
         info.oldest_wait.map(format_time).unwrap_or_default(),
     ]

@@ -115,6 +115,8 @@ impl Delivery<'_> {
                 if self.take_slot().await {
                     let parts = self.parts;
                     let ending = match self.slot.clone() {
+                        // The block's lease is renewed for all its runs.
+                        Some(_) if self.from_block => self.run().await,
                         Some(key) => {
                             let (id, seq) = (&dispatch.execution_id, self.received.sequence);
                             parts.limits.holding(&key, id, seq, self.run()).await

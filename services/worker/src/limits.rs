@@ -13,7 +13,15 @@
 //! the expired holders and hands their slots over ([`Limits::deadlines`]): a dead worker's
 //! slot is free again within the lease. The parked message is also scheduled to come back by
 //! itself after two leases, so a run whose hand-over was cut short is never lost.
+//!
+//! While no run waits on a key, a worker's write for one of its runs may also take a block of
+//! free slots ahead ([`rules::grant_block`], sized by the worker's demand): its next runs of the
+//! key take and give back slots of the block with no write ([`block`]). The block is given
+//! back, in a write that hands its slots over like a free, when a run waits on the key (the
+//! watch shows it), when its slots go unused, and at shutdown; its lease is renewed like a
+//! held slot's.
 
+pub(crate) mod block;
 pub(crate) mod handover;
 pub(crate) mod park;
 pub(crate) mod rules;
@@ -33,12 +41,16 @@ use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use self::block::LocalBlock;
 use self::rules::{Claim, Decision};
 use crate::metrics::Metrics;
 
 /// Compare-and-set rounds before giving up on a write (every worker's runs of a hot key
 /// write the same entry).
 const CAS_ROUNDS: usize = 64;
+
+/// Rounds of giving the blocks back at shutdown (a block being written is waited for).
+const SETTLE_ROUNDS: usize = 200;
 
 /// The wait before a key whose hand-over failed is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -82,6 +94,17 @@ pub(crate) struct Limits {
     /// Slots being freed after their runs ended: the run's worker permit is not held for the
     /// write; a graceful shutdown waits for them ([`Limits::settle`]).
     frees: TaskTracker,
+    /// This worker's blocks of slots taken ahead, by key.
+    blocks: Mutex<HashMap<String, LocalBlock>>,
+    /// The most slots a block holds (the worker's concurrency: more could not be used).
+    most: u32,
+    /// Set at shutdown: every block is closed and given back.
+    closing: std::sync::atomic::AtomicBool,
+}
+
+/// Microseconds since the epoch.
+fn micros(at: chrono::DateTime<Utc>) -> i64 {
+    at.timestamp_micros()
 }
 
 impl Limits {
@@ -91,6 +114,7 @@ impl Limits {
         js: jetstream::Context,
         worker: String,
         lease: Duration,
+        most: usize,
         metrics: Metrics,
     ) -> Limits {
         Limits {
@@ -104,6 +128,9 @@ impl Limits {
             changed: Notify::new(),
             metrics,
             frees: TaskTracker::new(),
+            blocks: Mutex::default(),
+            most: u32::try_from(most).unwrap_or(u32::MAX).max(1),
+            closing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -124,10 +151,166 @@ impl Limits {
         });
     }
 
-    /// Waits for the slots being freed (at shutdown, once no run is left).
-    pub(crate) async fn settle(&self) {
+    /// Waits for the slots being freed, then gives every block back (at shutdown, once no run
+    /// is left).
+    pub(crate) async fn settle(self: &Arc<Self>) {
         self.frees.close();
         self.frees.wait().await;
+        self.closing.store(true, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..SETTLE_ROUNDS {
+            let keys: Vec<(String, bool)> = {
+                let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
+                blocks
+                    .iter_mut()
+                    .filter_map(|(key, b)| {
+                        b.judge(false);
+                        if b.writing {
+                            return Some((key.clone(), false));
+                        }
+                        let ours = b.surplus() > 0;
+                        b.writing = ours;
+                        ours.then(|| (key.clone(), true))
+                    })
+                    .collect()
+            };
+            if keys.is_empty() {
+                return;
+            }
+            for (key, ours) in keys {
+                if ours && let Err(error) = self.give_back(&key).await {
+                    self.metrics.errors.with_label_values(&["limit"]).inc();
+                    tracing::warn!(
+                        error = format!("{error:#}"),
+                        key,
+                        "cannot give the block back; its lease will"
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A run of `key` arriving takes a slot of this worker's block, if the block is open and
+    /// has one free (no write). `eligible`: the run may hold a slot of a block at all (a first
+    /// delivery the key does not know).
+    pub(crate) fn take_from_block(&self, key: &str, execution_id: &str, eligible: bool) -> bool {
+        let now = micros(Utc::now());
+        let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
+        let block = blocks.entry(key.to_string()).or_default();
+        block.arrive(now);
+        if !eligible || block.cap <= block.used {
+            return false;
+        }
+        drop(blocks);
+        // A run the key knows (a copy of a holder's message, a waiter) asks with a write.
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner()).get(key).is_some_and(|k| {
+            k.record.holders.contains_key(execution_id)
+                || k.record.waiters.iter().any(|w| w.execution_id == execution_id)
+        });
+        if known {
+            return false;
+        }
+        let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = blocks.get_mut(key).is_some_and(|b| b.take(now));
+        drop(blocks);
+        if taken {
+            self.metrics.limit_starts.with_label_values(&["block"]).inc();
+        }
+        taken
+    }
+
+    /// A run of `key` holding a slot of this worker's block ended: the slot goes back to the
+    /// block, or, when the block is closed, back to the key by a write that hands it over.
+    pub(crate) fn free_block(self: &Arc<Self>, key: &str) {
+        let write = {
+            let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(block) = blocks.get_mut(key) else { return };
+            let write = block.give();
+            if write {
+                block.writing = true;
+            }
+            write
+        };
+        if write {
+            let (limits, key) = (Arc::clone(self), key.to_string());
+            self.frees.spawn(async move {
+                if let Err(error) = limits.give_back(&key).await {
+                    limits.metrics.errors.with_label_values(&["limit"]).inc();
+                    tracing::warn!(error = format!("{error:#}"), key, "cannot give the block's slot back");
+                }
+            });
+        }
+    }
+
+    /// Writes this worker's block of `key` (its `writing` flag set by the caller): gives back
+    /// the slots it let go, renews its lease, and hands the freed slots over, again until none
+    /// is left to give back. A block the record no longer holds (its lease ran out) is lost:
+    /// logged and counted, its runs run on.
+    async fn give_back(self: &Arc<Self>, key: &str) -> anyhow::Result<()> {
+        loop {
+            let lease = self.lease_chrono();
+            let worker = self.worker.clone();
+            let (limits, name) = (Arc::clone(self), key.to_string());
+            let written = self
+                .modify(key, move |record| {
+                    let (surplus, used) = {
+                        let blocks = limits.blocks.lock().unwrap_or_else(|p| p.into_inner());
+                        blocks.get(&name).map_or((0, 0), |b| (b.surplus(), b.used))
+                    };
+                    let now = Utc::now();
+                    let kept = rules::write_block(record, &worker, surplus, used, now, lease);
+                    let handed = rules::hand_over(record, &worker, now, lease);
+                    let changed = kept || !handed.is_empty();
+                    ((kept, handed), changed)
+                })
+                .await;
+            let (kept, handed) = match written {
+                Ok(written) => written,
+                Err(error) => {
+                    self.block(key, |b| b.writing = false);
+                    return Err(error);
+                }
+            };
+            if !kept {
+                self.metrics.errors.with_label_values(&["limit_lost"]).inc();
+                tracing::warn!(key, "the block's lease ran out; its runs run on without it");
+                self.block(key, LocalBlock::lost);
+            }
+            self.deliver_handed(key, handed).await;
+            let again = self.block(key, |b| {
+                let again = b.surplus() > 0;
+                b.writing = again;
+                again
+            });
+            if again != Some(true) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Applies `f` to this worker's block of `key`, if it has one.
+    fn block<T>(&self, key: &str, f: impl FnOnce(&mut LocalBlock) -> T) -> Option<T> {
+        self.blocks.lock().unwrap_or_else(|p| p.into_inner()).get_mut(key).map(f)
+    }
+
+    /// The latest known record of `key` opens or closes this worker's block.
+    fn judge_block(&self, key: &str, record: &LimitRecord) {
+        let open = !self.closing.load(std::sync::atomic::Ordering::SeqCst)
+            && rules::block_open(record, &self.worker, Utc::now());
+        if self.block(key, |b| b.judge(open)) == Some(true) {
+            self.changed.notify_one();
+        }
+    }
+
+    /// A write of `key` is stored as `record`: this worker's block as the record holds it.
+    fn block_stored(&self, key: &str, record: &LimitRecord) {
+        let now = Utc::now();
+        let (recorded, until) = record
+            .blocks
+            .get(&self.worker)
+            .filter(|b| b.lease_until >= now)
+            .map_or((0, 0), |b| (b.slots, micros(b.lease_until)));
+        self.block(key, |b| b.stored(recorded, until, micros(now)));
     }
 
     fn lease_chrono(&self) -> chrono::Duration {
@@ -153,12 +336,16 @@ impl Limits {
         self.metrics.limit_waiting.with_label_values(&[name]).set(record.waiters.len() as i64);
         let oldest = record.oldest_wait().map_or(0, |at| at.timestamp());
         self.metrics.limit_oldest_wait.with_label_values(&[name]).set(oldest);
+        self.metrics.limit_ahead.with_label_values(&[name]).set(record.reserved_ahead(now) as i64);
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let stale = known.get(&entry.key).is_some_and(|k| k.revision > entry.revision);
         if !stale {
-            known.insert(entry.key.clone(), Versioned { record, revision: entry.revision });
+            known.insert(entry.key.clone(), Versioned { record: record.clone(), revision: entry.revision });
         }
         drop(known);
+        if !stale {
+            self.judge_block(&entry.key, &record);
+        }
         self.changed.notify_one();
     }
 
@@ -244,6 +431,7 @@ impl Limits {
             None => self.read(key).await?,
         };
         for _ in 0..CAS_ROUNDS {
+            self.block(key, LocalBlock::round);
             let mut record = current.record.clone();
             let mut changed = false;
             for pending in batch.iter_mut() {
@@ -269,9 +457,15 @@ impl Limits {
             match written {
                 Some(revision) => {
                     let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-                    if known.get(key).is_none_or(|k| k.revision < revision) {
-                        known.insert(key.to_string(), Versioned { record, revision });
+                    let newest = known.get(key).is_none_or(|k| k.revision < revision);
+                    if newest {
+                        known.insert(key.to_string(), Versioned { record: record.clone(), revision });
                     }
+                    drop(known);
+                    if newest {
+                        self.judge_block(key, &record);
+                    }
+                    self.block_stored(key, &record);
                     return Ok(());
                 }
                 None => current = self.read(key).await?,
@@ -280,16 +474,37 @@ impl Limits {
         anyhow::bail!("limit {key}: compare-and-set kept failing")
     }
 
-    /// A delivery's claim of a slot of `key`.
-    pub(crate) async fn acquire(self: &Arc<Self>, key: &str, claim: &Claim<'_>) -> anyhow::Result<Decision> {
+    /// A delivery's claim of a slot of `key`. `eligible`: the run may hold a slot of this
+    /// worker's block ([`Limits::take_from_block`]), and the write may take a block ahead.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        key: &str,
+        claim: &Claim<'_>,
+        eligible: bool,
+    ) -> anyhow::Result<Decision> {
         let lease = self.lease_chrono();
         let claim = claim.owned();
-        self.modify(key, move |record| {
-            let before = record.clone();
-            let decision = rules::acquire(record, &claim.as_claim(), Utc::now(), lease);
-            (decision, *record != before)
-        })
-        .await
+        let (limits, name) = (Arc::clone(self), key.to_string());
+        let decision = self
+            .modify(key, move |record| {
+                let now = Utc::now();
+                if eligible && !limits.closing.load(std::sync::atomic::Ordering::SeqCst) {
+                    let mut blocks = limits.blocks.lock().unwrap_or_else(|p| p.into_inner());
+                    let block = blocks.entry(name.clone()).or_default();
+                    if let Some(decision) = block.claim(record, &claim.as_claim(), limits.most, now, lease) {
+                        let changed = decision != (Decision::Block { granted: 0 });
+                        return (decision, changed);
+                    }
+                }
+                let before = record.clone();
+                let decision = rules::acquire(record, &claim.as_claim(), now, lease);
+                (decision, *record != before)
+            })
+            .await?;
+        if matches!(decision, Decision::Hold | Decision::Block { .. }) {
+            self.metrics.limit_starts.with_label_values(&["written"]).inc();
+        }
+        Ok(decision)
     }
 
     /// Frees the slot of `execution_id` held by message `seq`, and hands free slots over.
@@ -380,7 +595,23 @@ impl Limits {
                     })
                     .collect()
             };
-            let next = due.iter().map(|(_, at)| *at).min();
+            let lease_us = self.lease.as_micros() as i64;
+            let blocks_due: Vec<(String, i64)> = {
+                let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
+                let now_us = micros(now);
+                blocks.retain(|_, b| !b.forgotten(now_us));
+                blocks
+                    .iter()
+                    .filter_map(|(key, b)| b.due(lease_us).map(|at| (key.clone(), at)))
+                    .map(|(key, at)| {
+                        let at = retry_at.get(&key).map_or(at, |retry| at.max(micros(*retry)));
+                        (key, at)
+                    })
+                    .collect()
+            };
+            let next_block = blocks_due.iter().map(|(_, at)| *at).min();
+            let next_block = next_block.and_then(|at| chrono::DateTime::from_timestamp_micros(at.max(0)));
+            let next = due.iter().map(|(_, at)| *at).chain(next_block).min();
             let wait = next.map(|at| (at - now).to_std().unwrap_or_default());
             let changed = self.changed.notified();
             tokio::select! {
@@ -396,6 +627,27 @@ impl Limits {
                 if let Err(error) = self.reclaim(&key).await {
                     self.metrics.errors.with_label_values(&["limit"]).inc();
                     tracing::warn!(error = format!("{error:#}"), key, "cannot hand a concurrency slot over");
+                    retry_at.insert(key, now + chrono::Duration::from_std(RETRY_AFTER).unwrap_or_default());
+                }
+            }
+            let now_us = micros(Utc::now());
+            for (key, _) in blocks_due.into_iter().filter(|(_, at)| *at <= now_us) {
+                let write = self.block(&key, |b| {
+                    let write = !b.writing && b.tick(now_us, lease_us, self.most);
+                    if write {
+                        b.writing = true;
+                    }
+                    write
+                });
+                if write == Some(true)
+                    && let Err(error) = self.give_back(&key).await
+                {
+                    self.metrics.errors.with_label_values(&["limit"]).inc();
+                    tracing::warn!(
+                        error = format!("{error:#}"),
+                        key,
+                        "cannot write the block of slots taken ahead"
+                    );
                     retry_at.insert(key, now + chrono::Duration::from_std(RETRY_AFTER).unwrap_or_default());
                 }
             }

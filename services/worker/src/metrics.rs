@@ -50,6 +50,12 @@ pub(crate) struct Metrics {
     /// `jetsched_limit_in_use{key}`: slots of a concurrency key held (`<namespace>.<key>`), as
     /// this worker last saw the limits bucket.
     pub(crate) limit_in_use: prometheus::IntGaugeVec,
+    /// `jetsched_limit_reserved_ahead{key}`: slots of a concurrency key workers took ahead in
+    /// blocks and did not use when they last wrote them (counted against the limit).
+    pub(crate) limit_ahead: prometheus::IntGaugeVec,
+    /// `jetsched_limit_concurrency_starts_total{how}`: runs given a concurrency slot by a write
+    /// (`written`) or from the worker's block taken ahead (`block`).
+    pub(crate) limit_starts: IntCounterVec,
     /// `jetsched_limit_waiting{key}`: runs waiting for a slot of a concurrency key.
     pub(crate) limit_waiting: prometheus::IntGaugeVec,
     /// `jetsched_limit_oldest_wait_timestamp_seconds{key}`: when the key's oldest waiting run
@@ -134,8 +140,20 @@ impl Metrics {
             limit_in_use: gauge_vec(
                 r,
                 "jetsched_limit_in_use",
-                "Slots of a concurrency key held, as this worker last saw them",
+                "Slots of a concurrency key in use by runs, as this worker last saw them",
                 &["key"],
+            )?,
+            limit_ahead: gauge_vec(
+                r,
+                "jetsched_limit_reserved_ahead",
+                "Slots of a concurrency key workers took ahead in blocks and did not use, as this worker last saw them",
+                &["key"],
+            )?,
+            limit_starts: counter_vec(
+                r,
+                "jetsched_limit_concurrency_starts_total",
+                "Runs given a concurrency slot by a write (written) or from the worker's block taken ahead (block)",
+                &["how"],
             )?,
             limit_waiting: gauge_vec(
                 r,

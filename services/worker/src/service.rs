@@ -206,6 +206,7 @@ pub async fn build(config: Config, handlers: Handlers) -> anyhow::Result<Worker>
         js.clone(),
         instance.clone(),
         config.limit_lease,
+        config.concurrency,
         metrics.clone(),
     ));
     let limits_watch = limits.load().await?;

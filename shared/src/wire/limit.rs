@@ -1,6 +1,7 @@
 //! A concurrency key's state in the limits bucket (`concurrency.<namespace>.<key>`): the runs
-//! holding its slots, each with a lease, the runs waiting for one in arrival order, and an
-//! operator's override of the limit. Every change is a compare-and-set on the entry.
+//! holding its slots, each with a lease, the blocks of slots workers took ahead for their next
+//! runs, the runs waiting for one in arrival order, and an operator's override of the limit.
+//! Every change is a compare-and-set on the entry.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +22,10 @@ pub struct LimitRecord {
     /// The runs holding a slot, by execution id.
     #[serde(default)]
     pub holders: BTreeMap<String, Holder>,
+    /// Slots workers took ahead while no run waited, by worker: their next runs of the key
+    /// take them without a write. Every slot of a block counts against the limit.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub blocks: BTreeMap<String, SlotBlock>,
     /// The runs waiting for a slot, in arrival order.
     #[serde(default)]
     pub waiters: Vec<Waiter>,
@@ -49,6 +54,19 @@ pub struct Holder {
     pub task_id: String,
 }
 
+/// Slots one worker holds ahead under one lease, while no run waits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotBlock {
+    /// Slots held: every one counts against the limit, used or not.
+    pub slots: u32,
+    /// Of them, used by the worker's runs when it last wrote the block (for operators only).
+    #[serde(default)]
+    pub used: u32,
+    /// The block is free again after this, unless renewed.
+    #[serde(with = "millis")]
+    pub lease_until: DateTime<Utc>,
+}
+
 /// A run waiting for a slot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Waiter {
@@ -69,9 +87,31 @@ impl LimitRecord {
         self.override_limit.unwrap_or(self.limit)
     }
 
-    /// Slots held by a lease still running at `now`.
-    pub fn in_use(&self, now: DateTime<Utc>) -> usize {
+    /// Slots counted against the limit at `now`: held by runs and held in blocks, leases
+    /// still running.
+    pub fn taken(&self, now: DateTime<Utc>) -> usize {
+        let blocks: usize =
+            self.blocks.values().filter(|b| b.lease_until >= now).map(|b| b.slots as usize).sum();
+        self.held(now) + blocks
+    }
+
+    /// Slots held by runs of their own, leases still running at `now`.
+    pub fn held(&self, now: DateTime<Utc>) -> usize {
         self.holders.values().filter(|h| h.lease_until >= now).count()
+    }
+
+    /// Slots in use at `now`: held by runs, and of the blocks those their workers' runs used
+    /// when each last wrote its block.
+    pub fn in_use(&self, now: DateTime<Utc>) -> usize {
+        let used: usize =
+            self.blocks.values().filter(|b| b.lease_until >= now).map(|b| b.used.min(b.slots) as usize).sum();
+        self.held(now) + used
+    }
+
+    /// Slots of blocks no run used when their workers last wrote them: taken ahead, free for
+    /// those workers' next runs.
+    pub fn reserved_ahead(&self, now: DateTime<Utc>) -> usize {
+        self.taken(now) - self.in_use(now)
     }
 
     /// Runs waiting, per priority (most urgent first).
@@ -100,7 +140,11 @@ pub struct LimitInfo {
     pub declared: u32,
     #[serde(rename = "override", default, skip_serializing_if = "Option::is_none")]
     pub override_limit: Option<u32>,
+    /// Slots in use: held by runs, and those of workers' blocks their runs used.
     pub in_use: u64,
+    /// Slots workers took ahead for their next runs and did not use (counted against the limit).
+    #[serde(default)]
+    pub reserved_ahead: u64,
     pub waiting: u64,
     /// Waiting runs per priority: `critical`, `high`, `normal`, `low`.
     pub waiting_by_priority: BTreeMap<String, u64>,
@@ -118,6 +162,7 @@ impl LimitInfo {
             declared: record.limit,
             override_limit: record.override_limit,
             in_use: record.in_use(now) as u64,
+            reserved_ahead: record.reserved_ahead(now) as u64,
             waiting: record.waiters.len() as u64,
             waiting_by_priority: Priority::ALL
                 .into_iter()

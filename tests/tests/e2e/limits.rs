@@ -16,7 +16,8 @@ use futures::StreamExt;
 use jetsched_shared::names::{Names, concurrency_key};
 use jetsched_shared::wire::{EventKind, LimitRecord};
 use jetsched_tests::fixtures::{
-    dispatch, events_about, execution_id_header, noting, run_record, wait_run_status,
+    dispatch, events_about, execution_id_header, execution_of, noting, publish_dispatch, run_record,
+    wait_run_status,
 };
 use jetsched_tests::{App, WithTopology, eventually, server_with_topology, spec};
 use jetsched_worker::Outcome;
@@ -414,4 +415,146 @@ async fn a_workers_runs_arriving_together_on_one_key_share_its_writes() {
         "{writes} writes for {} takes and frees",
         2 * executions.len()
     );
+}
+
+/// Runs at once under a handler, and the most seen at once.
+#[derive(Default)]
+struct Gauge {
+    now: usize,
+    max: usize,
+}
+
+/// When each run started, by execution id.
+type Starts = Arc<Mutex<Vec<(String, Instant)>>>;
+
+/// A handler `name` that notes when each run started, counts the runs at once in `gauge`, and
+/// takes `delay`.
+fn gauged(name: &str, delay: Duration, gauge: Arc<Mutex<Gauge>>) -> (jetsched_worker::Handlers, Starts) {
+    noting(
+        name,
+        |run| (run.execution_id.clone(), Instant::now()),
+        move |_| {
+            let gauge = gauge.clone();
+            async move {
+                {
+                    let mut g = gauge.lock().unwrap();
+                    g.now += 1;
+                    g.max = g.max.max(g.now);
+                }
+                tokio::time::sleep(delay).await;
+                gauge.lock().unwrap().now -= 1;
+                Outcome::ok()
+            }
+        },
+    )
+}
+
+/// Publishes the fires `0..runs` of `task` together; returns their execution ids.
+async fn burst(
+    js: &async_nats::jetstream::Context,
+    task: &jetsched_shared::spec::TaskSpec,
+    runs: i64,
+) -> Vec<String> {
+    let names = Names::default();
+    let mut acks = Vec::new();
+    for nominal in 0..runs {
+        acks.push(publish_dispatch(js, &names, task, nominal * 1000).await);
+    }
+    for ack in acks {
+        ack.await.expect("dispatch stored");
+    }
+    (0..runs).map(|nominal| execution_of(task, nominal * 1000)).collect()
+}
+
+/// Two workers' runs of a key whose limit is never reached take their slots from blocks taken
+/// ahead: far fewer writes of the key than runs, every run ran once, and soon after the last run
+/// every block is given back (no holder, no block, no waiter left).
+#[tokio::test]
+async fn workers_under_a_limit_never_reached_take_blocks_ahead_and_give_every_slot_back() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let names = Names::default();
+    let gauge = Arc::new(Mutex::new(Gauge::default()));
+    let (first, started_first) = gauged("hold", Duration::from_millis(40), gauge.clone());
+    let (second, started_second) = gauged("hold", Duration::from_millis(40), gauge.clone());
+    let _workers =
+        (App::worker(config(&server, "b-1"), first).await, App::worker(config(&server, "b-2"), second).await);
+    let task =
+        spec("pb", "wide").handler("hold").field("concurrency", json!({"key": "wide", "limit": 10000}));
+    api.store(&task.json()).await;
+    let executions = burst(&js, &task.task(), 400).await;
+    for execution in &executions {
+        wait_run_status(&js, &names, execution, RunStatus::Succeeded, Duration::from_secs(60)).await;
+    }
+    let ran = started_first.lock().unwrap().len() + started_second.lock().unwrap().len();
+    assert_eq!(ran, executions.len(), "every run ran once");
+    let limits = js.get_key_value(names.limits_bucket()).await.expect("limits bucket");
+    let key = concurrency_key("pb", "wide");
+    let record = eventually(Duration::from_secs(5), "every block given back", || async {
+        let record = limit_record(&limits, &key).await;
+        (record.holders.is_empty() && record.blocks.is_empty() && record.waiters.is_empty()).then_some(record)
+    })
+    .await;
+    assert_eq!(record.in_use(chrono::Utc::now()), 0);
+    // The key is the bucket's only one: its revision counts every write, the blocks' given
+    // back included. Without blocks each run would cost a take and a free, grouped per write.
+    let entry = limits.entry(&key).await.expect("read the limits bucket").expect("the key's entry");
+    assert!(
+        entry.revision < executions.len() as u64 / 4,
+        "{} writes for {} runs",
+        entry.revision,
+        executions.len()
+    );
+}
+
+/// A worker whose runs keep a key's every slot in its block gives them back as they end once a
+/// run of another worker waits: that run starts promptly, long before the first worker's stream
+/// of runs ends, and the two never run more than the limit at once.
+#[tokio::test]
+async fn a_run_waiting_on_a_key_makes_a_block_holder_give_its_slots_back_promptly() {
+    let Served { server, registry: _registry, api, js, .. } = served(|_| {}).await;
+    let names = Names::default();
+    let gauge = Arc::new(Mutex::new(Gauge::default()));
+    let (busy, busy_started) = gauged("busy", Duration::from_millis(50), gauge.clone());
+    let (other, other_started) = gauged("other", Duration::from_millis(50), gauge.clone());
+    // Its runs never outnumber the limit: they never wait, so its block can take every slot.
+    let mut busy_config = config(&server, "k-busy");
+    busy_config.queues = vec!["busy".into()];
+    busy_config.concurrency = 8;
+    let mut other_config = config(&server, "k-other");
+    other_config.queues = vec!["other".into()];
+    let _workers = (App::worker(busy_config, busy).await, App::worker(other_config, other).await);
+    let limit = json!({"key": "narrow", "limit": 8});
+    let stream = spec("pk", "stream").queue("busy").handler("busy").field("concurrency", limit.clone());
+    let single = spec("pk", "single").queue("other").handler("other").field("concurrency", limit);
+    api.store(&stream.json()).await;
+    api.store(&single.json()).await;
+    let streamed = burst(&js, &stream.task(), 600).await;
+    let limits = js.get_key_value(names.limits_bucket()).await.expect("limits bucket");
+    let key = concurrency_key("pk", "narrow");
+    // The busy worker's runs fill the key from its block.
+    eventually(Duration::from_secs(20), "the busy worker holds a block", || async {
+        let record = limit_record(&limits, &key).await;
+        (busy_started.lock().unwrap().len() >= 40 && record.blocks.contains_key("k-busy")).then_some(())
+    })
+    .await;
+    let asked = Instant::now();
+    let waiting = dispatch(&js, &names, &single.task(), 0).await;
+    wait_run_status(&js, &names, &waiting, RunStatus::Succeeded, Duration::from_secs(20)).await;
+    let started = other_started.lock().unwrap()[0].1;
+    let waited = started - asked;
+    let still = streamed.len() - busy_started.lock().unwrap().iter().filter(|(_, at)| *at <= started).count();
+    assert!(waited < Duration::from_millis(1500), "the waiting run started after {waited:?}");
+    assert!(still > 0, "the busy worker's stream had ended before the waiting run started");
+    // It found the key full: it waited, parked, until the busy worker gave a slot back.
+    let held = events_about(&js, EventKind::RunHeld, "pk", "single", Duration::from_secs(2)).await;
+    assert_eq!(held.len(), 1, "the run waited for a slot: {held:?}");
+    for execution in &streamed {
+        wait_run_status(&js, &names, execution, RunStatus::Succeeded, Duration::from_secs(60)).await;
+    }
+    assert!(gauge.lock().unwrap().max <= 8, "{} runs at once", gauge.lock().unwrap().max);
+    eventually(Duration::from_secs(5), "every slot given back", || async {
+        let record = limit_record(&limits, &key).await;
+        (record.holders.is_empty() && record.blocks.is_empty() && record.waiters.is_empty()).then_some(())
+    })
+    .await;
 }

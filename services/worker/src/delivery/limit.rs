@@ -6,7 +6,7 @@
 use async_nats::jetstream::AckKind;
 use chrono::Utc;
 use jetsched_shared::names::{CONCURRENCY_LIMIT, concurrency_key};
-use jetsched_shared::wire::EventKind;
+use jetsched_shared::wire::{EventKind, HDR_ATTEMPTS_SPENT};
 
 use super::state::Delivery;
 use crate::dlq::{DeadLetter, DeadLetterSource};
@@ -51,9 +51,24 @@ impl Delivery<'_> {
             parked_subject: &parked,
             limit: concurrency.limit,
         };
-        match parts.limits.acquire(&key, &claim).await {
+        // Only a first delivery of a dispatch never parked nor delayed may hold a slot of the
+        // worker's block: a run the key may know (a copy, a redelivery, a handed-over run) asks
+        // with a write, so its own holder entry is found.
+        let spent = message.headers.as_ref().is_some_and(|h| h.get(HDR_ATTEMPTS_SPENT).is_some());
+        let eligible = delivered == 1 && !spent;
+        if parts.limits.take_from_block(&key, &dispatch.execution_id, eligible) {
+            self.slot = Some(key);
+            self.from_block = true;
+            return true;
+        }
+        match parts.limits.acquire(&key, &claim, eligible).await {
             Ok(Decision::Hold) => {
                 self.slot = Some(key);
+                true
+            }
+            Ok(Decision::Block { .. }) => {
+                self.slot = Some(key);
+                self.from_block = true;
                 true
             }
             Ok(Decision::Copy) => {
@@ -128,6 +143,10 @@ impl Delivery<'_> {
     /// worker permit for the write ([`crate::limits::Limits::free`]).
     pub(super) fn free_slot(&mut self) {
         let Some(key) = self.slot.take() else { return };
+        if std::mem::take(&mut self.from_block) {
+            self.parts.limits.free_block(&key);
+            return;
+        }
         let execution_id = self.dispatch.execution_id.clone();
         self.parts.limits.free(key, execution_id, self.received.sequence);
     }

@@ -34,6 +34,9 @@ pub(crate) struct Delivery<'a> {
     pub(super) gate: Option<Gate>,
     /// The concurrency slot this delivery holds (its key in the limits bucket).
     pub(super) slot: Option<String>,
+    /// The slot is one of the worker's block for the key: no lease of its own, given back to
+    /// the block at the end.
+    pub(super) from_block: bool,
     /// The run's worker permit: given back while a rate limit holds the run for its start.
     pub(super) permit: &'a mut Slot,
     /// The run events told so far, their acknowledgements awaited at the end.
@@ -58,6 +61,7 @@ impl<'a> Delivery<'a> {
             elapsed: None,
             gate: None,
             slot: None,
+            from_block: false,
             permit,
             events: parts.events.batch(),
         }

@@ -8,10 +8,15 @@
 //! - A freed slot goes to the most urgent waiter, the oldest first; it is reserved for it
 //!   (`seq` absent) until its message is delivered, under a lease like any holder.
 //! - A holder whose lease ran out holds nothing: it is dropped and its slot handed over.
+//! - While no run waits, a worker's write may take a block of free slots ahead for its next
+//!   runs of the key ([`grant_block`]): at most half the slots left free after its run's, so
+//!   other workers are not starved. A block's slots count against the limit, used or not; it
+//!   is shrunk, renewed or given back by its worker ([`write_block`]) and, like a holder,
+//!   holds nothing once its lease ran out.
 
 use chrono::{DateTime, Duration, Utc};
 use jetsched_shared::priority::Priority;
-use jetsched_shared::wire::{Holder, LimitRecord, Waiter};
+use jetsched_shared::wire::{Holder, LimitRecord, SlotBlock, Waiter};
 
 /// A delivery asking for a slot.
 #[derive(Debug, Clone)]
@@ -50,7 +55,7 @@ impl Claim<'_> {
 /// A [`Claim`] owning its texts.
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedClaim {
-    execution_id: String,
+    pub(crate) execution_id: String,
     seq: u64,
     delivered: u64,
     worker: String,
@@ -83,17 +88,108 @@ pub(crate) enum Decision {
     /// It holds a slot now (taken, handed over to it, or held by an earlier delivery of the
     /// same message).
     Hold,
+    /// It holds a slot of its worker's block: `granted` slots were added to the block by this
+    /// write, its own among them.
+    Block { granted: u32 },
     /// Another message of the same run holds the slot (a copy): this one is not run.
     Copy,
     /// It waits; `saturated`: this made the key saturated (told once).
     Wait { saturated: bool },
 }
 
-/// Drops the holders whose lease ran out before `now`; returns how many.
+/// Drops the holders and blocks whose lease ran out before `now`; returns how many slots
+/// they held.
 pub(crate) fn expire(record: &mut LimitRecord, now: DateTime<Utc>) -> usize {
     let before = record.holders.len();
     record.holders.retain(|_, holder| holder.lease_until >= now);
-    before - record.holders.len()
+    let mut freed = before - record.holders.len();
+    record.blocks.retain(|_, block| {
+        let running = block.lease_until >= now;
+        if !running {
+            freed += block.slots as usize;
+        }
+        running
+    });
+    freed
+}
+
+/// Whether a worker's runs may take slots from its block without a write, judged on the
+/// latest record of the key the worker knows: no run waits, no more slots are taken than the
+/// limit in force (an operator may have lowered it), and its block's lease runs.
+pub(crate) fn block_open(record: &LimitRecord, worker: &str, now: DateTime<Utc>) -> bool {
+    record.waiters.is_empty()
+        && record.taken(now) <= record.effective_limit() as usize
+        && record.blocks.get(worker).is_some_and(|b| b.lease_until >= now)
+}
+
+/// A claim of a run that may take its slot in its worker's block (a first delivery, not a run
+/// the key knows): when no run waits and a slot is free, the run's slot and up to `want` more
+/// (at most half of those left free then) are added to the block of `claim.worker`, whose
+/// lease is renewed. `recorded`: the block's slots as its worker last wrote them (a block the
+/// record lost meanwhile grants nothing: its worker learns it first). Returns the slots added,
+/// or `None` (nothing changed) when the claim is to be decided by [`acquire`]. A worker with no
+/// block gets one only when at least one slot more than its run's is granted.
+pub(crate) fn grant_block(
+    record: &mut LimitRecord,
+    claim: &Claim<'_>,
+    want: u32,
+    recorded: u32,
+    used: u32,
+    now: DateTime<Utc>,
+    lease: Duration,
+) -> Option<u32> {
+    let known = record.holders.contains_key(claim.execution_id)
+        || record.waiters.iter().any(|w| w.execution_id == claim.execution_id);
+    if known || !record.waiters.is_empty() {
+        return None;
+    }
+    let limit = claim.limit;
+    let mut probe = record.clone();
+    probe.limit = limit;
+    expire(&mut probe, now);
+    let base = probe.blocks.get(claim.worker).map_or(0, |b| b.slots);
+    if base < recorded {
+        return None;
+    }
+    let free = (probe.effective_limit() as usize).saturating_sub(probe.taken(now));
+    if free == 0 {
+        return None;
+    }
+    let extra = (want as usize).min((free - 1) / 2) as u32;
+    if extra == 0 && base == 0 {
+        return None;
+    }
+    *record = probe;
+    let granted = 1 + extra;
+    record.blocks.insert(
+        claim.worker.to_string(),
+        SlotBlock { slots: base + granted, used: used + 1, lease_until: now + lease },
+    );
+    Some(granted)
+}
+
+/// A worker's write of its own block: gives back `surplus` slots (those its runs stopped
+/// using since it last wrote the block), renews the lease and notes `used`; a block of no
+/// slots is removed. Returns false, changing nothing, when the record holds no block of
+/// `worker` with its lease running (it ran out: the slots are free already).
+pub(crate) fn write_block(
+    record: &mut LimitRecord,
+    worker: &str,
+    surplus: u32,
+    used: u32,
+    now: DateTime<Utc>,
+    lease: Duration,
+) -> bool {
+    let Some(block) = record.blocks.get_mut(worker).filter(|b| b.lease_until >= now) else {
+        return false;
+    };
+    block.slots = block.slots.saturating_sub(surplus);
+    block.used = used.min(block.slots);
+    block.lease_until = now + lease;
+    if block.slots == 0 {
+        record.blocks.remove(worker);
+    }
+    true
 }
 
 /// Decides a claim and changes the record accordingly.
@@ -129,7 +225,7 @@ pub(crate) fn acquire(
             && (w.priority < claim.priority
                 || (w.priority == claim.priority && position.is_none_or(|p| index < p)))
     });
-    let free = record.in_use(now) < record.effective_limit() as usize;
+    let free = record.taken(now) < record.effective_limit() as usize;
     if free && !ahead {
         if let Some(position) = position {
             record.waiters.remove(position);
@@ -194,7 +290,7 @@ pub(crate) fn hand_over(
 ) -> Vec<Waiter> {
     expire(record, now);
     let mut handed = Vec::new();
-    while record.in_use(now) < record.effective_limit() as usize {
+    while record.taken(now) < record.effective_limit() as usize {
         let Some(index) = next_waiter(&record.waiters) else { break };
         let waiter = record.waiters.remove(index);
         record.holders.insert(
@@ -228,10 +324,11 @@ pub(crate) fn next_due(record: &LimitRecord, now: DateTime<Utc>) -> Option<DateT
     if record.waiters.is_empty() {
         return None;
     }
-    if record.in_use(now) < record.effective_limit() as usize {
+    if record.taken(now) < record.effective_limit() as usize {
         return Some(now);
     }
-    record.holders.values().map(|h| h.lease_until).filter(|at| *at >= now).min()
+    let holders = record.holders.values().map(|h| h.lease_until);
+    holders.chain(record.blocks.values().map(|b| b.lease_until)).filter(|at| *at >= now).min()
 }
 
 #[cfg(test)]
