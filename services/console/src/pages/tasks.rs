@@ -293,27 +293,28 @@ fn backfill_form(ctx: &Ctx, href: &str) -> Markup {
             " "
             label { "To " input type="text" name="to" required size="22" placeholder="2026-02-01T00:00:00Z"; }
             " "
-            label { "Reprocess "
-                select name="reprocess" {
-                    option value="none" selected { "none" }
-                    option value="failed" { "failed" }
-                    option value="all" { "all" }
-                }
-            }
+            (choice("Reprocess ", "reprocess", &["none", "failed", "all"]))
             " "
-            label { "Max active " input type="number" name="max_active" min="1" max="1000" value="10" size="5"; }
+            label title="0: no bound" { "Max active " input type="number" name="max_active" min="0" max="1000" value="10" size="5"; }
             " "
-            label { "Overlap "
-                select name="overlap" {
-                    option value="allow" selected { "allow" }
-                    option value="skip" { "skip" }
-                    option value="buffer_one" { "buffer_one" }
-                }
-            }
+            (choice("Overlap ", "overlap", &["allow", "skip", "buffer_one"]))
             " "
             button type="submit" disabled[!ctx.allow_actions]
                 title=[(!ctx.allow_actions).then_some("actions are off: start the console with --allow-actions")]
                 { "Backfill" }
+        }
+    }
+}
+
+/// A labelled select of `options`, the first selected.
+fn choice(label: &str, name: &str, options: &[&str]) -> Markup {
+    html! {
+        label { (label)
+            select name=(name) {
+                @for (i, option) in options.iter().enumerate() {
+                    option value=(option) selected[i == 0] { (option) }
+                }
+            }
         }
     }
 }
