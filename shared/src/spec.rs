@@ -298,13 +298,14 @@ impl TaskSpec {
     }
 
     /// How many of the task's `max_runs` fires are left after `cursor` (the last fire made),
-    /// under its business calendars; `None` without `max_runs`.
+    /// under its business calendars; `window` is [`window_with`](Self::window_with) of the
+    /// same calendars. `None` without `max_runs`.
     pub fn remaining_runs_with(
         &self,
+        window: &Window,
         calendars: &crate::calendar::Calendars,
         cursor: Option<DateTime<Utc>>,
     ) -> Option<u32> {
-        let window = self.window_with(calendars);
         match self.fires(calendars) {
             Some(fires) => window.remaining_runs_of(fires.own_runs(), cursor),
             None => window.remaining_runs(&self.schedule, cursor),

@@ -65,21 +65,26 @@ pub(crate) async fn fill(
     let status_of = |id: &String| {
         records.get(id).and_then(|value| serde_json::from_slice::<RunView>(value).ok()).map(|r| r.status)
     };
+    // The calendars of a namespace's tasks, read once per set of names for the whole page.
+    let mut read: HashMap<(String, Vec<String>), Calendars> = HashMap::new();
+    let none = Calendars::default();
     for ((reply, fire), recent) in tasks.iter_mut().zip(fires).zip(recent) {
         let spec = &reply.task;
         // A count (`max_runs`) leaves out the fires the task's calendars keep from running.
         let calendars = if spec.max_runs.is_some() && !spec.calendars.is_empty() {
-            Calendars::stored(
-                calendars_bucket,
-                &spec.namespace,
-                spec.calendars.iter().map(|c| c.name.as_str()),
-            )
-            .await
-            .map_err(|e| Failure::unavailable("read calendars bucket", e))?
+            let names: Vec<String> = spec.calendars.iter().map(|c| c.name.clone()).collect();
+            let set = (spec.namespace.clone(), names);
+            if !read.contains_key(&set) {
+                let stored = Calendars::stored(calendars_bucket, &set.0, set.1.iter().map(String::as_str))
+                    .await
+                    .map_err(|e| Failure::unavailable("read calendars bucket", e))?;
+                read.insert(set.clone(), stored);
+            }
+            &read[&set]
         } else {
-            Calendars::default()
+            &none
         };
-        let window = spec.window_with(&calendars);
+        let window = spec.window_with(calendars);
         let last_fire = window.last_fire(&spec.schedule);
         let recorded = fire.as_ref().map(|f| f.last_nominal_fire);
         // Nothing left to fire: past the last fire, or no fire of the window remains after
@@ -109,7 +114,7 @@ pub(crate) async fn fill(
             recent_runs: ended.len() as u32,
             recent_succeeded: ended.iter().filter(|s| **s == RunStatus::Succeeded).count() as u32,
             fires: fire.as_ref().map_or(0, |f| f.fires),
-            remaining_runs: spec.remaining_runs_with(&calendars, recorded),
+            remaining_runs: spec.remaining_runs_with(&window, calendars, recorded),
             ends_by: window.ends_by.map(|reason| reason.as_str().to_string()),
         });
     }
