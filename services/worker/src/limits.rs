@@ -24,6 +24,7 @@
 mod ahead;
 pub(crate) mod block;
 mod deadlines;
+mod fresh;
 pub(crate) mod handover;
 pub(crate) mod park;
 pub(crate) mod rules;
@@ -102,6 +103,8 @@ pub(crate) struct Limits {
     most: u32,
     /// Set at shutdown: every block is closed and given back.
     closing: std::sync::atomic::AtomicBool,
+    /// Reads of a key that runs taking slots of a block wait on ([`fresh`]).
+    reads: Arc<fresh::Reads>,
 }
 
 /// Microseconds since the epoch.
@@ -133,6 +136,7 @@ impl Limits {
             blocks: Mutex::default(),
             most: u32::try_from(most).unwrap_or(u32::MAX).max(1),
             closing: std::sync::atomic::AtomicBool::new(false),
+            reads: Arc::default(),
         }
     }
 
@@ -216,16 +220,21 @@ impl Limits {
         let oldest = record.oldest_wait().map_or(0, |at| at.timestamp());
         self.metrics.limit_oldest_wait.with_label_values(&[name]).set(oldest);
         self.metrics.limit_ahead.with_label_values(&[name]).set(record.reserved_ahead(now) as i64);
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        let stale = known.get(&entry.key).is_some_and(|k| k.revision > entry.revision);
-        if !stale {
-            known.insert(entry.key.clone(), Versioned { record: record.clone(), revision: entry.revision });
-        }
-        drop(known);
-        if !stale {
-            self.judge_block(&entry.key, &record);
-        }
+        self.learn(&entry.key, Versioned { record, revision: entry.revision });
         self.changed.notify_one();
+    }
+
+    /// A record of `key` read, watched or written: kept as the key's latest known record unless
+    /// a newer one is known, and this worker's block judged on it.
+    fn learn(&self, key: &str, versioned: Versioned) {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if known.get(key).is_some_and(|k| k.revision > versioned.revision) {
+            return;
+        }
+        let record = versioned.record.clone();
+        known.insert(key.to_string(), versioned);
+        drop(known);
+        self.judge_block(key, &record);
     }
 
     fn known(&self, key: &str) -> Option<Versioned> {
@@ -335,15 +344,7 @@ impl Limits {
             };
             match written {
                 Some(revision) => {
-                    let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-                    let newest = known.get(key).is_none_or(|k| k.revision < revision);
-                    if newest {
-                        known.insert(key.to_string(), Versioned { record: record.clone(), revision });
-                    }
-                    drop(known);
-                    if newest {
-                        self.judge_block(key, &record);
-                    }
+                    self.learn(key, Versioned { record: record.clone(), revision });
                     self.block_stored(key, &record);
                     return Ok(());
                 }

@@ -13,16 +13,33 @@ use super::{Limits, micros, rules};
 impl Limits {
     /// A run of `key` arriving takes a slot of this worker's block, if the block is open and
     /// has one free (no write). `eligible`: the run may hold a slot of a block at all (a first
-    /// delivery the key does not know).
-    pub(crate) fn take_from_block(&self, key: &str, execution_id: &str, eligible: bool) -> bool {
+    /// delivery the key does not know). The block is judged on a read of the key started after
+    /// the run arrived ([`fresh`](super::fresh)), so a run stored as waiting before it is never
+    /// passed.
+    pub(crate) async fn take_from_block(
+        self: &Arc<Self>,
+        key: &str,
+        execution_id: &str,
+        eligible: bool,
+    ) -> bool {
         let now = micros(Utc::now());
-        let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
-        let block = blocks.entry(key.to_string()).or_default();
-        block.arrive(now);
-        if !eligible || block.cap <= block.used {
+        let may = {
+            let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
+            let block = blocks.entry(key.to_string()).or_default();
+            block.arrive(now);
+            eligible && block.open && block.cap > block.used
+        };
+        if !may {
             return false;
         }
-        drop(blocks);
+        let (limits, name) = (Arc::clone(self), key.to_string());
+        let read = move || {
+            let (limits, name) = (Arc::clone(&limits), name.clone());
+            async move { limits.read_and_learn(&name).await }
+        };
+        if !self.reads.after_now(key, read).await {
+            return false;
+        }
         // A run the key knows (a copy of a holder's message, a waiter) asks with a write.
         let known = self.known.lock().unwrap_or_else(|p| p.into_inner()).get(key).is_some_and(|k| {
             k.record.holders.contains_key(execution_id)
@@ -32,12 +49,27 @@ impl Limits {
             return false;
         }
         let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
-        let taken = blocks.get_mut(key).is_some_and(|b| b.take(now));
+        let taken = blocks.get_mut(key).is_some_and(|b| b.take(micros(Utc::now())));
         drop(blocks);
         if taken {
             self.metrics.limit_starts.with_label_values(&["block"]).inc();
         }
         taken
+    }
+
+    /// Reads `key` and learns the record (the block judged on it); false when the read failed.
+    async fn read_and_learn(&self, key: &str) -> bool {
+        match self.read(key).await {
+            Ok(versioned) => {
+                self.learn(key, versioned);
+                true
+            }
+            Err(error) => {
+                self.metrics.errors.with_label_values(&["limit"]).inc();
+                tracing::warn!(error = format!("{error:#}"), key, "cannot read the concurrency key");
+                false
+            }
+        }
     }
 
     /// A run of `key` holding a slot of this worker's block ended: the slot goes back to the
@@ -134,3 +166,7 @@ impl Limits {
         self.block(key, |b| b.stored(recorded, until, micros(now)));
     }
 }
+
+#[cfg(test)]
+#[path = "ahead_tests.rs"]
+mod tests;
