@@ -58,10 +58,16 @@ impl Limits {
     }
 
     /// Reads `key` and learns the record (the block judged on it); false when the read failed.
+    /// A record at the revision already known is not decoded again.
     async fn read_and_learn(&self, key: &str) -> bool {
-        match self.read(key).await {
-            Ok(versioned) => {
-                self.learn(key, versioned);
+        match self.kv.entry(key).await {
+            Ok(entry) => {
+                let revision = entry.as_ref().map_or(0, |e| e.revision);
+                let known = self.known.lock().unwrap_or_else(|p| p.into_inner()).get(key).map(|k| k.revision);
+                if known != Some(revision) {
+                    let record = entry.map(|e| super::decode(key, &e)).unwrap_or_default();
+                    self.learn(key, super::Versioned { record, revision });
+                }
                 true
             }
             Err(error) => {

@@ -74,14 +74,20 @@ impl Reads {
     {
         loop {
             let ok = read().await;
-            let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(gate) = keys.get_mut(key) else { return };
-            let finished = gate.issued;
-            gate.done.send_replace((finished, ok));
-            if std::mem::take(&mut gate.again) {
-                gate.issued += 1;
-            } else {
-                gate.running = false;
+            let again = {
+                let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(gate) = keys.get_mut(key) else { return };
+                let finished = gate.issued;
+                gate.done.send_replace((finished, ok));
+                let again = std::mem::take(&mut gate.again);
+                if again {
+                    gate.issued += 1;
+                } else {
+                    gate.running = false;
+                }
+                again
+            };
+            if !again {
                 return;
             }
         }
