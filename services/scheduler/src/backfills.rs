@@ -11,8 +11,10 @@
 //!
 //! The driver is a task of its own beside the dispatch loop: the live schedule's fires never
 //! wait for it. A batch is at most `--backfill-batch` times, at most `--backfill-in-flight` of
-//! its publishes await their acknowledgement at once, and between batches the driver yields. Every publish is fenced like the loop's:
-//! none after the local lease deadline. While a backfill waits for its runs in flight
+//! its publishes await their acknowledgement at once, and between batches the driver yields.
+//! Its publishes and its reads of run records go over a connection of its own, so the live
+//! fires' publishes never queue behind them on one socket. Every publish is fenced like the
+//! loop's: none after the local lease deadline. While a backfill waits for its runs in flight
 //! (`max_active`), it looks at their run records again after [`RUNS_RECHECK`]. Run records are
 //! read in batches of latest values (one request per 256 execution ids).
 

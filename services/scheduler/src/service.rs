@@ -60,6 +60,8 @@ pub struct Scheduler {
     meter: Option<Meter>,
     /// Dispatches running backfills while this replica leads.
     backfills: Driver,
+    /// The backfills' own connection.
+    backfill_client: async_nats::Client,
 }
 
 /// Connects, ensures the topology, opens the tasks watch and binds the admin listener; the
@@ -124,9 +126,14 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     .await?;
     let limits = Limits { threshold: config.misfire_threshold, max: config.catchup_max };
     let takeover = Takeover::new(campaign, limits);
+    // Backfill publishes go over a connection of their own: the server reads each connection in
+    // turn, so a live fire's publish does not queue behind a window of backfill publishes on one
+    // socket.
+    let backfill_client =
+        config.shared.nats.connect(&format!("jetsched-scheduler {instance} backfill")).await?;
     let backfills = Driver {
         names: names.clone(),
-        js: js.clone(),
+        js: async_nats::jetstream::new(backfill_client.clone()),
         tasks: tasks.clone(),
         runs: runs.clone(),
         state: state.clone(),
@@ -174,7 +181,7 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
     )
     .await?;
     tracing::info!(admin = %admin.local_addr(), instance = %core.report.instance, "scheduler ready");
-    Ok(Scheduler { client, core, admin, event_pump, presence, meter, backfills })
+    Ok(Scheduler { client, core, admin, event_pump, presence, meter, backfills, backfill_client })
 }
 
 impl Scheduler {
@@ -185,7 +192,8 @@ impl Scheduler {
     /// Follows the tasks, campaigns for the lease and dispatches while leader, until `shutdown`;
     /// then waits for pending acks, writes the fire state, releases the lease and drains.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Scheduler { client, mut core, admin, event_pump, presence, meter, backfills } = self;
+        let Scheduler { client, mut core, admin, event_pump, presence, meter, backfills, backfill_client } =
+            self;
         let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
         let backfills_task = tokio::spawn(backfills.run(shutdown.clone()));
         let events_task = tokio::spawn(event_pump.run());
@@ -195,6 +203,9 @@ impl Scheduler {
         // A batch under way is acknowledged or stays pending for the next leader.
         if tokio::time::timeout(SHUTDOWN_GRACE, backfills_task).await.is_err() {
             tracing::warn!("a backfill batch still under way at shutdown");
+        }
+        if let Err(error) = backfill_client.drain().await {
+            tracing::warn!(%error, "draining the backfills' connection");
         }
         core.drain().await;
         drop(core);
