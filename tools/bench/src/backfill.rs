@@ -2,7 +2,9 @@
 //! the burst scenario's N one-shots due in one second in the same run (the rate to reach), with
 //! the live schedule's fire lag (interval tasks at a steady rate) measured before the backfill
 //! and while it runs. The backfill asks for no bound on its runs in flight (`max_active` 0) so
-//! that the dispatch, not the absence of workers, is what is measured.
+//! that the dispatch, not the absence of workers, is what is measured. Then the limit, in the
+//! same run: as many raw publishes into the dispatch stream (no planning, no run records), as
+//! many in flight, on a connection of their own, with the live schedule's lag meanwhile.
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::Tasks;
 use crate::scheduler::{self, BurstArgs, Firing};
-use crate::system::{Lag, NS, read_dispatch_times, spec, wait_leader, write_tasks};
+use crate::system::{Lag, NS, raw_publish_with_ids, read_dispatch_times, spec, wait_leader, write_tasks};
 
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Args {
@@ -106,6 +108,13 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let elapsed = started.elapsed();
     let during_to = Utc::now().timestamp_millis();
     tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The limit: the same number of publishes, raw, as many in flight, beside the live schedule.
+    let raw_js = async_nats::jetstream::new(server.client().await);
+    let raw_from = Utc::now().timestamp_millis();
+    let raw_elapsed = raw_publish_with_ids(&raw_js, &names, n, args.in_flight, "bf-raw").await?;
+    let raw_to = Utc::now().timestamp_millis();
+    tokio::time::sleep(Duration::from_millis(500)).await;
     shutdown.cancel();
     handle.await??;
 
@@ -123,6 +132,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     };
     let before = live(before_from, before_to);
     let during = live(during_from, during_to);
+    let raw = live(raw_from, raw_to);
+    let raw_rate = n as f64 / raw_elapsed.as_secs_f64();
     let rate = n as f64 / elapsed.as_secs_f64();
     let ratio = rate / burst_rate;
     eprintln!(
@@ -143,6 +154,16 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         during.max_ms,
         during.samples
     );
+    eprintln!(
+        "backfill: the limit, {n} raw publishes with {} in flight: {raw_rate:.0}/s, {:.2}x the burst; \
+         live fire lag meanwhile p50 {:.2} / p99 {:.2} / max {:.2} ms ({} fires)",
+        args.in_flight,
+        raw_rate / burst_rate,
+        raw.p50_ms,
+        raw.p99_ms,
+        raw.max_ms,
+        raw.samples
+    );
     if backfilled != n || record.dispatched != n as u64 {
         bail!("{backfilled} of {n} times dispatched ({} counted)", record.dispatched);
     }
@@ -158,6 +179,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         "ratio_to_burst": ratio,
         "live_before": before,
         "live_during": during,
+        "raw_per_second": raw_rate,
+        "raw_ratio_to_burst": raw_rate / burst_rate,
+        "live_during_raw": raw,
         "burst": burst,
     }))
 }

@@ -74,8 +74,11 @@ pub(crate) async fn read_dispatch_times(
 ) -> anyhow::Result<Vec<(i64, i64)>> {
     let messages =
         jetsched_tests::read_stream(js, &names.dispatch_stream(), Duration::from_secs(120)).await?;
+    // The raw baseline's messages (queue `raw`, no nominal time) are not dispatches.
+    let raw = names.dispatch_subject("raw", NS, "");
     messages
         .iter()
+        .filter(|message| !message.subject.starts_with(raw.as_str()))
         .map(|message| {
             let nominal = message
                 .headers
