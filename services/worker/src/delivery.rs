@@ -29,8 +29,14 @@ use crate::spans;
 pub(crate) use self::parts::Parts;
 
 /// Handles one delivery from its metadata to its ending.
-pub(crate) async fn process(parts: &Parts, queue: &str, message: jetstream::Message, permit: &mut Slot) {
-    let received = match Received::read(message) {
+pub(crate) async fn process(
+    parts: &Parts,
+    queue: &str,
+    message: jetstream::Message,
+    arrived: std::time::Instant,
+    permit: &mut Slot,
+) {
+    let received = match Received::read(message, arrived) {
         Ok(received) => received,
         Err(error) => {
             parts.metrics.errors.with_label_values(&["message_info"]).inc();

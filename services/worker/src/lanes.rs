@@ -362,6 +362,7 @@ impl Starter {
     }
 
     fn start(&self, lane: &Lane, message: Message, permit: OwnedSemaphorePermit) {
+        let arrived = std::time::Instant::now();
         let priority = lane.priority.as_str();
         if let Ok(info) = message.info() {
             let waited = (async_nats::datetime::now() - info.published).as_seconds_f64().max(0.0);
@@ -373,7 +374,7 @@ impl Starter {
         self.tracker.spawn(async move {
             // Boxed: a delivery's state machine is kilobytes, and an unboxed one was
             // copied several times per spawn (half of the 11% of a worker's CPU spent in memmove).
-            Box::pin(process(&parts, &queue, message, &mut slot)).await;
+            Box::pin(process(&parts, &queue, message, arrived, &mut slot)).await;
         });
     }
 

@@ -30,17 +30,24 @@ pub(crate) struct Received {
     pub(crate) sequence: u64,
     /// The trace context the message carries.
     pub(crate) trace: TraceContext,
+    /// When the worker took the message from the server (the run's arrival, which a read of
+    /// its concurrency key must come after).
+    pub(crate) arrived: std::time::Instant,
 }
 
 impl Received {
-    /// Reads the metadata and headers of `message`; an error when it has no JetStream metadata.
-    pub(crate) fn read(message: jetstream::Message) -> Result<Received, async_nats::Error> {
+    /// Reads the metadata and headers of `message`, which arrived at `arrived`; an error when
+    /// it has no JetStream metadata.
+    pub(crate) fn read(
+        message: jetstream::Message,
+        arrived: std::time::Instant,
+    ) -> Result<Received, async_nats::Error> {
         let info = message.info()?;
         let spent = count(message.headers.as_ref(), ATTEMPTS_SPENT);
         let delivered = u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1);
         let (attempt, sequence) = (delivered.saturating_add(spent), info.stream_sequence);
         let trace = TraceContext::read(message.headers.as_ref());
-        Ok(Received { message, attempt, sequence, trace })
+        Ok(Received { message, attempt, sequence, trace, arrived })
     }
 
     /// The delays by the breaker or the rate limit this run has had so far.

@@ -14,13 +14,14 @@ impl Limits {
     /// A run of `key` arriving takes a slot of this worker's block, if the block is open and
     /// has one free (no write). `eligible`: the run may hold a slot of a block at all (a first
     /// delivery the key does not know). The block is judged on a read of the key started after
-    /// the run arrived ([`fresh`](super::fresh)), so a run stored as waiting before it is never
-    /// passed.
+    /// the run arrived (`arrived`: when its message was taken from the server;
+    /// [`fresh`](super::fresh)), so a run stored as waiting before it is never passed.
     pub(crate) async fn take_from_block(
         self: &Arc<Self>,
         key: &str,
         execution_id: &str,
         eligible: bool,
+        arrived: std::time::Instant,
     ) -> bool {
         let now = micros(Utc::now());
         let may = {
@@ -37,7 +38,7 @@ impl Limits {
             let (limits, name) = (Arc::clone(&limits), name.clone());
             async move { limits.read_and_learn(&name).await }
         };
-        if !self.reads.after_now(key, read).await {
+        if !self.reads.after(key, arrived, read).await {
             return false;
         }
         // A run the key knows (a copy of a holder's message, a waiter) asks with a write.

@@ -2,7 +2,7 @@
 //! the key only through its own writes and its reads, as a worker whose watch is behind.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use jetsched_shared::priority::Priority;
 use jetsched_tests::{WithTopology, server_with_topology};
@@ -52,8 +52,8 @@ async fn a_run_waiting_on_another_worker_is_not_passed_by_a_block_whose_worker_h
     let (a, b) = (limits(&with, "a").await, limits(&with, "b").await);
 
     // Two low runs arrive at b: the first's write takes a block of two slots.
-    assert!(!b.take_from_block(KEY, "low-1", true).await, "no block yet");
-    assert!(!b.take_from_block(KEY, "low-2", true).await, "no block yet");
+    assert!(!b.take_from_block(KEY, "low-1", true, Instant::now()).await, "no block yet");
+    assert!(!b.take_from_block(KEY, "low-2", true, Instant::now()).await, "no block yet");
     let decision = b.acquire(KEY, &claim("low-1", 1, "b", Priority::Low), true).await.expect("claim");
     assert!(matches!(decision, Decision::Block { granted } if granted >= 1), "{decision:?}");
     let free_in_block = b.block(KEY, |block| block.cap - block.used).expect("b's block");
@@ -68,7 +68,7 @@ async fn a_run_waiting_on_another_worker_is_not_passed_by_a_block_whose_worker_h
 
     // b has not seen the waiter by a watch; its low run still does not pass it.
     assert!(
-        !b.take_from_block(KEY, "low-3", true).await,
+        !b.take_from_block(KEY, "low-3", true, Instant::now()).await,
         "the low run took b's block slot past a waiting critical run"
     );
     let third = b.acquire(KEY, &claim("low-3", 5, "b", Priority::Low), true).await.expect("claim");
