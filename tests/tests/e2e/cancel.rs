@@ -44,7 +44,7 @@ async fn a_held_run_cancelled_never_runs_after_its_breakers_release_time() {
     let task =
         spec("cx", "held").handler("note").field("breaker", json!({"open_for": "1s", "on_open": "delay"}));
     api.store(&task.json()).await;
-    open_breaker(&js, "task.cx.held", Duration::from_secs(3)).await;
+    open_breaker(&js, "task.cx.held", Duration::from_secs(6)).await;
     let (handlers, ran) =
         noting("note", |run: &RunContext| run.execution_id.clone(), |_| async { Outcome::ok() });
     let _worker = App::worker(config(&server, "cx-w"), handlers).await;
@@ -379,15 +379,16 @@ async fn the_consoles_cancel_button_cancels_a_held_run_from_its_run_page() {
     let task =
         spec("cx", "page").handler("note").field("breaker", json!({"open_for": "1s", "on_open": "delay"}));
     api.store(&task.json()).await;
+    // The browser starts before the hold does: a slow start on a loaded machine must not use
+    // up the time the run is held, or the run is released and runs before the click. The
+    // breaker is written before the worker starts, so the worker loads it.
+    let browser = crate::console::browser::Browser::start().await;
+    let page = &browser.client;
+    open_breaker(&js, "task.cx.page", Duration::from_secs(8)).await;
     let (handlers, ran) =
         noting("note", |run: &RunContext| run.execution_id.clone(), |_| async { Outcome::ok() });
     let _worker = App::worker(config(&server, "cp-w"), handlers).await;
     let (_console, addr) = crate::console::console(&server, None, true).await;
-    // The browser starts before the hold does: a slow start on a loaded machine must not use
-    // up the time the run is held, or the run is released and runs before the click.
-    let browser = crate::console::browser::Browser::start().await;
-    let page = &browser.client;
-    open_breaker(&js, "task.cx.page", Duration::from_secs(8)).await;
     let execution = dispatch(&js, &names, &task.task(), Utc::now().timestamp_millis()).await;
     let held = wait_run_status(&js, &names, &execution, RunStatus::Held, WAIT).await;
 

@@ -38,8 +38,9 @@ async fn held_runs_carry_their_release_time_in_records_events_counts_the_cli_and
         spec("hd", "report").handler("ok").field("breaker", json!({"open_for": "1s", "on_open": "delay"}));
     api.store(&task.json()).await;
     let spec = task.task();
-    // The task's breaker is open for 6 s, as a worker writes it.
-    open_breaker(&js, "task.hd.report", Duration::from_secs(6)).await;
+    // The task's breaker is open for 10 s, as a worker writes it (before the worker starts, so
+    // the worker loads it): long enough for the checks below on a loaded machine.
+    open_breaker(&js, "task.hd.report", Duration::from_secs(10)).await;
     let handlers = Handlers::new().register("ok", |_run: RunContext| async { Outcome::ok() });
     let _worker = App::worker(config(&server, "hd-w"), handlers).await;
     let (_console, addr) = crate::console::console(&server, None, false).await;

@@ -38,8 +38,9 @@ async fn a_paused_tasks_queued_and_held_runs_are_skipped_and_a_manual_trigger_ru
     api.store(&task.json()).await;
     let spec = task.task();
 
-    // The task's breaker is open for 8 s, as a worker writes it.
-    open_breaker(&js, "task.pz.report", Duration::from_secs(8)).await;
+    // The task's breaker is open for 12 s, as a worker writes it (before the worker starts, so
+    // the worker loads it): long enough to pause the task on a loaded machine.
+    open_breaker(&js, "task.pz.report", Duration::from_secs(12)).await;
 
     // Two scheduled runs held by the open breaker, then the worker goes away.
     let flags = ["--http-allow", "*=127.0.0.0/8"];

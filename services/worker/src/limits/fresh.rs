@@ -144,7 +144,10 @@ mod tests {
         assert_eq!(reads.load(Ordering::SeqCst), 2, "one read in flight, one after it for the fifty");
         assert!(gates.after("k", Instant::now(), counting(&reads, true)).await);
         assert_eq!(reads.load(Ordering::SeqCst), 3);
-        assert!(!gates.after("k", Instant::now(), counting(&reads, false)).await, "a failed read answers false");
+        assert!(
+            !gates.after("k", Instant::now(), counting(&reads, false)).await,
+            "a failed read answers false"
+        );
         assert!(gates.keys.lock().unwrap().is_empty(), "no gate left once no read runs");
     }
 
