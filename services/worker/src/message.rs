@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
 use async_nats::{HeaderMap, HeaderName};
@@ -32,16 +32,13 @@ pub(crate) struct Received {
     pub(crate) trace: TraceContext,
     /// When the worker took the message from the server (the run's arrival, which a read of
     /// its concurrency key must come after).
-    pub(crate) arrived: std::time::Instant,
+    pub(crate) arrived: Instant,
 }
 
 impl Received {
     /// Reads the metadata and headers of `message`, which arrived at `arrived`; an error when
     /// it has no JetStream metadata.
-    pub(crate) fn read(
-        message: jetstream::Message,
-        arrived: std::time::Instant,
-    ) -> Result<Received, async_nats::Error> {
+    pub(crate) fn read(message: jetstream::Message, arrived: Instant) -> Result<Received, async_nats::Error> {
         let info = message.info()?;
         let spent = count(message.headers.as_ref(), ATTEMPTS_SPENT);
         let delivered = u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1);

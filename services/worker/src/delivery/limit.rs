@@ -56,8 +56,7 @@ impl Delivery<'_> {
         // with a write, so its own holder entry is found.
         let spent = message.headers.as_ref().is_some_and(|h| h.get(HDR_ATTEMPTS_SPENT).is_some());
         let eligible = delivered == 1 && !spent;
-        let arrived = self.received.arrived;
-        if parts.limits.take_from_block(&key, &dispatch.execution_id, eligible, arrived).await {
+        if parts.limits.take_from_block(&key, &dispatch.execution_id, eligible, self.received.arrived).await {
             self.slot = Some(key);
             self.from_block = true;
             return true;
