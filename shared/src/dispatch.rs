@@ -85,6 +85,10 @@ pub enum Origin<'a> {
     /// (`rerun_by`: the backfill's id) ids derived from the nominal time and the backfill
     /// ([`crate::backfill::ids`]).
     Backfill { nominal_ms: i64, term: u64, rerun_by: Option<&'a str> },
+    /// A run of a task with `after` whose parents' runs of `nominal_ms` met its rule: the
+    /// execution id derived from the task and the nominal time
+    /// ([`wire::child_execution_id`]), the message id from it, the parents' runs in the body.
+    After { nominal_ms: i64, parents: &'a [wire::ParentRun] },
 }
 
 impl Origin<'_> {
@@ -95,6 +99,7 @@ impl Origin<'_> {
             Origin::Manual { .. } | Origin::Requested { .. } => Trigger::Manual,
             Origin::Replay { .. } => Trigger::Replay,
             Origin::Backfill { .. } => Trigger::Backfill,
+            Origin::After { .. } => Trigger::After,
         }
     }
 }
@@ -137,6 +142,8 @@ struct Head<'a> {
     replay_of: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     payload: Option<&'a serde_json::Value>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    parents: &'a [wire::ParentRun],
 }
 
 /// Room for the head of a body and the `"spec"` key: ids, times and numbers.
@@ -184,6 +191,15 @@ pub fn build_traced(
             let (msg_id, execution_id) = crate::backfill::ids(namespace, task_id, nominal_ms, rerun_by);
             (from_ms(nominal_ms), term, execution_id, msg_id)
         }
+        Origin::After { nominal_ms, .. } => {
+            let execution_id = wire::child_execution_id(namespace, task_id, nominal_ms);
+            let msg_id = names::manual_msg_id(namespace, task_id, &execution_id);
+            (from_ms(nominal_ms), 0, execution_id, msg_id)
+        }
+    };
+    let parents = match origin {
+        Origin::After { parents, .. } => parents,
+        _ => &[],
     };
     let payload = match origin {
         Origin::Requested { payload, .. } => payload,
@@ -205,6 +221,7 @@ pub fn build_traced(
         priority,
         replay_of,
         payload,
+        parents,
     };
     let spec_len = match spec {
         SpecBody::Json(json) => json.len(),
@@ -343,6 +360,7 @@ mod tests {
                         names::dispatch_msg_id("billing", "report", NOMINAL)
                     }
                     Origin::Manual { .. } => names::manual_msg_id("billing", "report", &message.execution_id),
+                    Origin::After { .. } => unreachable!("not among the cases"),
                     Origin::Requested { .. } => {
                         assert_eq!(message.execution_id, "exec-1", "the execution id decided before");
                         assert_eq!(decoded.payload.as_ref(), Some(&payload), "the trigger's payload");

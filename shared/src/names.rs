@@ -7,6 +7,7 @@
 use crate::error::{ApiError, ErrorCode};
 use crate::priority::Priority;
 
+mod after;
 mod api;
 mod backfills;
 mod breaker_keys;

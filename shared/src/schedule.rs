@@ -35,6 +35,9 @@ pub enum Schedule {
     At(DateTime<Utc>),
     /// Fires once, this long after registration (admission turns it into `At`).
     After(Duration),
+    /// Never fires on its own: the task runs from its parents' runs (the spec's `after`, with
+    /// no `schedule`).
+    Parents,
 }
 
 const KINDS: &[&str] = &["cron", "every", "at", "after"];
@@ -134,7 +137,7 @@ impl Schedule {
                 anchor.checked_add_signed(TimeDelta::try_milliseconds(k.checked_mul(step)?)?)
             }
             Schedule::At(at) => (*at > after).then_some(*at),
-            Schedule::After(_) => None,
+            Schedule::After(_) | Schedule::Parents => None,
         }
     }
 
@@ -201,6 +204,7 @@ impl Schedule {
             }
             Schedule::At(at) => json!({"at": format_instant(*at)}),
             Schedule::After(delay) => json!({"after": format_duration(*delay)}),
+            Schedule::Parents => Value::Null,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! are rejected at every level. [`TaskSpec::parse`] is structural (no clock); [`TaskSpec::admit`]
 //! adds the checks that need the registration time.
 
+mod after;
 mod bounds;
 mod breaker;
 mod concurrency;
@@ -28,6 +29,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
 
+pub use self::after::{AfterMode, AfterSpec, AfterWhen, DEFAULT_WITHIN, MAX_PARENTS, MAX_WITHIN, ParentRef};
 pub use self::bounds::MAX_RUNS;
 pub use self::breaker::{BreakerSpec, OnOpen};
 pub use self::concurrency::ConcurrencySpec;
@@ -65,6 +67,8 @@ pub struct TaskSpec {
     /// Same rule as `id`; default `default`.
     #[schemars(default = "schema::default_name", pattern(r"^[A-Za-z0-9_-]{1,128}$"))]
     pub namespace: String,
+    /// When the task fires. Absent on a task with `after` (it runs from its parents' runs);
+    /// exactly one of the two is given.
     pub schedule: Schedule,
     /// `[A-Za-z0-9_-]{1,64}`; default `default`.
     #[schemars(default = "schema::default_name", pattern(r"^[A-Za-z0-9_-]{1,64}$"))]
@@ -120,6 +124,14 @@ pub struct TaskSpec {
     /// it (docs/spec.md, "Calendars"). Each calendar named once; shifts in one direction only.
     #[schemars(default)]
     pub calendars: Vec<crate::calendar::CalendarRef>,
+    /// The tasks whose runs this one follows, and the rule their verdicts must meet
+    /// (docs/dependencies.md). A task with `after` has no `schedule`.
+    pub after: Option<AfterSpec>,
+    /// Keep what each run returns (at most 4 KiB: an HTTP response body, a NATS reply, a
+    /// shell command's standard output, a handler's result) with its run record, where its
+    /// children's dispatches find it; default false.
+    #[schemars(default)]
+    pub keep_result: bool,
     /// Keys `[A-Za-z0-9_./-]{1,63}`, values up to 256 characters, at most 64 labels.
     #[schemars(
         default = "schema::empty_map",
@@ -247,7 +259,7 @@ impl TaskSpec {
                     ));
                 }
             }
-            Schedule::Every { .. } => {}
+            Schedule::Every { .. } | Schedule::Parents => {}
         }
         self.admit_bounds(now)
     }
@@ -346,7 +358,6 @@ impl TaskSpec {
             "version": self.version,
             "id": self.id,
             "namespace": self.namespace,
-            "schedule": self.schedule.to_json(),
             "queue": self.queue,
             "executor": self.executor.to_json(),
             "timeout": format_duration(self.timeout),
@@ -357,6 +368,9 @@ impl TaskSpec {
             "paused": self.paused,
             "labels": self.labels,
         });
+        if self.schedule != Schedule::Parents {
+            v["schedule"] = self.schedule.to_json();
+        }
         if let Some(jitter) = &self.jitter {
             let mut j = json!({});
             if let Some(spread) = jitter.spread {
@@ -399,6 +413,12 @@ impl TaskSpec {
         }
         if !self.calendars.is_empty() {
             v["calendars"] = Value::Array(self.calendars.iter().map(|c| c.to_json()).collect());
+        }
+        if let Some(after) = &self.after {
+            v["after"] = after.to_json();
+        }
+        if self.keep_result {
+            v["keep_result"] = Value::Bool(true);
         }
         v
     }

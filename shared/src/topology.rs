@@ -132,6 +132,8 @@ pub struct Topology {
     pub backfills: kv::Store,
     /// Business calendars by namespace, written by the registry, followed by the scheduler.
     pub calendars: kv::Store,
+    /// Children's waits for their parents' runs, written by the registry.
+    pub waits: kv::Store,
     /// What this call changed: created resources and converged settings (empty when the
     /// deployment already matched).
     pub changes: Vec<Change>,
@@ -235,6 +237,14 @@ pub fn bucket_configs(names: &Names, args: &TopologyArgs) -> Vec<kv::Config> {
         base(names.backfills_bucket(), "jetsched backfill progress", 1, Duration::ZERO),
         // History like the tasks': `nats kv history` shows a calendar's edits.
         base(names.calendars_bucket(), "jetsched business calendars", args.tasks_history, Duration::ZERO),
+        // A wait outlives its longest `within` by a day, so a verdict redelivered late still
+        // finds the wait it ended.
+        base(
+            names.waits_bucket(),
+            "jetsched children's waits for their parents' runs",
+            1,
+            crate::spec::MAX_WITHIN + Duration::from_secs(24 * 3600),
+        ),
     ]
 }
 
@@ -311,6 +321,17 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
             retention: RetentionPolicy::Limits,
             max_age: args.events_max_age,
             ..base(names.alerts_stream(), vec![names.alerts_wildcard()], "jetsched alerts history")
+        },
+        stream::Config {
+            retention: RetentionPolicy::WorkQueue,
+            // Each wait's deadline waits here as a server-scheduled message (`within`).
+            allow_message_schedules: true,
+            allow_rollup: true,
+            ..base(
+                names.after_stream(),
+                vec![names.after_wildcard()],
+                "jetsched deadlines of children's waits",
+            )
         },
         stream::Config {
             retention: RetentionPolicy::WorkQueue,
@@ -401,6 +422,7 @@ async fn ensure_once(
         dedupe: next(),
         backfills: next(),
         calendars: next(),
+        waits: next(),
         changes,
     })
 }

@@ -19,8 +19,11 @@ pub const HDR_NOMINAL_TIME: &str = "Jetsched-Nominal-Time";
 pub const HDR_EXECUTION_ID: &str = "Jetsched-Execution-Id";
 /// The leader's lease revision (fencing token) that dispatched the fire.
 pub const HDR_LEADER_TERM: &str = "Jetsched-Leader-Term";
-/// `schedule`, `manual`, `catchup` or `replay`.
+/// `schedule`, `manual`, `catchup`, `replay`, `backfill` or `after`.
 pub const HDR_TRIGGER: &str = "Jetsched-Trigger";
+/// On executor requests of a run its parents started (`after`): their runs as a JSON array of
+/// `{task, execution_id, status, finished, result}` (a shell program's `JETSCHED_PARENTS`).
+pub const HDR_PARENTS: &str = "Jetsched-Parents";
 /// `critical`, `high`, `normal` or `low` on every dispatch (absent on older ones: `normal`).
 pub const HDR_PRIORITY: &str = "Jetsched-Priority";
 /// Attempt number on executor requests (1-based).
@@ -78,6 +81,7 @@ pub mod millis {
 /// (a JSON body `{"status": ...}` works too; see the worker's `executor/nats.rs`).
 pub const HDR_STATUS: &str = "Jetsched-Status";
 
+mod after;
 mod api;
 mod breaker;
 mod breaker_api;
@@ -95,6 +99,10 @@ mod rate;
 mod run;
 mod state;
 
+pub use after::{
+    GraphNode, GraphReply, LastRun, MAX_RESULT_BYTES, MAX_RESULTS_PER_CHILD, ParentRun, Wait, WaitState,
+    child_execution_id, result_value,
+};
 pub use api::{
     DeleteReply, ListReply, ListRequest, NextReply, NextRequest, TaskRef, TaskReply, TriggerReply,
 };

@@ -184,7 +184,8 @@ mod tests {
                 "fire.dispatched",
                 "breaker.opened",
                 "breaker.closed",
-                "scheduler.clock_skew"
+                "scheduler.clock_skew",
+                "after.expired"
             ]
         );
     }

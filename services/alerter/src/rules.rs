@@ -47,10 +47,12 @@ pub enum Rule {
     /// A run has waited for a slot of a concurrency key longer than the threshold; once per
     /// episode of the key, until no run has waited that long.
     LimitWaiting,
+    /// A task with `after` gave up waiting for its parents' runs (`after.expired`).
+    AfterExpired,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 13] = [
+    pub const ALL: [Rule; 14] = [
         Rule::RunFailed,
         Rule::RunDead,
         Rule::QueueBacklog,
@@ -64,6 +66,7 @@ impl Rule {
         Rule::ClockSkew,
         Rule::JetstreamUnavailable,
         Rule::LimitWaiting,
+        Rule::AfterExpired,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +84,7 @@ impl Rule {
             Rule::ClockSkew => "clock_skew",
             Rule::JetstreamUnavailable => "jetstream_unavailable",
             Rule::LimitWaiting => "limit_waiting",
+            Rule::AfterExpired => "after_expired",
         }
     }
 
@@ -91,7 +95,8 @@ impl Rule {
             | Rule::DlqGrowing
             | Rule::BreakerOpen
             | Rule::ClockSkew
-            | Rule::LimitWaiting => Severity::Warning,
+            | Rule::LimitWaiting
+            | Rule::AfterExpired => Severity::Warning,
             Rule::RunDead
             | Rule::QueueBacklog
             | Rule::LeaderChanged
@@ -113,6 +118,7 @@ impl Rule {
             // A breaker's episode ends when it closes.
             Rule::BreakerOpen => &[EventKind::BreakerOpened, EventKind::BreakerClosed],
             Rule::ClockSkew => &[EventKind::SchedulerClockSkew],
+            Rule::AfterExpired => &[EventKind::AfterExpired],
             Rule::QueueBacklog
             | Rule::NoLeader
             | Rule::DlqGrowing

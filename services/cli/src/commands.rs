@@ -118,7 +118,14 @@ enum Command {
         #[arg(long, requires = "dedupe_key")]
         dedupe_ttl: Option<String>,
     },
-    /// Preview the next fire times of a stored task, or of a spec file with --file.
+    /// A task's dependencies: its rule, its parents and children (`after`) with the last run
+    /// of each, and its recent waits for its parents (what each still misses).
+    Graph {
+        /// The task: `namespace/id`, or `id` in namespace `default`.
+        task: String,
+    },
+    /// Preview the next fire times of a stored task, or of a spec file with --file; for a task
+    /// with `after`, what it waits for.
     Next {
         /// A stored task: `namespace/id`, or `id` in namespace `default`.
         task: Option<String>,
@@ -218,6 +225,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             crate::trigger::trigger(&api, &task, fields, json_out).await
         }
         Command::Next { task, file, count, after } => next(&api, task, file, count, after, json_out).await,
+        Command::Graph { task } => crate::graph::graph(&api, &task, json_out).await,
         // One namespace or one task: the registry reads the last events of just those.
         Command::Events(EventsArgs { namespace: Some(namespace), task, last, follow }) => {
             let task = task.as_deref();
@@ -276,6 +284,7 @@ async fn control(api: &Api, endpoint: &str, task: &str, did: &str, json_out: boo
     let reference = task_ref(task);
     let reply: Value = api.task_in(endpoint, &reference.namespace, &reference).await?;
     output::done(json_out, &reply, &format!("{task} {did}"));
+    crate::graph::left_waiting(json_out, &reply);
     Ok(())
 }
 
@@ -300,6 +309,7 @@ async fn task_call(
 async fn pause(api: &Api, task: &str, reason: Option<String>, json_out: bool) -> Result<(), Failure> {
     let reply = task_call(api, "pause", task, "reason", reason).await?;
     output::done(json_out, &reply, &format!("{task} paused"));
+    crate::graph::left_waiting(json_out, &reply);
     Ok(())
 }
 
@@ -398,8 +408,15 @@ async fn next(
         output::pretty(&reply);
         return Ok(());
     }
-    let NextReply { timezone, times, local_times, ends_by, last_fire, notes } =
+    let NextReply { timezone, times, local_times, ends_by, last_fire, notes, waits_for } =
         serde_json::from_value(reply).context("next reply")?;
+    if !waits_for.is_empty() {
+        // A task with `after` has no fires of its own: what it waits for.
+        for line in waits_for {
+            println!("{line}");
+        }
+        return Ok(());
+    }
     let mut notes = notes.into_iter();
     let mut previous_offset: Option<String> = None;
     let rows: Vec<Vec<String>> = times

@@ -10,6 +10,7 @@ mod cancel;
 mod commands;
 mod dlq;
 mod files;
+mod graph;
 mod inspect;
 mod limits;
 mod output;

@@ -55,6 +55,7 @@ async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec<u8>, Failu
             encode(&reply)
         }
         ApiRequest::Delete(task) => encode(&store.delete(&task.namespace, &task.id).await?),
+        ApiRequest::Graph(task) => encode(&store.graph(&task.namespace, &task.id).await?),
         ApiRequest::Pause { task, reason } => {
             encode(&store.pause(&task.namespace, &task.id, reason.as_deref()).await?)
         }
@@ -69,7 +70,9 @@ async fn answer(store: &TaskStore, request: ApiRequest) -> Result<Vec<u8>, Failu
             let calendars = Calendars::stored(store.calendars(), &spec.namespace, names)
                 .await
                 .map_err(|e| Failure::unavailable("read calendars bucket", e))?;
-            encode(&preview(&spec, count, after, &calendars))
+            let mut reply = preview(&spec, count, after, &calendars);
+            reply.waits_for = store.waits_for(&spec).await?;
+            encode(&reply)
         }
     }
 }
@@ -125,6 +128,7 @@ fn preview(spec: &TaskSpec, count: usize, after: DateTime<Utc>, calendars: &Cale
     };
     let notes = if spec.calendars.is_empty() { Vec::new() } else { notes(spec, &times, tz, calendars) };
     NextReply {
+        waits_for: Vec::new(),
         notes,
         timezone: tz.name().to_string(),
         local_times: times.iter().map(|t| t.with_timezone(&tz).to_rfc3339()).collect(),

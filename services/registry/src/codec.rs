@@ -33,10 +33,11 @@ pub enum TaskEndpoint {
     Resume,
     Trigger,
     Next,
+    Graph,
 }
 
 impl TaskEndpoint {
-    pub const ALL: [TaskEndpoint; 8] = [
+    pub const ALL: [TaskEndpoint; 9] = [
         TaskEndpoint::Put,
         TaskEndpoint::Get,
         TaskEndpoint::List,
@@ -45,6 +46,7 @@ impl TaskEndpoint {
         TaskEndpoint::Resume,
         TaskEndpoint::Trigger,
         TaskEndpoint::Next,
+        TaskEndpoint::Graph,
     ];
 }
 
@@ -88,6 +90,8 @@ pub enum ApiRequest {
         count: usize,
         after: DateTime<Utc>,
     },
+    /// `{"namespace", "id"}`: the task's parents and children (`after`).
+    Graph(TaskRef),
 }
 
 /// Decodes and validates a task request without touching NATS: size, JSON, every field,
@@ -122,6 +126,7 @@ pub fn decode_request(
         TaskEndpoint::Resume => ApiRequest::Resume(task_ref(payload)?),
         TaskEndpoint::Trigger => decode_trigger(payload)?,
         TaskEndpoint::Next => decode_next(payload, limits, now)?,
+        TaskEndpoint::Graph => ApiRequest::Graph(task_ref(payload)?),
     })
 }
 

@@ -27,6 +27,11 @@ pub struct Config {
     /// API requests handled concurrently by this replica.
     #[arg(long, env = "JETSCHED_REGISTRY_CONCURRENCY", default_value_t = 256)]
     pub concurrency: usize,
+    /// Let a task's `after` name parents in other namespaces. Off by default: a child hears
+    /// of its parents' verdicts and receives their results, so with namespaces given to
+    /// separate teams a task may only wait for tasks of its own namespace.
+    #[arg(long, env = "JETSCHED_REGISTRY_AFTER_ACROSS_NAMESPACES")]
+    pub after_across_namespaces: bool,
 }
 
 /// Default admin listener of the registry.
@@ -40,6 +45,7 @@ impl Config {
             max_spec_bytes: 64 * 1024,
             quotas: Vec::new(),
             concurrency: 256,
+            after_across_namespaces: false,
         }
     }
 

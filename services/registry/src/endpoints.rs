@@ -139,7 +139,7 @@ pub(crate) struct Route {
 
 /// Every endpoint of the registry, in registration order.
 #[rustfmt::skip]
-pub(crate) static ROUTES: [Route; 34] = {
+pub(crate) static ROUTES: [Route; 35] = {
     use {BackfillEndpoint as F, BreakerEndpoint as B, CalendarEndpoint as K, CancelEndpoint as C, DlqEndpoint as D, Endpoint as E, Group as G, LimitEndpoint as L, QueueEndpoint as Q, Reach as R, TaskEndpoint as T};
     const fn row(group: Group, subject: &'static str, name: &'static str, endpoint: Endpoint, reach: Reach, tracing: Tracing) -> Route {
         Route { group, subject, name, endpoint, reach, tracing }
@@ -154,6 +154,7 @@ pub(crate) static ROUTES: [Route; 34] = {
         row(G::Task,    "resume",  "resume",         E::Task(T::Resume),   R::Both,       Tracing::Span("resume")),
         row(G::Task,    "trigger", "trigger",        E::Task(T::Trigger),  R::Both,       Tracing::Dispatch("trigger")),
         row(G::Task,    "next",    "next",           E::Task(T::Next),     R::Both,       Tracing::None),
+        row(G::Task,    "graph",   "graph",          E::Task(T::Graph),    R::Both,       Tracing::None),
         row(G::Dlq,     "list",    "dlq-list",       E::Dlq(D::List),      R::Both,       Tracing::None),
         row(G::Dlq,     "get",     "dlq-get",        E::Dlq(D::Get),       R::Both,       Tracing::None),
         row(G::Dlq,     "replay",  "dlq-replay",     E::Dlq(D::Replay),    R::Both,       Tracing::Dispatch("dlq replay")),

@@ -8,6 +8,7 @@
 //! [`breakers`], [`queues`], [`calendars`], `runs`, `history`) and on to the store; a failure stays a typed
 //! [`failure::Failure`] until `endpoints` answers it with the error reply.
 
+mod after;
 mod api;
 mod backfills;
 mod breaker_users;

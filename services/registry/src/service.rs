@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::after::After;
 use crate::backfills::BackfillApi;
 use crate::breakers::BreakerApi;
 use crate::calendars::CalendarApi;
@@ -44,6 +45,8 @@ pub struct Registry {
     requests: Requests,
     intake: PullConsumer,
     pauses: PullConsumer,
+    after: After,
+    tasks: async_nats::jetstream::kv::Store,
     handlers: Handlers,
     event_pump: EventPump,
     names: Names,
@@ -64,8 +67,8 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
 
     let max_payload = client.server_info().max_payload;
     let limits = Limits { max_spec_bytes: config.max_spec_bytes.min(max_payload) };
-    let (events, event_pump) =
-        EventPublisher::with_metrics(js.clone(), names.clone(), &registry)?.queue(4096, 256);
+    let publisher = EventPublisher::with_metrics(js.clone(), names.clone(), &registry)?;
+    let (events, event_pump) = publisher.queue(4096, 256);
     // Task-change events carry no de-duplication id: a rare duplicate after a retried publish
     // misleads nobody, and the id costs the server a de-duplication entry per put.
     let event_pump = event_pump.without_dedup_ids();
@@ -86,6 +89,15 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
     );
     let backfills = BackfillApi::new(topology.tasks.clone(), topology.backfills.clone(), events.clone());
     let calendars = CalendarApi::new(&js, topology.calendars.clone(), topology.tasks.clone()).await?;
+    let tasks_bucket = topology.tasks.clone();
+    let after = After::new(
+        js.clone(),
+        names.clone(),
+        topology.waits.clone(),
+        topology.runs.clone(),
+        events.clone(),
+        publisher,
+    );
     let store = TaskStore::new(
         js.clone(),
         topology.tasks,
@@ -97,7 +109,8 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         metrics.changes.clone(),
     )
     .await?
-    .with_quotas(config.quotas());
+    .with_quotas(config.quotas())
+    .with_after(after.clone(), config.after_across_namespaces);
 
     let service = client
         .service_builder()
@@ -122,6 +135,8 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         requests,
         intake,
         pauses,
+        after,
+        tasks: tasks_bucket,
         handlers: Handlers {
             store,
             dlq: DlqApi::new(js.clone(), names.clone()),
@@ -157,6 +172,8 @@ impl Registry {
             mut requests,
             intake,
             pauses,
+            after,
+            tasks,
             handlers,
             event_pump,
             names,
@@ -178,6 +195,7 @@ impl Registry {
         ));
         let pause_task = tokio::spawn(pause::run(pauses, store, names, metrics.clone(), shutdown.clone()));
         tracker.spawn(handlers.breakers.follow_tasks(shutdown.clone()));
+        tracker.spawn(after.run(tasks, shutdown.clone()));
         let permits = Arc::new(Semaphore::new(concurrency));
         // Shared by every request's task: cloning the stores themselves (each holds its
         // stream's info) cost an allocation per string and made every task kilobytes larger.

@@ -8,7 +8,7 @@ use async_nats::jetstream::{self, kv};
 use jetsched_shared::cas::{self, is_already_exists, is_revision_mismatch, keys_once};
 use jetsched_shared::error::{ApiError, ApiErrors, ErrorCode, ErrorReply};
 use jetsched_shared::events::EventSink;
-use jetsched_shared::names::{Names, breaker_task_key, calendar_key, task_key};
+use jetsched_shared::names::{Names, breaker_task_key, task_key};
 use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{
     BreakerRecord, DeleteReply, Event, EventKind, ListReply, ListRequest, TaskReply,
@@ -17,8 +17,10 @@ use jetsched_shared::wire::{
 use crate::failure::Failure;
 use crate::quota::Quotas;
 
+mod checks;
 mod claim;
 mod debounce;
+mod graph;
 pub mod trigger;
 
 /// What a `put` requires of the stored revision.
@@ -84,6 +86,11 @@ pub struct TaskStore {
     changes: prometheus::IntCounterVec,
     quotas: Quotas,
     flow: Flow,
+    /// Dependencies: the graph the checks of `after` read, and the verdicts consumer a child
+    /// needs before its `put` answers.
+    after: Option<crate::after::After>,
+    /// Whether `after` may name parents of other namespaces.
+    after_across_namespaces: bool,
 }
 
 /// The streams flow control reads: the de-duplication bucket's (leader reads of claims) and
@@ -151,12 +158,20 @@ impl TaskStore {
             changes,
             quotas: Quotas::default(),
             flow,
+            after: None,
+            after_across_namespaces: false,
         })
     }
 
     /// The store with the operator's quotas per namespace (none by default).
     pub fn with_quotas(self, quotas: Quotas) -> TaskStore {
         TaskStore { quotas, ..self }
+    }
+
+    /// The store with the dependency engine `after` checks and starts; `across_namespaces`:
+    /// whether a task may wait for tasks of other namespaces.
+    pub(crate) fn with_after(self, after: crate::after::After, across_namespaces: bool) -> TaskStore {
+        TaskStore { after: Some(after), after_across_namespaces: across_namespaces, ..self }
     }
 
     /// The latest live value of a key. Read from the stream leader, not with a direct get: on
@@ -229,6 +244,7 @@ impl TaskStore {
         // A `nats` executor never reaches into the server's or jetsched's own subjects.
         spec.executor.check_confined(&self.names)?;
         self.check_calendars(&spec).await?;
+        self.check_after(&spec).await?;
         let key = spec.key();
         let body = bytes::Bytes::from(serde_json::to_vec(&spec.to_json()).expect("a spec serializes"));
         self.quotas.check_spec_bytes(&spec.namespace, body.len())?;
@@ -280,30 +296,6 @@ impl TaskStore {
         &self.calendars
     }
 
-    /// Refuses a spec naming calendars its namespace does not have, naming each.
-    async fn check_calendars(&self, spec: &TaskSpec) -> Result<(), Failure> {
-        let mut problems = Vec::new();
-        for (i, calendar) in spec.calendars.iter().enumerate() {
-            let key = calendar_key(&spec.namespace, &calendar.name);
-            let entry = self
-                .calendars
-                .entry(&key)
-                .await
-                .map_err(|e| Failure::unavailable("read calendars bucket", e))?;
-            if cas::live(entry).is_none() {
-                problems.push(ApiError::at(
-                    ErrorCode::InvalidValue,
-                    format!("calendars[{i}].name"),
-                    format!("no calendar {:?} in namespace {:?}", calendar.name, spec.namespace),
-                ));
-            }
-        }
-        match ApiErrors::from_vec(problems) {
-            Some(errors) => Err(errors.into()),
-            None => Ok(()),
-        }
-    }
-
     async fn put_unconditional(&self, key: &str, body: bytes::Bytes) -> Result<(u64, EventKind), Failure> {
         // Registering a new task is the common case: one write when the key was never used.
         // (`kv::Store::create` would read the key back after any failure; we read once.)
@@ -336,7 +328,12 @@ impl TaskStore {
 
     pub async fn get(&self, namespace: &str, id: &str) -> Result<TaskReply, Failure> {
         let entry = self.entry(&task_key(namespace, id)).await?.ok_or_else(|| not_found(namespace, id))?;
-        Ok(TaskReply { task: decode(&entry)?, revision: entry.revision, status: None })
+        Ok(TaskReply {
+            task: decode(&entry)?,
+            revision: entry.revision,
+            status: None,
+            waiting_children: Vec::new(),
+        })
     }
 
     /// Sets each task's status (state, fires, recent outcomes) in a few batched reads.
@@ -362,7 +359,12 @@ impl TaskStore {
             let Some(entry) = self.entry(&key).await? else { continue };
             let task = decode(&entry)?;
             if matches_labels(&task.labels, &request.labels) {
-                tasks.push(TaskReply { task, revision: entry.revision, status: None });
+                tasks.push(TaskReply {
+                    task,
+                    revision: entry.revision,
+                    status: None,
+                    waiting_children: Vec::new(),
+                });
             }
         }
         Ok(ListReply { tasks, next_cursor })
@@ -388,7 +390,12 @@ impl TaskStore {
             ..Event::new(EventKind::TaskDeleted, namespace, id)
         })
         .await;
-        Ok(DeleteReply { namespace: namespace.to_string(), id: id.to_string(), deleted: true })
+        Ok(DeleteReply {
+            namespace: namespace.to_string(),
+            id: id.to_string(),
+            deleted: true,
+            waiting_children: self.waiting_children(namespace, id),
+        })
     }
 
     /// Pauses a task with compare-and-set, recording `reason` (`paused_reason`) and giving it to
@@ -416,8 +423,9 @@ impl TaskStore {
         for _ in 0..CAS_ATTEMPTS {
             let entry = self.entry(&key).await?.ok_or_else(|| not_found(namespace, id))?;
             let mut task = decode(&entry)?;
+            let waiting_children = if paused { self.waiting_children(namespace, id) } else { Vec::new() };
             if task.paused == paused && (paused || task.paused_reason.is_none()) {
-                return Ok(TaskReply { task, revision: entry.revision, status: None });
+                return Ok(TaskReply { task, revision: entry.revision, status: None, waiting_children });
             }
             task.paused = paused;
             task.paused_reason = reason.filter(|_| paused).map(str::to_owned);
@@ -434,7 +442,7 @@ impl TaskStore {
                     if !paused {
                         self.restart_failure_count(namespace, id).await;
                     }
-                    return Ok(TaskReply { task, revision, status: None });
+                    return Ok(TaskReply { task, revision, status: None, waiting_children });
                 }
                 Err(e) if is_revision_mismatch(&e) => continue,
                 Err(e) => return Err(Failure::unavailable("write tasks bucket", e)),

@@ -66,6 +66,8 @@ pub(crate) struct Closing<'a> {
     pub(crate) detail: Option<String>,
     /// Who cancelled the run and why, when it ends `cancelled`.
     pub(crate) reason: Option<String>,
+    /// What the run returned, when its task keeps results.
+    pub(crate) result: Option<&'a serde_json::Value>,
     pub(crate) now: DateTime<Utc>,
 }
 
@@ -75,6 +77,9 @@ impl Closing<'_> {
         record.end_attempt(self.attempt, self.outcome, error, self.detail.clone(), self.status, self.now);
         if record.status == RunStatus::Cancelled && self.reason.is_some() {
             record.reason.clone_from(&self.reason);
+        }
+        if let Some(result) = self.result {
+            record.result = Some(result.clone());
         }
     }
 }
@@ -355,7 +360,17 @@ mod tests {
         error: Option<&str>,
         status: RunStatus,
     ) {
-        Closing { attempt, outcome, status, error, detail: None, reason: None, now: Utc::now() }.apply(r);
+        Closing {
+            attempt,
+            outcome,
+            status,
+            error,
+            detail: None,
+            reason: None,
+            result: None,
+            now: Utc::now(),
+        }
+        .apply(r);
     }
 
     #[test]

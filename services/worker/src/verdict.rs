@@ -17,14 +17,30 @@ pub(crate) const RECORD_RETRY_DELAY: Duration = Duration::from_secs(1);
 /// `Permanent` → dead letter, then `Term`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    Ok { detail: Option<String> },
-    Retry { error: String, after: Option<Duration> },
-    Permanent { error: String },
+    /// Succeeded. `result`: what the run returned (a response body, a reply, standard output,
+    /// a handler's value), kept with its record when the task keeps results.
+    Ok {
+        detail: Option<String>,
+        result: Option<Vec<u8>>,
+    },
+    Retry {
+        error: String,
+        after: Option<Duration>,
+    },
+    Permanent {
+        error: String,
+    },
 }
 
 impl Outcome {
     pub fn ok() -> Outcome {
-        Outcome::Ok { detail: None }
+        Outcome::Ok { detail: None, result: None }
+    }
+
+    /// Succeeded, returning `result`: kept with the run's record (at most 4 KiB of JSON) when
+    /// the task says `keep_result`, and handed to the task's children.
+    pub fn ok_with_result(result: &serde_json::Value) -> Outcome {
+        Outcome::Ok { detail: None, result: serde_json::to_vec(result).ok() }
     }
 
     pub fn retry(error: impl Into<String>) -> Outcome {
@@ -40,7 +56,7 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Ending {
     /// The attempt succeeded.
-    Succeeded { detail: Option<String> },
+    Succeeded { detail: Option<String>, result: Option<Vec<u8>> },
     /// A retryable failure with attempts left: delivered again after `delay`.
     Retrying { error: String, delay: Duration },
     /// A permanent failure (`permanent`) or retries exhausted: dead-lettered.
@@ -81,7 +97,7 @@ impl Ending {
     /// The texts the ending carries.
     pub(crate) fn into_texts(self) -> Texts {
         match self {
-            Ending::Succeeded { detail } => Texts { detail, ..Texts::default() },
+            Ending::Succeeded { detail, .. } => Texts { detail, ..Texts::default() },
             Ending::Retrying { error, delay } => Texts {
                 error: Some(error),
                 reason: Some(format!("retry in {} ms", delay.as_millis())),
@@ -99,6 +115,14 @@ impl Ending {
             Ending::Duplicate | Ending::AlreadyDead | Ending::Unrecorded | Ending::AlreadyCancelled => {
                 Texts::default()
             }
+        }
+    }
+
+    /// What a succeeded run returned, taken out of the ending.
+    pub(crate) fn take_result(&mut self) -> Option<Vec<u8>> {
+        match self {
+            Ending::Succeeded { result, .. } => result.take(),
+            _ => None,
         }
     }
 
@@ -133,7 +157,7 @@ pub(crate) fn decide(
     unit: f64,
 ) -> Ending {
     match outcome {
-        Outcome::Ok { detail } => Ending::Succeeded { detail },
+        Outcome::Ok { detail, result } => Ending::Succeeded { detail, result },
         Outcome::Permanent { error } => {
             Ending::Failed { reason: format!("permanent failure: {error}"), error, permanent: true }
         }
@@ -257,7 +281,7 @@ mod tests {
     fn success_acks_and_permanent_dies_at_once() {
         assert_eq!(
             decide(&policy(), Outcome::ok(), 1, Duration::ZERO, 0.5),
-            Ending::Succeeded { detail: None }
+            Ending::Succeeded { detail: None, result: None }
         );
         assert_eq!(
             decide(&policy(), Outcome::permanent("bad"), 1, Duration::ZERO, 0.5),
@@ -306,7 +330,7 @@ mod tests {
         let failed = |permanent| Ending::Failed { error: "e".into(), permanent, reason: "r".into() };
         let table = [
             (
-                Ending::Succeeded { detail: None },
+                Ending::Succeeded { detail: None, result: None },
                 Some((A::Succeeded, RunStatus::Succeeded)),
                 Some("succeeded"),
                 Some(EventKind::RunSucceeded),
@@ -369,7 +393,10 @@ mod tests {
             Ending::Failed { error: "bad".into(), permanent: true, reason: "permanent failure: bad".into() };
         assert_eq!(failed.into_texts().reason.as_deref(), Some("permanent failure: bad"));
         assert_eq!(
-            Ending::Succeeded { detail: Some("HTTP 200".into()) }.into_texts().detail.as_deref(),
+            Ending::Succeeded { detail: Some("HTTP 200".into()), result: None }
+                .into_texts()
+                .detail
+                .as_deref(),
             Some("HTTP 200")
         );
         assert!(Ending::Interrupted.into_texts().error.is_some_and(|e| e.contains("shut down")));

@@ -345,6 +345,8 @@ fn build(doc: Doc<'_>) -> Option<TaskSpec> {
         end_at: bounds.end_at,
         max_runs: bounds.max_runs,
         calendars,
+        after: None,
+        keep_result: false,
         labels,
     })
 }

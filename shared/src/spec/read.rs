@@ -7,9 +7,9 @@ use serde_json::Value;
 
 use super::bounds::read_bounds;
 use super::{
-    BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, DebounceSpec, Executor, Jitter,
-    MAX_LABELS, MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority, RateLimitSpec,
-    RetryPolicy, TaskSpec, fast,
+    AfterSpec, BreakerSpec, ConcurrencySpec, DEFAULT_CATCHUP_WINDOW, DEFAULT_TIMEOUT, DebounceSpec, Executor,
+    Jitter, MAX_LABELS, MAX_PAUSED_REASON, MAX_TIMEOUT, MisfirePolicy, OverlapPolicy, Priority,
+    RateLimitSpec, RetryPolicy, TaskSpec, fast,
 };
 use crate::calendar::CalendarRef;
 use crate::error::{ApiError, ApiErrors, ErrorCode};
@@ -41,6 +41,8 @@ const FIELDS: &[&str] = &[
     "end_at",
     "max_runs",
     "calendars",
+    "after",
+    "keep_result",
     "labels",
 ];
 
@@ -227,7 +229,21 @@ impl TaskSpec {
                 validate_id("namespace", namespace).map(|()| namespace)
             }))
             .unwrap_or("default");
-        let schedule = problems.take(obj.required("schedule")).and_then(|v| Schedule::read(v, problems));
+        // A task with `after` runs from its parents' runs and has no schedule of its own.
+        let after_given = obj.get("after").is_some_and(|v| !v.is_null());
+        let schedule = match obj.get("schedule").filter(|v| !v.is_null()) {
+            Some(_) if after_given => {
+                problems.push(err(
+                    ErrorCode::InvalidValue,
+                    "schedule",
+                    "a task with after runs when its parents' runs end: give schedule or after, not both",
+                ));
+                None
+            }
+            Some(value) => Schedule::read(value, problems),
+            None if after_given => Some(Schedule::Parents),
+            None => problems.take(obj.required("schedule")).and_then(|v| Schedule::read(v, problems)),
+        };
         let queue = problems
             .take(obj.string("queue").and_then(|queue| {
                 let queue = queue.unwrap_or("default");
@@ -281,6 +297,11 @@ impl TaskSpec {
             None | Some(Value::Null) => Some(Vec::new()),
             Some(calendars) => CalendarRef::read(calendars, "calendars", problems),
         };
+        let after = match obj.get("after") {
+            None | Some(Value::Null) => Some(None),
+            Some(after) => AfterSpec::read(after, namespace, id, problems).map(Some),
+        };
+        let keep_result = problems.take_opt(obj.bool("keep_result")).unwrap_or(false);
         let labels = read_labels(&obj, problems);
         // The keys are checked against the task once its namespace, id and labels are known.
         if let (Some(Some(concurrency)), Some(id), Some(labels)) = (&concurrency, id, &labels) {
@@ -333,6 +354,8 @@ impl TaskSpec {
             end_at: bounds?.end_at,
             max_runs: bounds?.max_runs,
             calendars: calendars?,
+            after: after?,
+            keep_result,
             labels: labels?,
         })
     }

@@ -29,6 +29,10 @@ pub struct TaskReply {
     pub revision: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<TaskStatus>,
+    /// `pause`: the tasks with `after` that name this one (`<namespace>/<id>`): their runs
+    /// wait while it is paused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_children: Vec<String>,
 }
 
 /// `list`: optional namespace and label filters, a page size and the cursor of the previous page.
@@ -93,6 +97,10 @@ pub struct NextReply {
     /// at its nominal time), e.g. `skipped: calendar de-holidays (2026-12-25)`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// A task with `after` has no fires of its own: what it waits for instead (its rule, and
+    /// each nominal time it is waiting for, with the parents still missing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits_for: Vec<String>,
 }
 
 /// Reply of `delete`.
@@ -101,6 +109,10 @@ pub struct DeleteReply {
     pub namespace: String,
     pub id: String,
     pub deleted: bool,
+    /// The tasks with `after` that name the deleted task (`<namespace>/<id>`): left waiting
+    /// for runs it will not make.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_children: Vec<String>,
 }
 
 /// Reply of `trigger`: the run dispatched now, the earlier run a de-duplication key named

@@ -21,6 +21,8 @@ pub enum Trigger {
     Replay,
     /// A nominal time of a backfill (its ids are the live fire's, or a rerun's).
     Backfill,
+    /// Its parents' runs of the nominal time ended as the task's `after` asks.
+    After,
 }
 
 impl Trigger {
@@ -31,6 +33,7 @@ impl Trigger {
             Trigger::Catchup => "catchup",
             Trigger::Replay => "replay",
             Trigger::Backfill => "backfill",
+            Trigger::After => "after",
         }
     }
 
@@ -67,6 +70,9 @@ pub struct Dispatch<S = TaskSpec> {
     /// A trigger's payload: given to the run instead of the spec's body or payload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<serde_json::Value>,
+    /// A run of a task with `after`: the parents' runs that let it start, with their results.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<super::ParentRun>,
     pub spec: S,
     /// Trace id of the execution (32 hex digits): not part of the body, filled in by the
     /// receiver from the message's `traceparent` header.
@@ -88,6 +94,7 @@ impl<S> Dispatch<S> {
             priority: self.priority,
             replay_of: self.replay_of,
             payload: self.payload,
+            parents: self.parents,
             spec,
             trace_id: self.trace_id,
         }

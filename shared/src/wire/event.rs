@@ -102,6 +102,11 @@ pub enum EventKind {
     /// A backfill was stopped on request.
     #[serde(rename = "backfill.cancelled")]
     BackfillCancelled,
+    /// A task with `after` gave up waiting for its parents' runs of `nominal_time`: `within`
+    /// passed first (`reason` names the parents still missing; `execution_id` is the run it
+    /// would have been).
+    #[serde(rename = "after.expired")]
+    AfterExpired,
 }
 
 impl EventKind {
@@ -142,6 +147,7 @@ impl EventKind {
             EventKind::BackfillProgress => "backfill.progress",
             EventKind::BackfillFinished => "backfill.finished",
             EventKind::BackfillCancelled => "backfill.cancelled",
+            EventKind::AfterExpired => "after.expired",
         }
     }
 }

@@ -152,6 +152,10 @@ pub struct RunRecord {
     /// A replay's dead run: the execution whose dead letter it dispatched again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<String>,
+    /// What the run returned, when its task keeps results (`keep_result`): at most
+    /// [`super::MAX_RESULT_BYTES`] of JSON (text that is not JSON is kept as a string).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
 }
 
 impl RunRecord {
@@ -178,6 +182,7 @@ impl RunRecord {
             attempts: vec![AttemptRecord::started(attempt, worker, now)],
             trace_id: dispatch.trace_id.clone(),
             replay_of: dispatch.replay_of.clone(),
+            result: None,
         }
     }
 
@@ -308,6 +313,7 @@ mod tests {
             attempts: vec![AttemptRecord::started(1, "w1", at(1))],
             trace_id: None,
             replay_of: None,
+            result: None,
         };
         assert_eq!(record.duration(at(4)).num_seconds(), 3, "running: to now");
         record.end_attempt(1, AttemptOutcome::Failed, Some("503".into()), None, RunStatus::Retrying, at(3));

@@ -122,3 +122,31 @@ async fn bench_soak_tiny_runs_every_service() {
         assert!((0.0..=p99).contains(&p50), "lag {at}: p50 {p50} ms outside 0..=p99 {p99} ms");
     }
 }
+
+/// `jetsched-bench chain`, small: every figure measured, the child of each verdict dispatched.
+#[tokio::test]
+async fn bench_chain_tiny_measures_the_chain_the_fan_in_and_the_fan_out() {
+    let args = [
+        "chain",
+        "--samples",
+        "50",
+        "--fan-in",
+        "50",
+        "--fan-out",
+        "200",
+        "--seconds",
+        "2",
+        "--tasks",
+        "500",
+        "--rate",
+        "100",
+    ];
+    let (_, report) = run_bench(&args).await;
+    assert_eq!(number(&report, "/chain/samples"), 50.0);
+    let p99 = number(&report, "/chain/lag/p99_ms");
+    assert!(p99 > 0.0 && p99 < 10_000.0, "chain p99 {p99} ms");
+    assert!(number(&report, "/chain/steady_lag/p99_ms").is_finite());
+    assert!(number(&report, "/fan_in/seconds") > 0.0);
+    assert!(number(&report, "/fan_out/seconds") > 0.0);
+    assert!(number(&report, "/fan_out/registry_rss_mib_after") > 0.0);
+}

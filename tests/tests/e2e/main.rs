@@ -1,6 +1,7 @@
 //! The end-to-end test binary: real nats-server, services started in-process (or as real
 //! processes where a crash is involved). One module per service.
 
+mod after;
 mod alerter;
 mod autopause;
 mod backfill;

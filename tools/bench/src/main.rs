@@ -6,6 +6,7 @@ mod accounts;
 mod args;
 mod backfill;
 mod breakers;
+mod chain;
 mod console;
 mod e2e;
 mod events;
@@ -57,6 +58,11 @@ enum Scenario {
     /// A backfill of N nominal times against the burst of N one-shots in the same run, with the
     /// live schedule's fire lag before and while it runs (not part of `all`).
     Backfill(backfill::Args),
+    /// Dependencies: a parent's verdict stored → its child's dispatch stored (p50, p99) against
+    /// the steady scenario's fire lag in the same run; a fan-in of 1,000 parents into one
+    /// child and a fan-out of one parent into 10,000 children, with time and the registry's
+    /// memory (not part of `all`).
+    Chain(chain::Args),
     /// No-op runs end to end with 1, 2, 4 worker replicas, against raw publish + pull + ack. With
     /// more than one round, each ratio is taken within its round and the median is reported
     /// beside every round's share of the ceiling (the machine's speed drifts between phases more
@@ -252,6 +258,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Burst(args) => scheduler::burst(args).await?,
         Scenario::Steady(args) => scheduler::steady(args).await?,
         Scenario::Backfill(args) => backfill::run(args).await?,
+        Scenario::Chain(args) => chain::run(args).await?,
         Scenario::E2e(args) => e2e::run(args).await?,
         Scenario::Breakers(args) => breakers::run(args).await?,
         Scenario::Limits(args) => limits::run(args).await?,

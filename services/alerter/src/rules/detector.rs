@@ -129,6 +129,12 @@ impl Detector {
                 let summary = format!("run of {ns}/{task} dead-lettered{attempts}: {reason}");
                 out.push(run_details(Candidate::new(Rule::RunDead, ns, task, event.time, summary)));
             }
+            EventKind::AfterExpired if self.on(Rule::AfterExpired) => {
+                let when = event.nominal_time.map(|t| format!(" of {}", format_time(t))).unwrap_or_default();
+                let missing = event.reason.as_deref().unwrap_or("parents' runs missing");
+                let summary = format!("{ns}/{task} gave up waiting for its parents' runs{when}: {missing}");
+                out.push(run_details(Candidate::new(Rule::AfterExpired, ns, task, event.time, summary)));
+            }
             EventKind::FireDispatched if self.on(Rule::FireLag) => {
                 if let Some(nominal) = event.nominal_time {
                     let lag = event.time - nominal;

@@ -10,7 +10,7 @@ use super::{layout, task_href, when};
 use crate::trace::TraceLinks;
 
 /// Every kind, for the filter.
-pub(crate) const KINDS: [EventKind; 34] = [
+pub(crate) const KINDS: [EventKind; 35] = [
     EventKind::TaskRegistered,
     EventKind::TaskUpdated,
     EventKind::TaskDeleted,
@@ -45,6 +45,7 @@ pub(crate) const KINDS: [EventKind; 34] = [
     EventKind::BackfillFinished,
     EventKind::BackfillCancelled,
     EventKind::TaskCompleted,
+    EventKind::AfterExpired,
 ];
 
 /// The filters of the events page and its stream.
@@ -238,6 +239,7 @@ mod tests {
                 BackfillFinished => 31,
                 BackfillCancelled => 32,
                 TaskCompleted => 33,
+                AfterExpired => 34,
             }
         }
         for (i, kind) in KINDS.iter().enumerate() {

@@ -228,6 +228,7 @@ impl Room {
             failures: 0,
             attempts: Vec::new(),
             replay_of: None,
+            result: None,
         };
         let body = serde_json::to_vec(&record).context("encode run record")?;
         match self.runs.create(&self.prior.execution_id, body.into()).await {

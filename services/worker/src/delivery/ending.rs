@@ -11,7 +11,7 @@ use std::pin::pin;
 
 use async_nats::jetstream::AckKind;
 use chrono::Utc;
-use jetsched_shared::wire::EventKind;
+use jetsched_shared::wire::{EventKind, result_value};
 
 use super::state::Delivery;
 use crate::dlq::{DeadLetter, DeadLetterSource};
@@ -28,6 +28,9 @@ impl Delivery<'_> {
         // Auto-pause counts runs that ended for good (a success resets the count).
         let ended_failed = ending.run_failed();
         spans::outcome(ending.name());
+        let mut ending = ending;
+        let returned = ending.take_result();
+        let result = returned.as_deref().filter(|_| self.dispatch.spec.keep_result).and_then(result_value);
         let Texts { error, detail, reason } = ending.into_texts();
         let mut stored = self.stored.take();
         // The verdict's record could not be written: the run is not acknowledged but handed
@@ -43,6 +46,7 @@ impl Delivery<'_> {
                         error: error.as_deref(),
                         detail,
                         reason: (status == RunStatus::Cancelled).then(|| reason.clone()).flatten(),
+                        result: result.as_ref(),
                         now: Utc::now(),
                     };
                     self.close(run, closing).await

@@ -5,7 +5,8 @@
 
 use jetsched_shared::names::task_key;
 use jetsched_shared::wire::{
-    Dispatch, HDR_ATTEMPT, HDR_EXECUTION_ID, HDR_NOMINAL_TIME, HDR_TASK, HDR_TRIGGER, format_time,
+    Dispatch, HDR_ATTEMPT, HDR_EXECUTION_ID, HDR_NOMINAL_TIME, HDR_PARENTS, HDR_TASK, HDR_TRIGGER,
+    format_time,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -37,16 +38,23 @@ pub(crate) struct Attempt<'a> {
 }
 
 impl Attempt<'_> {
-    /// The execution headers every executor request carries (HTTP and NATS).
-    pub(crate) fn header_pairs(&self) -> [(&'static str, String); 5] {
+    /// The execution headers every executor request carries (HTTP and NATS; a shell
+    /// program's environment): and for a run its parents started, their runs and results.
+    pub(crate) fn header_pairs(&self) -> Vec<(&'static str, String)> {
         let d = self.dispatch;
-        [
+        let mut pairs = vec![
             (HDR_EXECUTION_ID, d.execution_id.clone()),
             (HDR_TASK, task_key(&d.namespace, &d.task_id)),
             (HDR_NOMINAL_TIME, format_time(d.nominal_time)),
             (HDR_ATTEMPT, self.attempt.to_string()),
             (HDR_TRIGGER, d.trigger.as_str().to_string()),
-        ]
+        ];
+        if !d.parents.is_empty()
+            && let Ok(parents) = serde_json::to_string(&d.parents)
+        {
+            pairs.push((HDR_PARENTS, parents));
+        }
+        pairs
     }
 }
 

@@ -39,6 +39,8 @@ pub struct RunContext {
     pub traceparent: Option<String>,
     /// W3C `tracestate` that goes with it, when there is one.
     pub tracestate: Option<String>,
+    /// A run its parents started (`after`): their runs, with the results they kept.
+    pub parents: Vec<jetsched_shared::wire::ParentRun>,
 }
 
 /// A named handler an embedding program registers. Implemented for every
@@ -115,6 +117,7 @@ impl Handlers {
             cancel: cancel.clone(),
             traceparent: attempt.trace.traceparent.clone(),
             tracestate: attempt.trace.tracestate.clone(),
+            parents: d.parents.clone(),
         };
         // Spawned so that a panicking handler is a failed attempt, not a dead worker.
         let task = tokio::spawn(handler.call(run));

@@ -12,6 +12,7 @@
 
 pub(crate) mod destination;
 
+use jetsched_shared::wire::MAX_RESULT_BYTES;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,31 +130,41 @@ impl HttpExecutor {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let excerpt = self.excerpt(response).await;
+        let (excerpt, body) = self.excerpt(response).await;
         let detail = format!("HTTP {status}: {excerpt}");
-        classify(status, retry_after, detail)
+        match classify(status, retry_after, detail) {
+            Outcome::Ok { detail, .. } => Outcome::Ok { detail, result: body },
+            other => other,
+        }
     }
 
-    /// Reads at most `body_limit` bytes of the body (the rest is not downloaded).
-    async fn excerpt(&self, mut response: reqwest::Response) -> String {
+    /// Reads at most `body_limit` bytes of the body for the excerpt, and up to one byte past
+    /// the largest result kept (the rest is not downloaded): the excerpt, and the whole body
+    /// when it was read whole and no larger than a result may be.
+    async fn excerpt(&self, mut response: reqwest::Response) -> (String, Option<Vec<u8>>) {
+        let read_limit = self.body_limit.max(MAX_RESULT_BYTES + 1);
         let mut body = Vec::new();
         let mut cut = false;
         loop {
             match response.chunk().await {
                 Ok(None) => break,
                 Ok(Some(chunk)) => {
-                    let room = self.body_limit.saturating_sub(body.len());
+                    let room = read_limit.saturating_sub(body.len());
                     body.extend_from_slice(&chunk[..chunk.len().min(room)]);
                     if chunk.len() > room {
                         cut = true;
                         break;
                     }
                 }
-                Err(error) => return format!("{} (body read failed: {error})", head(&body, self.body_limit)),
+                Err(error) => {
+                    return (format!("{} (body read failed: {error})", head(&body, self.body_limit)), None);
+                }
             }
         }
         let text = head(&body, self.body_limit);
-        if cut { format!("{text}…") } else { text }
+        let excerpt = if cut || body.len() > self.body_limit { format!("{text}…") } else { text };
+        let whole = (!cut && body.len() <= MAX_RESULT_BYTES).then_some(body);
+        (excerpt, whole)
     }
 }
 
@@ -168,7 +179,7 @@ fn refused_outcome(url: &str, namespace: &str, refused: &Refused) -> Outcome {
 
 fn classify(status: StatusCode, retry_after: Option<Duration>, detail: String) -> Outcome {
     if status.is_success() {
-        Outcome::Ok { detail: Some(detail) }
+        Outcome::Ok { detail: Some(detail), result: None }
     } else if status == StatusCode::REQUEST_TIMEOUT
         || status == StatusCode::TOO_MANY_REQUESTS
         || status.is_server_error()

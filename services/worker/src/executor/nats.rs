@@ -158,9 +158,10 @@ impl NatsExecutor {
     }
 }
 
-fn status_outcome(status: &str, text: String) -> Outcome {
+/// The outcome a reply's status names; an `ok` reply's whole payload is the run's result.
+fn status_outcome(status: &str, text: String, payload: &[u8]) -> Outcome {
     match status.trim().to_ascii_lowercase().as_str() {
-        "ok" => Outcome::Ok { detail: Some(text).filter(|t| !t.is_empty()) },
+        "ok" => Outcome::Ok { detail: Some(text).filter(|t| !t.is_empty()), result: Some(payload.to_vec()) },
         "retry" => {
             Outcome::retry(if text.is_empty() { "responder asked to retry".to_string() } else { text })
         }
@@ -177,7 +178,7 @@ fn status_outcome(status: &str, text: String) -> Outcome {
 pub(crate) fn classify(headers: Option<&HeaderMap>, payload: &[u8], limit: usize) -> Outcome {
     let text = head(payload, limit);
     if let Some(status) = headers.and_then(|h| h.get(HDR_STATUS)) {
-        return status_outcome(status.as_str(), text);
+        return status_outcome(status.as_str(), text, payload);
     }
     if let Ok(serde_json::Value::Object(object)) = serde_json::from_slice::<serde_json::Value>(payload)
         && let Some(serde_json::Value::String(status)) = object.get("status")
@@ -187,7 +188,7 @@ pub(crate) fn classify(headers: Option<&HeaderMap>, payload: &[u8], limit: usize
             Some(other) => other.to_string(),
             None => String::new(),
         };
-        return status_outcome(status, head(error.as_bytes(), limit));
+        return status_outcome(status, head(error.as_bytes(), limit), payload);
     }
     if let Some(code) = headers.and_then(|h| h.get(SERVICE_ERROR_CODE)) {
         let message =
@@ -198,7 +199,7 @@ pub(crate) fn classify(headers: Option<&HeaderMap>, payload: &[u8], limit: usize
             _ => Outcome::permanent(error),
         };
     }
-    Outcome::Ok { detail: Some(text).filter(|t| !t.is_empty()) }
+    Outcome::Ok { detail: Some(text).filter(|t| !t.is_empty()), result: Some(payload.to_vec()) }
 }
 
 #[cfg(test)]

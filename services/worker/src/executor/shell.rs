@@ -14,6 +14,7 @@
 //! executable, not found), is permanent; other exits and signals are retryable. The last
 //! `output_limit` bytes of stdout and stderr are recorded.
 
+use jetsched_shared::wire::MAX_RESULT_BYTES;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::time::Duration;
@@ -113,7 +114,9 @@ impl ShellExecutor {
         // Kills the group whatever way this future ends (timeout, shutdown, drop).
         let _group_guard = KillGroup(group);
         let limit = self.output_limit;
-        let stdout = tokio::spawn(read_tail(child.stdout.take(), limit));
+        // Standard output is read up to one byte past the largest result kept, so a short
+        // output is the run's result whole.
+        let stdout = tokio::spawn(read_tail(child.stdout.take(), limit.max(MAX_RESULT_BYTES + 1)));
         let stderr = tokio::spawn(read_tail(child.stderr.take(), limit));
 
         let mut status = tokio::select! {
@@ -141,7 +144,10 @@ impl ShellExecutor {
         match status {
             None => Outcome::retry(format!("timed out after {timeout:?}; process group killed\n{output}")),
             Some(Err(error)) => Outcome::retry(format!("waiting for {program:?}: {error}")),
-            Some(Ok(status)) if status.success() => Outcome::Ok { detail: Some(format!("exit 0\n{output}")) },
+            Some(Ok(status)) if status.success() => Outcome::Ok {
+                detail: Some(format!("exit 0\n{output}")),
+                result: (out.len() <= MAX_RESULT_BYTES).then(|| out.clone()),
+            },
             Some(Ok(status)) => match status.code() {
                 Some(code @ (126 | 127)) => Outcome::permanent(format!("exit {code}\n{output}")),
                 Some(code) => Outcome::retry(format!("exit {code}\n{output}")),

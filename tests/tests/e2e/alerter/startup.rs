@@ -132,6 +132,7 @@ async fn each_event_kind_is_read_through_a_single_filter_consumer_and_the_combin
         EventKind::BreakerOpened,
         EventKind::BreakerClosed,
         EventKind::SchedulerClockSkew,
+        EventKind::AfterExpired,
     ];
     let mut expected: Vec<String> = read.iter().map(|k| names.alerter_consumer(k.as_str())).collect();
     expected.sort();

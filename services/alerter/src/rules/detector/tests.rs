@@ -53,6 +53,7 @@ fn every_kind() -> Vec<EventKind> {
         BackfillFinished,
         BackfillCancelled,
         TaskCompleted,
+        AfterExpired,
     ];
     for kind in all {
         match kind {
@@ -62,7 +63,7 @@ fn every_kind() -> Vec<EventKind> {
             | BreakerHalfOpened | BreakerClosed | LimitThrottled | LeaderAcquired | LeaderLost
             | QueuePaused | QueueResumed | LimitSaturated | SchedulerClockSkew | TriggerDeduplicated
             | TriggerDebounced | BackfillStarted | BackfillProgress | BackfillFinished
-            | BackfillCancelled | TaskCompleted => {}
+            | BackfillCancelled | TaskCompleted | AfterExpired => {}
         }
     }
     all.to_vec()

@@ -1,0 +1,418 @@
+//! Dependencies between tasks: a child (a task with `after`) runs when its parents' runs of
+//! one nominal time end as its rule says, exactly once per nominal time.
+//!
+//! The parents' verdicts are their run records: a worker writes a run's final record before it
+//! acknowledges the run, so a durable consumer of the runs bucket's stream (shared by every
+//! registry replica, created once the first child exists, delivering only records written
+//! after it) hears of every verdict at least once. A verdict is merged into the child's wait
+//! for its nominal time (`JETSCHED_WAITS[<ns>.<id>.<ms>]`, compare-and-set), and when the rule
+//! holds the child is dispatched with an execution id derived from the child and the nominal
+//! time and a message id derived from that, then the wait is marked dispatched. A replica that
+//! dies anywhere on the way leaves the record unacknowledged: redelivered, it is merged again
+//! (no change), and the dispatch is sent again, stored once by the dispatch stream's
+//! de-duplication and, past its window, recognised by the worker through the run's record.
+//!
+//! A wait that does not end at once gets its deadline (`within`) as a server-scheduled message;
+//! when it comes, a wait still waiting ends `expired` with an `after.expired` event.
+
+mod deadlines;
+mod graph;
+mod reads;
+mod rule;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream::consumer::{self as consumer, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::{self, kv};
+use chrono::Utc;
+use futures::StreamExt;
+use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
+use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
+use jetsched_shared::events::{EventPublisher, EventSink};
+use jetsched_shared::names::Names;
+use jetsched_shared::spec::TaskSpec;
+use jetsched_shared::wire::{Event, EventKind, ParentRun, RunRecord, Trigger, Wait, WaitState};
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use self::graph::{Child, Graph};
+use self::rule::{Decision, decide, is_verdict, merge, new_wait};
+use crate::pull::{self, Verdict};
+
+/// Verdicts pulled at a time.
+const BATCH: usize = 64;
+/// Children of one verdict handled at once.
+const CHILDREN_AT_ONCE: usize = 32;
+/// Compare-and-set attempts on one wait before the verdict is handed back for later.
+const CAS_ATTEMPTS: usize = 20;
+
+/// The dependency engine of one registry replica.
+#[derive(Clone)]
+pub(crate) struct After {
+    js: jetstream::Context,
+    names: Names,
+    graph: Graph,
+    waits: kv::Store,
+    /// Run records: the status of a child's last run.
+    runs: kv::Store,
+    events: EventSink,
+    publisher: EventPublisher,
+}
+
+/// A wait read with its revision (0: not stored yet).
+struct Held {
+    wait: Wait,
+    revision: u64,
+}
+
+impl After {
+    pub(crate) fn new(
+        js: jetstream::Context,
+        names: Names,
+        waits: kv::Store,
+        runs: kv::Store,
+        events: EventSink,
+        publisher: EventPublisher,
+    ) -> After {
+        After { js, names, graph: Graph::default(), waits, runs, events, publisher }
+    }
+
+    pub(crate) fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The durable consumer of verdicts: created (idempotently) when a child is stored, so
+    /// every parent's run that ends after the child's `put` answered is heard of. It starts
+    /// at a fixed sequence, the stream's next one when it is created (not `DeliverPolicy::New`:
+    /// a consumer a restarted server recovers without its state would start anew at the
+    /// stream's end then, past verdicts not handled yet; from a fixed start it handles some
+    /// again, which changes nothing).
+    pub(crate) async fn ensure_verdicts_consumer(&self) -> anyhow::Result<PullConsumer> {
+        if let Some(consumer) = self.existing_verdicts_consumer().await {
+            return Ok(consumer);
+        }
+        let runs = self.names.runs_bucket();
+        let stream = Names::kv_stream(&runs);
+        let mut handle =
+            self.js.get_stream(&stream).await.with_context(|| format!("open stream {stream}"))?;
+        let next =
+            handle.info().await.with_context(|| format!("read stream {stream}"))?.state.last_sequence + 1;
+        handle
+            .get_or_create_consumer(
+                self.names.after_verdicts_consumer(),
+                consumer::pull::Config {
+                    durable_name: Some(self.names.after_verdicts_consumer().to_string()),
+                    description: Some("jetsched registry: parents' verdicts for tasks with after".into()),
+                    filter_subject: Names::kv_subject(&runs, ">"),
+                    deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: next },
+                    ack_policy: AckPolicy::Explicit,
+                    ack_wait: pull::ACK_WAIT,
+                    max_ack_pending: 1000,
+                    ..Default::default()
+                },
+            )
+            .await
+            .with_context(|| format!("ensure consumer {} on {stream}", self.names.after_verdicts_consumer()))
+    }
+
+    /// Follows the tasks bucket into the graph, and once a child exists, consumes verdicts
+    /// and deadlines until `shutdown`.
+    pub(crate) async fn run(self, tasks: kv::Store, shutdown: CancellationToken) {
+        let follow = tokio::spawn(self.graph.clone().follow(tasks, shutdown.clone()));
+        // No verdict is taken before every child stored is known.
+        tokio::select! {
+            _ = shutdown.cancelled() => { let _ = follow.await; return; }
+            _ = self.graph.loaded() => {}
+        }
+        // A consumer left by an earlier start is taken up at once; otherwise the first child.
+        let verdicts = loop {
+            let existing = self.existing_verdicts_consumer().await;
+            if existing.is_some() || self.graph.has_children() {
+                match existing {
+                    Some(consumer) => break consumer,
+                    None => match self.ensure_verdicts_consumer().await {
+                        Ok(consumer) => break consumer,
+                        Err(error) => tracing::warn!(error = format!("{error:#}"), "verdicts consumer"),
+                    },
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => { let _ = follow.await; return; }
+                _ = self.graph.children_appeared() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        };
+        let deadlines = loop {
+            match self.deadlines_consumer().await {
+                Ok(consumer) => break consumer,
+                Err(error) => tracing::warn!(error = format!("{error:#}"), "deadlines consumer"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => { let _ = follow.await; return; }
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        };
+        tracing::info!("dependencies: consuming parents' verdicts");
+        let verdicts = pull::run(verdicts, "parent verdict", BATCH, Verdicts(self.clone()), shutdown.clone());
+        let deadlines = pull::run(deadlines, "wait deadline", 8, Deadlines(self.clone()), shutdown.clone());
+        let (verdicts, deadlines) = tokio::join!(verdicts, deadlines);
+        for (what, ended) in [("verdicts", verdicts), ("deadlines", deadlines)] {
+            if let Err(error) = ended {
+                tracing::warn!(error = format!("{error:#}"), "{what} consumer stopped");
+            }
+        }
+        let _ = follow.await;
+    }
+
+    async fn existing_verdicts_consumer(&self) -> Option<PullConsumer> {
+        let stream = Names::kv_stream(&self.names.runs_bucket());
+        let handle = self.js.get_stream_no_info(&stream).await.ok()?;
+        handle.get_consumer(self.names.after_verdicts_consumer()).await.ok()
+    }
+
+    async fn deadlines_consumer(&self) -> anyhow::Result<PullConsumer> {
+        pull::consumer(
+            &self.js,
+            &self.names.after_stream(),
+            self.names.after_deadlines_consumer(),
+            "jetsched registry: deadlines of children's waits",
+            self.names.after_due_wildcard(),
+        )
+        .await
+    }
+
+    /// A parent's run record: every child it may start hears of it. `Err`: try again later.
+    async fn verdict(&self, record: &RunRecord, redelivered: bool) -> anyhow::Result<()> {
+        if !is_verdict(record.status) {
+            return Ok(());
+        }
+        let children = self.graph.children_of(&graph::parent_key(&record.namespace, &record.task_id));
+        if children.is_empty() {
+            return Ok(());
+        }
+        let run = ParentRun {
+            task: format!("{}/{}", record.namespace, record.task_id),
+            execution_id: record.execution_id.clone(),
+            status: record.status,
+            finished: record.finished,
+            result: record.result.clone(),
+            result_omitted: false,
+        };
+        let nominal_ms = record.nominal_time.timestamp_millis();
+        let offers = futures::stream::iter(children)
+            .map(|child| {
+                let run = run.clone();
+                async move { self.offer(&child, nominal_ms, run, redelivered).await }
+            })
+            .buffer_unordered(CHILDREN_AT_ONCE);
+        let results: Vec<anyhow::Result<()>> = offers.collect().await;
+        results.into_iter().collect()
+    }
+
+    /// Merges a parent's run into `child`'s wait for `nominal_ms` and acts on what the wait
+    /// says: dispatch, keep waiting (with its deadline), or end.
+    async fn offer(
+        &self,
+        child: &Child,
+        nominal_ms: i64,
+        run: ParentRun,
+        redelivered: bool,
+    ) -> anyhow::Result<()> {
+        let spec = &child.spec;
+        let Some(after) = &spec.after else { return Ok(()) };
+        let key = Names::wait_key(&spec.namespace, &spec.id, nominal_ms);
+        for _ in 0..CAS_ATTEMPTS {
+            let Held { mut wait, revision } = match self.read(&key).await? {
+                Some(held) => held,
+                None => Held {
+                    wait: new_wait(&spec.namespace, &spec.id, from_ms(nominal_ms), after, Utc::now()),
+                    revision: 0,
+                },
+            };
+            let over = matches!(wait.state, WaitState::Dispatched | WaitState::Expired | WaitState::Paused);
+            if over {
+                return Ok(());
+            }
+            let changed = merge(&mut wait, after, run.clone());
+            let decision = decide(&wait, after);
+            if decision == Decision::Met {
+                // Dispatched before the wait says so: a redelivery dispatches again (stored
+                // once), a wait marked dispatched is never dispatched again.
+                if spec.paused {
+                    return self
+                        .end(&key, wait, revision, WaitState::Paused, Some("the task is paused"))
+                        .await;
+                }
+                if changed || revision == 0 {
+                    // The verdict is kept first, so a wait written by another replica meanwhile
+                    // is merged again rather than overwritten.
+                    match self.write(&key, &wait, revision).await? {
+                        Some(revision) => {
+                            self.dispatch(child, &wait, nominal_ms).await?;
+                            return self.end(&key, wait, revision, WaitState::Dispatched, None).await;
+                        }
+                        None => continue,
+                    }
+                }
+                self.dispatch(child, &wait, nominal_ms).await?;
+                return self.end(&key, wait, revision, WaitState::Dispatched, None).await;
+            }
+            let (state, reason) = match &decision {
+                Decision::NotMet(reason) => (WaitState::NotMet, Some(reason.clone())),
+                _ => (WaitState::Waiting, None),
+            };
+            if !changed && revision > 0 && wait.state == state {
+                if state == WaitState::Waiting && redelivered {
+                    self.schedule_deadline(&wait, nominal_ms).await?;
+                }
+                return Ok(());
+            }
+            wait.state = state;
+            wait.reason = reason;
+            wait.ended = (state != WaitState::Waiting).then(Utc::now);
+            match self.write(&key, &wait, revision).await? {
+                Some(_) => {
+                    if state == WaitState::Waiting && (revision == 0 || redelivered) {
+                        self.schedule_deadline(&wait, nominal_ms).await?;
+                    }
+                    if state == WaitState::NotMet {
+                        tracing::debug!(wait = %key, reason = wait.reason.as_deref().unwrap_or(""), "rule not met");
+                    }
+                    return Ok(());
+                }
+                None => continue,
+            }
+        }
+        anyhow::bail!("wait {key} is being changed concurrently")
+    }
+
+    /// Dispatches `child`'s run for `nominal_ms` with the parents' runs of `wait`.
+    async fn dispatch(&self, child: &Child, wait: &Wait, nominal_ms: i64) -> anyhow::Result<()> {
+        let spec: &TaskSpec = &child.spec;
+        let parents: Vec<ParentRun> = spec
+            .after
+            .iter()
+            .flat_map(|after| &after.tasks)
+            .filter_map(|parent| wait.parents.get(&parent.to_string()).cloned())
+            .collect();
+        let built = dispatch::build(
+            &self.names,
+            Target::of(spec, child.revision),
+            Origin::After { nominal_ms, parents: &parents },
+            SpecBody::Json(&child.json),
+        )
+        .context("build the child's dispatch")?;
+        let ack = self
+            .js
+            .send_publish(built.subject.clone(), built.message)
+            .await
+            .with_context(|| format!("publish the dispatch of {}", built.execution_id))?;
+        let stored = ack.await.with_context(|| format!("store the dispatch of {}", built.execution_id))?;
+        tracing::info!(
+            task = %format!("{}/{}", spec.namespace, spec.id),
+            execution = %built.execution_id,
+            duplicate = stored.duplicate,
+            "dispatched after its parents"
+        );
+        Ok(())
+    }
+
+    /// Ends a wait in `state` (when it is still the one read).
+    async fn end(
+        &self,
+        key: &str,
+        mut wait: Wait,
+        revision: u64,
+        state: WaitState,
+        reason: Option<&str>,
+    ) -> anyhow::Result<()> {
+        wait.state = state;
+        wait.reason = reason.map(str::to_string);
+        wait.ended = Some(Utc::now());
+        if self.write(key, &wait, revision).await?.is_none() {
+            // Written meanwhile (a parent's later verdict, another replica that ended it):
+            // what it says stands; the dispatch, if any, is stored once either way.
+            tracing::debug!(wait = %key, "wait changed while ending it");
+        }
+        if state == WaitState::Paused {
+            self.events
+                .emit(Event {
+                    execution_id: Some(wait.execution_id.clone()),
+                    nominal_time: Some(wait.nominal_time),
+                    trigger: Some(Trigger::After),
+                    reason: Some("paused".to_string()),
+                    ..Event::new(EventKind::FireSkipped, &wait.namespace, &wait.task_id)
+                })
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn read(&self, key: &str) -> anyhow::Result<Option<Held>> {
+        let entry = self.waits.entry(key).await.with_context(|| format!("read wait {key}"))?;
+        let Some(entry) = jetsched_shared::cas::live(entry) else { return Ok(None) };
+        let wait: Wait =
+            serde_json::from_slice(&entry.value).with_context(|| format!("decode wait {key}"))?;
+        Ok(Some(Held { wait, revision: entry.revision }))
+    }
+
+    /// Writes `wait` over `revision` (0: creates it); `None` when someone wrote it meanwhile.
+    async fn write(&self, key: &str, wait: &Wait, revision: u64) -> anyhow::Result<Option<u64>> {
+        let body = bytes::Bytes::from(serde_json::to_vec(wait).context("encode wait")?);
+        if revision == 0 {
+            return match self.waits.create(key, body).await {
+                Ok(revision) => Ok(Some(revision)),
+                Err(error) if is_already_exists(&error) => Ok(None),
+                Err(error) => Err(anyhow::Error::new(error).context(format!("create wait {key}"))),
+            };
+        }
+        match self.waits.update(key, body, revision).await {
+            Ok(revision) => Ok(Some(revision)),
+            Err(error) if is_revision_mismatch(&error) => Ok(None),
+            Err(error) => Err(anyhow::Error::new(error).context(format!("write wait {key}"))),
+        }
+    }
+}
+
+fn from_ms(ms: i64) -> chrono::DateTime<Utc> {
+    chrono::DateTime::from_timestamp_millis(ms).unwrap_or(chrono::DateTime::UNIX_EPOCH)
+}
+
+/// The verdicts consumer's handler: one run record at a time.
+struct Verdicts(After);
+
+impl pull::Handler for Verdicts {
+    async fn handle(&mut self, message: &jetstream::Message) -> Verdict {
+        // Delete and purge markers of the runs bucket carry no record.
+        if message.payload.is_empty() {
+            return Verdict::Done;
+        }
+        let Ok(record) = serde_json::from_slice::<RunRecord>(&message.payload) else {
+            tracing::warn!(subject = %message.subject, "a run record that does not decode; ignored");
+            return Verdict::Done;
+        };
+        let redelivered = message.info().is_ok_and(|info| info.delivered > 1);
+        match self.0.verdict(&record, redelivered).await {
+            Ok(()) => Verdict::Done,
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), execution = %record.execution_id, "verdict not handled; later");
+                Verdict::Retry
+            }
+        }
+    }
+}
+
+/// The deadlines consumer's handler.
+struct Deadlines(After);
+
+impl pull::Handler for Deadlines {
+    async fn handle(&mut self, message: &jetstream::Message) -> Verdict {
+        match self.0.deadline(&message.subject).await {
+            Ok(()) => Verdict::Done,
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), subject = %message.subject, "deadline not handled; later");
+                Verdict::Retry
+            }
+        }
+    }
+}
