@@ -126,7 +126,7 @@ pub struct TaskSpec {
     pub calendars: Vec<crate::calendar::CalendarRef>,
     /// The tasks whose runs this one follows, and the rule their verdicts must meet
     /// (docs/dependencies.md). A task with `after` has no `schedule`.
-    pub after: Option<AfterSpec>,
+    pub after: Option<Box<AfterSpec>>,
     /// Keep what each run returns (at most 4 KiB: an HTTP response body, a NATS reply, a
     /// shell command's standard output, a handler's result) with its run record, where its
     /// children's dispatches find it; default false.

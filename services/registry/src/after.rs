@@ -136,10 +136,14 @@ impl After {
                     },
                 }
             }
+            // Without children, until the first appears (or another replica made the consumer);
+            // with children (the consumer could not be made), again shortly.
+            let waiting = !self.graph.has_children();
+            let pause = if waiting { Duration::from_secs(30) } else { Duration::from_secs(1) };
             tokio::select! {
                 _ = shutdown.cancelled() => { let _ = follow.await; return; }
-                _ = self.graph.children_appeared() => {}
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = self.graph.children_appeared(), if waiting => {}
+                _ = tokio::time::sleep(pause) => {}
             }
         };
         let deadlines = loop {

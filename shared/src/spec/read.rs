@@ -299,7 +299,7 @@ impl TaskSpec {
         };
         let after = match obj.get("after") {
             None | Some(Value::Null) => Some(None),
-            Some(after) => AfterSpec::read(after, namespace, id, problems).map(Some),
+            Some(after) => AfterSpec::read(after, namespace, id, problems).map(|after| Some(Box::new(after))),
         };
         let keep_result = problems.take_opt(obj.bool("keep_result")).unwrap_or(false);
         let labels = read_labels(&obj, problems);

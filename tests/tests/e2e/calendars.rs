@@ -310,7 +310,8 @@ mod scheduled {
         let clock = ManualClock::at(ms(at) * 1000);
         let mut config = Config::for_tests(&with.server.url());
         config.shared.common.instance_id = Some(instance.to_string());
-        let scheduler = build_with_clock(config, Arc::new(clock.clone())).await.expect("scheduler builds");
+        let scheduler =
+            Box::pin(build_with_clock(config, Arc::new(clock.clone()))).await.expect("scheduler builds");
         let app = App::spawn("scheduler", scheduler.admin_addr(), |shutdown| scheduler.run(shutdown));
         let leader = with.topology.leader.clone();
         eventually(WAIT, "the scheduler leads", || async {

@@ -151,7 +151,8 @@ async fn a_fire_stored_by_a_leader_that_never_saw_its_ack_still_gets_one_dispatc
     assert_eq!(publisher.failed_total(), 0);
 
     let config = jetsched_scheduler::Config::for_tests(&server.url());
-    let scheduler = build_with_clock(config, Arc::new(clock.clone())).await.expect("scheduler builds");
+    let scheduler =
+        Box::pin(build_with_clock(config, Arc::new(clock.clone()))).await.expect("scheduler builds");
     let scheduler = App::spawn("scheduler", scheduler.admin_addr(), |shutdown| scheduler.run(shutdown));
     eventually(Duration::from_secs(10), "the scheduler leads", || async {
         scheduler.metric("jetsched_scheduler_is_leader").await == Some(1.0)

@@ -401,7 +401,7 @@ async fn topology_converges_and_names_conflicting_settings() {
     let names = Names::default();
     let args = TopologyArgs::default();
     let first = topology::ensure(&js, &names, &args).await.expect("first run creates");
-    assert_eq!(first.changes.len(), 19, "seven streams and twelve buckets created: {:?}", first.changes);
+    assert_eq!(first.changes.len(), 21, "eight streams and thirteen buckets created: {:?}", first.changes);
     // Runs delayed by an open breaker wait in the dispatch stream as server-scheduled messages.
     let dispatch = js.get_stream(names.dispatch_stream()).await.unwrap().info().await.unwrap().config.clone();
     assert!(dispatch.allow_message_schedules, "{dispatch:?}");

@@ -55,7 +55,8 @@ async fn start(url: &str, instance: &str, lease: Duration) -> App {
 
 /// A scheduler in-process on `clock`, which only the test moves.
 async fn start_on(config: Config, clock: &ManualClock) -> App {
-    let scheduler = build_with_clock(config, Arc::new(clock.clone())).await.expect("scheduler builds");
+    let scheduler =
+        Box::pin(build_with_clock(config, Arc::new(clock.clone()))).await.expect("scheduler builds");
     App::spawn("scheduler", scheduler.admin_addr(), |shutdown| scheduler.run(shutdown))
 }
 

@@ -116,7 +116,7 @@ mod tests {
             "after": {"tasks": ["a", "b", "c"], "mode": mode, "when": when},
             "executor": {"kind": "handler", "name": "h"}
         });
-        jetsched_shared::spec::TaskSpec::parse_value(spec).unwrap().after.unwrap()
+        jetsched_shared::spec::TaskSpec::parse_value(spec).unwrap().after.map(|after| *after).unwrap()
     }
 
     fn run(task: &str, execution: &str, status: RunStatus) -> ParentRun {

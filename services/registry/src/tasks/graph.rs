@@ -73,7 +73,7 @@ impl TaskStore {
         Ok(GraphReply {
             task: format!("{namespace}/{id}"),
             last_run,
-            rule: task.after.as_ref().map(rule_text),
+            rule: task.after.as_deref().map(rule_text),
             parents,
             children,
             waits,
