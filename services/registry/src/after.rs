@@ -237,6 +237,7 @@ impl After {
             if over {
                 return Ok(());
             }
+            let before = wait.state;
             let changed = merge(&mut wait, after, run.clone());
             let decision = decide(&wait, after);
             if decision == Decision::Met {
@@ -276,7 +277,10 @@ impl After {
             wait.ended = (state != WaitState::Waiting).then(Utc::now);
             match self.write(&key, &wait, revision).await? {
                 Some(_) => {
-                    if state == WaitState::Waiting && (revision == 0 || redelivered) {
+                    // A wait begun now, or back on course after `not_met`, gets its deadline
+                    // (a redelivery publishes it again: its replica may have died before).
+                    let begun = revision == 0 || before != WaitState::Waiting;
+                    if state == WaitState::Waiting && (begun || redelivered) {
                         self.schedule_deadline(&wait, nominal_ms).await?;
                     }
                     if state == WaitState::NotMet {
