@@ -152,3 +152,30 @@ pub struct GraphReply {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waits: Vec<Wait>,
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_result_is_json_when_it_is_json_text_otherwise_and_nothing_past_the_bound() {
+        assert_eq!(result_value(br#"{"rows": 3}"#), Some(json!({"rows": 3})));
+        assert_eq!(result_value(b"done\n"), Some(json!("done")));
+        assert_eq!(result_value(b""), None);
+        assert_eq!(
+            result_value(&vec![b'x'; MAX_RESULT_BYTES]).map(|v| v.as_str().map(str::len)),
+            Some(Some(MAX_RESULT_BYTES))
+        );
+        assert_eq!(result_value(&vec![b'x'; MAX_RESULT_BYTES + 1]), None);
+    }
+
+    #[test]
+    fn a_childs_execution_id_depends_on_the_child_and_the_nominal_time_only() {
+        let id = child_execution_id("ns", "d", 1_700_000_000_000);
+        assert_eq!(id, child_execution_id("ns", "d", 1_700_000_000_000));
+        assert_ne!(id, child_execution_id("ns", "d", 1_700_000_000_001));
+        assert_ne!(id, child_execution_id("ns", "e", 1_700_000_000_000));
+    }
+}

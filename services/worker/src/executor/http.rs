@@ -162,7 +162,8 @@ impl HttpExecutor {
             }
         }
         let text = head(&body, self.body_limit);
-        let excerpt = if cut || body.len() > self.body_limit { format!("{text}…") } else { text };
+        // `head` marks a body longer than the excerpt; one cut at exactly its length is marked here.
+        let excerpt = if cut && body.len() <= self.body_limit { format!("{text}…") } else { text };
         let whole = (!cut && body.len() <= MAX_RESULT_BYTES).then_some(body);
         (excerpt, whole)
     }
