@@ -46,6 +46,10 @@ pub(crate) struct BackfillArgs {
     /// List the times and what would be skipped, with DST gaps and folds marked; dispatch nothing.
     #[arg(long)]
     dry_run: bool,
+    /// The backfilled runs do not start the task's children (tasks with `after`); by default
+    /// they do, as live runs do.
+    #[arg(long)]
+    no_chain: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -75,7 +79,8 @@ pub(crate) async fn run(
     args: BackfillArgs,
     json_out: bool,
 ) -> Result<(), Failure> {
-    let BackfillArgs { action, task, from, to, reprocess, max_active, backwards, overlap, dry_run } = args;
+    let BackfillArgs { action, task, from, to, reprocess, max_active, backwards, overlap, dry_run, no_chain } =
+        args;
     match action {
         Some(BackfillAction::Status { id }) => {
             let reply: Value =
@@ -110,6 +115,7 @@ pub(crate) async fn run(
                 "max_active": max_active,
                 "backwards": backwards,
                 "overlap": overlap,
+                "chain": !no_chain,
             });
             let reply: Value = api.backfill(BACKFILL_START, &task.namespace, &request).await?;
             if json_out {

@@ -55,6 +55,8 @@ pub(crate) struct After {
     waits: kv::Store,
     /// Run records: the status of a child's last run.
     runs: kv::Store,
+    /// Backfills: a parent's backfilled runs chain unless their backfill says not to.
+    backfills: kv::Store,
     events: EventSink,
     publisher: EventPublisher,
 }
@@ -71,10 +73,11 @@ impl After {
         names: Names,
         waits: kv::Store,
         runs: kv::Store,
+        backfills: kv::Store,
         events: EventSink,
         publisher: EventPublisher,
     ) -> After {
-        After { js, names, graph: Graph::default(), waits, runs, events, publisher }
+        After { js, names, graph: Graph::default(), waits, runs, backfills, events, publisher }
     }
 
     pub(crate) fn graph(&self) -> &Graph {
@@ -192,6 +195,12 @@ impl After {
         }
         let children = self.graph.children_of(&graph::parent_key(&record.namespace, &record.task_id));
         if children.is_empty() {
+            return Ok(());
+        }
+        if record.trigger == Trigger::Backfill
+            && self.unchained(&record.namespace, &record.task_id, record.nominal_time).await?
+        {
+            tracing::debug!(execution = %record.execution_id, "a backfilled run that does not chain");
             return Ok(());
         }
         let run = ParentRun {

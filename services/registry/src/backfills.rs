@@ -54,6 +54,8 @@ struct StartBody {
     backwards: bool,
     /// Read by [`BackfillOverlap::parse`], which names the task policies a backfill refuses.
     overlap: Option<String>,
+    /// Whether the backfilled runs start the task's children (`after`); default true.
+    chain: Option<bool>,
 }
 
 /// `status` and `cancel`: a backfill by its id.
@@ -173,6 +175,7 @@ impl BackfillApi {
             max_active,
             backwards: body.backwards,
             overlap,
+            chain: body.chain.unwrap_or(true),
         };
         // Every problem with the request itself (the task's absence is named above).
         let schedule = spec.as_ref().map(|spec| &spec.schedule);

@@ -95,6 +95,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         names.clone(),
         topology.waits.clone(),
         topology.runs.clone(),
+        topology.backfills.clone(),
         events.clone(),
         publisher,
     );

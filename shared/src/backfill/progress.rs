@@ -51,10 +51,22 @@ pub struct BackfillRequest {
     /// What a time does while a run of the task is going.
     #[serde(default)]
     pub overlap: BackfillOverlap,
+    /// Whether the backfilled runs start the task's children (tasks with `after`) as its live
+    /// runs do; default true (stored only when false).
+    #[serde(default = "chained", skip_serializing_if = "is_chained")]
+    pub chain: bool,
 }
 
 fn default_max_active() -> u32 {
     DEFAULT_MAX_ACTIVE
+}
+
+fn chained() -> bool {
+    true
+}
+
+fn is_chained(chain: &bool) -> bool {
+    *chain
 }
 
 impl BackfillRequest {

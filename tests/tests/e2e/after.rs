@@ -9,7 +9,7 @@ mod diamond;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, DurationRound, Utc};
 use jetsched_shared::wire::{EventKind, ParentRun, RunStatus, Trigger};
 use jetsched_tests::fixtures::{events_about, noting, run_record, spec};
 use jetsched_tests::{App, always, eventually};
@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use crate::cli::jetsched;
 use crate::registry::{Served, served};
+use crate::scheduler::{spawn_scheduler, tasks_loaded};
 use crate::worker_support::{WAIT, config};
 
 /// What the handlers saw of one run.
@@ -245,4 +246,44 @@ async fn a_spec_with_after_is_read_and_refused_field_by_field() {
     let fields: Vec<&str> =
         reply["errors"].as_array().unwrap().iter().filter_map(|e| e["field"].as_str()).collect();
     assert_eq!(fields, ["after.tasks[0]", "after.tasks[2]", "after.when", "after.within"], "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parents_backfill_starts_its_children_unless_it_asks_not_to() {
+    let served = served(|_| {}).await;
+    let (_worker, seen) = worker(&served).await;
+    served.api.store(&parent("daily", "ok")).await;
+    served.api.store(&child("report", json!({"tasks": ["daily"]}), "ok")).await;
+    let url = served.server.url();
+    let scheduler = spawn_scheduler(&url, "after-backfill", Duration::from_secs(2));
+    tasks_loaded(&scheduler).await;
+    let hour = |h: i64| {
+        let top = Utc::now().duration_trunc(chrono::TimeDelta::hours(1)).unwrap();
+        jetsched_shared::wire::format_time(top - chrono::TimeDelta::hours(h))
+    };
+    // Two hours backfilled without chaining (the CLI's --no-chain), two more chained.
+    let unchained =
+        jetsched(&url, &["backfill", "dag/daily", "--from", &hour(5), "--to", &hour(3), "--no-chain"]).await;
+    assert!(unchained.status.success(), "{}", String::from_utf8_lossy(&unchained.stderr));
+    eventually(WAIT, "the unchained backfill's runs", || async { runs_of(&seen, "daily").len() == 2 }).await;
+    let chained = served
+        .api
+        .call(
+            jetsched_shared::names::Names::default().backfill_api_subject("start"),
+            json!({"namespace": "dag", "id": "daily", "from": hour(3), "to": hour(1)}),
+        )
+        .await;
+    assert!(chained.get("error").is_none(), "{chained}");
+    eventually(WAIT, "the chained backfill's children", || async { runs_of(&seen, "report").len() == 2 })
+        .await;
+    always(Duration::from_secs(2), "no child of the unchained runs", || async {
+        runs_of(&seen, "report").len() == 2
+    })
+    .await;
+    let mut nominal: Vec<String> = runs_of(&seen, "report")
+        .iter()
+        .map(|run| jetsched_shared::wire::format_time(run.nominal_time))
+        .collect();
+    nominal.sort();
+    assert_eq!(nominal, [hour(3), hour(2)], "the children of the chained hours only");
 }

@@ -80,6 +80,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
         max_active: UNBOUNDED,
         backwards: false,
         overlap: BackfillOverlap::Allow,
+        chain: true,
     };
     let key = Names::backfill_key(NS, "bf", &format!("bench{}", Utc::now().timestamp_millis()));
     let progress =

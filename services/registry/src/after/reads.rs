@@ -1,48 +1,28 @@
-//! What the API reads of the dependency engine: a task's waits, a run's status.
+//! What the dependency engine reads besides a wait: a task's waits, a run's status, the
+//! backfills of a parent that ask not to chain.
 
 use anyhow::Context;
 use async_nats::jetstream::consumer::{self as consumer, DeliverPolicy};
+use async_nats::jetstream::kv;
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
+use jetsched_shared::backfill::progress::BackfillProgress;
 use jetsched_shared::names::Names;
 use jetsched_shared::wire::{RunRecord, Wait};
+use serde::de::DeserializeOwned;
 
 use super::After;
 
 impl After {
-    /// The waits of the child `namespace`/`id`, newest nominal time first, at most `limit`:
-    /// the latest value of each of its keys, read with an ordered consumer of its keys alone.
+    /// The waits of the child `namespace`/`id`, newest nominal time first, at most `limit`.
     pub(crate) async fn waits_of(
         &self,
         namespace: &str,
         id: &str,
         limit: usize,
     ) -> anyhow::Result<Vec<Wait>> {
-        let filter = Names::kv_subject(&self.names.waits_bucket(), &Names::wait_filter(namespace, id));
-        let consumer = self
-            .waits
-            .stream
-            .create_consumer(consumer::push::OrderedConfig {
-                deliver_subject: self.js.client().new_inbox(),
-                filter_subject: filter,
-                deliver_policy: DeliverPolicy::LastPerSubject,
-                replay_policy: consumer::ReplayPolicy::Instant,
-                ..Default::default()
-            })
-            .await
-            .context("read the task's waits")?;
-        let mut waits = Vec::new();
-        if consumer.cached_info().num_pending > 0 {
-            let mut messages = consumer.messages().await.context("read the task's waits")?;
-            while let Some(message) = messages.next().await {
-                let message = message.context("read the task's waits")?;
-                if let Ok(wait) = serde_json::from_slice::<Wait>(&message.payload) {
-                    waits.push(wait);
-                }
-                if message.info().map_or(true, |info| info.pending == 0) {
-                    break;
-                }
-            }
-        }
+        let filter = Names::wait_filter(namespace, id);
+        let mut waits: Vec<Wait> = self.latest(&self.waits, &self.names.waits_bucket(), &filter).await?;
         waits.sort_by_key(|wait| std::cmp::Reverse(wait.nominal_time));
         waits.truncate(limit);
         Ok(waits)
@@ -53,5 +33,55 @@ impl After {
         let entry = self.runs.entry(execution_id).await.ok().flatten()?;
         let entry = jetsched_shared::cas::live(Some(entry))?;
         serde_json::from_slice::<RunRecord>(&entry.value).ok().map(|record| record.status)
+    }
+
+    /// Whether a backfill of the task `namespace`/`id` whose range (`to` excluded) holds `nominal` asked that its runs
+    /// not start the task's children (`chain: false`).
+    pub(crate) async fn unchained(
+        &self,
+        namespace: &str,
+        id: &str,
+        nominal: DateTime<Utc>,
+    ) -> anyhow::Result<bool> {
+        let filter = Names::backfill_filter(namespace, Some(id));
+        let backfills: Vec<BackfillProgress> =
+            self.latest(&self.backfills, &self.names.backfills_bucket(), &filter).await?;
+        Ok(backfills.iter().any(|b| !b.request.chain && b.request.from <= nominal && nominal < b.request.to))
+    }
+
+    /// The latest value of each key of `bucket` under `key_filter` that decodes, read with an
+    /// ordered consumer of those keys alone.
+    async fn latest<T: DeserializeOwned>(
+        &self,
+        store: &kv::Store,
+        bucket: &str,
+        key_filter: &str,
+    ) -> anyhow::Result<Vec<T>> {
+        let consumer = store
+            .stream
+            .create_consumer(consumer::push::OrderedConfig {
+                deliver_subject: self.js.client().new_inbox(),
+                filter_subject: Names::kv_subject(bucket, key_filter),
+                deliver_policy: DeliverPolicy::LastPerSubject,
+                replay_policy: consumer::ReplayPolicy::Instant,
+                ..Default::default()
+            })
+            .await
+            .with_context(|| format!("read {key_filter} of {bucket}"))?;
+        let mut values = Vec::new();
+        if consumer.cached_info().num_pending > 0 {
+            let mut messages =
+                consumer.messages().await.with_context(|| format!("read {key_filter} of {bucket}"))?;
+            while let Some(message) = messages.next().await {
+                let message = message.with_context(|| format!("read {key_filter} of {bucket}"))?;
+                if let Ok(value) = serde_json::from_slice::<T>(&message.payload) {
+                    values.push(value);
+                }
+                if message.info().map_or(true, |info| info.pending == 0) {
+                    break;
+                }
+            }
+        }
+        Ok(values)
     }
 }

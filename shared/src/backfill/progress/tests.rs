@@ -26,6 +26,7 @@ fn request(from: DateTime<Utc>, to: DateTime<Utc>) -> BackfillRequest {
         max_active: DEFAULT_MAX_ACTIVE,
         backwards: false,
         overlap: BackfillOverlap::Allow,
+        chain: true,
     }
 }
 
