@@ -94,7 +94,7 @@ impl TaskStore {
         }
         if let Some(engine) = &self.after {
             engine
-                .ensure_verdicts_consumer()
+                .verdicts_consumer_ready()
                 .await
                 .map_err(|e| Failure::unavailable("create the consumer of parents' verdicts", e))?;
         }
