@@ -20,8 +20,6 @@ mod graph;
 mod reads;
 mod rule;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -61,9 +59,6 @@ pub(crate) struct After {
     backfills: kv::Store,
     events: EventSink,
     publisher: EventPublisher,
-    /// Set once this replica has seen the verdicts consumer exist: later `put`s of children
-    /// ask the server nothing more.
-    consumer_known: Arc<AtomicBool>,
 }
 
 /// A wait read with its revision (0: not stored yet).
@@ -82,31 +77,11 @@ impl After {
         events: EventSink,
         publisher: EventPublisher,
     ) -> After {
-        After {
-            js,
-            names,
-            graph: Graph::default(),
-            waits,
-            runs,
-            backfills,
-            events,
-            publisher,
-            consumer_known: Arc::default(),
-        }
+        After { js, names, graph: Graph::default(), waits, runs, backfills, events, publisher }
     }
 
     pub(crate) fn graph(&self) -> &Graph {
         &self.graph
-    }
-
-    /// That the verdicts consumer exists, before a child's `put` answers: asked of the server
-    /// until this replica has seen it once.
-    pub(crate) async fn verdicts_consumer_ready(&self) -> anyhow::Result<()> {
-        if !self.consumer_known.load(Ordering::Acquire) {
-            self.ensure_verdicts_consumer().await?;
-            self.consumer_known.store(true, Ordering::Release);
-        }
-        Ok(())
     }
 
     /// The durable consumer of verdicts: created (idempotently) when a child is stored, so

@@ -94,7 +94,7 @@ impl TaskStore {
         }
         if let Some(engine) = &self.after {
             engine
-                .verdicts_consumer_ready()
+                .ensure_verdicts_consumer()
                 .await
                 .map_err(|e| Failure::unavailable("create the consumer of parents' verdicts", e))?;
         }
