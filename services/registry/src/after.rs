@@ -121,7 +121,7 @@ impl After {
     /// Follows the tasks bucket into the graph, and once a child exists, consumes verdicts
     /// and deadlines until `shutdown`.
     pub(crate) async fn run(self, tasks: kv::Store, shutdown: CancellationToken) {
-        let follow = tokio::spawn(self.graph.clone().follow(tasks, shutdown.clone()));
+        let follow = tokio::spawn(self.graph.clone().follow(tasks.clone(), shutdown.clone()));
         // No verdict is taken before every child stored is known.
         tokio::select! {
             _ = shutdown.cancelled() => { let _ = follow.await; return; }
@@ -160,7 +160,8 @@ impl After {
             }
         };
         tracing::info!("dependencies: consuming parents' verdicts");
-        let verdicts = pull::run(verdicts, "parent verdict", BATCH, Verdicts(self.clone()), shutdown.clone());
+        let verdicts =
+            pull::run(verdicts, "parent verdict", BATCH, Verdicts(self.clone(), tasks), shutdown.clone());
         let deadlines = pull::run(deadlines, "wait deadline", 8, Deadlines(self.clone()), shutdown.clone());
         let (verdicts, deadlines) = tokio::join!(verdicts, deadlines);
         for (what, ended) in [("verdicts", verdicts), ("deadlines", deadlines)] {
@@ -395,8 +396,9 @@ fn from_ms(ms: i64) -> chrono::DateTime<Utc> {
     chrono::DateTime::from_timestamp_millis(ms).unwrap_or(chrono::DateTime::UNIX_EPOCH)
 }
 
-/// The verdicts consumer's handler: one run record at a time.
-struct Verdicts(After);
+/// The verdicts consumer's handler: one run record at a time, each once the graph holds every
+/// child stored before it (the tasks bucket, to read how far that is).
+struct Verdicts(After, kv::Store);
 
 impl pull::Handler for Verdicts {
     async fn handle(&mut self, message: &jetstream::Message) -> Verdict {
@@ -408,6 +410,13 @@ impl pull::Handler for Verdicts {
             tracing::warn!(subject = %message.subject, "a run record that does not decode; ignored");
             return Verdict::Done;
         };
+        if !is_verdict(record.status) {
+            return Verdict::Done;
+        }
+        if let Err(error) = self.0.graph.caught_up(&self.1).await {
+            tracing::warn!(error = format!("{error:#}"), execution = %record.execution_id, "verdict not handled; later");
+            return Verdict::Retry;
+        }
         let redelivered = message.info().is_ok_and(|info| info.delivered > 1);
         match self.0.verdict(&record, redelivered).await {
             Ok(()) => Verdict::Done,

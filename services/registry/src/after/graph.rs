@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 /// A pause before the watch of the tasks bucket is opened again after it ended or failed.
 const REOPEN: Duration = Duration::from_millis(500);
+/// How long a verdict waits for the graph to apply the specs stored before it.
+const CATCH_UP: Duration = Duration::from_secs(5);
 
 /// A task with `after`, as stored.
 #[derive(Debug, Clone)]
@@ -47,6 +49,8 @@ pub(crate) struct Graph {
     /// True once every spec stored when the watch opened was applied: a verdict handled
     /// before would find no children of a parent whose children are not loaded yet.
     loaded: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The last revision of the tasks bucket applied, told as it moves.
+    seen: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Default for Graph {
@@ -55,6 +59,7 @@ impl Default for Graph {
             inner: Arc::default(),
             children_appeared: Arc::default(),
             loaded: Arc::new(tokio::sync::watch::Sender::new(false)),
+            seen: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
 }
@@ -64,6 +69,20 @@ impl Graph {
     pub(crate) async fn loaded(&self) {
         let mut loaded = self.loaded.subscribe();
         let _ = loaded.wait_for(|loaded| *loaded).await;
+    }
+
+    /// Resolves once the graph has applied every spec stored before this call: a verdict
+    /// handled after it finds every child whose `put` was answered before the verdict was
+    /// stored, even one this replica's watch had not delivered yet. Past `CATCH_UP` (an entry
+    /// the watch will not deliver) it goes on with what it has, and says so.
+    pub(crate) async fn caught_up(&self, tasks: &kv::Store) -> anyhow::Result<()> {
+        let mut stream = tasks.stream.clone();
+        let last = stream.info().await.context("read the tasks bucket's stream info")?.state.last_sequence;
+        let mut seen = self.seen.subscribe();
+        if tokio::time::timeout(CATCH_UP, seen.wait_for(|seen| *seen >= last)).await.is_err() {
+            tracing::warn!(last, seen = *self.seen.borrow(), "the dependency graph lags the tasks bucket");
+        }
+        Ok(())
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
@@ -192,6 +211,7 @@ impl Graph {
             }
             was_empty && !inner.children.is_empty()
         };
+        self.seen.send_replace(entry.revision);
         if appeared {
             self.children_appeared.notify_waiters();
         }
