@@ -89,6 +89,10 @@ pub enum Origin<'a> {
     /// execution id derived from the task and the nominal time
     /// ([`wire::child_execution_id`]), the message id from it, the parents' runs in the body.
     After { nominal_ms: i64, parents: &'a [wire::ParentRun] },
+    /// A fire of a task with `after` and a schedule of its own (`trigger`: `schedule` or
+    /// `catchup`), held until its parents' runs of `nominal_ms` met its rule: the ids of the
+    /// fire ([`Origin::Scheduled`]'s), term 0, the parents' runs in the body.
+    Held { nominal_ms: i64, trigger: Trigger, parents: &'a [wire::ParentRun] },
 }
 
 impl Origin<'_> {
@@ -100,6 +104,7 @@ impl Origin<'_> {
             Origin::Replay { .. } => Trigger::Replay,
             Origin::Backfill { .. } => Trigger::Backfill,
             Origin::After { .. } => Trigger::After,
+            Origin::Held { trigger, .. } => *trigger,
         }
     }
 }
@@ -176,6 +181,11 @@ pub fn build_traced(
             let execution_id = wire::execution_id_of_fire(&msg_id);
             (from_ms(nominal_ms), term, execution_id, msg_id)
         }
+        Origin::Held { nominal_ms, .. } => {
+            let msg_id = names::dispatch_msg_id(namespace, task_id, nominal_ms);
+            let execution_id = wire::execution_id_of_fire(&msg_id);
+            (from_ms(nominal_ms), 0, execution_id, msg_id)
+        }
         Origin::Manual { at } => {
             let execution_id = wire::fresh_execution_id();
             let msg_id = names::manual_msg_id(namespace, task_id, &execution_id);
@@ -198,7 +208,7 @@ pub fn build_traced(
         }
     };
     let parents = match origin {
-        Origin::After { parents, .. } => parents,
+        Origin::After { parents, .. } | Origin::Held { parents, .. } => parents,
         _ => &[],
     };
     let payload = match origin {
@@ -300,7 +310,7 @@ mod tests {
         let spec = TaskSpec::parse(SPEC).expect("valid spec");
         let at = from_ms(NOMINAL + 5);
         let payload = serde_json::json!({"edit": 7});
-        let cases: [(Origin<'_>, Trigger, u64, i64); 7] = [
+        let cases: [(Origin<'_>, Trigger, u64, i64); 8] = [
             (
                 Origin::Scheduled { nominal_ms: NOMINAL, term: 42, catchup: false },
                 Trigger::Schedule,
@@ -338,6 +348,12 @@ mod tests {
                 44,
                 NOMINAL,
             ),
+            (
+                Origin::Held { nominal_ms: NOMINAL, trigger: Trigger::Catchup, parents: &[] },
+                Trigger::Catchup,
+                0,
+                NOMINAL,
+            ),
         ];
         for (origin, trigger, term, nominal_ms) in cases {
             for spec_body in [SpecBody::Json(SPEC), SpecBody::Spec(&spec)] {
@@ -352,7 +368,8 @@ mod tests {
                 let replay_of = matches!(origin, Origin::Replay { .. }).then(|| "dead-1".to_string());
                 assert_eq!(decoded.replay_of, replay_of, "a replay names its dead run");
                 let expected_id = match origin {
-                    Origin::Scheduled { .. } => {
+                    // A held fire, once its parents allow it, is the fire: the same ids.
+                    Origin::Scheduled { .. } | Origin::Held { .. } => {
                         assert_eq!(
                             message.execution_id,
                             wire::scheduled_execution_id("billing", "report", NOMINAL)

@@ -16,6 +16,7 @@
 //! when it comes, a wait still waiting ends `expired` with an `after.expired` event.
 
 mod deadlines;
+mod fires;
 mod graph;
 mod reads;
 mod rule;
@@ -27,7 +28,6 @@ use async_nats::jetstream::consumer::{self as consumer, AckPolicy, DeliverPolicy
 use async_nats::jetstream::{self, kv};
 use chrono::Utc;
 use futures::StreamExt;
-use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
 use jetsched_shared::dispatch::{self, Origin, SpecBody, Target};
 use jetsched_shared::events::{EventPublisher, EventSink};
 use jetsched_shared::names::Names;
@@ -36,7 +36,7 @@ use jetsched_shared::wire::{Event, EventKind, ParentRun, RunRecord, Trigger, Wai
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use self::graph::{Child, Graph};
-use self::rule::{Decision, decide, is_verdict, merge, new_wait};
+use self::rule::{Arrival, Decision, concerns, decide_held, is_held, is_verdict, merge_arrival, new_wait};
 use crate::pull::{self, Verdict};
 
 /// Verdicts pulled at a time.
@@ -149,10 +149,15 @@ impl After {
                 _ = tokio::time::sleep(pause) => {}
             }
         };
-        let deadlines = loop {
-            match self.deadlines_consumer().await {
-                Ok(consumer) => break consumer,
-                Err(error) => tracing::warn!(error = format!("{error:#}"), "deadlines consumer"),
+        let (deadlines, fires) = loop {
+            let made = async {
+                Ok::<_, anyhow::Error>((self.deadlines_consumer().await?, self.fires_consumer().await?))
+            };
+            match made.await {
+                Ok(consumers) => break consumers,
+                Err(error) => {
+                    tracing::warn!(error = format!("{error:#}"), "deadlines and held fires consumers")
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => { let _ = follow.await; return; }
@@ -160,11 +165,13 @@ impl After {
             }
         };
         tracing::info!("dependencies: consuming parents' verdicts");
+        let fires =
+            pull::run(fires, "held fire", BATCH, Fires(self.clone(), tasks.clone()), shutdown.clone());
         let verdicts =
             pull::run(verdicts, "parent verdict", BATCH, Verdicts(self.clone(), tasks), shutdown.clone());
         let deadlines = pull::run(deadlines, "wait deadline", 8, Deadlines(self.clone()), shutdown.clone());
-        let (verdicts, deadlines) = tokio::join!(verdicts, deadlines);
-        for (what, ended) in [("verdicts", verdicts), ("deadlines", deadlines)] {
+        let (verdicts, deadlines, fires) = tokio::join!(verdicts, deadlines, fires);
+        for (what, ended) in [("verdicts", verdicts), ("deadlines", deadlines), ("held fires", fires)] {
             if let Err(error) = ended {
                 tracing::warn!(error = format!("{error:#}"), "{what} consumer stopped");
             }
@@ -189,12 +196,24 @@ impl After {
         .await
     }
 
+    async fn fires_consumer(&self) -> anyhow::Result<PullConsumer> {
+        pull::consumer(
+            &self.js,
+            &self.names.after_stream(),
+            self.names.after_fires_consumer(),
+            "jetsched registry: fires of tasks with after and a schedule",
+            self.names.after_fire_wildcard(),
+        )
+        .await
+    }
+
     /// A parent's run record: every child it may start hears of it. `Err`: try again later.
     async fn verdict(&self, record: &RunRecord, redelivered: bool) -> anyhow::Result<()> {
         if !is_verdict(record.status) {
             return Ok(());
         }
-        let children = self.graph.children_of(&graph::parent_key(&record.namespace, &record.task_id));
+        let mut children = self.graph.children_of(&graph::parent_key(&record.namespace, &record.task_id));
+        children.retain(|child| concerns(&child.spec, record.nominal_time));
         if children.is_empty() {
             return Ok(());
         }
@@ -215,7 +234,7 @@ impl After {
         let nominal_ms = record.nominal_time.timestamp_millis();
         let offers = futures::stream::iter(children)
             .map(|child| {
-                let run = run.clone();
+                let run = Arrival::Verdict(run.clone());
                 async move { self.offer(&child, nominal_ms, run, redelivered).await }
             })
             .buffer_unordered(CHILDREN_AT_ONCE);
@@ -223,33 +242,38 @@ impl After {
         results.into_iter().collect()
     }
 
-    /// Merges a parent's run into `child`'s wait for `nominal_ms` and acts on what the wait
-    /// says: dispatch, keep waiting (with its deadline), or end.
+    /// Merges a parent's run (or the child's own fire) into `child`'s wait for `nominal_ms`
+    /// and acts on what the wait says: dispatch, keep waiting (with its deadline), or end.
     async fn offer(
         &self,
         child: &Child,
         nominal_ms: i64,
-        run: ParentRun,
+        arrival: Arrival,
         redelivered: bool,
     ) -> anyhow::Result<()> {
         let spec = &child.spec;
         let Some(after) = &spec.after else { return Ok(()) };
+        let held = is_held(spec);
         let key = Names::wait_key(&spec.namespace, &spec.id, nominal_ms);
         for _ in 0..CAS_ATTEMPTS {
             let Held { mut wait, revision } = match self.read(&key).await? {
                 Some(held) => held,
                 None => Held {
-                    wait: new_wait(&spec.namespace, &spec.id, from_ms(nominal_ms), after, Utc::now()),
+                    wait: new_wait(&spec.namespace, &spec.id, from_ms(nominal_ms), after, Utc::now(), held),
                     revision: 0,
                 },
             };
             let over = matches!(wait.state, WaitState::Dispatched | WaitState::Expired | WaitState::Paused);
             if over {
+                // A held fire that comes after its wait gave up (or was paused) does not run.
+                if matches!(arrival, Arrival::Fire(_)) && wait.state != WaitState::Dispatched {
+                    self.tell_fire_skipped(&wait).await?;
+                }
                 return Ok(());
             }
             let before = wait.state;
-            let changed = merge(&mut wait, after, run.clone());
-            let decision = decide(&wait, after);
+            let changed = merge_arrival(&mut wait, after, arrival.clone());
+            let decision = decide_held(&wait, after, held);
             if decision == Decision::Met {
                 // Dispatched before the wait says so: a redelivery dispatches again (stored
                 // once), a wait marked dispatched is never dispatched again.
@@ -295,6 +319,9 @@ impl After {
                     }
                     if state == WaitState::NotMet {
                         tracing::debug!(wait = %key, reason = wait.reason.as_deref().unwrap_or(""), "rule not met");
+                        if wait.fired.is_some() {
+                            self.tell_fire_skipped(&wait).await?;
+                        }
                     }
                     return Ok(());
                 }
@@ -313,10 +340,14 @@ impl After {
             .flat_map(|after| &after.tasks)
             .filter_map(|parent| wait.parents.get(&parent.to_string()).cloned())
             .collect();
+        let origin = match wait.fired {
+            Some(trigger) => Origin::Held { nominal_ms, trigger, parents: &parents },
+            None => Origin::After { nominal_ms, parents: &parents },
+        };
         let built = dispatch::build(
             &self.names,
             Target::of(spec, child.revision),
-            Origin::After { nominal_ms, parents: &parents },
+            origin,
             SpecBody::Json(&child.json),
         )
         .context("build the child's dispatch")?;
@@ -365,31 +396,6 @@ impl After {
         }
         Ok(())
     }
-
-    async fn read(&self, key: &str) -> anyhow::Result<Option<Held>> {
-        let entry = self.waits.entry(key).await.with_context(|| format!("read wait {key}"))?;
-        let Some(entry) = jetsched_shared::cas::live(entry) else { return Ok(None) };
-        let wait: Wait =
-            serde_json::from_slice(&entry.value).with_context(|| format!("decode wait {key}"))?;
-        Ok(Some(Held { wait, revision: entry.revision }))
-    }
-
-    /// Writes `wait` over `revision` (0: creates it); `None` when someone wrote it meanwhile.
-    async fn write(&self, key: &str, wait: &Wait, revision: u64) -> anyhow::Result<Option<u64>> {
-        let body = bytes::Bytes::from(serde_json::to_vec(wait).context("encode wait")?);
-        if revision == 0 {
-            return match self.waits.create(key, body).await {
-                Ok(revision) => Ok(Some(revision)),
-                Err(error) if is_already_exists(&error) => Ok(None),
-                Err(error) => Err(anyhow::Error::new(error).context(format!("create wait {key}"))),
-            };
-        }
-        match self.waits.update(key, body, revision).await {
-            Ok(revision) => Ok(Some(revision)),
-            Err(error) if is_revision_mismatch(&error) => Ok(None),
-            Err(error) => Err(anyhow::Error::new(error).context(format!("write wait {key}"))),
-        }
-    }
 }
 
 fn from_ms(ms: i64) -> chrono::DateTime<Utc> {
@@ -437,6 +443,32 @@ impl pull::Handler for Deadlines {
             Ok(()) => Verdict::Done,
             Err(error) => {
                 tracing::warn!(error = format!("{error:#}"), subject = %message.subject, "deadline not handled; later");
+                Verdict::Retry
+            }
+        }
+    }
+}
+
+/// The held fires' consumer's handler, each once the graph holds every spec stored before it.
+struct Fires(After, kv::Store);
+
+impl pull::Handler for Fires {
+    async fn handle(&mut self, message: &jetstream::Message) -> Verdict {
+        let Ok(fire) = serde_json::from_slice::<jetsched_shared::wire::Dispatch<serde::de::IgnoredAny>>(
+            &message.payload,
+        ) else {
+            tracing::warn!(subject = %message.subject, "a held fire that does not decode; ignored");
+            return Verdict::Done;
+        };
+        let redelivered = message.info().is_ok_and(|info| info.delivered > 1);
+        let handled = match self.0.graph.caught_up(&self.1).await {
+            Ok(()) => self.0.fire(&fire, redelivered).await,
+            Err(error) => Err(error),
+        };
+        match handled {
+            Ok(()) => Verdict::Done,
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), execution = %fire.execution_id, "held fire not handled; later");
                 Verdict::Retry
             }
         }

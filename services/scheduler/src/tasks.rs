@@ -38,6 +38,9 @@ pub(crate) struct TaskInfo {
     pub(crate) catchup_window_ms: u64,
     pub(crate) overlap: OverlapPolicy,
     pub(crate) paused: bool,
+    /// A task with `after` and a schedule: its fires go to the registry, held until its
+    /// parents' runs of the same nominal time meet its rule.
+    pub(crate) held: bool,
     /// Deterministic jitter offset (ms).
     pub(crate) jitter_offset_ms: u32,
     /// Random extra delay per fire, at most this (ms).
@@ -142,6 +145,7 @@ impl TaskInfo {
             (_, Some(bounds)) if spec.max_runs.is_some() => created_ms.min(bounds.start_ms.saturating_sub(1)),
             _ => created_ms,
         };
+        let held = spec.after.is_some() && spec.schedule != Schedule::Parents;
         let extras = (bounds.is_some() || !spec.calendars.is_empty())
             .then(|| Box::new(Extras { bounds, calendars: spec.calendars }));
         TaskInfo {
@@ -158,6 +162,7 @@ impl TaskInfo {
             catchup_window_ms: u64::try_from(spec.catchup_window.as_millis()).unwrap_or(u64::MAX),
             overlap: spec.overlap,
             paused: spec.paused,
+            held,
             revision,
             created_ms,
             extras,

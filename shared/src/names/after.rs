@@ -46,6 +46,17 @@ impl Names {
         format!("{}.after.due.>", self.prefix)
     }
 
+    /// Where the scheduler sends the fire of a task with `after` and a schedule of its own (a
+    /// dispatch, held until its parents' runs of the fire's nominal time meet its rule):
+    /// `<prefix>.after.fire.<namespace>.<task_id>`.
+    pub fn after_fire_subject(&self, namespace: &str, task_id: &str) -> String {
+        format!("{}.after.fire.{namespace}.{task_id}", self.prefix)
+    }
+
+    pub fn after_fire_wildcard(&self) -> String {
+        format!("{}.after.fire.>", self.prefix)
+    }
+
     /// The namespace, task and nominal time of a due subject.
     pub fn parse_after_due_subject<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str, i64)> {
         let rest = subject.strip_prefix(self.prefix.as_str())?.strip_prefix(".after.due.")?;
@@ -67,6 +78,11 @@ impl Names {
     pub fn after_deadlines_consumer(&self) -> &'static str {
         "registry-after-due"
     }
+
+    /// The registry's durable consumer of the fires of tasks with `after` and a schedule.
+    pub fn after_fires_consumer(&self) -> &'static str {
+        "registry-after-fire"
+    }
 }
 
 #[cfg(test)]
@@ -82,5 +98,6 @@ mod tests {
         assert_eq!(names.parse_after_due_subject("acme.after.due.ns.child"), None);
         assert_eq!(names.parse_after_due_subject("other.after.due.ns.child.1"), None);
         assert_eq!(Names::wait_key("ns", "child", 5), "ns.child.5");
+        assert_eq!(names.after_fire_subject("ns", "child"), "acme.after.fire.ns.child");
     }
 }

@@ -229,17 +229,10 @@ impl TaskSpec {
                 validate_id("namespace", namespace).map(|()| namespace)
             }))
             .unwrap_or("default");
-        // A task with `after` runs from its parents' runs and has no schedule of its own.
+        // A task with `after` and no schedule runs from its parents' runs alone; with a
+        // schedule too, its fires wait for its parents' runs of the same nominal time.
         let after_given = obj.get("after").is_some_and(|v| !v.is_null());
         let schedule = match obj.get("schedule").filter(|v| !v.is_null()) {
-            Some(_) if after_given => {
-                problems.push(err(
-                    ErrorCode::InvalidValue,
-                    "schedule",
-                    "a task with after runs when its parents' runs end: give schedule or after, not both",
-                ));
-                None
-            }
             Some(value) => Schedule::read(value, problems),
             None if after_given => Some(Schedule::Parents),
             None => problems.take(obj.required("schedule")).and_then(|v| Schedule::read(v, problems)),

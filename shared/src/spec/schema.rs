@@ -199,18 +199,13 @@ impl JsonSchema for Schedule {
 }
 
 /// Schema-level rules between fields of the spec: a `paused_reason` only on a paused task;
-/// exactly one of `schedule` and `after` (a task with parents has no schedule of its own).
+/// at least one of `schedule` and `after` (a task with parents may also have a schedule: its
+/// fires then wait for its parents' runs of the same nominal time).
 pub(super) fn task_spec_rules(schema: &mut Schema) {
     if let Some(Value::Array(required)) = schema.get_mut("required") {
         required.retain(|name| name != "schedule");
     }
-    schema.insert(
-        "oneOf".into(),
-        json!([
-            {"required": ["schedule"], "not": {"required": ["after"]}},
-            {"required": ["after"], "not": {"required": ["schedule"]}}
-        ]),
-    );
+    schema.insert("anyOf".into(), json!([{"required": ["schedule"]}, {"required": ["after"]}]));
     schema.insert(
         "dependentSchemas".into(),
         json!({

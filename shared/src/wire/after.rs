@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{RunStatus, millis};
+use super::{RunStatus, Trigger, millis};
 
 /// The most bytes of one run's result kept with its record.
 pub const MAX_RESULT_BYTES: usize = 4096;
@@ -75,7 +75,7 @@ pub struct Wait {
     pub state: WaitState,
     /// The child's execution id for this nominal time (derived: the same for every writer).
     pub execution_id: String,
-    /// When the wait began: the first parent's verdict reached it.
+    /// When the wait began: the first parent's verdict (or the child's own fire) reached it.
     #[serde(with = "millis")]
     pub since: DateTime<Utc>,
     /// When it gives up (`since + within`).
@@ -83,6 +83,11 @@ pub struct Wait {
     pub deadline: DateTime<Utc>,
     /// The parents' verdicts so far, by `<namespace>/<id>`.
     pub parents: BTreeMap<String, ParentRun>,
+    /// A child with a schedule of its own: its fire of this nominal time, once it came (the
+    /// fire's trigger, `schedule` or `catchup`). It runs once that and its parents' verdicts
+    /// are in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fired: Option<Trigger>,
     /// Bytes of results the parents carry so far.
     #[serde(default)]
     pub result_bytes: usize,

@@ -5,6 +5,7 @@
 //! problem named; deleting or pausing a parent says what it leaves waiting.
 
 mod diamond;
+mod held;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -235,9 +236,12 @@ async fn cycles_unknown_parents_and_other_namespaces_are_refused_with_every_prob
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spec_with_after_is_read_and_refused_field_by_field() {
     let served = served(|_| {}).await;
+    // A schedule and after together are a child whose fires wait for its parents: only the
+    // unknown parent is refused.
     let both = spec("dag", "both").field("after", json!({"tasks": ["x"]})).json();
     let reply = served.api.put(&both).await;
-    assert_eq!(reply["error"]["field"], "schedule", "schedule and after together: {reply}");
+    assert_eq!(reply["error"]["field"], "after.tasks[0]", "{reply}");
+    assert!(reply["error"]["message"].as_str().unwrap_or_default().contains("no task dag/x"), "{reply}");
     let bad = spec("dag", "bad")
         .without("schedule")
         .field("after", json!({"tasks": ["bad", "x", "x"], "when": "later", "within": "30d"}))

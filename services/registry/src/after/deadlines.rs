@@ -62,6 +62,9 @@ impl After {
             });
             wait.ended = Some(Utc::now());
             if self.write(&key, &wait, revision).await?.is_some() {
+                if wait.fired.is_some() {
+                    self.tell_fire_skipped(&wait).await?;
+                }
                 return self.tell_expired(&wait).await;
             }
         }

@@ -1,5 +1,5 @@
-//! What the dependency engine reads besides a wait: a task's waits, a run's status, the
-//! backfills of a parent that ask not to chain.
+//! What the dependency engine reads and writes: a wait (compare-and-set), a task's waits, a
+//! run's status, the backfills of a parent that ask not to chain.
 
 use anyhow::Context;
 use async_nats::jetstream::consumer::{self as consumer, DeliverPolicy};
@@ -7,13 +7,40 @@ use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use jetsched_shared::backfill::progress::BackfillProgress;
+use jetsched_shared::cas::{is_already_exists, is_revision_mismatch};
 use jetsched_shared::names::Names;
 use jetsched_shared::wire::{RunRecord, Wait};
 use serde::de::DeserializeOwned;
 
-use super::After;
+use super::{After, Held};
 
 impl After {
+    /// A wait with its revision, if stored.
+    pub(super) async fn read(&self, key: &str) -> anyhow::Result<Option<Held>> {
+        let entry = self.waits.entry(key).await.with_context(|| format!("read wait {key}"))?;
+        let Some(entry) = jetsched_shared::cas::live(entry) else { return Ok(None) };
+        let wait: Wait =
+            serde_json::from_slice(&entry.value).with_context(|| format!("decode wait {key}"))?;
+        Ok(Some(Held { wait, revision: entry.revision }))
+    }
+
+    /// Writes `wait` over `revision` (0: creates it); `None` when someone wrote it meanwhile.
+    pub(super) async fn write(&self, key: &str, wait: &Wait, revision: u64) -> anyhow::Result<Option<u64>> {
+        let body = bytes::Bytes::from(serde_json::to_vec(wait).context("encode wait")?);
+        if revision == 0 {
+            return match self.waits.create(key, body).await {
+                Ok(revision) => Ok(Some(revision)),
+                Err(error) if is_already_exists(&error) => Ok(None),
+                Err(error) => Err(anyhow::Error::new(error).context(format!("create wait {key}"))),
+            };
+        }
+        match self.waits.update(key, body, revision).await {
+            Ok(revision) => Ok(Some(revision)),
+            Err(error) if is_revision_mismatch(&error) => Ok(None),
+            Err(error) => Err(anyhow::Error::new(error).context(format!("write wait {key}"))),
+        }
+    }
+
     /// The waits of the child `namespace`/`id`, newest nominal time first, at most `limit`.
     pub(crate) async fn waits_of(
         &self,

@@ -2,8 +2,9 @@
 //! then (dispatch the child, wait on, or give up).
 
 use chrono::{DateTime, Utc};
-use jetsched_shared::spec::{AfterMode, AfterSpec};
-use jetsched_shared::wire::{MAX_RESULTS_PER_CHILD, ParentRun, RunStatus, Wait, WaitState};
+use jetsched_shared::schedule::Schedule;
+use jetsched_shared::spec::{AfterMode, AfterSpec, TaskSpec};
+use jetsched_shared::wire::{MAX_RESULTS_PER_CHILD, ParentRun, RunStatus, Trigger, Wait, WaitState};
 
 /// What a wait says once a verdict is merged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,31 +17,72 @@ pub(crate) enum Decision {
     NotMet(String),
 }
 
-/// A new wait of the child `namespace`/`task_id` for `nominal_time`, begun at `now`.
+/// What reached a child's wait.
+#[derive(Debug, Clone)]
+pub(crate) enum Arrival {
+    /// A parent's run ended.
+    Verdict(ParentRun),
+    /// The child's own fire came (a child with a schedule), `schedule` or `catchup`.
+    Fire(Trigger),
+}
+
+/// Whether `spec` has a schedule of its own besides `after`: its fires are held until its
+/// parents' runs of their nominal time meet its rule, and only those nominal times count.
+pub(crate) fn is_held(spec: &TaskSpec) -> bool {
+    spec.after.is_some() && spec.schedule != Schedule::Parents
+}
+
+/// Whether a parent's run of `nominal_time` concerns `spec`: every nominal time for a child
+/// without a schedule, its schedule's own times for a child with one.
+pub(crate) fn concerns(spec: &TaskSpec, nominal_time: DateTime<Utc>) -> bool {
+    !is_held(spec)
+        || spec.schedule.next_after(nominal_time - chrono::Duration::milliseconds(1)) == Some(nominal_time)
+}
+
+/// A new wait of the child `namespace`/`task_id` for `nominal_time`, begun at `now`: its
+/// execution id is its fire's for a `held` child, derived from the nominal time otherwise.
 pub(crate) fn new_wait(
     namespace: &str,
     task_id: &str,
     nominal_time: DateTime<Utc>,
     after: &AfterSpec,
     now: DateTime<Utc>,
+    held: bool,
 ) -> Wait {
     let within = chrono::Duration::from_std(after.within).unwrap_or(chrono::Duration::days(7));
+    let nominal_ms = nominal_time.timestamp_millis();
     Wait {
         namespace: namespace.to_string(),
         task_id: task_id.to_string(),
         nominal_time,
         state: WaitState::Waiting,
-        execution_id: jetsched_shared::wire::child_execution_id(
-            namespace,
-            task_id,
-            nominal_time.timestamp_millis(),
-        ),
+        execution_id: match held {
+            true => jetsched_shared::wire::scheduled_execution_id(namespace, task_id, nominal_ms),
+            false => jetsched_shared::wire::child_execution_id(namespace, task_id, nominal_ms),
+        },
         since: now,
         deadline: now + within,
         parents: Default::default(),
+        fired: None,
         result_bytes: 0,
         reason: None,
         ended: None,
+    }
+}
+
+/// Merges what arrived into `wait`; whether the wait changed.
+pub(crate) fn merge_arrival(wait: &mut Wait, after: &AfterSpec, arrival: Arrival) -> bool {
+    match arrival {
+        Arrival::Verdict(run) => merge(wait, after, run),
+        Arrival::Fire(trigger) => wait.fired.replace(trigger).is_none(),
+    }
+}
+
+/// What `wait` says under `after`, for a `held` child too: met only once its fire came.
+pub(crate) fn decide_held(wait: &Wait, after: &AfterSpec, held: bool) -> Decision {
+    match decide(wait, after) {
+        Decision::Met if held && wait.fired.is_none() => Decision::Wait,
+        decision => decision,
     }
 }
 
@@ -131,7 +173,41 @@ mod tests {
     }
 
     fn wait(after: &AfterSpec) -> Wait {
-        new_wait("ns", "child", DateTime::UNIX_EPOCH, after, DateTime::UNIX_EPOCH)
+        new_wait("ns", "child", DateTime::UNIX_EPOCH, after, DateTime::UNIX_EPOCH, false)
+    }
+
+    #[test]
+    fn a_held_child_runs_once_its_fire_and_its_parents_are_in_on_its_own_times_only() {
+        let rule = after("all", "succeeded");
+        let mut w = new_wait("ns", "child", DateTime::UNIX_EPOCH, &rule, DateTime::UNIX_EPOCH, true);
+        assert_eq!(w.execution_id, jetsched_shared::wire::scheduled_execution_id("ns", "child", 0));
+        for (task, id) in [("a", "1"), ("b", "2"), ("c", "3")] {
+            merge_arrival(&mut w, &rule, Arrival::Verdict(run(task, id, RunStatus::Succeeded)));
+        }
+        assert_eq!(decide_held(&w, &rule, false), Decision::Met);
+        assert_eq!(decide_held(&w, &rule, true), Decision::Wait, "not before its fire");
+        assert!(merge_arrival(&mut w, &rule, Arrival::Fire(Trigger::Schedule)));
+        assert!(!merge_arrival(&mut w, &rule, Arrival::Fire(Trigger::Schedule)), "a fire told again");
+        assert_eq!(decide_held(&w, &rule, true), Decision::Met);
+
+        let spec = |schedule: serde_json::Value| {
+            jetsched_shared::spec::TaskSpec::parse_value(json!({
+                "id": "child", "namespace": "ns", "schedule": schedule,
+                "after": {"tasks": ["a"]}, "executor": {"kind": "handler", "name": "h"}
+            }))
+            .unwrap()
+        };
+        let daily = spec(json!({"cron": "0 0 0 * * *"}));
+        let midnight = DateTime::parse_from_rfc3339("2026-12-07T00:00:00Z").unwrap().to_utc();
+        assert!(is_held(&daily));
+        assert!(concerns(&daily, midnight));
+        assert!(!concerns(&daily, midnight + chrono::Duration::hours(1)), "an hourly parent's other runs");
+        let unscheduled = jetsched_shared::spec::TaskSpec::parse_value(json!({
+            "id": "child", "namespace": "ns", "after": {"tasks": ["a"]},
+            "executor": {"kind": "handler", "name": "h"}
+        }))
+        .unwrap();
+        assert!(!is_held(&unscheduled) && concerns(&unscheduled, midnight + chrono::Duration::hours(1)));
     }
 
     #[test]

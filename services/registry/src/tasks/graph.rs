@@ -1,7 +1,8 @@
 //! `graph`: a task's parents and children with the last run of each and its waits; and what
-//! `next` says of a task that has no schedule of its own but waits for its parents.
+//! `next` says of a task that waits for its parents.
 
 use jetsched_shared::names::task_key;
+use jetsched_shared::schedule::Schedule;
 use jetsched_shared::spec::{AfterMode, AfterSpec, TaskSpec};
 use jetsched_shared::wire::{GraphNode, GraphReply, LastRun, TaskReply, Wait, WaitState, format_time};
 
@@ -26,10 +27,21 @@ pub(crate) fn rule_text(after: &AfterSpec) -> String {
     )
 }
 
+/// The rule of `spec`: a child with a schedule of its own says that its fires wait.
+fn task_rule_text(spec: &TaskSpec, after: &AfterSpec) -> String {
+    match spec.schedule {
+        Schedule::Parents => rule_text(after),
+        _ => format!("fires on its schedule, then {}", rule_text(after)),
+    }
+}
+
 /// One open wait as `next` tells it.
 fn wait_text(wait: &Wait, after: &AfterSpec) -> String {
-    let missing: Vec<String> =
+    let mut missing: Vec<String> =
         after.tasks.iter().map(ToString::to_string).filter(|task| !wait.parents.contains_key(task)).collect();
+    if missing.is_empty() {
+        missing.push("its own fire".to_string());
+    }
     format!(
         "{}: waiting for {} (gives up at {})",
         format_time(wait.nominal_time),
@@ -73,7 +85,7 @@ impl TaskStore {
         Ok(GraphReply {
             task: format!("{namespace}/{id}"),
             last_run,
-            rule: task.after.as_deref().map(rule_text),
+            rule: task.after.as_deref().map(|after| task_rule_text(&task, after)),
             parents,
             children,
             waits,
@@ -83,7 +95,7 @@ impl TaskStore {
     /// What `next` says of a task with `after`: its rule, then each open wait.
     pub(crate) async fn waits_for(&self, spec: &TaskSpec) -> Result<Vec<String>, Failure> {
         let Some(after) = &spec.after else { return Ok(Vec::new()) };
-        let mut lines = vec![rule_text(after)];
+        let mut lines = vec![task_rule_text(spec, after)];
         if let Some(engine) = &self.after {
             let waits = engine
                 .waits_of(&spec.namespace, &spec.id, 1000)

@@ -150,9 +150,13 @@ impl Core {
                     continue;
                 }
             };
+            // A fire held for its parents goes to the registry instead, as the same dispatch.
+            let subject = match slot.info.held {
+                true => self.nats.names.after_fire_subject(target.namespace, target.task_id),
+                false => message.subject,
+            };
             let (number, reply) = self.pipeline.reply_to(fire, Instant::now());
-            let OutboundMessage { subject, payload, headers } =
-                message.message.outbound_message(message.subject);
+            let OutboundMessage { subject, payload, headers } = message.message.outbound_message(subject);
             let publish = self.nats.client.publish_with_reply_and_headers(
                 subject,
                 reply,
@@ -228,6 +232,8 @@ impl Core {
                 trigger: Some(fire.trigger),
                 instance: Some(self.report.instance.clone()),
                 term: self.takeover.term(),
+                // Sent to the registry rather than to the workers.
+                reason: info.held.then(|| "held until its parents' runs meet its rule".to_string()),
                 ..WireEvent::new(EventKind::FireDispatched, info.namespace(), info.task_id())
             });
         }
