@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
-use jetsched_shared::wire::{DlqRequest, Event, RunRecord, RunStatus, TaskState, TaskStatus};
+use jetsched_shared::wire::{DlqRequest, Event, GraphReply, RunRecord, RunStatus, TaskState, TaskStatus};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
@@ -68,12 +68,16 @@ pub(crate) async fn task(
     Path((namespace, id)): Path<(String, String)>,
 ) -> Response {
     let reference = json!({"namespace": namespace, "id": id});
-    let (stored, next, held, backfills) = tokio::join!(
-        state.api.task("get", &namespace, reference),
+    let (stored, next, held, backfills, graph) = tokio::join!(
+        state.api.task("get", &namespace, reference.clone()),
         state.api.next(&namespace, &id, 10),
         crate::breakers::held_of_task(&state, &namespace, &id),
-        state.api.backfill("list", &namespace, json!({"id": id}))
+        state.api.backfill("list", &namespace, json!({"id": id})),
+        state.api.task("graph", &namespace, reference)
     );
+    let graph = graph.map_err(|e| e.to_string()).and_then(|reply| {
+        serde_json::from_value::<GraphReply>(reply).map_err(|e| format!("the registry's graph reply: {e}"))
+    });
     let backfills = backfills
         .map(|reply| reply.get("backfills").and_then(Value::as_array).cloned().unwrap_or_default())
         .map_err(|e| e.to_string());
@@ -109,6 +113,7 @@ pub(crate) async fn task(
         events: &events,
         held,
         backfills,
+        graph,
         trace: &state.trace,
     };
     html(StatusCode::OK, pages::tasks::task(&state.ctx(), &view))

@@ -6,6 +6,7 @@ pub(crate) mod bulk;
 pub(crate) mod dlq;
 pub(crate) mod editor;
 pub(crate) mod events;
+pub(crate) mod graph;
 pub(crate) mod history;
 pub(crate) mod overview;
 pub(crate) mod queue_charts;

@@ -8,6 +8,7 @@
 
 pub(crate) mod browser;
 mod comfort;
+mod dependencies;
 mod operator_actions;
 mod pages;
 mod perf;

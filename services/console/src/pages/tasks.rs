@@ -197,6 +197,8 @@ pub(crate) struct TaskView<'a> {
     pub(crate) held: Result<u64, String>,
     /// The task's backfills (progress records), newest first.
     pub(crate) backfills: Result<Vec<Value>, String>,
+    /// Its parents, children and waits (the registry's `graph`).
+    pub(crate) graph: Result<jetsched_shared::wire::GraphReply, String>,
     /// Where trace ids link to.
     pub(crate) trace: &'a TraceLinks,
 }
@@ -257,6 +259,7 @@ pub(crate) fn task(ctx: &Ctx, view: &TaskView<'_>) -> Markup {
                 }
             }
         }
+        (super::graph::section(&view.graph))
         section #backfills {
             h2 { "Backfills" }
             (backfill_form(ctx, &format!("{href}/backfill")))
@@ -488,6 +491,7 @@ mod tests {
             backfills: Ok(vec![
                 json!({"id": "ns.t.<s>bf", "state": "running", "from": "<s>x", "dispatched": 3}),
             ]),
+            graph: Err("<u>no registry</u>".into()),
             trace: &TraceLinks::default(),
         };
         let html = task(&ctx, &view).into_string();
