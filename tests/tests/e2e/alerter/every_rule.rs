@@ -263,6 +263,39 @@ async fn limit_waiting_from_a_run_waiting_for_a_slot() {
     alerter.stop().await;
 }
 
+/// A real registry's fan-in whose second parent never runs: the wait gives up after `within`,
+/// the registry publishes `after.expired`, and the alert names the child and the missing parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_expired_from_a_registrys_wait_that_gave_up() {
+    let (server, client, js, _names) = start().await;
+    let alerter = App::alerter(config(&server)).await;
+    let registry = App::registry(jetsched_registry::Config::for_tests(&server.url())).await;
+    eventually(WAIT, "the registry is ready", || registry.ready()).await;
+    let handlers = Handlers::new().register("ok", |_run: RunContext| async move { Outcome::ok() });
+    let worker = App::worker(worker_config(&server, "alert-w1"), handlers).await;
+    let api = jetsched_tests::Api::new(&client);
+    for id in ["left", "right"] {
+        api.store(&spec("alerts", id).cron("0 0 0 1 1 *").handler("ok").json()).await;
+    }
+    let join = spec("alerts", "join")
+        .without("schedule")
+        .field("after", json!({"tasks": ["left", "right"], "within": "1s"}))
+        .handler("ok");
+    api.store(&join.json()).await;
+    let triggered = api.task("trigger", json!({"namespace": "alerts", "id": "left"})).await;
+    assert!(triggered.get("error").is_none(), "{triggered}");
+
+    let message = stored(&js, "after_expired").await;
+    assert_eq!(message.severity, Rule::AfterExpired.severity());
+    let alert = &message.alerts[0];
+    assert_eq!((alert.namespace.as_str(), alert.task_id.as_str()), ("alerts", "join"));
+    let text = format!("{} {:?}", message.text, alert.details);
+    assert!(text.contains("alerts/right"), "the missing parent is named: {text}");
+    worker.stop().await;
+    registry.stop().await;
+    alerter.stop().await;
+}
+
 /// Dead letters fill the stream past nine tenths of its byte limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_full_from_a_nearly_full_dead_letter_stream() {
