@@ -35,6 +35,7 @@ use jetsched_shared::spec::TaskSpec;
 use jetsched_shared::wire::{Event, EventKind, ParentRun, RunRecord, Trigger, Wait, WaitState};
 use tokio_util::sync::CancellationToken;
 
+use self::graph::CatchUp;
 pub(crate) use self::graph::{Child, Graph};
 use self::rule::{Arrival, Decision, concerns, decide_held, is_held, is_verdict, merge_arrival, new_wait};
 use crate::pull::{self, Verdict};
@@ -167,8 +168,13 @@ impl After {
         tracing::info!("dependencies: consuming parents' verdicts");
         let fires =
             pull::run(fires, "held fire", BATCH, Fires(self.clone(), tasks.clone()), shutdown.clone());
-        let verdicts =
-            pull::run(verdicts, "parent verdict", BATCH, Verdicts(self.clone(), tasks), shutdown.clone());
+        let verdicts = pull::run(
+            verdicts,
+            "parent verdict",
+            BATCH,
+            Verdicts(self.clone(), CatchUp::new(tasks, self.runs.clone())),
+            shutdown.clone(),
+        );
         let deadlines = pull::run(deadlines, "wait deadline", 8, Deadlines(self.clone()), shutdown.clone());
         let (verdicts, deadlines, fires) = tokio::join!(verdicts, deadlines, fires);
         for (what, ended) in [("verdicts", verdicts), ("deadlines", deadlines), ("held fires", fires)] {
@@ -403,8 +409,8 @@ fn from_ms(ms: i64) -> chrono::DateTime<Utc> {
 }
 
 /// The verdicts consumer's handler: one run record at a time, each once the graph holds every
-/// child stored before it (the tasks bucket, to read how far that is).
-struct Verdicts(After, kv::Store);
+/// child stored before it.
+struct Verdicts(After, CatchUp);
 
 impl pull::Handler for Verdicts {
     async fn handle(&mut self, message: &jetstream::Message) -> Verdict {
@@ -419,7 +425,8 @@ impl pull::Handler for Verdicts {
         if !is_verdict(record.status) {
             return Verdict::Done;
         }
-        if let Err(error) = self.0.graph.caught_up(&self.1).await {
+        let sequence = message.info().map_or(0, |info| info.stream_sequence);
+        if let Err(error) = self.1.before(&self.0.graph, sequence).await {
             tracing::warn!(error = format!("{error:#}"), execution = %record.execution_id, "verdict not handled; later");
             return Verdict::Retry;
         }

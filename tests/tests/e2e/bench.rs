@@ -134,6 +134,8 @@ async fn bench_chain_tiny_measures_the_chain_the_fan_in_and_the_fan_out() {
         "50",
         "--fan-out",
         "200",
+        "--ordinary-runs",
+        "500",
         "--seconds",
         "2",
         "--tasks",
@@ -149,4 +151,8 @@ async fn bench_chain_tiny_measures_the_chain_the_fan_in_and_the_fan_out() {
     assert!(number(&report, "/fan_in/seconds") > 0.0);
     assert!(number(&report, "/fan_out/seconds") > 0.0);
     assert!(number(&report, "/fan_out/registry_rss_mib_after") > 0.0);
+    for phase in ["without_child", "with_child"] {
+        assert!(number(&report, &format!("/ordinary/{phase}/runs_per_second")) > 0.0, "{phase}");
+    }
+    assert!(number(&report, "/ordinary/ratio_with_to_without") > 0.0);
 }

@@ -8,6 +8,8 @@
 //! child's wait written with compare-and-set, the dispatch stored. The times are taken by core
 //! subscriptions in this process on the records' subject and the children's dispatch subjects.
 
+mod ordinary;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -39,6 +41,9 @@ pub(crate) struct Args {
     /// Seconds of the steady scenario.
     #[arg(long, default_value_t = 10)]
     pub(crate) seconds: u64,
+    /// Ordinary no-op runs per phase, without and then with a child in the deployment.
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) ordinary_runs: usize,
 }
 
 const NS: &str = "chain";
@@ -58,9 +63,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
 
+    // Ordinary runs before any task has `after`, then with this first child.
+    let ordinary = ordinary::measure(&server, &js, registry.pid(), args.ordinary_runs, || async {
+        put(&client, &names, &parent("p")).await?;
+        put(&client, &names, &child("c", &["p"])).await?;
+        Ok(())
+    })
+    .await?;
+
     // One parent, one child: verdict stored → dispatch stored, one at a time.
-    put(&client, &names, &parent("p")).await?;
-    put(&client, &names, &child("c", &["p"])).await?;
     let mut dispatches = client.subscribe(names.dispatch_subject("default", NS, "c")).await?;
     client.flush().await?;
     let base = Utc::now().timestamp_millis();
@@ -145,6 +156,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
                    "registry_rss_mib_before": rss_before, "registry_rss_mib_after": fan_in_rss},
         "fan_out": {"children": args.fan_out, "seconds": fan_out_s,
                     "registry_rss_mib_before": rss_before_out, "registry_rss_mib_after": fan_out_rss},
+        "ordinary": ordinary,
         "steady": steady,
     }))
 }

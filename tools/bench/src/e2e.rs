@@ -82,7 +82,7 @@ impl Args {
 const WINDOW: usize = 256;
 
 /// One dispatch message as the scheduler builds it: body, message id and headers.
-type Prepared = PublishMessage;
+pub(crate) type Prepared = PublishMessage;
 
 pub(crate) async fn run(args: Args) -> anyhow::Result<serde_json::Value> {
     let server = NatsServer::start().await;
@@ -237,7 +237,7 @@ fn merge(into: &mut serde_json::Value, from: &serde_json::Value) {
     }
 }
 
-fn noop_spec() -> anyhow::Result<TaskSpec> {
+pub(crate) fn noop_spec() -> anyhow::Result<TaskSpec> {
     TaskSpec::parse(
         br#"{"id": "noop", "namespace": "bench", "schedule": {"every": "1h"},
         "executor": {"kind": "handler", "name": "noop"}}"#,
@@ -247,9 +247,14 @@ fn noop_spec() -> anyhow::Result<TaskSpec> {
 
 /// The dispatch messages of `runs` fires, built by the scheduler's builder (spec included).
 fn dispatches(runs: usize) -> anyhow::Result<Vec<Prepared>> {
+    dispatches_from(0, runs)
+}
+
+/// The dispatch messages of `runs` fires of nominal times `first_ms`, `first_ms + 1`, ...
+pub(crate) fn dispatches_from(first_ms: i64, runs: usize) -> anyhow::Result<Vec<Prepared>> {
     let spec = noop_spec()?;
     let names = Names::default();
-    (0..runs as i64)
+    (first_ms..first_ms + runs as i64)
         .map(|nominal_ms| {
             let origin = Origin::Scheduled { nominal_ms, term: 1, catchup: false };
             Ok(dispatch::build(&names, Target::of(&spec, 1), origin, SpecBody::Spec(&spec))?.message)

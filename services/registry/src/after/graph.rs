@@ -264,6 +264,37 @@ impl Graph {
     }
 }
 
+/// Verdicts handled only once the graph holds every child stored before them, at the cost of
+/// one check per batch under load: a check reads the runs stream's last sequence `R`, then waits
+/// for the graph to apply the tasks stream's last sequence (both read from the streams'
+/// leaders). Every run record up to `R` was stored before the tasks stream was read, so the
+/// graph then holds every child whose `put` was answered before that record was stored, and
+/// verdicts up to `R` need no other check.
+pub(crate) struct CatchUp {
+    tasks: kv::Store,
+    runs: kv::Store,
+    /// Run records up to this sequence of the runs stream are covered.
+    covered: u64,
+}
+
+impl CatchUp {
+    pub(crate) fn new(tasks: kv::Store, runs: kv::Store) -> CatchUp {
+        CatchUp { tasks, runs, covered: 0 }
+    }
+
+    /// Resolves once the verdict stored at `sequence` of the runs stream may be handled.
+    pub(crate) async fn before(&mut self, graph: &Graph, sequence: u64) -> anyhow::Result<()> {
+        if sequence != 0 && sequence <= self.covered {
+            return Ok(());
+        }
+        let mut runs = self.runs.stream.clone();
+        let last = runs.info().await.context("read the runs bucket's stream info")?.state.last_sequence;
+        graph.caught_up(&self.tasks).await?;
+        self.covered = last;
+        Ok(())
+    }
+}
+
 /// `<namespace>/<id>` of a task key.
 fn display(key: &str) -> String {
     match jetsched_shared::names::split_task_key(key) {
