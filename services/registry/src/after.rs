@@ -425,8 +425,8 @@ impl pull::Handler for Verdicts {
         if !is_verdict(record.status) {
             return Verdict::Done;
         }
-        let sequence = message.info().map_or(0, |info| info.stream_sequence);
-        if let Err(error) = self.1.before(&self.0.graph, sequence).await {
+        let (sequence, behind) = message.info().map_or((0, 1), |info| (info.stream_sequence, info.pending));
+        if let Err(error) = self.1.before(&self.0.graph, sequence, behind).await {
             tracing::warn!(error = format!("{error:#}"), execution = %record.execution_id, "verdict not handled; later");
             return Verdict::Retry;
         }

@@ -264,12 +264,13 @@ impl Graph {
     }
 }
 
-/// Verdicts handled only once the graph holds every child stored before them, at the cost of
-/// one check per batch under load: a check reads the runs stream's last sequence `R`, then waits
-/// for the graph to apply the tasks stream's last sequence (both read from the streams'
-/// leaders). Every run record up to `R` was stored before the tasks stream was read, so the
-/// graph then holds every child whose `put` was answered before that record was stored, and
-/// verdicts up to `R` need no other check.
+/// Verdicts handled only once the graph holds every child stored before them. The graph is
+/// caught up with a verdict once it applied the tasks stream's last sequence read after the
+/// verdict was stored: it then holds every child whose `put` was answered before. A verdict
+/// received has been stored, so one read of the tasks stream suffices for it. With more
+/// verdicts waiting behind it, one check covers them all: the runs stream's last sequence `R`
+/// is read first, then the tasks stream's (both from the streams' leaders), and every verdict
+/// up to `R` needs no other check.
 pub(crate) struct CatchUp {
     tasks: kv::Store,
     runs: kv::Store,
@@ -282,15 +283,21 @@ impl CatchUp {
         CatchUp { tasks, runs, covered: 0 }
     }
 
-    /// Resolves once the verdict stored at `sequence` of the runs stream may be handled.
-    pub(crate) async fn before(&mut self, graph: &Graph, sequence: u64) -> anyhow::Result<()> {
+    /// Resolves once the verdict stored at `sequence` of the runs stream may be handled;
+    /// `behind`: verdicts waiting for the consumer after it.
+    pub(crate) async fn before(&mut self, graph: &Graph, sequence: u64, behind: u64) -> anyhow::Result<()> {
         if sequence != 0 && sequence <= self.covered {
             return Ok(());
         }
-        let mut runs = self.runs.stream.clone();
-        let last = runs.info().await.context("read the runs bucket's stream info")?.state.last_sequence;
+        let covers = match behind {
+            0 => sequence,
+            _ => {
+                let mut runs = self.runs.stream.clone();
+                runs.info().await.context("read the runs bucket's stream info")?.state.last_sequence
+            }
+        };
         graph.caught_up(&self.tasks).await?;
-        self.covered = last;
+        self.covered = self.covered.max(covers);
         Ok(())
     }
 }
