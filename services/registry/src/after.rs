@@ -68,17 +68,24 @@ struct Held {
     revision: u64,
 }
 
+/// The buckets the engine reads and writes besides the tasks.
+pub(crate) struct Buckets {
+    pub(crate) waits: kv::Store,
+    pub(crate) runs: kv::Store,
+    pub(crate) backfills: kv::Store,
+}
+
 impl After {
+    /// The engine of `graph` (filled by the tasks bucket's feed).
     pub(crate) fn new(
         js: jetstream::Context,
         names: Names,
-        waits: kv::Store,
-        runs: kv::Store,
-        backfills: kv::Store,
+        Buckets { waits, runs, backfills }: Buckets,
         events: EventSink,
         publisher: EventPublisher,
+        graph: Graph,
     ) -> After {
-        After { js, names, graph: Graph::default(), waits, runs, backfills, events, publisher }
+        After { js, names, graph, waits, runs, backfills, events, publisher }
     }
 
     pub(crate) fn graph(&self) -> &Graph {
@@ -119,13 +126,12 @@ impl After {
             .with_context(|| format!("ensure consumer {} on {stream}", self.names.after_verdicts_consumer()))
     }
 
-    /// Follows the tasks bucket into the graph, and once a child exists, consumes verdicts
-    /// and deadlines until `shutdown`.
+    /// Once the graph is loaded and a child exists, consumes verdicts, deadlines and held fires
+    /// until `shutdown`.
     pub(crate) async fn run(self, tasks: kv::Store, shutdown: CancellationToken) {
-        let follow = tokio::spawn(self.graph.clone().follow(tasks.clone(), shutdown.clone()));
         // No verdict is taken before every child stored is known.
         tokio::select! {
-            _ = shutdown.cancelled() => { let _ = follow.await; return; }
+            _ = shutdown.cancelled() => return,
             _ = self.graph.loaded() => {}
         }
         // A consumer left by an earlier start is taken up at once; otherwise the first child.
@@ -145,7 +151,7 @@ impl After {
             let waiting = !self.graph.has_children();
             let pause = if waiting { Duration::from_secs(30) } else { Duration::from_secs(1) };
             tokio::select! {
-                _ = shutdown.cancelled() => { let _ = follow.await; return; }
+                _ = shutdown.cancelled() => return,
                 _ = self.graph.children_appeared(), if waiting => {}
                 _ = tokio::time::sleep(pause) => {}
             }
@@ -161,7 +167,7 @@ impl After {
                 }
             }
             tokio::select! {
-                _ = shutdown.cancelled() => { let _ = follow.await; return; }
+                _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         };
@@ -182,7 +188,6 @@ impl After {
                 tracing::warn!(error = format!("{error:#}"), "{what} consumer stopped");
             }
         }
-        let _ = follow.await;
     }
 
     async fn existing_verdicts_consumer(&self) -> Option<PullConsumer> {

@@ -1,10 +1,10 @@
 //! Which tasks use each breaker key, followed from the tasks bucket so that the breaker API
 //! answers without reading every spec (a read of 100,000 specs took about 300 ms a request).
 //!
-//! One watch of the tasks bucket (its history first, then its changes) keeps, for every task
-//! whose spec names a breaker or counts consecutive failures, the bucket keys it uses; a task
-//! without either costs nothing. A request first reads the bucket stream's last sequence and
-//! waits until the watch has seen it, so an answer reflects every write made before the
+//! Fed by the registry's one watch of the tasks bucket (its history first, then its changes,
+//! [`crate::tasks_feed`]), it keeps for every task whose spec names a breaker or counts
+//! consecutive failures the bucket keys it uses; a task without either costs nothing. A request
+//! first reads the bucket stream's last sequence and waits until the feed has applied it, so an answer reflects every write made before the
 //! request, as a full read would. While the watch lags further than [`CATCH_UP`] (it is being
 //! re-opened after an outage, or the registry has just started), a request reads the bucket
 //! itself instead.
@@ -13,20 +13,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
 use async_nats::jetstream::{self, kv};
-use futures::StreamExt;
 use jetsched_shared::names::breaker_task_key;
 use jetsched_shared::spec::TaskSpec;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+
+use crate::tasks_feed::{Feed, Index};
 
 /// How long a request waits for the watch to reach the bucket's last write before it reads
 /// the bucket itself.
 const CATCH_UP: Duration = Duration::from_secs(2);
-
-/// How long the follower waits before it opens the watch again after it failed or ended.
-const REOPEN: Duration = Duration::from_millis(500);
 
 /// Bucket key → `<namespace>/<id>` of the tasks using it.
 pub(crate) type Users = BTreeMap<String, Vec<String>>;
@@ -39,13 +34,14 @@ type Used = (String, Vec<String>);
 pub(crate) struct BreakerUsers {
     /// Tasks-bucket key → the task's name and the breaker keys it uses (only tasks using one).
     by_entry: Arc<Mutex<HashMap<String, Used>>>,
-    /// The last bucket revision (stream sequence) the watch has applied.
-    seen: watch::Sender<u64>,
+    /// The tasks bucket's feed: how far it has applied the bucket.
+    feed: Feed,
 }
 
 impl BreakerUsers {
-    pub(crate) fn new() -> Self {
-        BreakerUsers { by_entry: Arc::default(), seen: watch::Sender::new(0) }
+    /// Empty; `feed` fills it (it is one of the feed's indexes).
+    pub(crate) fn new(feed: Feed) -> Self {
+        BreakerUsers { by_entry: Arc::default(), feed }
     }
 
     /// The breaker keys a spec uses: its breaker's (a named key in the task's namespace; which
@@ -71,9 +67,9 @@ impl BreakerUsers {
         if state.messages == 0 {
             return Some(Users::new());
         }
-        let last = state.last_sequence;
-        let mut seen = self.seen.subscribe();
-        tokio::time::timeout(CATCH_UP, seen.wait_for(|seen| *seen >= last)).await.ok()?.ok()?;
+        if !self.feed.reached(state.last_sequence, CATCH_UP).await {
+            return None;
+        }
         let mut users = Users::new();
         for (name, keys) in self.by_entry.lock().expect("not poisoned").values() {
             for key in keys {
@@ -83,48 +79,14 @@ impl BreakerUsers {
         users.values_mut().for_each(|tasks| tasks.sort());
         Some(users)
     }
+}
 
-    /// Follows the tasks bucket until `shutdown`: its history first, then every change, the
-    /// watch opened again (from the next revision) after it fails or ends.
-    pub(crate) async fn follow(self, store: kv::Store, shutdown: CancellationToken) {
-        loop {
-            let followed = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                followed = self.follow_once(&store) => followed,
-            };
-            match followed {
-                Ok(()) => tracing::debug!("tasks watch ended; opening it again"),
-                Err(error) => tracing::warn!(error = format!("{error:#}"), "following the tasks bucket"),
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(REOPEN) => {}
-            }
-        }
-    }
-
-    async fn follow_once(&self, store: &kv::Store) -> anyhow::Result<()> {
-        let seen = *self.seen.borrow();
-        let mut watch = if seen == 0 {
-            store.watch_with_history(">").await
-        } else {
-            store.watch_all_from_revision(seen + 1).await
-        }
-        .context("open the tasks watch")?;
-        while let Some(entry) = watch.next().await {
-            self.apply(&entry.context("read the tasks watch")?);
-        }
-        Ok(())
-    }
-
-    fn apply(&self, entry: &kv::Entry) {
-        let used = match entry.operation {
-            kv::Operation::Put => TaskSpec::parse(&entry.value).ok().and_then(|spec| {
-                let keys = Self::keys_of(&spec);
-                (!keys.is_empty()).then(|| (format!("{}/{}", spec.namespace, spec.id), keys))
-            }),
-            kv::Operation::Delete | kv::Operation::Purge => None,
-        };
+impl Index for BreakerUsers {
+    fn apply(&self, entry: &kv::Entry, spec: Option<&Arc<TaskSpec>>) {
+        let used = spec.and_then(|spec| {
+            let keys = Self::keys_of(spec);
+            (!keys.is_empty()).then(|| (format!("{}/{}", spec.namespace, spec.id), keys))
+        });
         {
             let mut by_entry = self.by_entry.lock().expect("not poisoned");
             match used {
@@ -132,12 +94,5 @@ impl BreakerUsers {
                 None => by_entry.remove(&entry.key),
             };
         }
-        self.seen.send_if_modified(|seen| {
-            let newer = entry.revision > *seen;
-            if newer {
-                *seen = entry.revision;
-            }
-            newer
-        });
     }
 }

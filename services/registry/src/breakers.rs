@@ -41,8 +41,6 @@ use jetsched_shared::wire::{
     EventKind,
 };
 
-use tokio_util::sync::CancellationToken;
-
 use crate::breaker_users::{BreakerUsers, Users};
 use crate::codec::{Detail, Empty, decode, encode};
 use crate::failure::Failure;
@@ -186,20 +184,15 @@ pub struct BreakerApi {
 }
 
 impl BreakerApi {
-    pub fn new(
+    pub(crate) fn new(
         js: jetstream::Context,
         breakers: kv::Store,
         tasks: kv::Store,
         events: EventSink,
         instance: String,
+        users: BreakerUsers,
     ) -> BreakerApi {
-        BreakerApi { js, breakers, tasks, users: BreakerUsers::new(), events, instance }
-    }
-
-    /// Follows the tasks bucket for the tasks using each breaker until `shutdown` (see
-    /// [`BreakerUsers`]); until it has caught up, requests read the bucket themselves.
-    pub(crate) fn follow_tasks(&self, shutdown: CancellationToken) -> impl Future<Output = ()> + use<> {
-        self.users.clone().follow(self.tasks.clone(), shutdown)
+        BreakerApi { js, breakers, tasks, users, events, instance }
     }
 
     /// Handles one request; returns the reply body.

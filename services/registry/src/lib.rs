@@ -34,6 +34,7 @@ mod service;
 mod spans;
 mod status;
 pub mod tasks;
+mod tasks_feed;
 
 pub use config::{Config, DEFAULT_ADMIN_ADDR};
 pub use service::{Registry, build};

@@ -19,8 +19,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::after::After;
+use crate::after::{After, Buckets, Graph};
 use crate::backfills::BackfillApi;
+use crate::breaker_users::BreakerUsers;
 use crate::breakers::BreakerApi;
 use crate::calendars::CalendarApi;
 use crate::cancel::CancelApi;
@@ -33,6 +34,7 @@ use crate::history::EventHistory;
 use crate::metrics::Metrics;
 use crate::queues::QueueApi;
 use crate::tasks::TaskStore;
+use crate::tasks_feed::{Feed, Index};
 use crate::{intake, pause};
 
 /// How long a stopping registry waits for its queued events to be stored.
@@ -47,6 +49,8 @@ pub struct Registry {
     pauses: PullConsumer,
     after: After,
     tasks: async_nats::jetstream::kv::Store,
+    /// The one watch of the tasks bucket and the indexes it feeds.
+    feed: (Feed, Vec<Arc<dyn Index>>),
     handlers: Handlers,
     event_pump: EventPump,
     names: Names,
@@ -72,12 +76,17 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
     // Task-change events carry no de-duplication id: a rare duplicate after a retried publish
     // misleads nobody, and the id costs the server a de-duplication entry per put.
     let event_pump = event_pump.without_dedup_ids();
+    // One watch of the tasks bucket feeds the breakers' users and the dependency graph.
+    let feed = Feed::default();
+    let (users, graph) = (BreakerUsers::new(feed.clone()), Graph::new(feed.clone()));
+    let indexes: Vec<Arc<dyn Index>> = vec![Arc::new(users.clone()), Arc::new(graph.clone())];
     let breakers = BreakerApi::new(
         js.clone(),
         topology.breakers.clone(),
         topology.tasks.clone(),
         events.clone(),
         instance.clone(),
+        users,
     );
     let queues = QueueApi::new(js.clone(), topology.queues.clone(), names.clone(), events.clone());
     let cancels = CancelApi::new(
@@ -93,11 +102,14 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
     let after = After::new(
         js.clone(),
         names.clone(),
-        topology.waits.clone(),
-        topology.runs.clone(),
-        topology.backfills.clone(),
+        Buckets {
+            waits: topology.waits.clone(),
+            runs: topology.runs.clone(),
+            backfills: topology.backfills.clone(),
+        },
         events.clone(),
         publisher,
+        graph,
     );
     let store = TaskStore::new(
         js.clone(),
@@ -138,6 +150,7 @@ pub async fn build(config: Config) -> anyhow::Result<Registry> {
         pauses,
         after,
         tasks: tasks_bucket,
+        feed: (feed, indexes),
         handlers: Handlers {
             store,
             dlq: DlqApi::new(js.clone(), names.clone()),
@@ -175,6 +188,7 @@ impl Registry {
             pauses,
             after,
             tasks,
+            feed: (feed, indexes),
             handlers,
             event_pump,
             names,
@@ -195,7 +209,7 @@ impl Registry {
             shutdown.clone(),
         ));
         let pause_task = tokio::spawn(pause::run(pauses, store, names, metrics.clone(), shutdown.clone()));
-        tracker.spawn(handlers.breakers.follow_tasks(shutdown.clone()));
+        tracker.spawn(feed.follow(tasks.clone(), indexes, shutdown.clone()));
         tracker.spawn(after.run(tasks, shutdown.clone()));
         let permits = Arc::new(Semaphore::new(concurrency));
         // Shared by every request's task: cloning the stores themselves (each holds its

@@ -1,4 +1,4 @@
-//! The dependency graph: every task with `after`, followed from the tasks bucket, indexed by
+//! The dependency graph: every task with `after`, kept from the tasks bucket's feed, indexed by
 //! its parents; what a run's verdict may start, what a new spec would close into a cycle, what
 //! deleting or pausing a task leaves waiting.
 
@@ -9,14 +9,12 @@ use std::time::Duration;
 use anyhow::Context;
 use async_nats::jetstream::kv;
 use bytes::Bytes;
-use futures::StreamExt;
 use jetsched_shared::names::task_key;
 use jetsched_shared::spec::TaskSpec;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
-/// A pause before the watch of the tasks bucket is opened again after it ended or failed.
-const REOPEN: Duration = Duration::from_millis(500);
+use crate::tasks_feed::{Feed, Index};
+
 /// How long a verdict waits for the graph to apply the specs stored before it.
 const CATCH_UP: Duration = Duration::from_secs(5);
 
@@ -35,8 +33,6 @@ struct Inner {
     children: HashMap<String, Child>,
     /// Child keys by the key of each parent they name.
     by_parent: HashMap<String, BTreeSet<String>>,
-    /// The last revision of the tasks bucket applied.
-    seen: u64,
 }
 
 /// Shared by the API (checks at `put`, replies of `delete` and `pause`, `graph`) and the
@@ -46,29 +42,20 @@ pub(crate) struct Graph {
     inner: Arc<RwLock<Inner>>,
     /// Told when the first child appears (the verdicts consumer starts then).
     children_appeared: Arc<Notify>,
-    /// True once every spec stored when the watch opened was applied: a verdict handled
-    /// before would find no children of a parent whose children are not loaded yet.
-    loaded: Arc<tokio::sync::watch::Sender<bool>>,
-    /// The last revision of the tasks bucket applied, told as it moves.
-    seen: Arc<tokio::sync::watch::Sender<u64>>,
-}
-
-impl Default for Graph {
-    fn default() -> Graph {
-        Graph {
-            inner: Arc::default(),
-            children_appeared: Arc::default(),
-            loaded: Arc::new(tokio::sync::watch::Sender::new(false)),
-            seen: Arc::new(tokio::sync::watch::Sender::new(0)),
-        }
-    }
+    /// The tasks bucket's feed: how far the graph has applied the bucket. A verdict handled
+    /// before it is loaded would find no children of a parent whose children are not loaded yet.
+    feed: Feed,
 }
 
 impl Graph {
-    /// Resolves once the specs stored when the graph's watch first opened are all applied.
+    /// An empty graph that `feed` fills (it is one of the feed's indexes).
+    pub(crate) fn new(feed: Feed) -> Graph {
+        Graph { inner: Arc::default(), children_appeared: Arc::default(), feed }
+    }
+
+    /// Resolves once the specs stored when the feed first opened are all applied.
     pub(crate) async fn loaded(&self) {
-        let mut loaded = self.loaded.subscribe();
-        let _ = loaded.wait_for(|loaded| *loaded).await;
+        self.feed.loaded().await;
     }
 
     /// Resolves once the graph has applied every spec stored before this call: a verdict
@@ -78,9 +65,8 @@ impl Graph {
     pub(crate) async fn caught_up(&self, tasks: &kv::Store) -> anyhow::Result<()> {
         let mut stream = tasks.stream.clone();
         let last = stream.info().await.context("read the tasks bucket's stream info")?.state.last_sequence;
-        let mut seen = self.seen.subscribe();
-        if tokio::time::timeout(CATCH_UP, seen.wait_for(|seen| *seen >= last)).await.is_err() {
-            tracing::warn!(last, seen = *self.seen.borrow(), "the dependency graph lags the tasks bucket");
+        if !self.feed.reached(last, CATCH_UP).await {
+            tracing::warn!(last, seen = self.feed.seen(), "the dependency graph lags the tasks bucket");
         }
         Ok(())
     }
@@ -172,25 +158,18 @@ impl Graph {
         }
         None
     }
+}
 
-    /// Applies one entry of the tasks bucket.
-    pub(crate) fn apply(&self, entry: &kv::Entry) {
-        let child = match entry.operation {
-            kv::Operation::Put => {
-                TaskSpec::parse(&entry.value).ok().filter(|spec| spec.after.is_some()).map(|spec| Child {
-                    spec: Arc::new(spec),
-                    json: entry.value.clone(),
-                    revision: entry.revision,
-                })
-            }
-            kv::Operation::Delete | kv::Operation::Purge => None,
-        };
+impl Index for Graph {
+    /// Keeps a task with `after` (by its parents), drops one that no longer has it.
+    fn apply(&self, entry: &kv::Entry, spec: Option<&Arc<TaskSpec>>) {
+        let child = spec.filter(|spec| spec.after.is_some()).map(|spec| Child {
+            spec: spec.clone(),
+            json: entry.value.clone(),
+            revision: entry.revision,
+        });
         let appeared = {
             let mut inner = self.write();
-            if entry.revision <= inner.seen && entry.revision != 0 {
-                return;
-            }
-            inner.seen = entry.revision;
             let was_empty = inner.children.is_empty();
             if let Some(old) = inner.children.remove(&entry.key) {
                 for parent in old.spec.after.iter().flat_map(|after| &after.tasks) {
@@ -211,56 +190,9 @@ impl Graph {
             }
             was_empty && !inner.children.is_empty()
         };
-        self.seen.send_replace(entry.revision);
         if appeared {
             self.children_appeared.notify_waiters();
         }
-    }
-
-    /// Follows the tasks bucket until `shutdown`: every spec's latest version, then each change,
-    /// the watch opened again (from the last revision applied) after it ends or fails.
-    pub(crate) async fn follow(self, tasks: kv::Store, shutdown: CancellationToken) {
-        loop {
-            let followed = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                followed = self.follow_once(&tasks) => followed,
-            };
-            match followed {
-                Ok(()) => tracing::debug!("tasks watch of the dependency graph ended; opening it again"),
-                Err(error) => tracing::warn!(error = format!("{error:#}"), "following the tasks bucket"),
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(REOPEN) => {}
-            }
-        }
-    }
-
-    async fn follow_once(&self, tasks: &kv::Store) -> anyhow::Result<()> {
-        let seen = self.read().seen;
-        let mut watch = if seen == 0 {
-            tasks.watch_with_history(">").await
-        } else {
-            tasks.watch_all_from_revision(seen + 1).await
-        }
-        .context("open the tasks watch")?;
-        if !*self.loaded.borrow() {
-            // An empty bucket delivers nothing: loaded at once. Otherwise at the entry that
-            // is the last one stored when the watch opened (`delta` 0).
-            let mut stream = tasks.stream.clone();
-            let info = stream.info().await.context("read the tasks bucket's stream info")?;
-            if info.state.messages == 0 {
-                self.loaded.send_replace(true);
-            }
-        }
-        while let Some(entry) = watch.next().await {
-            let entry = entry.context("read the tasks watch")?;
-            self.apply(&entry);
-            if entry.delta == 0 && !*self.loaded.borrow() {
-                self.loaded.send_replace(true);
-            }
-        }
-        Ok(())
     }
 }
 
@@ -335,7 +267,7 @@ mod tests {
     }
 
     fn graph(specs: &[TaskSpec]) -> Graph {
-        let graph = Graph::default();
+        let graph = Graph::new(Feed::default());
         for (i, spec) in specs.iter().enumerate() {
             let mut inner = graph.write();
             let child = Child { spec: Arc::new(spec.clone()), json: Bytes::new(), revision: i as u64 + 1 };
