@@ -100,8 +100,8 @@ mod run;
 mod state;
 
 pub use after::{
-    GraphNode, GraphReply, LastRun, MAX_RESULT_BYTES, MAX_RESULTS_PER_CHILD, ParentRun, Wait, WaitState,
-    child_execution_id, result_value,
+    GRAPH_NODES, GraphNode, GraphReply, LastRun, MAX_RESULT_BYTES, MAX_RESULTS_PER_CHILD, ParentRun, Wait,
+    WaitState, child_execution_id, result_value,
 };
 pub use api::{
     DeleteReply, ListReply, ListRequest, NextReply, NextRequest, TaskRef, TaskReply, TriggerReply,

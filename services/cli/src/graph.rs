@@ -57,6 +57,14 @@ pub(crate) async fn graph(api: &Api, task: &str, json_out: bool) -> Result<(), F
     if !table.is_empty() {
         output::table(&["", "TASK", "STATE", "LAST RUN"], &table);
     }
+    for (shown, total, role) in [
+        (graph.parents.len(), graph.parents_total, "parents"),
+        (graph.children.len(), graph.children_total, "children"),
+    ] {
+        if total > shown {
+            outln!("... and {} more {role} ({total} in all)", total - shown);
+        }
+    }
     if !graph.waits.is_empty() {
         let waits: Vec<Vec<String>> = graph
             .waits

@@ -141,6 +141,9 @@ pub struct GraphNode {
     pub last_run: Option<LastRun>,
 }
 
+/// Parents or children `graph` describes at most (each with its last run); the rest are counted.
+pub const GRAPH_NODES: usize = 100;
+
 /// Reply of `graph`: a task's parents, its children, the last run of each, and its waits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GraphReply {
@@ -151,8 +154,14 @@ pub struct GraphReply {
     /// Its rule, as a sentence (`runs when all of ns/a, ns/b succeeded, within 1d`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// Its parents, at most [`GRAPH_NODES`] of them (`parents_total` says how many it has).
     pub parents: Vec<GraphNode>,
+    /// Its children, at most [`GRAPH_NODES`] of them (`children_total` says how many it has).
     pub children: Vec<GraphNode>,
+    #[serde(default)]
+    pub parents_total: usize,
+    #[serde(default)]
+    pub children_total: usize,
     /// Its most recent waits for its parents, newest nominal time first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waits: Vec<Wait>,

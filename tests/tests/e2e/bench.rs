@@ -155,4 +155,6 @@ async fn bench_chain_tiny_measures_the_chain_the_fan_in_and_the_fan_out() {
         assert!(number(&report, &format!("/ordinary/{phase}/runs_per_second")) > 0.0, "{phase}");
     }
     assert!(number(&report, "/ordinary/ratio_with_to_without") > 0.0);
+    assert_eq!(number(&report, "/graph/children_total"), 200.0, "every child counted");
+    assert_eq!(number(&report, "/graph/children_described"), 100.0, "the first hundred described");
 }

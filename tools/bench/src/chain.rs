@@ -147,8 +147,22 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<Value> {
         args.fan_out,
         args.fan_out as f64 / fan_out_s
     );
+    // `graph` of the fan-out's parent: the first children described, the rest counted.
+    let asked = Instant::now();
+    let graph = client
+        .request(
+            names.task_api_subject("graph"),
+            serde_json::to_vec(&json!({"namespace": NS, "id": "root"}))?.into(),
+        )
+        .await?;
+    let graph_ms = asked.elapsed().as_secs_f64() * 1e3;
+    let graph: Value = serde_json::from_slice(&graph.payload)?;
+    let (described, total) =
+        (graph["children"].as_array().map_or(0, Vec::len), graph["children_total"].clone());
+    eprintln!("graph of the fan-out's parent: {described} children described of {total} in {graph_ms:.1} ms");
     registry.sigterm();
     Ok(json!({
+        "graph": {"ms": graph_ms, "children_described": described, "children_total": total},
         "chain": {"samples": chain.samples, "lag": chain,
                   "steady_lag": {"p50_ms": steady_p50, "p99_ms": steady_p99},
                   "p99_ratio_to_steady": chain.p99_ms / steady_p99},

@@ -36,6 +36,7 @@ fn drawing(graph: &GraphReply) -> Markup {
             div.nodes #dag-parents {
                 @if graph.parents.is_empty() { p.empty { "No parent" } }
                 @for node in &graph.parents { (node_box(node, false)) }
+                (more(graph.parents.len(), graph.parents_total, "parents"))
             }
             div.arrow aria-hidden="true" { "→" }
             div.nodes #dag-task { (node_box(&this, true)) }
@@ -43,9 +44,15 @@ fn drawing(graph: &GraphReply) -> Markup {
             div.nodes #dag-children {
                 @if graph.children.is_empty() { p.empty { "No child" } }
                 @for node in &graph.children { (node_box(node, false)) }
+                (more(graph.children.len(), graph.children_total, "children"))
             }
         }
     }
+}
+
+/// "and N more" when the registry described only the first of them.
+fn more(shown: usize, total: usize, what: &str) -> Markup {
+    html! { @if total > shown { p.count { "and " (total - shown) " more " (what) " (" (total) " in all)" } } }
 }
 
 fn node_box(node: &GraphNode, this: bool) -> Markup {
@@ -140,6 +147,8 @@ mod tests {
             rule: None,
             parents: vec![],
             children: vec![],
+            parents_total: 0,
+            children_total: 0,
             waits: vec![],
         };
         assert_eq!(section(&Ok(graph)).into_string(), "");
@@ -175,6 +184,8 @@ mod tests {
             rule: Some("runs when all of ns/b, ns/<c> succeeded".into()),
             parents: vec![node("ns/b", true, Some(RunStatus::Succeeded)), node("ns/<c>", false, None)],
             children: vec![node("ns/e", true, Some(RunStatus::Dead))],
+            parents_total: 2,
+            children_total: 250,
             waits: vec![wait],
         };
         let page = section(&Ok(graph)).into_string();

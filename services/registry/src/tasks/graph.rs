@@ -1,16 +1,21 @@
 //! `graph`: a task's parents and children with the last run of each and its waits; and what
 //! `next` says of a task that waits for its parents.
 
+use futures::{StreamExt, TryStreamExt};
 use jetsched_shared::names::task_key;
 use jetsched_shared::schedule::Schedule;
 use jetsched_shared::spec::{AfterMode, AfterSpec, TaskSpec};
-use jetsched_shared::wire::{GraphNode, GraphReply, LastRun, TaskReply, Wait, WaitState, format_time};
+use jetsched_shared::wire::{
+    GRAPH_NODES, GraphNode, GraphReply, LastRun, TaskReply, Wait, WaitState, format_time,
+};
 
 use super::{TaskStore, decode};
 use crate::failure::Failure;
 
 /// Waits `graph` shows.
 const GRAPH_WAITS: usize = 10;
+/// Parents or children of `graph` read at once.
+const NODES_AT_ONCE: usize = 16;
 
 /// The rule of `after` as a sentence.
 pub(crate) fn rule_text(after: &AfterSpec) -> String {
@@ -55,25 +60,12 @@ impl TaskStore {
     pub async fn graph(&self, namespace: &str, id: &str) -> Result<GraphReply, Failure> {
         crate::spans::task(namespace, id);
         let task = self.get(namespace, id).await?.task;
-        let mut parents = Vec::new();
-        for parent in task.after.iter().flat_map(|after| &after.tasks) {
-            let stored = self.entry(&parent.key()).await?;
-            let spec = match &stored {
-                Some(entry) => Some(decode(entry)?),
-                None => None,
-            };
-            parents.push(self.node(&parent.to_string(), spec.as_ref()).await?);
-        }
-        let mut children = Vec::new();
-        for child in self.waiting_children(namespace, id) {
-            let (ns, child_id) = child.split_once('/').unwrap_or((namespace, child.as_str()));
-            let stored = self.entry(&task_key(ns, child_id)).await?;
-            let spec = match &stored {
-                Some(entry) => Some(decode(entry)?),
-                None => None,
-            };
-            children.push(self.node(&child, spec.as_ref()).await?);
-        }
+        let parents: Vec<String> =
+            task.after.iter().flat_map(|after| &after.tasks).map(ToString::to_string).collect();
+        let children = self.waiting_children(namespace, id);
+        let (parents_total, children_total) = (parents.len(), children.len());
+        let parents = self.nodes(namespace, parents).await?;
+        let children = self.nodes(namespace, children).await?;
         let waits = match (&self.after, &task.after) {
             (Some(engine), Some(_)) => engine
                 .waits_of(namespace, id, GRAPH_WAITS)
@@ -88,6 +80,8 @@ impl TaskStore {
             rule: task.after.as_deref().map(|after| task_rule_text(&task, after)),
             parents,
             children,
+            parents_total,
+            children_total,
             waits,
         })
     }
@@ -109,6 +103,20 @@ impl TaskStore {
             );
         }
         Ok(lines)
+    }
+
+    /// The first [`GRAPH_NODES`] of `tasks` (`<namespace>/<id>`), each with its state and last
+    /// run, read a few at a time.
+    async fn nodes(&self, namespace: &str, tasks: Vec<String>) -> Result<Vec<GraphNode>, Failure> {
+        let described = tasks.into_iter().take(GRAPH_NODES).map(|task| async move {
+            let (ns, id) = task.split_once('/').unwrap_or((namespace, task.as_str()));
+            let spec = match self.entry(&task_key(ns, id)).await? {
+                Some(entry) => Some(decode(&entry)?),
+                None => None,
+            };
+            self.node(&task, spec.as_ref()).await
+        });
+        futures::stream::iter(described).buffered(NODES_AT_ONCE).try_collect().await
     }
 
     async fn node(&self, task: &str, spec: Option<&TaskSpec>) -> Result<GraphNode, Failure> {
