@@ -284,6 +284,15 @@ impl After {
             }
             let before = wait.state;
             let changed = merge_arrival(&mut wait, after, arrival.clone());
+            let fire_came = changed && matches!(arrival, Arrival::Fire(_));
+            if fire_came {
+                // A child with a schedule waits `within` from its fire.
+                wait.deadline = Utc::now()
+                    + chrono::Duration::from_std(after.within).unwrap_or(chrono::Duration::days(7));
+            }
+            // Its waits begun by verdicts alone have no deadline: its fire may never come for
+            // that time (bounds, a calendar), and no fire of it was missed then.
+            let timed = !held || wait.fired.is_some();
             let decision = decide_held(&wait, after, held);
             if decision == Decision::Met {
                 // Dispatched before the wait says so: a redelivery dispatches again (stored
@@ -312,7 +321,7 @@ impl After {
                 _ => (WaitState::Waiting, None),
             };
             if !changed && revision > 0 && wait.state == state {
-                if state == WaitState::Waiting && redelivered {
+                if state == WaitState::Waiting && redelivered && timed {
                     self.schedule_deadline(&wait, nominal_ms).await?;
                 }
                 return Ok(());
@@ -324,8 +333,8 @@ impl After {
                 Some(_) => {
                     // A wait begun now, or back on course after `not_met`, gets its deadline
                     // (a redelivery publishes it again: its replica may have died before).
-                    let begun = revision == 0 || before != WaitState::Waiting;
-                    if state == WaitState::Waiting && (begun || redelivered) {
+                    let begun = revision == 0 || before != WaitState::Waiting || fire_came;
+                    if state == WaitState::Waiting && timed && (begun || redelivered) {
                         self.schedule_deadline(&wait, nominal_ms).await?;
                     }
                     if state == WaitState::NotMet {

@@ -78,7 +78,8 @@ pub struct Wait {
     /// When the wait began: the first parent's verdict (or the child's own fire) reached it.
     #[serde(with = "millis")]
     pub since: DateTime<Utc>,
-    /// When it gives up (`since + within`).
+    /// When it gives up: `within` after it began, or for a child with a schedule of its own,
+    /// after its fire (until the fire comes, it has no deadline).
     #[serde(with = "millis")]
     pub deadline: DateTime<Utc>,
     /// The parents' verdicts so far, by `<namespace>/<id>`.

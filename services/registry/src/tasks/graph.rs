@@ -40,19 +40,19 @@ fn task_rule_text(spec: &TaskSpec, after: &AfterSpec) -> String {
     }
 }
 
-/// One open wait as `next` tells it.
-fn wait_text(wait: &Wait, after: &AfterSpec) -> String {
+/// One open wait as `next` tells it (`held`: a child with a schedule of its own).
+fn wait_text(wait: &Wait, after: &AfterSpec, held: bool) -> String {
     let mut missing: Vec<String> =
         after.tasks.iter().map(ToString::to_string).filter(|task| !wait.parents.contains_key(task)).collect();
-    if missing.is_empty() {
+    let unfired = held && wait.fired.is_none();
+    if unfired {
         missing.push("its own fire".to_string());
     }
-    format!(
-        "{}: waiting for {} (gives up at {})",
-        format_time(wait.nominal_time),
-        missing.join(", "),
-        format_time(wait.deadline)
-    )
+    let until = match unfired {
+        true => format!("gives up {} after its fire", after.within_text()),
+        false => format!("gives up at {}", format_time(wait.deadline)),
+    };
+    format!("{}: waiting for {} ({until})", format_time(wait.nominal_time), missing.join(", "))
 }
 
 impl TaskStore {
@@ -99,7 +99,7 @@ impl TaskStore {
                 waits
                     .iter()
                     .filter(|wait| wait.state == WaitState::Waiting)
-                    .map(|wait| wait_text(wait, after)),
+                    .map(|wait| wait_text(wait, after, spec.schedule != Schedule::Parents)),
             );
         }
         Ok(lines)
