@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::graph::CatchUp;
 pub(crate) use self::graph::{Child, Graph};
-use self::rule::{Arrival, Decision, concerns, decide_held, is_held, is_verdict, merge_arrival, new_wait};
+use self::rule::{Arrival, Decision, concerns, decide_held, is_verdict, merge_arrival, new_wait};
 use crate::pull::{self, Verdict};
 
 /// Verdicts pulled at a time.
@@ -264,7 +264,7 @@ impl After {
     ) -> anyhow::Result<()> {
         let spec = &child.spec;
         let Some(after) = &spec.after else { return Ok(()) };
-        let held = is_held(spec);
+        let held = spec.holds_fires_for_parents();
         let key = Names::wait_key(&spec.namespace, &spec.id, nominal_ms);
         for _ in 0..CAS_ATTEMPTS {
             let Held { mut wait, revision } = match self.read(&key).await? {

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::kv;
 use jetsched_shared::names::breaker_task_key;
 use jetsched_shared::spec::TaskSpec;
 
@@ -61,13 +61,8 @@ impl BreakerUsers {
 
     /// Every breaker key's users (sorted), once the watch has applied every write the bucket had
     /// when asked; `None` when it has not within [`CATCH_UP`].
-    pub(crate) async fn current(&self, js: &jetstream::Context, store: &kv::Store) -> Option<Users> {
-        let mut stream = js.get_stream(&store.stream_name).await.ok()?;
-        let state = &stream.info().await.ok()?.state;
-        if state.messages == 0 {
-            return Some(Users::new());
-        }
-        if !self.feed.reached(state.last_sequence, CATCH_UP).await {
+    pub(crate) async fn current(&self, store: &kv::Store) -> Option<Users> {
+        if !self.feed.caught_up(store, CATCH_UP).await.ok()? {
             return None;
         }
         let mut users = Users::new();

@@ -295,7 +295,7 @@ impl BreakerApi {
     /// when it counts consecutive failures. From the follower of the tasks bucket; read from
     /// the bucket itself while the follower lags.
     async fn users(&self) -> Result<Users, Failure> {
-        if let Some(users) = self.users.current(&self.js, &self.tasks).await {
+        if let Some(users) = self.users.current(&self.tasks).await {
             return Ok(users);
         }
         let mut users = Users::new();

@@ -54,10 +54,19 @@ impl Feed {
         *self.seen.borrow()
     }
 
-    /// Whether revision `last` is applied within `within`.
-    pub(crate) async fn reached(&self, last: u64, within: Duration) -> bool {
+    /// Whether, within `within`, the feed has applied every write `tasks` holds now: the bucket
+    /// stream's last sequence, read from its leader (an empty bucket: at once). A reader that
+    /// asks after a write was answered then finds it in the indexes.
+    pub(crate) async fn caught_up(&self, tasks: &kv::Store, within: Duration) -> anyhow::Result<bool> {
+        let mut stream = tasks.stream.clone();
+        let state = &stream.info().await.context("read the tasks bucket's stream info")?.state;
+        if state.messages == 0 {
+            return Ok(true);
+        }
+        let last = state.last_sequence;
         let mut seen = self.seen.subscribe();
-        matches!(tokio::time::timeout(within, seen.wait_for(|seen| *seen >= last)).await, Ok(Ok(_)))
+        let reached = tokio::time::timeout(within, seen.wait_for(|seen| *seen >= last)).await;
+        Ok(matches!(reached, Ok(Ok(_))))
     }
 
     /// Follows `tasks` into `indexes` until `shutdown`.

@@ -145,7 +145,7 @@ impl TaskInfo {
             (_, Some(bounds)) if spec.max_runs.is_some() => created_ms.min(bounds.start_ms.saturating_sub(1)),
             _ => created_ms,
         };
-        let held = spec.after.is_some() && spec.schedule != Schedule::Parents;
+        let held = spec.holds_fires_for_parents();
         let extras = (bounds.is_some() || !spec.calendars.is_empty())
             .then(|| Box::new(Extras { bounds, calendars: spec.calendars }));
         TaskInfo {

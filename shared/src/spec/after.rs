@@ -206,6 +206,14 @@ fn read_parents(
     ok.then_some(parents)
 }
 
+impl super::TaskSpec {
+    /// Whether the task has `after` and a schedule of its own: its fires are held until its
+    /// parents' runs of their nominal time meet its rule, and only those nominal times count.
+    pub fn holds_fires_for_parents(&self) -> bool {
+        self.after.is_some() && self.schedule != crate::schedule::Schedule::Parents
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -473,19 +473,7 @@ async fn workers(
         let worker = build(config, handlers).await?;
         handles.push(tokio::spawn(worker.run(shutdown.clone())));
     }
-    let spec = noop_spec()?;
-    let subject = names.dispatch_subject(&spec.queue, &spec.namespace, &spec.id);
-    let started = Instant::now();
-    publish_all(js, &subject, messages).await?;
-    let mut stream = js.get_stream(names.dispatch_stream()).await?;
-    let deadline = Instant::now() + Duration::from_secs(120 + messages.len() as u64 / 500);
-    while stream.info().await?.state.messages > 0 {
-        if Instant::now() > deadline {
-            bail!("workers did not drain {} runs in time", messages.len());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let elapsed = started.elapsed();
+    let elapsed = run_through(js, &names, messages).await?;
     shutdown.cancel();
     for handle in handles {
         handle.await??;
@@ -495,6 +483,33 @@ async fn workers(
     }
     let _ = js.delete_key_value(names.runs_bucket()).await;
     Ok(messages.len() as f64 / elapsed.as_secs_f64())
+}
+
+/// Publishes the no-op dispatches `messages` on `names`' dispatch subject and waits until
+/// the dispatch stream is empty (every run acked); how long that took.
+pub(crate) async fn run_through(
+    js: &jetstream::Context,
+    names: &Names,
+    messages: &[Prepared],
+) -> anyhow::Result<Duration> {
+    let spec = noop_spec()?;
+    let subject = names.dispatch_subject(&spec.queue, &spec.namespace, &spec.id);
+    let started = Instant::now();
+    publish_all(js, &subject, messages).await?;
+    let mut stream = js.get_stream(names.dispatch_stream()).await?;
+    let deadline = Instant::now() + drain_limit(messages.len());
+    while stream.info().await?.state.messages > 0 {
+        if Instant::now() > deadline {
+            bail!("the workers did not drain {} runs in time", messages.len());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(started.elapsed())
+}
+
+/// How long `runs` runs may take to drain.
+pub(crate) fn drain_limit(runs: usize) -> Duration {
+    Duration::from_secs(120 + runs as u64 / 500)
 }
 
 /// CPU seconds used so far by this process and by the server ([`cpu_seconds`]), and the

@@ -72,16 +72,13 @@ impl After {
     }
 
     async fn tell_expired(&self, wait: &Wait) -> anyhow::Result<()> {
-        let event = Event {
+        self.tell(Event {
             execution_id: Some(wait.execution_id.clone()),
             nominal_time: Some(wait.nominal_time),
             trigger: Some(Trigger::After),
             reason: wait.reason.clone(),
             ..Event::new(EventKind::AfterExpired, &wait.namespace, &wait.task_id)
-        };
-        let id = format!("after.expired:{}", wait.execution_id);
-        let ack = self.publisher.send_with_id(&event, &id).await?;
-        ack.await.context("store the after.expired event")?;
-        Ok(())
+        })
+        .await
     }
 }

@@ -10,7 +10,7 @@ use jetsched_shared::wire::{Dispatch, Event, EventKind, Wait};
 use serde::de::IgnoredAny;
 
 use super::After;
-use super::rule::{Arrival, is_held};
+use super::rule::Arrival;
 
 impl After {
     /// A held fire came: merged into its wait (a fire the task no longer holds is skipped,
@@ -19,7 +19,7 @@ impl After {
         let key = task_key(&fire.namespace, &fire.task_id);
         let nominal_ms = fire.nominal_time.timestamp_millis();
         match self.graph.child(&key) {
-            Some(child) if is_held(&child.spec) => {
+            Some(child) if child.spec.holds_fires_for_parents() => {
                 self.offer(&child, nominal_ms, Arrival::Fire(fire.trigger), redelivered).await
             }
             Some(_) | None => {
@@ -54,14 +54,22 @@ impl After {
         nominal_time: chrono::DateTime<chrono::Utc>,
         reason: &str,
     ) -> anyhow::Result<()> {
-        let event = Event {
+        self.tell(Event {
             execution_id: Some(execution_id.to_string()),
             nominal_time: Some(nominal_time),
             reason: Some(reason.to_string()),
             ..Event::new(EventKind::FireSkipped, namespace, task_id)
-        };
-        let ack = self.publisher.send_with_id(&event, &format!("fire.skipped:{execution_id}")).await?;
-        ack.await.context("store the fire.skipped event")?;
+        })
+        .await
+    }
+
+    /// Stores `event` of a run, named `<kind>:<execution id>` so that telling it again (a
+    /// redelivery, another replica) stores it once.
+    pub(super) async fn tell(&self, event: Event) -> anyhow::Result<()> {
+        let kind = event.kind.as_str();
+        let id = format!("{kind}:{}", event.execution_id.as_deref().unwrap_or_default());
+        let ack = self.publisher.send_with_id(&event, &id).await?;
+        ack.await.with_context(|| format!("store the {kind} event"))?;
         Ok(())
     }
 }

@@ -63,10 +63,8 @@ impl Graph {
     /// stored, even one this replica's watch had not delivered yet. Past `CATCH_UP` (an entry
     /// the watch will not deliver) it goes on with what it has, and says so.
     pub(crate) async fn caught_up(&self, tasks: &kv::Store) -> anyhow::Result<()> {
-        let mut stream = tasks.stream.clone();
-        let last = stream.info().await.context("read the tasks bucket's stream info")?.state.last_sequence;
-        if !self.feed.reached(last, CATCH_UP).await {
-            tracing::warn!(last, seen = self.feed.seen(), "the dependency graph lags the tasks bucket");
+        if !self.feed.caught_up(tasks, CATCH_UP).await? {
+            tracing::warn!(seen = self.feed.seen(), "the dependency graph lags the tasks bucket");
         }
         Ok(())
     }

@@ -2,7 +2,6 @@
 //! then (dispatch the child, wait on, or give up).
 
 use chrono::{DateTime, Utc};
-use jetsched_shared::schedule::Schedule;
 use jetsched_shared::spec::{AfterMode, AfterSpec, TaskSpec};
 use jetsched_shared::wire::{MAX_RESULTS_PER_CHILD, ParentRun, RunStatus, Trigger, Wait, WaitState};
 
@@ -26,16 +25,10 @@ pub(crate) enum Arrival {
     Fire(Trigger),
 }
 
-/// Whether `spec` has a schedule of its own besides `after`: its fires are held until its
-/// parents' runs of their nominal time meet its rule, and only those nominal times count.
-pub(crate) fn is_held(spec: &TaskSpec) -> bool {
-    spec.after.is_some() && spec.schedule != Schedule::Parents
-}
-
 /// Whether a parent's run of `nominal_time` concerns `spec`: every nominal time for a child
 /// without a schedule, its schedule's own times for a child with one.
 pub(crate) fn concerns(spec: &TaskSpec, nominal_time: DateTime<Utc>) -> bool {
-    !is_held(spec)
+    !spec.holds_fires_for_parents()
         || spec.schedule.next_after(nominal_time - chrono::Duration::milliseconds(1)) == Some(nominal_time)
 }
 
@@ -199,7 +192,7 @@ mod tests {
         };
         let daily = spec(json!({"cron": "0 0 0 * * *"}));
         let midnight = DateTime::parse_from_rfc3339("2026-12-07T00:00:00Z").unwrap().to_utc();
-        assert!(is_held(&daily));
+        assert!(daily.holds_fires_for_parents());
         assert!(concerns(&daily, midnight));
         assert!(!concerns(&daily, midnight + chrono::Duration::hours(1)), "an hourly parent's other runs");
         let unscheduled = jetsched_shared::spec::TaskSpec::parse_value(json!({
@@ -207,7 +200,10 @@ mod tests {
             "executor": {"kind": "handler", "name": "h"}
         }))
         .unwrap();
-        assert!(!is_held(&unscheduled) && concerns(&unscheduled, midnight + chrono::Duration::hours(1)));
+        assert!(
+            !unscheduled.holds_fires_for_parents()
+                && concerns(&unscheduled, midnight + chrono::Duration::hours(1))
+        );
     }
 
     #[test]

@@ -3,7 +3,6 @@
 
 use futures::{StreamExt, TryStreamExt};
 use jetsched_shared::names::task_key;
-use jetsched_shared::schedule::Schedule;
 use jetsched_shared::spec::{AfterMode, AfterSpec, TaskSpec};
 use jetsched_shared::wire::{
     GRAPH_NODES, GraphNode, GraphReply, LastRun, TaskReply, Wait, WaitState, format_time,
@@ -34,9 +33,9 @@ pub(crate) fn rule_text(after: &AfterSpec) -> String {
 
 /// The rule of `spec`: a child with a schedule of its own says that its fires wait.
 fn task_rule_text(spec: &TaskSpec, after: &AfterSpec) -> String {
-    match spec.schedule {
-        Schedule::Parents => rule_text(after),
-        _ => format!("fires on its schedule, then {}", rule_text(after)),
+    match spec.holds_fires_for_parents() {
+        false => rule_text(after),
+        true => format!("fires on its schedule, then {}", rule_text(after)),
     }
 }
 
@@ -99,7 +98,7 @@ impl TaskStore {
                 waits
                     .iter()
                     .filter(|wait| wait.state == WaitState::Waiting)
-                    .map(|wait| wait_text(wait, after, spec.schedule != Schedule::Parents)),
+                    .map(|wait| wait_text(wait, after, spec.holds_fires_for_parents())),
             );
         }
         Ok(lines)

@@ -15,7 +15,7 @@ use jetsched_worker::{Config, Handlers, Outcome, RunContext, build};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::e2e::{Cpu, dispatches_from, noop_spec, publish_all};
+use crate::e2e::{Cpu, dispatches_from, drain_limit, run_through};
 use crate::stats::median;
 use crate::system::cpu_seconds;
 
@@ -106,21 +106,10 @@ async fn one(
     messages: &[crate::e2e::Prepared],
 ) -> anyhow::Result<Phase> {
     let names = Names::default();
-    let spec = noop_spec()?;
-    let subject = names.dispatch_subject(&spec.queue, &spec.namespace, &spec.id);
     let registry = registry_pid.to_string();
     let (cpu, registry_cpu) = (Cpu::now(server).await, cpu_seconds(&registry));
-    let started = Instant::now();
-    publish_all(js, &subject, messages).await?;
-    let mut stream = js.get_stream(names.dispatch_stream()).await?;
-    let deadline = Instant::now() + Duration::from_secs(120 + messages.len() as u64 / 500);
-    while stream.info().await?.state.messages > 0 {
-        if Instant::now() > deadline {
-            bail!("the worker did not drain {} runs in time", messages.len());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let elapsed = started.elapsed();
+    let elapsed = run_through(js, &names, messages).await?;
+    let deadline = Instant::now() + drain_limit(messages.len());
     // The registry's share: what it spent on the records, read once it has handled them all.
     let drained = Instant::now();
     let runs_stream = Names::kv_stream(&names.runs_bucket());
