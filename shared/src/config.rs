@@ -349,6 +349,9 @@ fn topology_problems(topology: &TopologyArgs, problems: &mut Problems) {
     problems.check((1..=5).contains(&replicas), "replicas", replicas, "must be between 1 and 5");
     let history = topology.tasks_history;
     problems.check((1..=64).contains(&history), "tasks-history", history, "must be between 1 and 64");
+    let partitions = topology.partitions;
+    let ok = crate::partition::invalid(partitions).is_none();
+    problems.check(ok, "partitions", partitions, "must be between 1 and 4096");
     problems.at_least("events-max-bytes", topology.events_max_bytes, 1);
     problems.at_least("dlq-max-bytes", topology.dlq_max_bytes, 1);
     problems.at_least("events-max-per-subject", topology.events_max_per_subject, 0);
@@ -406,6 +409,8 @@ mod tests {
             "/nonexistent/cert.pem",
             "--replicas",
             "0",
+            "--partitions",
+            "0",
             "--lease",
             "0s",
             "--instance-id",
@@ -425,13 +430,16 @@ mod tests {
                 "prefix",
                 "instance-id",
                 "replicas",
+                "partitions",
                 "lease"
             ],
             "{text}"
         );
-        assert!(text.starts_with("jetsched-test: invalid configuration (9 problems):"), "{text}");
+        assert!(text.starts_with("jetsched-test: invalid configuration (10 problems):"), "{text}");
         assert!(text.contains("--prefix (JETSCHED_PREFIX) = \"bad prefix\": must match"), "{text}");
         assert!(text.contains("--lease (JETSCHED_LEASE) = 0s: must be longer than 0s"), "{text}");
+        let partitions = "--partitions (JETSCHED_PARTITIONS) = 0: must be between 1 and 4096";
+        assert!(text.contains(partitions), "{text}");
         assert!(text.contains("--nats-user (NATS_USER) = \"alice\": needs --nats-password"), "{text}");
         assert!(!text.contains("secret-token"), "secrets are never shown: {text}");
     }

@@ -18,6 +18,7 @@ pub(crate) mod flags;
 pub mod follow;
 pub mod metrics;
 pub mod names;
+pub mod partition;
 pub mod presence;
 pub mod priority;
 pub mod schedule;

@@ -21,6 +21,7 @@ use self::converge::{ensure_bucket, ensure_stream};
 use crate::backoff::Backoff;
 use crate::flags::parse_duration;
 use crate::names::Names;
+use crate::partition::{self, DEFAULT_PARTITIONS};
 
 /// Storage of every stream and bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -87,6 +88,10 @@ pub struct TopologyArgs {
     /// electing its meta leader, requests timing out); conflicting or invalid settings fail at once.
     #[arg(long, env = "JETSCHED_TOPOLOGY_WAIT", default_value = "60s", value_parser = parse_duration)]
     pub topology_wait: Duration,
+    /// Partitions of the tasks (1..=4096): fixed when the topology is created, recorded in the
+    /// dispatch stream's metadata; a service configured with another number refuses to start.
+    #[arg(long, env = "JETSCHED_PARTITIONS", default_value_t = DEFAULT_PARTITIONS)]
+    pub partitions: u16,
 }
 
 impl Default for TopologyArgs {
@@ -105,6 +110,7 @@ impl Default for TopologyArgs {
             dlq_max_per_subject: 0,
             intake_max_age: Duration::from_secs(7 * 24 * 3600),
             topology_wait: Duration::from_secs(60),
+            partitions: DEFAULT_PARTITIONS,
         }
     }
 }
@@ -277,6 +283,7 @@ pub fn stream_configs(names: &Names, args: &TopologyArgs) -> Vec<stream::Config>
             // (the server turns rollups on for them; declared so a start finds no difference).
             allow_message_schedules: true,
             allow_rollup: true,
+            metadata: [(partition::METADATA_KEY.to_string(), args.partitions.to_string())].into(),
             ..base(
                 names.dispatch_stream(),
                 vec![
@@ -398,6 +405,9 @@ async fn ensure_once(
             setting: "tasks_history",
             message: format!("{} (use 1..=64)", args.tasks_history),
         });
+    }
+    if let Some(message) = partition::invalid(args.partitions) {
+        return Err(TopologyError::Invalid { setting: "partitions", message });
     }
     let mut changes = Vec::new();
     for config in stream_configs(names, args) {

@@ -8,6 +8,7 @@ use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use jetsched_shared::names::Names;
+use jetsched_shared::partition;
 use jetsched_shared::presence;
 use jetsched_shared::priority::Priority;
 use jetsched_shared::wire::{LeaderRecord, format_time};
@@ -57,6 +58,9 @@ enum StreamView {
 #[derive(Serialize)]
 struct Status {
     leader: Option<Leader>,
+    /// The topology's number of partitions, as the dispatch stream records it (`None`: a
+    /// deployment made before partitions were recorded, or no dispatch stream).
+    partitions: Option<u16>,
     /// Instances per role that answered the presence ping.
     replicas: BTreeMap<&'static str, Vec<String>>,
     queues: Vec<Queue>,
@@ -139,6 +143,7 @@ pub(crate) async fn status(
         names.alerts_stream(),
     ];
     let mut dead_letters = None;
+    let mut partitions = None;
     for name in stream_names {
         let mut stream = match js.get_stream(&name).await {
             Ok(stream) => stream,
@@ -152,6 +157,7 @@ pub(crate) async fn status(
             dead_letters = Some(info.state.messages);
         }
         if name == names.dispatch_stream() {
+            partitions = info.config.metadata.get(partition::METADATA_KEY).and_then(|n| n.parse().ok());
             let mut consumers = stream.consumers();
             while let Some(consumer) = consumers.next().await {
                 let consumer = consumer.context("list dispatch consumers")?;
@@ -179,7 +185,7 @@ pub(crate) async fn status(
     let leader = leader(&js, names).await?;
     let read_at = Utc::now();
     lanes.sort_by(|a: &Lane, b: &Lane| (&a.queue, a.priority).cmp(&(&b.queue, b.priority)));
-    let report = Status { leader, replicas, queues, lanes, dead_letters, streams };
+    let report = Status { leader, partitions, replicas, queues, lanes, dead_letters, streams };
     if json_out {
         output::pretty(&serde_json::to_value(&report).context("encode the status")?);
     } else {
@@ -225,6 +231,9 @@ fn print_status(report: &Status, now: DateTime<Utc>) {
             line("renewed", format!("{} ({})", l.renewed_at, ago(&l.renewed_at, now)));
         }
     }
+    let partitions =
+        report.partitions.map_or("? (not recorded)".into(), |n| format!("{n} (all led by the leader)"));
+    line("partitions", partitions);
     for role in ROLES {
         let instances = report.replicas.get(role).map(Vec::as_slice).unwrap_or_default();
         let list = if instances.is_empty() { String::new() } else { format!(" ({})", instances.join(", ")) };

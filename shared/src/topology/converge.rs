@@ -9,6 +9,7 @@ use async_nats::jetstream::{
 };
 
 use super::{Change, TopologyError, nats_error};
+use crate::partition;
 
 /// One setting that differs between an existing resource and the desired configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +64,13 @@ pub fn differences(existing: &stream::Config, desired: &stream::Config) -> Vec<D
     if desired.allow_direct {
         let (have, want) = flag(|c| c.allow_direct);
         check("allow_direct", have, want, true);
+    }
+    // The number of partitions is recorded once: a stream made before partitions gets it, and
+    // no later start may change it (tasks would move between partitions under their leaders).
+    if let Some(want) = desired.metadata.get(partition::METADATA_KEY) {
+        let have = existing.metadata.get(partition::METADATA_KEY);
+        let mutable = have.is_none();
+        check("partitions", have.cloned().unwrap_or_else(|| "none".into()), want.clone(), mutable);
     }
     if !desired.duplicate_window.is_zero() {
         check("duplicate_window", debug(&existing.duplicate_window), debug(&desired.duplicate_window), true);
@@ -138,6 +146,8 @@ pub(super) async fn ensure_stream(
     updated.allow_rollup |= desired.allow_rollup;
     updated.allow_batch_publish |= desired.allow_batch_publish;
     updated.allow_direct |= desired.allow_direct;
+    // A stream made before partitions gets the number recorded (a differing one is a conflict).
+    updated.metadata.extend(desired.metadata);
     if !desired.duplicate_window.is_zero() {
         updated.duplicate_window = desired.duplicate_window;
     }

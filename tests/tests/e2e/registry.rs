@@ -10,7 +10,7 @@ use async_nats::service::NATS_SERVICE_ERROR_CODE;
 use futures::StreamExt;
 use jetsched_registry::Config;
 use jetsched_shared::names::Names;
-use jetsched_shared::topology::{self, Storage, TopologyArgs, TopologyError};
+use jetsched_shared::topology::{self, Change, Storage, TopologyArgs, TopologyError};
 use jetsched_shared::wire::HDR_EXPECTED_REVISION;
 use jetsched_tests::{
     Api, App, NatsCluster, NatsServer, ServerOpts, WithTopology, always, eventually, last_message,
@@ -433,6 +433,64 @@ async fn topology_converges_and_names_conflicting_settings() {
     let error =
         topology::ensure(&js, &names, &TopologyArgs { replicas: 0, ..args }).await.err().expect("invalid");
     assert!(error.to_string().contains("replicas"), "{error}");
+}
+
+#[tokio::test]
+async fn the_number_of_partitions_is_recorded_once_and_a_service_configured_otherwise_refuses_to_start() {
+    let server = NatsServer::start().await;
+    let js = jetstream::new(server.client().await);
+    let names = Names::default();
+    let args = TopologyArgs::default();
+    let partitions_of = |config: &async_nats::jetstream::stream::Config| {
+        config.metadata.get(jetsched_shared::partition::METADATA_KEY).cloned()
+    };
+
+    // A deployment made before partitions: its dispatch stream records no number.
+    topology::ensure(&js, &names, &args).await.expect("created");
+    let mut config = stream_info(&js, &names.dispatch_stream()).await.config;
+    assert_eq!(partitions_of(&config).as_deref(), Some("64"), "the default is recorded at creation");
+    config.metadata.remove(jetsched_shared::partition::METADATA_KEY);
+    js.update_stream(&config).await.expect("an older deployment's stream");
+    assert_eq!(partitions_of(&stream_info(&js, &names.dispatch_stream()).await.config), None);
+
+    // Its first start after the upgrade records the number and says so.
+    let upgraded = topology::ensure(&js, &names, &args).await.expect("upgrade");
+    let recorded = upgraded.changes.iter().any(|change| {
+        matches!(change, Change::Converged { resource, difference }
+            if resource == &names.dispatch_stream() && difference.setting == "partitions"
+                && difference.existing == "none" && difference.desired == "64")
+    });
+    assert!(recorded, "{:?}", upgraded.changes);
+    assert_eq!(
+        partitions_of(&stream_info(&js, &names.dispatch_stream()).await.config).as_deref(),
+        Some("64")
+    );
+
+    // Another number is refused, naming both, and the recorded one stays.
+    let other = TopologyArgs { partitions: 16, ..args.clone() };
+    let error = topology::ensure(&js, &names, &other).await.err().expect("partitions cannot change");
+    match &error {
+        TopologyError::Conflict { resource, setting, existing, desired } => {
+            assert_eq!((resource.as_str(), *setting), (names.dispatch_stream().as_str(), "partitions"));
+            assert_eq!((existing.as_str(), desired.as_str()), ("64", "16"));
+        }
+        other => panic!("expected a conflict, got {other}"),
+    }
+    assert_eq!(
+        partitions_of(&stream_info(&js, &names.dispatch_stream()).await.config).as_deref(),
+        Some("64")
+    );
+    assert!(topology::ensure(&js, &names, &args).await.expect("the same number").changes.is_empty());
+
+    // Out of range: named before anything is touched.
+    for partitions in [0, 4097] {
+        let error = topology::ensure(&js, &names, &TopologyArgs { partitions, ..args.clone() })
+            .await
+            .err()
+            .expect("invalid");
+        let message = error.to_string();
+        assert!(message.contains("partitions") && message.contains("1..=4096"), "{message}");
+    }
 }
 
 #[tokio::test]

@@ -232,9 +232,12 @@ pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value
     wait_leader(&topology, &names).await?;
     let interval_ms = args.firing.write(&topology, "s").await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // This process only sleeps meanwhile: its CPU is the leader's.
+    let cpu = CpuMeter::start(&server);
     let from = Utc::now().timestamp_millis();
     tokio::time::sleep(Duration::from_secs(args.seconds)).await;
     let to = Utc::now().timestamp_millis();
+    let cpu = cpu.stop();
     tokio::time::sleep(Duration::from_millis(500)).await;
     shutdown.cancel();
     handle.await??;
@@ -247,8 +250,11 @@ pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value
     let expected = ((to - from) as f64 / 1000.0) * args.firing.rate as f64;
     let lag = Lag::from_micros(lags);
     let rate = lag.samples as f64 / ((to - from) as f64 / 1000.0);
+    let fires = (rate * (to - from) as f64 / 1000.0).max(1.0);
+    let (leader_us, server_us) = (cpu.client_s * 1e6 / fires, cpu.server_s * 1e6 / fires);
     eprintln!(
-        "steady: {n} tasks, {rate:.0} fires/s (asked {}), lag p50 {:.2} / p99 {:.2} / max {:.2} ms",
+        "steady: {n} tasks, {rate:.0} fires/s (asked {}), lag p50 {:.2} / p99 {:.2} / max {:.2} ms, \
+         CPU a fire: leader {leader_us:.1} µs, server {server_us:.1} µs",
         args.firing.rate, lag.p50_ms, lag.p99_ms, lag.max_ms
     );
     Ok(json!({
@@ -259,6 +265,8 @@ pub(crate) async fn steady(args: SteadyArgs) -> anyhow::Result<serde_json::Value
         "fires_per_second": rate,
         "expected_fires": expected.round(),
         "lag": lag,
+        "leader_cpu_us_per_fire": leader_us,
+        "server_cpu_us_per_fire": server_us,
     }))
 }
 
