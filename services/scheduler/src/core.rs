@@ -30,6 +30,7 @@ use crate::follow::{Follow, Followed};
 use crate::lease::LeaseEvent;
 use crate::metrics::Metrics;
 use crate::overlap::{Checked, Overlap};
+use crate::partitions::Partitions;
 use crate::pipeline::Pipeline;
 use crate::takeover::Takeover;
 use crate::tasks::Tasks;
@@ -63,6 +64,8 @@ pub(crate) struct Nats {
 /// What the loop reports through.
 pub(crate) struct Report {
     pub(crate) metrics: Metrics,
+    /// Tasks and fires per partition.
+    pub(crate) partitions: Partitions,
     pub(crate) events: EventSink,
     pub(crate) instance: String,
     /// Publish a `fire.dispatched` event per fire.

@@ -16,6 +16,7 @@ mod follow;
 mod lease;
 mod metrics;
 mod overlap;
+mod partitions;
 mod pipeline;
 mod presence;
 mod service;

@@ -30,6 +30,7 @@ use crate::follow::Follow;
 use crate::lease::{Campaign, Timing};
 use crate::metrics::Metrics;
 use crate::overlap::Overlap;
+use crate::partitions::Partitions;
 use crate::pipeline::Pipeline;
 use crate::skew::{Guard, Meter};
 use crate::specs::Specs;
@@ -166,7 +167,14 @@ async fn build_on(config: Config, local: SharedClock, guarded: bool) -> anyhow::
             cancels,
             dispatches,
         },
-        report: Report { metrics, events, instance, fire_events: config.fire_events, readiness },
+        report: Report {
+            metrics,
+            partitions: Partitions::register(&registry, config.shared.topology.partitions)?,
+            events,
+            instance,
+            fire_events: config.fire_events,
+            readiness,
+        },
     };
     if empty {
         core.report.readiness.set("tasks_loaded", true);

@@ -17,6 +17,7 @@ use async_nats::jetstream::{self, consumer::AckPolicy, consumer::pull};
 use futures::StreamExt;
 use jetsched_scheduler::{Clock, Config, ManualClock, build_with_clock};
 use jetsched_shared::names::{Names, dispatch_msg_id, task_key};
+use jetsched_shared::partition::partition_of;
 use jetsched_shared::topology::Topology;
 use jetsched_shared::wire::{self, HDR_LEADER_TERM, HDR_NOMINAL_TIME, HDR_TASK, LeaderRecord};
 use jetsched_tests::fixtures::write_task;
@@ -209,6 +210,10 @@ async fn scheduler_dispatches_each_nominal_second_exactly_once() {
         tasks.len() == ids.len() && tasks.values().all(|n| n.len() >= 3)
     })
     .await;
+    // Read between two seconds' fires, so that no fire is counted in one figure and not yet in
+    // another.
+    let into_second = now_ms().rem_euclid(1000) as u64;
+    tokio::time::sleep(Duration::from_millis((1400 - into_second) % 1000)).await;
     let metrics = scheduler.metrics().await;
     for line in
         ["jetsched_scheduler_is_leader 1", "jetsched_tasks_registered 5", "jetsched_scheduler_timers 5"]
@@ -217,6 +222,31 @@ async fn scheduler_dispatches_each_nominal_second_exactly_once() {
     }
     assert!(metrics.contains("jetsched_fires_dispatched_total{trigger=\"schedule\"}"), "{metrics}");
     assert!(metrics.contains("jetsched_fire_lag_seconds_bucket"), "{metrics}");
+    // Each task counts in its partition, every partition is exported, and the fires per
+    // partition add up to the fires dispatched.
+    let by_partition = |name: &str| -> BTreeMap<u16, f64> {
+        let values =
+            metrics.lines().filter_map(|line| line.strip_prefix(name)?.strip_prefix("{partition=\""));
+        values
+            .filter_map(|rest| {
+                let (partition, value) = rest.split_once("\"} ")?;
+                Some((partition.parse().ok()?, value.parse().ok()?))
+            })
+            .collect()
+    };
+    let tasks_by_partition = by_partition("jetsched_partition_tasks");
+    assert_eq!(tasks_by_partition.len(), 64, "{metrics}");
+    let mut expected = BTreeMap::new();
+    for id in &ids {
+        *expected.entry(partition_of(NS, id, 64)).or_insert(0.0) += 1.0;
+    }
+    let nonzero: BTreeMap<u16, f64> = tasks_by_partition.into_iter().filter(|&(_, n)| n > 0.0).collect();
+    assert_eq!(nonzero, expected);
+    let fired: f64 = by_partition("jetsched_partition_fires_total").values().sum();
+    let dispatched = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("jetsched_fires_dispatched_total{trigger=\"schedule\"} "));
+    assert_eq!(Some(fired), dispatched.and_then(|n| n.parse().ok()), "{metrics}");
     // Renewed every lease/3 meanwhile: the record keeps its term and acquisition time.
     let renewed = leader(&topology).await.expect("still leading");
     assert_eq!((renewed.term, renewed.acquired_at), (held.term, held.acquired_at));

@@ -91,6 +91,7 @@ impl Core {
                 // catch-up window; e.g. an intake applied late) begins before that time:
                 // while leading, its misfire policy decides now, as after a failover.
                 let late = info.created_ms < cursor && loaded && self.takeover.leading();
+                self.report.partitions.added(&info);
                 let idx = self.tasks.insert_hashed(info, cursor, hash);
                 if let Some((done, fires)) = orphan
                     && let Some(slot) = self.tasks.get_mut(idx)
@@ -130,7 +131,8 @@ impl Core {
     }
 
     fn remove(&mut self, key: &str) {
-        if let Some((idx, _)) = self.tasks.remove(key) {
+        if let Some((idx, slot)) = self.tasks.remove(key) {
+            self.report.partitions.removed(&slot.info);
             self.wake.cancel(idx);
             self.overlap.remove(idx);
         }

@@ -209,6 +209,7 @@ impl Core {
             metrics.duplicates.inc();
         } else {
             metrics.dispatched.with_label_values(&[trigger]).inc();
+            self.report.partitions.fired(&slot.info);
             slot.fires += 1;
         }
         // A duplicate is the fire's dispatch stored already: by this scheduler (a retry after
