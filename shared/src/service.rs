@@ -1,15 +1,17 @@
 //! The start-up every service shares: names and instance id from the common settings, the
 //! readiness checks, the admin port (bound here, served by the service's `run`), the NATS
-//! connection and JetStream (both followed by readiness) and its JetStream context, then the
-//! topology.
+//! connection (tried again while no server answers) and JetStream (both followed by readiness)
+//! and its JetStream context, then the topology.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::Context;
-use async_nats::jetstream;
+use async_nats::{Client, ConnectError, ConnectErrorKind, jetstream};
 
 use crate::admin::{AdminServer, Readiness};
-use crate::config::{CommonArgs, DEFAULT_SUBSCRIPTION_CAPACITY, ServiceArgs};
+use crate::backoff::{Backoff, GaveUp};
+use crate::config::{CommonArgs, DEFAULT_SUBSCRIPTION_CAPACITY, NatsArgs, ServiceArgs};
 use crate::names::Names;
 use crate::topology::{self, Topology, TopologyArgs};
 
@@ -68,9 +70,8 @@ impl Base {
         }
         let admin =
             AdminServer::bind(common.admin_addr_or(role.default_admin), metrics, readiness.clone()).await?;
-        let client = nats
-            .connect_buffered(&format!("jetsched-{} {instance}", role.name), role.subscription_capacity)
-            .await?;
+        let name = format!("jetsched-{} {instance}", role.name);
+        let client = connect(nats, &name, role.subscription_capacity, args.topology.topology_wait).await?;
         readiness.watch_connection(client.clone());
         let js = jetstream::new(client.clone());
         readiness.watch_jetstream(js.clone());
@@ -84,6 +85,39 @@ impl Base {
         self.readiness.set("topology", true);
         Ok(topology)
     }
+}
+
+/// Connects, trying again while the servers cannot be reached (not started yet, restarting,
+/// their name not resolving yet) for up to `wait` (`--topology-wait`): a service started before
+/// NATS, or while it restarts, comes up with it instead of exiting. A refused authentication or
+/// TLS handshake fails at once: trying again would not change it.
+async fn connect(nats: &NatsArgs, name: &str, capacity: usize, wait: Duration) -> anyhow::Result<Client> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let retryable = |error: &anyhow::Error, attempt: u32, pause: Duration| {
+        let retry = unreachable(error);
+        if retry {
+            tracing::warn!(error = format!("{error:#}"), attempt, retry_in = ?pause, "NATS cannot be reached yet; retrying");
+        }
+        retry
+    };
+    Backoff::new(Duration::from_millis(250), Duration::from_secs(2))
+        .retry_until(deadline, |_| nats.connect_buffered(name, capacity), retryable)
+        .await
+        .map_err(|gave_up| {
+            let GaveUp { error, attempts, elapsed } = gave_up;
+            if attempts > 1 {
+                error.context(format!("NATS could not be reached in {elapsed:.1?} ({attempts} attempts)"))
+            } else {
+                error
+            }
+        })
+}
+
+/// Whether a connect failed because no server answered (rather than one refusing us).
+fn unreachable(error: &anyhow::Error) -> bool {
+    error.chain().filter_map(|cause| cause.downcast_ref::<ConnectError>()).any(|error| {
+        matches!(error.kind(), ConnectErrorKind::Io | ConnectErrorKind::TimedOut | ConnectErrorKind::Dns)
+    })
 }
 
 /// The body of every service's `main`, after parsing: a configuration that failed validation

@@ -84,8 +84,9 @@ pub struct TopologyArgs {
     /// How long unprocessed intake submissions are kept.
     #[arg(long, env = "JETSCHED_INTAKE_MAX_AGE", default_value = "7d", value_parser = parse_duration)]
     pub intake_max_age: Duration,
-    /// How long start-up keeps retrying while JetStream cannot answer (server starting, cluster
-    /// electing its meta leader, requests timing out); conflicting or invalid settings fail at once.
+    /// How long start-up keeps retrying while NATS cannot be reached or JetStream cannot answer
+    /// (server starting, cluster electing its meta leader, requests timing out); refused
+    /// credentials, conflicting or invalid settings fail at once.
     #[arg(long, env = "JETSCHED_TOPOLOGY_WAIT", default_value = "60s", value_parser = parse_duration)]
     pub topology_wait: Duration,
     /// Partitions of the tasks (1..=4096): fixed when the topology is created, recorded in the

@@ -1,10 +1,12 @@
 //! Every service binary checks all its settings before it connects: given two invalid
 //! settings (one shared, one its own) it names both and exits with status 2 at once, while a
-//! valid configuration that cannot reach NATS is a runtime failure (status 1).
+//! valid configuration that cannot reach NATS is tried again for `--topology-wait`, then a
+//! runtime failure (status 1).
 
 use std::time::{Duration, Instant};
 
-use jetsched_tests::{ChildProcess, init_test_logging};
+use jetsched_shared::names::Names;
+use jetsched_tests::{ChildProcess, NatsServer, init_test_logging};
 
 /// A loopback URL where nothing listens.
 fn dead_nats_url() -> String {
@@ -79,10 +81,61 @@ async fn every_service_names_all_its_invalid_settings_and_exits_2_before_connect
 }
 
 #[tokio::test]
-async fn a_valid_configuration_that_cannot_reach_nats_exits_1() {
+async fn a_valid_configuration_that_cannot_reach_nats_exits_1_after_the_topology_wait() {
     init_test_logging();
     let url = dead_nats_url();
-    let (code, output, _) = run("jetsched-registry", &["--nats-url", &url]).await;
+    let (code, output, elapsed) =
+        run("jetsched-registry", &["--nats-url", &url, "--topology-wait", "2s"]).await;
     assert_eq!(code, Some(1), "a runtime failure after a valid configuration:\n{output}");
     assert!(output.contains("connect to NATS"), "{output}");
+    assert!(output.contains("NATS cannot be reached yet; retrying"), "tried again meanwhile:\n{output}");
+    assert!(output.contains("NATS could not be reached in"), "says how long it tried:\n{output}");
+    assert!(elapsed >= Duration::from_secs(1) && elapsed < Duration::from_secs(8), "{elapsed:?}");
+}
+
+#[tokio::test]
+async fn a_service_started_before_nats_comes_up_with_it() {
+    init_test_logging();
+    let mut server = NatsServer::start().await;
+    server.kill();
+    let mut command = ChildProcess::command("jetsched-registry");
+    command.args([
+        "--nats-url",
+        &server.url(),
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--nats-connect-timeout",
+        "500ms",
+    ]);
+    command.args(["--topology-wait", "30s", "--instance-id", "early"]);
+    let mut registry = ChildProcess::spawn_command("jetsched-registry", command);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(registry.is_running(), "still waiting for NATS:\n{}", registry.output());
+    assert!(registry.output().contains("NATS cannot be reached yet; retrying"), "{}", registry.output());
+
+    server.restart().await;
+    let client = server.client().await;
+    let subject = Names::default().task_api_subject("list");
+    let answered = async {
+        loop {
+            let reply = client.request(subject.clone(), "{}".into()).await;
+            if let Ok(reply) = reply
+                && serde_json::from_slice::<serde_json::Value>(&reply.payload)
+                    .is_ok_and(|v| v["tasks"].is_array())
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), answered)
+        .await
+        .unwrap_or_else(|_| panic!("the registry never answered once NATS was up:\n{}", registry.output()));
+    assert!(registry.is_running());
+    registry.sigterm();
+    assert!(
+        registry.wait_exit(Duration::from_secs(10)).await.is_some_and(|s| s.success()),
+        "{}",
+        registry.output()
+    );
 }
