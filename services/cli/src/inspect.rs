@@ -232,7 +232,7 @@ fn print_status(report: &Status, now: DateTime<Utc>) {
         }
     }
     let partitions =
-        report.partitions.map_or("? (not recorded)".into(), |n| format!("{n} (all led by the leader)"));
+        report.partitions.map_or("? (not recorded)".into(), |n| format!("{n} (one lease for all)"));
     line("partitions", partitions);
     for role in ROLES {
         let instances = report.replicas.get(role).map(Vec::as_slice).unwrap_or_default();

@@ -250,7 +250,7 @@ async fn status_shows_the_stored_term_acquisition_and_last_renewal() {
 
     let text = stdout(&jetsched(&url, &["status"]).await);
     assert!(text.contains("leader:       sched-a (term 42, lease 3000 ms)"), "{text}");
-    assert!(text.contains("partitions:   64 (all led by the leader)"), "{text}");
+    assert!(text.contains("partitions:   64 (one lease for all)"), "{text}");
     assert!(text.contains("acquired:     2026-01-01T00:00:00.000Z ("), "{text}");
     assert!(text.contains("renewed:      "), "{text}");
     assert!(text.contains("registries:   1 ("), "{text}");
