@@ -7,6 +7,9 @@ use prometheus::{Gauge, Histogram, HistogramVec, IntCounter, IntCounterVec, IntG
 pub(crate) struct Metrics {
     /// `jetsched_scheduler_is_leader`: 1 while this replica holds the lease.
     pub(crate) is_leader: IntGauge,
+    /// `jetsched_scheduler_resumed`: 1 once this leader has loaded the fire state and planned
+    /// the catch-up (it dispatches); 0 while it follows or is still loading.
+    pub(crate) resumed: IntGauge,
     pub(crate) leader_changes: IntCounter,
     /// `jetsched_fires_dispatched_total{trigger}`: stored in the dispatch stream (first time).
     pub(crate) dispatched: IntCounterVec,
@@ -34,6 +37,11 @@ impl Metrics {
         let r = registry;
         Ok(Metrics {
             is_leader: gauge(r, "jetsched_scheduler_is_leader", "1 while this replica is the leader")?,
+            resumed: gauge(
+                r,
+                "jetsched_scheduler_resumed",
+                "1 once this leader has loaded the fire state and planned the catch-up",
+            )?,
             leader_changes: counter(
                 r,
                 "jetsched_scheduler_leader_changes_total",

@@ -321,6 +321,12 @@ mod scheduled {
                 .is_some_and(|r| r["instance"] == instance)
         })
         .await;
+        // The clock moves only once the leader has planned its catch-up at the start time:
+        // moved before, the plan would see the first fires as days late.
+        eventually(WAIT, "the leader has resumed from the fire state", || async {
+            app.metrics().await.contains("jetsched_scheduler_resumed 1")
+        })
+        .await;
         (app, clock)
     }
 

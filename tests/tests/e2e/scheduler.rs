@@ -215,9 +215,12 @@ async fn scheduler_dispatches_each_nominal_second_exactly_once() {
     let into_second = now_ms().rem_euclid(1000) as u64;
     tokio::time::sleep(Duration::from_millis((1400 - into_second) % 1000)).await;
     let metrics = scheduler.metrics().await;
-    for line in
-        ["jetsched_scheduler_is_leader 1", "jetsched_tasks_registered 5", "jetsched_scheduler_timers 5"]
-    {
+    for line in [
+        "jetsched_scheduler_is_leader 1",
+        "jetsched_scheduler_resumed 1",
+        "jetsched_tasks_registered 5",
+        "jetsched_scheduler_timers 5",
+    ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
     assert!(metrics.contains("jetsched_fires_dispatched_total{trigger=\"schedule\"}"), "{metrics}");

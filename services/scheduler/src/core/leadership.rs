@@ -152,6 +152,7 @@ impl Core {
             missed += m;
         }
         self.pipeline.start_catchup();
+        self.report.metrics.resumed.set(1);
         tracing::info!(
             term = self.takeover.term().unwrap_or_default(),
             tasks = self.tasks.len(),
@@ -247,6 +248,7 @@ impl Core {
         let metrics = &self.report.metrics;
         metrics.publish_inflight.set(0);
         metrics.is_leader.set(0);
+        metrics.resumed.set(0);
         metrics.leader_changes.inc();
         self.report.emit(WireEvent {
             instance: Some(self.report.instance.clone()),
