@@ -3,8 +3,9 @@
 //! task's partition is a hash of its key ([`jetsched_shared::partition`]); the handles of every
 //! partition are made once, so a fire costs a hash and an increment.
 
+use jetsched_shared::metrics::{counter_vec, gauge_vec};
 use jetsched_shared::partition::partition_of;
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounter, IntGauge, Registry};
 
 use crate::tasks::TaskInfo;
 
@@ -17,16 +18,18 @@ pub(crate) struct Partitions {
 impl Partitions {
     /// The figures of `count` partitions, registered on `registry`.
     pub(crate) fn register(registry: &Registry, count: u16) -> anyhow::Result<Partitions> {
-        let tasks = IntGaugeVec::new(
-            Opts::new("jetsched_partition_tasks", "Tasks this replica follows, by partition"),
+        let tasks = gauge_vec(
+            registry,
+            "jetsched_partition_tasks",
+            "Tasks this replica follows, by partition",
             &["partition"],
         )?;
-        let fires = IntCounterVec::new(
-            Opts::new("jetsched_partition_fires_total", "Fires stored in the dispatch stream, by partition"),
+        let fires = counter_vec(
+            registry,
+            "jetsched_partition_fires_total",
+            "Fires stored in the dispatch stream, by partition",
             &["partition"],
         )?;
-        registry.register(Box::new(tasks.clone()))?;
-        registry.register(Box::new(fires.clone()))?;
         let labels: Vec<String> = (0..count).map(|p| p.to_string()).collect();
         Ok(Partitions {
             count,
